@@ -1,0 +1,1 @@
+"""Transfer engines: the mori.io binding, a loopback stand-in and the completion poller."""

@@ -1,0 +1,1 @@
+"""ZeroMQ control plane: wire codec, listener, senders and the peer trust policy."""

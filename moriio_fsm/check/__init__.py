@@ -1,0 +1,1 @@
+"""Exhaustive model checking over specs."""

@@ -1,0 +1,1 @@
+"""State diagrams drawn from specs."""

@@ -1,0 +1,1 @@
+"""KV-cache geometry and transfer offsets: pure functions over torch tensors, no I/O."""

@@ -1,0 +1,1 @@
+"""Guards and effects bound to each spec, one module per spec."""

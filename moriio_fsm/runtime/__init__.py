@@ -1,0 +1,1 @@
+"""Sans-I/O runtime: events, effects, compiled machines and the transfer table."""

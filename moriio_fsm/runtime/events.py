@@ -1,0 +1,56 @@
+"""Events that enter the runtime and effects that leave it.
+
+Adapters (vLLM hooks, ZMQ listener, RDMA completion poller, timers) build an
+``Event``; the core answers with ``Effect`` values that adapters execute. Both
+are immutable plain data so that a trace of them can be replayed exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One fact about one transfer.
+
+    ``kind`` is an event name declared by the transfer's spec; ``time`` is the
+    caller's monotonic clock reading in seconds (the core reads no clock);
+    ``data`` carries the payload fields the spec declares for ``kind``.
+    """
+
+    transfer_id: str
+    kind: str
+    time: float = 0.0
+    data: Mapping[str, Any] = field(default=_EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """Something the outside world must do because of a transition.
+
+    ``kind`` names the effect (``send_write_done``, ``free_blocks``, ``arm_timer``
+    ...); ``data`` holds what the adapter needs to carry it out.
+    """
+
+    transfer_id: str
+    kind: str
+    data: Mapping[str, Any] = field(default=_EMPTY)
+
+
+class Outcome(enum.Enum):
+    """What ``TransferTable.dispatch`` did with an event; every value is counted."""
+
+    CREATED = "created"        # a new transfer was started by a local event
+    APPLIED = "applied"        # a transition fired (state change or internal)
+    DUPLICATE = "duplicate"    # a repeat of a fact already applied; no change
+    IGNORED = "ignored"        # the spec declares the event harmless in this state
+    REJECTED = "rejected"      # the spec has no transition for it in this state
+    LATE = "late"              # the transfer already ended; nothing can revive it
+    BUFFERED = "buffered"      # a remote fact for a transfer not created yet
+    DROPPED = "dropped"        # unknown transfer and the fact cannot be buffered

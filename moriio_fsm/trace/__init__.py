@@ -1,0 +1,1 @@
+"""Trace recording and replay of transfer events."""

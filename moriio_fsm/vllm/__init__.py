@@ -1,0 +1,1 @@
+"""The vLLM KV connector built on the runtime."""
