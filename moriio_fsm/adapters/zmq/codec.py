@@ -1,0 +1,611 @@
+"""Wire codec for the control messages P and D exchange over ZeroMQ (msgpack).
+
+Rules: the decoder accepts bytes from anyone and lets exactly one exception escape,
+``WireDecodeError``, naming the field and the reason; sizes are capped by msgpack's
+unpacker limits before anything large is built.  The encoder writes upstream
+MoRIIO's wire format byte for byte (``msgpack.packb`` defaults, upstream key order).
+
+Notify port (DEALER -> ROUTER, one frame per message):
+
+====================  =======================================================  =========
+message               wire form                                                receiver
+====================  =======================================================  =========
+remote_blocks         {req_id, transfer_id, block_notify_list, decode_rank,     producer
+                      type}; older senders omit ``type``
+write_done            {type, transfer_id[, num_writers]}                       consumer
+write_failed          {type, transfer_id}                                      consumer
+release               {type, transfer_id[, consumer_tp_size]}                  producer
+bare UTF-8 id         ``<transfer_id>`` or ``<transfer_id>:tp<rank>``; release  either
+                      on the producer, write_done on the consumer
+====================  =======================================================  =========
+
+Handshake port: the request is the single frame ``b"get_meta_msg"``; the reply is two
+messages, each ``[b"", payload]``: the agent metadata map, then a map of layer name to
+packed memory descriptors.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+import msgpack
+
+from moriio_fsm.runtime.events import Event
+
+from .errors import WireDecodeError, ZmqAdapterError
+
+__all__ = [
+    "AgentMetadata",
+    "DEFAULT_LIMITS",
+    "HANDSHAKE_REQUEST",
+    "HandshakeReply",
+    "NotifyMessage",
+    "Release",
+    "RemoteBlocks",
+    "Role",
+    "WireEncodeError",
+    "WireForm",
+    "WireLimits",
+    "WriteDone",
+    "WriteFailed",
+    "decode_handshake_reply",
+    "decode_handshake_request",
+    "decode_notify",
+    "encode_handshake_reply",
+    "encode_notify",
+]
+
+HANDSHAKE_REQUEST = b"get_meta_msg"
+_WHOLE = "<frame>"
+
+
+class WireEncodeError(ZmqAdapterError, ValueError):
+    """An outgoing message holds a value its receiver would reject.
+
+    Raised by the encoders before anything is sent, so a bad value is reported
+    to the caller that built it instead of being dropped by the peer.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class Role(enum.Enum):
+    """Which side a listener serves; decides what it may receive."""
+
+    PRODUCER = "producer"  # prefill (P): receives remote_blocks and release
+    CONSUMER = "consumer"  # decode (D): receives write_done and write_failed
+
+
+class WireForm(enum.Enum):
+    """Which of upstream's encodings a message arrived in (and is written back in)."""
+
+    TYPED = "typed"  # a msgpack map with a ``type`` field: today's form
+    UNTYPED = "untyped"  # a remote_blocks map without ``type``: older senders
+    BARE_ID = "bare_id"  # the transfer id as plain UTF-8: the oldest form
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """Upper bounds applied to every received message; all are inclusive.
+
+    The defaults fit a 128k-token prompt in 16-token blocks with room to spare;
+    anything beyond them is rejected, never buffered.
+    """
+
+    max_message_bytes: int = 4 << 20
+    max_id_length: int = 512
+    max_blocks: int = 1 << 17  # block ids in one message, all groups together
+    max_groups: int = 64
+    max_block_id: int = (1 << 31) - 1
+    max_rank: int = 65_535
+    max_count: int = 65_536  # num_writers, consumer_tp_size
+    max_map_entries: int = 64
+    max_handshake_bytes: int = 64 << 20
+    max_layers: int = 4_096
+    max_descriptors_per_layer: int = 64
+    max_blob_bytes: int = 1 << 20  # one packed engine or memory descriptor
+
+    def notify_unpack_options(self) -> dict[str, Any]:
+        text_bytes = 4 * self.max_id_length  # UTF-8 needs at most 4 bytes a character
+        return {
+            "raw": False,
+            "use_list": False,
+            "strict_map_key": True,
+            "max_str_len": text_bytes,
+            "max_bin_len": text_bytes,
+            "max_array_len": max(self.max_blocks, self.max_groups),
+            "max_map_len": self.max_map_entries,
+            "max_ext_len": 0,
+        }
+
+    def handshake_unpack_options(self) -> dict[str, Any]:
+        return {
+            "raw": False,
+            "use_list": False,
+            "strict_map_key": True,
+            "max_str_len": max(4 * self.max_id_length, 4096),
+            "max_bin_len": self.max_blob_bytes,
+            "max_array_len": max(self.max_layers, self.max_descriptors_per_layer),
+            "max_map_len": max(self.max_layers, self.max_map_entries),
+            "max_ext_len": 0,
+        }
+
+
+DEFAULT_LIMITS = WireLimits()
+
+BlockIds = Union[tuple[int, ...], tuple[tuple[int, ...], ...]]
+
+
+def _frozen(data: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(data)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBlocks:
+    """D tells P where its blocks are (WRITE mode), so P can write into them.
+
+    ``block_ids`` is flat, or one tuple per KV cache group when ``per_group``.
+    """
+
+    transfer_id: str
+    req_id: str
+    block_ids: BlockIds
+    decode_rank: int = 0
+    form: WireForm = field(default=WireForm.TYPED, compare=False)
+
+    kind = "remote_blocks"
+
+    @property
+    def per_group(self) -> bool:
+        return bool(self.block_ids) and isinstance(self.block_ids[0], tuple)
+
+    def to_event(self, now: float) -> Event:
+        return Event(
+            self.transfer_id,
+            "remote_blocks",
+            now,
+            _frozen(
+                {"block_ids": self.block_ids, "decode_rank": self.decode_rank, "req_id": self.req_id}
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteDone:
+    """P tells D that every write of one writer landed.
+
+    ``num_writers`` is how many P ranks write into this D rank; absent on the
+    wire means one.
+    """
+
+    transfer_id: str
+    num_writers: int | None = None
+    form: WireForm = field(default=WireForm.TYPED, compare=False)
+
+    kind = "write_done"
+
+    def to_event(self, now: float) -> Event:
+        writers = 1 if self.num_writers is None else self.num_writers
+        return Event(self.transfer_id, "write_done", now, _frozen({"num_writers": writers}))
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed:
+    """P tells D it gave up on the transfer, so D stops waiting for it."""
+
+    transfer_id: str
+    form: WireForm = field(default=WireForm.TYPED, compare=False)
+
+    kind = "write_failed"
+
+    def to_event(self, now: float) -> Event:
+        return Event(self.transfer_id, "write_failed", now)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """D tells P it no longer needs P's blocks for the transfer.
+
+    ``consumer_tp_size`` is how many D ranks will send a release (absent means
+    one); ``sender_tp_rank`` is set only by the bare ``<id>:tp<rank>`` form.
+    """
+
+    transfer_id: str
+    consumer_tp_size: int | None = None
+    sender_tp_rank: int | None = None
+    form: WireForm = field(default=WireForm.TYPED, compare=False)
+
+    kind = "release"
+
+    def to_event(self, now: float) -> Event:
+        size = 1 if self.consumer_tp_size is None else self.consumer_tp_size
+        return Event(self.transfer_id, "release", now, _frozen({"consumer_tp_size": size}))
+
+
+NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release]
+
+_RECEIVER: dict[str, Role] = {
+    "remote_blocks": Role.PRODUCER,
+    "release": Role.PRODUCER,
+    "write_done": Role.CONSUMER,
+    "write_failed": Role.CONSUMER,
+}
+
+
+# ---------------------------------------------------------------------------
+# field validation (shared by the decoder and the encoder)
+# ---------------------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _check_id(value: object, name: str, limits: WireLimits, error: type) -> str:
+    if type(value) is not str:
+        raise error(name, f"expected a string, got {_type_name(value)}")
+    if not value:
+        raise error(name, "must not be empty")
+    if len(value) > limits.max_id_length:
+        raise error(name, f"{len(value)} characters exceeds the limit of {limits.max_id_length}")
+    # Ids end up in logs and maps: no control characters or spaces.
+    if not value.isprintable() or " " in value:
+        raise error(name, "must contain only printable characters and no whitespace")
+    return value
+
+
+def _check_int(value: object, name: str, low: int, high: int, error: type) -> int:
+    if type(value) is not int:  # excludes bool, which msgpack maps to True/False
+        raise error(name, f"expected an integer, got {_type_name(value)}")
+    if value < low or value > high:
+        raise error(name, f"{value} is out of range [{low}, {high}]")
+    return value
+
+
+def _check_block_list(
+    value: object, name: str, limits: WireLimits, error: type
+) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise error(name, f"expected a list of block ids, got {_type_name(value)}")
+    if len(value) > limits.max_blocks:
+        raise error(name, f"{len(value)} block ids exceeds the limit of {limits.max_blocks}")
+    items = tuple(value)
+    # Fast path first; the slow loop only runs to name the offending index.
+    if all(type(b) is int for b in items) and (
+        not items or (min(items) >= 0 and max(items) <= limits.max_block_id)
+    ):
+        return items
+    for index, block in enumerate(items):
+        _check_int(block, f"{name}[{index}]", 0, limits.max_block_id, error)
+    raise AssertionError("unreachable: a bad block id was not found")  # pragma: no cover
+
+
+def _check_blocks(value: object, name: str, limits: WireLimits, error: type) -> BlockIds:
+    if not isinstance(value, (tuple, list)):
+        raise error(name, f"expected a list of block ids or of per-group lists, got {_type_name(value)}")
+    if not value:
+        raise error(name, "must not be empty")
+    if not isinstance(value[0], (tuple, list)):
+        return _check_block_list(value, name, limits, error)
+    if len(value) > limits.max_groups:
+        raise error(name, f"{len(value)} KV cache groups exceeds the limit of {limits.max_groups}")
+    groups = []
+    total = 0
+    for index, group in enumerate(value):
+        if not isinstance(group, (tuple, list)):
+            raise error(
+                f"{name}[{index}]",
+                f"expected a list of block ids (the first entry was a group), got {_type_name(group)}",
+            )
+        checked = _check_block_list(group, f"{name}[{index}]", limits, error)
+        total += len(checked)
+        groups.append(checked)
+    if total == 0:
+        raise error(name, "every KV cache group is empty")
+    if total > limits.max_blocks:
+        raise error(name, f"{total} block ids in all groups exceeds the limit of {limits.max_blocks}")
+    return tuple(groups)
+
+
+# ---------------------------------------------------------------------------
+# notify decoding
+# ---------------------------------------------------------------------------
+
+_MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+_BARE_RANK = re.compile(r"^(.+):tp([0-9]{1,5})$")
+
+
+def decode_notify(
+    frame: bytes | bytearray | memoryview,
+    *,
+    role: Role | None = None,
+    limits: WireLimits = DEFAULT_LIMITS,
+) -> NotifyMessage:
+    """Decode one notify-port frame into a typed message.
+
+    ``role`` is the receiving side: messages meant for the other side are
+    rejected, and a bare id is read as ``Release`` (producer) or ``WriteDone``
+    (consumer).  Without a role every structured message is accepted and a bare
+    id is rejected as ambiguous.
+
+    Raises ``WireDecodeError`` (and nothing else) for any frame that is not a
+    valid message within ``limits``.
+    """
+    try:
+        return _decode_notify(frame, role, limits)
+    except WireDecodeError:
+        raise
+    except Exception as exc:  # defence in depth: a validator bug must not kill a listener
+        raise WireDecodeError(_WHOLE, f"undecodable ({_type_name(exc)}: {exc})") from exc
+
+
+def _decode_notify(frame: Any, role: Role | None, limits: WireLimits) -> NotifyMessage:
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireDecodeError(_WHOLE, f"expected bytes, got {_type_name(frame)}")
+    size = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
+    if size == 0:
+        raise WireDecodeError(_WHOLE, "empty message")
+    if size > limits.max_message_bytes:
+        raise WireDecodeError(
+            _WHOLE, f"{size} bytes exceeds the limit of {limits.max_message_bytes}"
+        )
+    unpack_error: Exception | None = None
+    try:
+        data = msgpack.unpackb(frame, **limits.notify_unpack_options())
+    except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
+        data, unpack_error = None, exc
+    if isinstance(data, dict):
+        return _decode_structured(data, role, limits)
+    first = frame[0]
+    if unpack_error is not None and first in _MAP_MARKERS:
+        # Looks like a map but is not a valid one: report msgpack's reason rather
+        # than a confusing "not UTF-8".
+        raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(unpack_error)}: {unpack_error})")
+    return _decode_bare(bytes(frame), role, limits)
+
+
+def _decode_bare(frame: bytes, role: Role | None, limits: WireLimits) -> NotifyMessage:
+    try:
+        text = frame.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireDecodeError(
+            _WHOLE, "neither a msgpack map nor a UTF-8 transfer id"
+        ) from None
+    if role is None:
+        raise WireDecodeError(
+            _WHOLE, "a bare transfer id needs the receiver's role (producer or consumer)"
+        )
+    if role is Role.CONSUMER:
+        return WriteDone(_check_id(text, "transfer_id", limits, WireDecodeError), form=WireForm.BARE_ID)
+    rank: int | None = None
+    match = _BARE_RANK.match(text)
+    if match is not None:
+        text, rank = match.group(1), int(match.group(2))
+        _check_int(rank, "transfer_id (tp rank suffix)", 0, limits.max_rank, WireDecodeError)
+    transfer_id = _check_id(text, "transfer_id", limits, WireDecodeError)
+    return Release(transfer_id, sender_tp_rank=rank, form=WireForm.BARE_ID)
+
+
+def _decode_structured(data: dict, role: Role | None, limits: WireLimits) -> NotifyMessage:
+    kind = data.get("type")
+    form = WireForm.TYPED
+    if kind is None:
+        if "req_id" not in data:
+            raise WireDecodeError("type", "missing (and no req_id to mark an older remote_blocks)")
+        kind, form = "remote_blocks", WireForm.UNTYPED
+    elif type(kind) is not str:
+        raise WireDecodeError("type", f"expected a string, got {_type_name(kind)}")
+    receiver = _RECEIVER.get(kind)
+    if receiver is None:
+        expected = ", ".join(sorted(_RECEIVER))
+        raise WireDecodeError("type", f"unknown message type {kind[:64]!r}; expected one of {expected}")
+    if role is not None and receiver is not role:
+        raise WireDecodeError(
+            "type", f"{kind!r} is meant for the {receiver.value}, but this listener is the {role.value}"
+        )
+    if "transfer_id" not in data:
+        raise WireDecodeError("transfer_id", "missing")
+    transfer_id = _check_id(data["transfer_id"], "transfer_id", limits, WireDecodeError)
+
+    if kind == "write_done":
+        writers = data.get("num_writers")
+        if writers is not None:
+            _check_int(writers, "num_writers", 1, limits.max_count, WireDecodeError)
+        return WriteDone(transfer_id, writers)
+    if kind == "write_failed":
+        return WriteFailed(transfer_id)
+    if kind == "release":
+        size = data.get("consumer_tp_size")
+        if size is not None:
+            _check_int(size, "consumer_tp_size", 1, limits.max_count, WireDecodeError)
+        return Release(transfer_id, size)
+
+    # remote_blocks
+    if "req_id" not in data:
+        raise WireDecodeError("req_id", "missing")
+    req_id = _check_id(data["req_id"], "req_id", limits, WireDecodeError)
+    if "block_notify_list" not in data:
+        raise WireDecodeError("block_notify_list", "missing")
+    blocks = _check_blocks(data["block_notify_list"], "block_notify_list", limits, WireDecodeError)
+    # Upstream readers default a missing decode_rank to 0; keep that leniency.
+    rank = data.get("decode_rank", 0)
+    _check_int(rank, "decode_rank", 0, limits.max_rank, WireDecodeError)
+    return RemoteBlocks(transfer_id, req_id, blocks, rank, form)
+
+
+# ---------------------------------------------------------------------------
+# notify encoding
+# ---------------------------------------------------------------------------
+
+
+def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
+    """Encode ``message`` in upstream's wire format, in the form it names.
+
+    Raises ``WireEncodeError`` if a field holds a value the receiver would reject.
+    """
+    transfer_id = _check_id(message.transfer_id, "transfer_id", limits, WireEncodeError)
+    form = message.form
+    if type(message) is WriteDone:
+        if form is WireForm.BARE_ID:
+            return transfer_id.encode("utf-8")
+        payload: dict[str, Any] = {"type": "write_done", "transfer_id": transfer_id}
+        if message.num_writers is not None:
+            payload["num_writers"] = _check_int(
+                message.num_writers, "num_writers", 1, limits.max_count, WireEncodeError
+            )
+        return msgpack.packb(payload)
+    if type(message) is WriteFailed:
+        return msgpack.packb({"type": "write_failed", "transfer_id": transfer_id})
+    if type(message) is Release:
+        if form is WireForm.BARE_ID:
+            if message.sender_tp_rank is None:
+                return transfer_id.encode("utf-8")
+            rank = _check_int(message.sender_tp_rank, "sender_tp_rank", 0, limits.max_rank, WireEncodeError)
+            return f"{transfer_id}:tp{rank}".encode("utf-8")
+        payload = {"type": "release", "transfer_id": transfer_id}
+        if message.consumer_tp_size is not None:
+            payload["consumer_tp_size"] = _check_int(
+                message.consumer_tp_size, "consumer_tp_size", 1, limits.max_count, WireEncodeError
+            )
+        return msgpack.packb(payload)
+    if type(message) is RemoteBlocks:
+        payload = {
+            "req_id": _check_id(message.req_id, "req_id", limits, WireEncodeError),
+            "transfer_id": transfer_id,
+            "block_notify_list": _check_blocks(
+                message.block_ids, "block_notify_list", limits, WireEncodeError
+            ),
+            "decode_rank": _check_int(message.decode_rank, "decode_rank", 0, limits.max_rank, WireEncodeError),
+        }
+        if form is not WireForm.UNTYPED:
+            payload["type"] = "remote_blocks"
+        return msgpack.packb(payload)
+    raise WireEncodeError("<message>", f"not a notify message: {_type_name(message)}")
+
+
+# ---------------------------------------------------------------------------
+# handshake
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMetadata:
+    """What a peer needs to reach this engine's KV cache over RDMA."""
+
+    engine_id: str
+    agent_metadata: bytes  # packed mori engine descriptor
+    kv_caches_base_addr: tuple[int, ...]
+    num_blocks: int
+    block_len: int
+    attn_backend_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeReply:
+    """The two-part handshake answer: agent metadata and per-layer memory descriptors."""
+
+    metadata: AgentMetadata
+    layer_memory: Mapping[str, tuple[bytes, ...]]
+
+
+_METADATA_FIELDS = (
+    "engine_id",
+    "agent_metadata",
+    "kv_caches_base_addr",
+    "num_blocks",
+    "block_len",
+    "attn_backend_name",
+)
+_MAX_U64 = (1 << 64) - 1
+
+
+def decode_handshake_request(frame: bytes | bytearray | memoryview) -> None:
+    """Accept the handshake request frame; raise ``WireDecodeError`` for anything else."""
+    if bytes(frame[: len(HANDSHAKE_REQUEST) + 1]) != HANDSHAKE_REQUEST:
+        shown = bytes(frame[:32])
+        raise WireDecodeError(_WHOLE, f"expected the handshake request {HANDSHAKE_REQUEST!r}, got {shown!r}")
+
+
+def encode_handshake_reply(reply: HandshakeReply) -> tuple[bytes, bytes]:
+    """Encode the two reply payloads (each is sent as ``[b"", payload]``)."""
+    meta = reply.metadata
+    metadata = msgpack.packb(
+        {
+            "engine_id": meta.engine_id,
+            "agent_metadata": bytes(meta.agent_metadata),
+            "kv_caches_base_addr": list(meta.kv_caches_base_addr),
+            "num_blocks": meta.num_blocks,
+            "block_len": meta.block_len,
+            "attn_backend_name": meta.attn_backend_name,
+        }
+    )
+    layers = msgpack.packb({name: [bytes(d) for d in descs] for name, descs in reply.layer_memory.items()})
+    return metadata, layers
+
+
+def decode_handshake_reply(
+    metadata_frame: bytes, layers_frame: bytes, *, limits: WireLimits = DEFAULT_LIMITS
+) -> HandshakeReply:
+    """Decode and validate both reply payloads; raises only ``WireDecodeError``."""
+    try:
+        return _decode_handshake_reply(metadata_frame, layers_frame, limits)
+    except WireDecodeError:
+        raise
+    except Exception as exc:
+        raise WireDecodeError(_WHOLE, f"undecodable handshake reply ({_type_name(exc)}: {exc})") from exc
+
+
+def _unpack_map(frame: Any, what: str, limits: WireLimits) -> dict:
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireDecodeError(what, f"expected bytes, got {_type_name(frame)}")
+    if len(frame) > limits.max_handshake_bytes:
+        raise WireDecodeError(what, f"{len(frame)} bytes exceeds the limit of {limits.max_handshake_bytes}")
+    try:
+        data = msgpack.unpackb(frame, **limits.handshake_unpack_options())
+    except Exception as exc:
+        raise WireDecodeError(what, f"invalid msgpack ({_type_name(exc)}: {exc})") from None
+    if not isinstance(data, dict):
+        raise WireDecodeError(what, f"expected a map, got {_type_name(data)}")
+    return data
+
+
+def _decode_handshake_reply(metadata_frame: Any, layers_frame: Any, limits: WireLimits) -> HandshakeReply:
+    data = _unpack_map(metadata_frame, "metadata", limits)
+    for name in _METADATA_FIELDS:
+        if name not in data:
+            raise WireDecodeError(f"metadata.{name}", "missing")
+    engine_id = _check_id(data["engine_id"], "metadata.engine_id", limits, WireDecodeError)
+    blob = data["agent_metadata"]
+    if type(blob) is not bytes or not blob:
+        raise WireDecodeError("metadata.agent_metadata", "expected non-empty binary data")
+    addresses = data["kv_caches_base_addr"]
+    if not isinstance(addresses, tuple):
+        raise WireDecodeError("metadata.kv_caches_base_addr", f"expected a list, got {_type_name(addresses)}")
+    for index, address in enumerate(addresses):
+        _check_int(address, f"metadata.kv_caches_base_addr[{index}]", 0, _MAX_U64, WireDecodeError)
+    num_blocks = _check_int(data["num_blocks"], "metadata.num_blocks", 1, _MAX_U64, WireDecodeError)
+    block_len = _check_int(data["block_len"], "metadata.block_len", 1, _MAX_U64, WireDecodeError)
+    backend = _check_id(data["attn_backend_name"], "metadata.attn_backend_name", limits, WireDecodeError)
+
+    layers_raw = _unpack_map(layers_frame, "layers", limits)
+    layers: dict[str, tuple[bytes, ...]] = {}
+    for layer, descriptors in layers_raw.items():
+        name = _check_id(layer, "layers.<name>", limits, WireDecodeError)
+        where = f"layers[{name!r}]"
+        if not isinstance(descriptors, tuple) or not descriptors:
+            raise WireDecodeError(where, "expected a non-empty list of packed memory descriptors")
+        if len(descriptors) > limits.max_descriptors_per_layer:
+            raise WireDecodeError(where, f"{len(descriptors)} descriptors exceeds the limit of {limits.max_descriptors_per_layer}")
+        for index, desc in enumerate(descriptors):
+            if type(desc) is not bytes or not desc:
+                raise WireDecodeError(f"{where}[{index}]", "expected non-empty binary data")
+        layers[name] = descriptors
+    metadata = AgentMetadata(engine_id, blob, addresses, num_blocks, block_len, backend)
+    return HandshakeReply(metadata, MappingProxyType(layers))
