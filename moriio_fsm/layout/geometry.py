@@ -1,0 +1,329 @@
+"""Reads a layer's KV cache tensor and its spec into a ``LayerGeometry``.
+
+Rules: only shape, strides and dtype are read (never the data, so meta tensors work);
+every shape this module cannot place exactly is rejected with a ``KVLayoutError``
+naming the layer, the shape and what was expected; it never guesses.
+
+Supported layouts (N blocks, B tokens per block, H heads, D head size, L latent size):
+
+- separated K/V ``[2, N, B, H, D]`` or ``[2, N, H, B, D]``
+- interleaved K/V ``[N, 2, B, H, D]`` or ``[N, 2, H, B, D]``
+- MLA / index-only ``[N, B, L]``
+
+In every family the kernel may use blocks of ``kbs`` tokens smaller than the spec's
+``block_size``; the tensor then holds ``block_size / kbs`` physical blocks per
+scheduler block, consecutive in the block axis. Whether the strides put K and V in two
+halves or side by side decides the family used for planning, not the axis order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from moriio_fsm.layout.spec import LayerKVSpec
+
+
+class KVLayoutError(ValueError):
+    """A KV cache tensor, spec or block list that cannot be planned exactly."""
+
+
+def layout_error(layer_name: str, shape: Sequence[int], problem: str, expected: str) -> KVLayoutError:
+    """Build the project's standard message: layer, shape, problem, expectation."""
+    return KVLayoutError(
+        f"layer {layer_name!r}: KV cache of shape {tuple(shape)} {problem}; expected {expected}"
+    )
+
+
+class KVLayout(enum.Enum):
+    """How the bytes of one block are arranged in memory."""
+
+    SEPARATED = "separated"
+    """All blocks' K first, then all blocks' V: two ranges per block, far apart."""
+
+    INTERLEAVED = "interleaved"
+    """Each block's K is followed by its V: two ranges per block, side by side."""
+
+    MLA = "mla"
+    """One latent (or index) vector per token: one range per block."""
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """Everything needed to turn block ids of one layer into byte ranges.
+
+    Strides and sizes are in elements; ``*_bytes`` values are in bytes. A *piece* is
+    the contiguous K (or V, or latent) data of one physical block; a scheduler block
+    is ``kernel_blocks_per_block`` consecutive physical blocks.
+    """
+
+    layer_name: str
+    layout: KVLayout
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    element_size: int
+    kv_axis: int | None
+    """Logical axis that splits K from V (None for MLA)."""
+    token_axis: int
+    """Axis holding the tokens of one physical block."""
+    kernel_blocks_per_block: int
+    num_physical_blocks: int
+    piece_elements: int
+    block_stride: int
+    kv_stride: int
+    """Elements from a piece's K to its V (0 for MLA)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Scheduler blocks this layer's cache holds."""
+        return self.num_physical_blocks // self.kernel_blocks_per_block
+
+    @property
+    def piece_bytes(self) -> int:
+        return self.piece_elements * self.element_size
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one scheduler block's K (or V, or latent) data."""
+        return self.piece_bytes * self.kernel_blocks_per_block
+
+    @property
+    def axis_order(self) -> str:
+        """``"NHD"`` when tokens precede heads, ``"HND"`` when heads come first, ``"NL"`` for MLA."""
+        if self.layout is KVLayout.MLA:
+            return "NL"
+        return "NHD" if self.token_axis == 2 else "HND"
+
+    def remote_kv_stride(self, remote_num_blocks: int) -> int:
+        """Elements from a piece's K to its V on a peer holding ``remote_num_blocks`` blocks.
+
+        A separated cache keeps its V half right after its K half, so the distance grows
+        with the peer's block count; the other layouts keep it per block.
+        """
+        if self.layout is KVLayout.SEPARATED:
+            return self.block_stride * remote_num_blocks * self.kernel_blocks_per_block
+        return self.kv_stride
+
+    def extent_bytes(self, num_blocks: int | None = None) -> int:
+        """Bytes from the tensor's first element to just past its last block's data.
+
+        With ``num_blocks`` given, the extent of the same layout holding that many
+        scheduler blocks (the peer's cache) instead of this tensor's own.
+        """
+        physical = self.num_physical_blocks if num_blocks is None else num_blocks * self.kernel_blocks_per_block
+        if physical == 0:
+            return 0
+        kv_stride = self.kv_stride if num_blocks is None else self.remote_kv_stride(num_blocks)
+        last = (physical - 1) * self.block_stride + kv_stride + self.piece_elements
+        return last * self.element_size
+
+
+def _dense_elements(shape: Sequence[int], stride: Sequence[int]) -> int | None:
+    """Element count when the axes tile one contiguous run in some order, else None."""
+    expected = 1
+    for size, step in sorted((pair for pair in zip(shape, stride) if pair[0] != 1), key=lambda p: p[1]):
+        if step != expected:
+            return None
+        expected *= size
+    return expected
+
+
+def _token_axis(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec) -> int:
+    """Pick axis 2 or 3 of a 5-D cache as the tokens-per-physical-block axis."""
+    if spec.num_kv_heads is not None:
+        heads_axes = [axis for axis in (2, 3) if shape[axis] == spec.num_kv_heads]
+        if not heads_axes:
+            raise layout_error(
+                layer_name,
+                shape,
+                f"has no axis 2 or 3 of size num_kv_heads={spec.num_kv_heads}",
+                "[.., B, H, D] or [.., H, B, D] with H equal to the spec's num_kv_heads",
+            )
+        # When both axes equal the head count they also equal each other, so either
+        # choice gives the same kernel block size.
+        return 3 if heads_axes[0] == 2 else 2
+    candidates = [axis for axis in (2, 3) if spec.block_size % shape[axis] == 0]
+    if not candidates:
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has no axis 2 or 3 whose size divides block_size={spec.block_size}",
+            "a block axis of block_size tokens or a kernel block size dividing it",
+        )
+    if len({shape[axis] for axis in candidates}) > 1:
+        raise layout_error(
+            layer_name,
+            shape,
+            f"is ambiguous: axes 2 and 3 ({shape[2]}, {shape[3]}) both divide block_size="
+            f"{spec.block_size} and the spec gives no num_kv_heads to tell the heads axis",
+            "a spec with num_kv_heads (and head_size) set",
+        )
+    return candidates[0]
+
+
+def _kernel_ratio(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec, token_axis: int, block_axis: int) -> int:
+    kernel_block_size = shape[token_axis]
+    if kernel_block_size == 0 or spec.block_size % kernel_block_size:
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has {kernel_block_size} tokens per block on axis {token_axis}, which does not divide "
+            f"block_size={spec.block_size}",
+            "block_size itself or a kernel block size dividing it",
+        )
+    ratio = spec.block_size // kernel_block_size
+    if shape[block_axis] % ratio:
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has {shape[block_axis]} physical blocks, not a multiple of block_size/kernel block size = {ratio}",
+            f"a block axis (axis {block_axis}) that is a multiple of {ratio}",
+        )
+    return ratio
+
+
+def describe_layer(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> LayerGeometry:
+    """Detect ``tensor``'s layout and geometry, or raise ``KVLayoutError`` saying why not.
+
+    Guarantees of a returned geometry: the K (V, latent) data of every physical block is
+    one contiguous run of ``piece_elements`` elements; no two runs overlap; the byte
+    offset of a run from ``tensor.data_ptr()`` is exactly what ``plan_transfer``
+    computes. Only ``shape``, ``stride()`` and ``dtype`` are read.
+    """
+    shape = tuple(int(size) for size in tensor.shape)
+    stride = tuple(int(step) for step in tensor.stride())
+    if any(step < 0 for step in stride):
+        raise layout_error(layer_name, shape, f"has negative strides {stride}", "non-negative strides")
+    if tensor.dim() == 3:
+        if not spec.use_mla:
+            raise layout_error(
+                layer_name,
+                shape,
+                "has 3 axes but the spec is not MLA",
+                "5 axes [2, N, B, H, D] / [N, 2, B, H, D] for a K/V layer, or use_mla=True for [N, B, L]",
+            )
+        return _describe_mla(layer_name, tensor, spec, shape, stride)
+    if tensor.dim() == 5:
+        if spec.use_mla:
+            raise layout_error(layer_name, shape, "has 5 axes but the spec is MLA", "3 axes [N, B, L] for an MLA layer")
+        return _describe_kv(layer_name, tensor, spec, shape, stride)
+    raise layout_error(
+        layer_name,
+        shape,
+        f"has {tensor.dim()} axes, which is no supported layout",
+        "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D] or MLA [N, B, L]",
+    )
+
+
+def _describe_mla(
+    layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> LayerGeometry:
+    # head_size is not checked here: quantised MLA caches store a packed latent whose
+    # byte length differs from the model's latent size.
+    ratio = _kernel_ratio(layer_name, shape, spec, token_axis=1, block_axis=0)
+    piece = _dense_elements(shape[1:], stride[1:])
+    if piece is None:
+        raise layout_error(
+            layer_name, shape, f"has strides {stride} that split a block's data", "each block [B, L] contiguous"
+        )
+    if shape[0] > 1 and stride[0] < piece:
+        raise layout_error(
+            layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so blocks overlap",
+            "blocks that do not overlap",
+        )
+    return LayerGeometry(
+        layer_name=layer_name,
+        layout=KVLayout.MLA,
+        shape=shape,
+        stride=stride,
+        dtype=tensor.dtype,
+        element_size=tensor.element_size(),
+        kv_axis=None,
+        token_axis=1,
+        kernel_blocks_per_block=ratio,
+        num_physical_blocks=shape[0],
+        piece_elements=piece,
+        block_stride=stride[0] if shape[0] > 1 else piece,
+        kv_stride=0,
+    )
+
+
+def _describe_kv(
+    layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> LayerGeometry:
+    kv_axis = spec.kv_axis
+    if kv_axis is None:
+        if shape[0] == 2 and shape[1] == 2:
+            raise layout_error(
+                layer_name,
+                shape,
+                "is ambiguous: both axis 0 and axis 1 have size 2, so either could split K from V",
+                "a spec with kv_axis=0 ([2, N, ...]) or kv_axis=1 ([N, 2, ...])",
+            )
+        if shape[0] == 2:
+            kv_axis = 0
+        elif shape[1] == 2:
+            kv_axis = 1
+        else:
+            raise layout_error(
+                layer_name,
+                shape,
+                "has no K/V axis of size 2 at axis 0 or 1",
+                "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D] or [N, 2, H, B, D]",
+            )
+    elif shape[kv_axis] != 2:
+        raise layout_error(
+            layer_name, shape, f"has size {shape[kv_axis]} on the spec's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
+        )
+    block_axis = 1 - kv_axis
+    if spec.head_size is not None and shape[4] != spec.head_size:
+        raise layout_error(
+            layer_name, shape, f"has last axis {shape[4]}, not the spec's head_size={spec.head_size}",
+            f"[.., {spec.head_size}] as the last axis",
+        )
+    token_axis = _token_axis(layer_name, shape, spec)
+    ratio = _kernel_ratio(layer_name, shape, spec, token_axis, block_axis)
+    piece = _dense_elements(shape[2:], stride[2:])
+    if piece is None:
+        raise layout_error(
+            layer_name, shape, f"has strides {stride} that split a block's K or V",
+            "the three inner axes of each block's K and V contiguous in some order",
+        )
+    num_physical = shape[block_axis]
+    block_stride, kv_stride = stride[block_axis], stride[kv_axis]
+    if num_physical > 1:
+        # The stride order, not the axis order, decides whether K and V sit in two halves.
+        layout = KVLayout.SEPARATED if kv_stride > block_stride else KVLayout.INTERLEAVED
+    else:
+        # A one-block cache has no meaningful block stride; trust the axis order and
+        # assume blocks packed back to back, as a peer with more blocks would have them.
+        layout = KVLayout.SEPARATED if kv_axis == 0 else KVLayout.INTERLEAVED
+        block_stride = piece if layout is KVLayout.SEPARATED else kv_stride + piece
+    if layout is KVLayout.SEPARATED:
+        overlap = (num_physical > 1 and block_stride < piece) or kv_stride < block_stride * max(num_physical - 1, 0) + piece
+    else:
+        overlap = kv_stride < piece or (num_physical > 1 and block_stride < kv_stride + piece)
+    if overlap:
+        raise layout_error(
+            layer_name, shape, f"has strides {stride} under which K/V data of different blocks overlap",
+            "non-overlapping K and V data per block",
+        )
+    return LayerGeometry(
+        layer_name=layer_name,
+        layout=layout,
+        shape=shape,
+        stride=stride,
+        dtype=tensor.dtype,
+        element_size=tensor.element_size(),
+        kv_axis=kv_axis,
+        token_axis=token_axis,
+        kernel_blocks_per_block=ratio,
+        num_physical_blocks=num_physical,
+        piece_elements=piece,
+        block_stride=block_stride,
+        kv_stride=kv_stride,
+    )

@@ -1,0 +1,171 @@
+"""Turns a layer geometry plus local -> remote block ids into byte ranges to transfer.
+
+Rules: computed with tensor operations over all blocks at once (no per-block Python
+loop); offsets are bytes from the start of each side's layer tensor; block id lists of
+unequal length or out of range are rejected with a ``KVLayoutError`` naming the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence, Union
+
+import torch
+
+from moriio_fsm.layout.geometry import KVLayout, LayerGeometry, describe_layer, layout_error
+from moriio_fsm.layout.spec import LayerKVSpec
+
+BlockIds = Union[Sequence[int], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class TransferPlan:
+    """Byte ranges ``(local_offsets[i], remote_offsets[i], sizes[i])`` for one layer.
+
+    Each tensor is 1-D int64 on the CPU and must not be mutated: plans are shared by
+    every layer of equal geometry. Range ``i`` copies ``sizes[i]`` bytes starting
+    ``local_offsets[i]`` bytes after the local layer tensor's first byte to
+    ``remote_offsets[i]`` bytes after the remote one's.
+    """
+
+    local_offsets: torch.Tensor
+    remote_offsets: torch.Tensor
+    sizes: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.sizes.numel())
+
+    @cached_property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    @cached_property
+    def lists(self) -> tuple[list[int], list[int], list[int]]:
+        """The three columns as Python int lists, as an RDMA engine's batch call wants them."""
+        return self.local_offsets.tolist(), self.remote_offsets.tolist(), self.sizes.tolist()
+
+
+def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
+    """Block ids as a 1-D int64 CPU tensor (no copy when already one)."""
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids.reshape(-1).to(device="cpu", dtype=torch.int64)
+    return torch.as_tensor(block_ids, dtype=torch.int64).reshape(-1)
+
+
+def _check_ids(geometry: LayerGeometry, ids: torch.Tensor, side: str, num_blocks: int) -> None:
+    if ids.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0 or high >= num_blocks:
+        bad = low if low < 0 else high
+        raise layout_error(
+            geometry.layer_name,
+            geometry.shape,
+            f"got {side} block id {bad} outside the {side} cache's {num_blocks} blocks",
+            f"{side} block ids in [0, {num_blocks})",
+        )
+
+
+def merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor) -> TransferPlan:
+    """Merge each run of consecutive ranges that is contiguous on both sides into one range.
+
+    Only neighbours in the given order are merged, so the pairing of local and remote
+    bytes is exactly preserved.
+    """
+    count = sizes.numel()
+    if count < 2:
+        return TransferPlan(local_offsets, remote_offsets, sizes)
+    ends_local = local_offsets[:-1] + sizes[:-1]
+    ends_remote = remote_offsets[:-1] + sizes[:-1]
+    continues = (local_offsets[1:] == ends_local) & (remote_offsets[1:] == ends_remote)
+    starts = torch.ones(count, dtype=torch.bool)
+    starts[1:] = ~continues
+    first = starts.nonzero().reshape(-1)
+    # A run's size is the sum of its members: difference of the running total at its ends.
+    running = torch.zeros(count + 1, dtype=sizes.dtype)
+    torch.cumsum(sizes, 0, out=running[1:])
+    bounds = torch.empty(first.numel() + 1, dtype=torch.int64)
+    bounds[:-1] = first
+    bounds[-1] = count
+    merged_sizes = running[bounds[1:]] - running[bounds[:-1]]
+    return TransferPlan(local_offsets[first], remote_offsets[first], merged_sizes)
+
+
+def _physical(ids: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Scheduler block ids -> the ids of their physical (kernel) blocks, in order."""
+    if ratio == 1:
+        return ids
+    return (ids.unsqueeze(1) * ratio + torch.arange(ratio, dtype=torch.int64)).reshape(-1)
+
+
+def plan_transfer(
+    geometry: LayerGeometry,
+    local_block_ids: BlockIds,
+    remote_block_ids: BlockIds,
+    remote_num_blocks: int,
+    *,
+    merge: bool = True,
+) -> TransferPlan:
+    """Byte ranges that copy ``local_block_ids[i]`` to ``remote_block_ids[i]`` for every i.
+
+    The remote cache is assumed to have the local layout with ``remote_num_blocks``
+    scheduler blocks packed the same way (so only a separated cache's V half moves).
+    Ranges come K of every block then V of every block (separated), K then V per block
+    (interleaved) or one per block (MLA), physical blocks of one scheduler block in
+    order. With ``merge`` (default) runs contiguous on both sides become one range.
+
+    Raises ``KVLayoutError`` when the lists differ in length or an id is out of range.
+    """
+    local = as_block_ids(local_block_ids)
+    remote = as_block_ids(remote_block_ids)
+    if local.numel() != remote.numel():
+        raise layout_error(
+            geometry.layer_name,
+            geometry.shape,
+            f"got {local.numel()} local block ids but {remote.numel()} remote block ids",
+            "one remote block id per local block id",
+        )
+    if remote_num_blocks < 0:
+        raise layout_error(
+            geometry.layer_name, geometry.shape, f"got remote_num_blocks={remote_num_blocks}",
+            "a non-negative remote block count",
+        )
+    _check_ids(geometry, local, "local", geometry.num_blocks)
+    _check_ids(geometry, remote, "remote", remote_num_blocks)
+
+    ratio = geometry.kernel_blocks_per_block
+    element = geometry.element_size
+    step = geometry.block_stride * element
+    local_base = _physical(local, ratio) * step
+    remote_base = _physical(remote, ratio) * step
+    if geometry.layout is KVLayout.MLA:
+        local_offsets, remote_offsets = local_base, remote_base
+    else:
+        local_v = local_base + geometry.kv_stride * element
+        remote_v = remote_base + geometry.remote_kv_stride(remote_num_blocks) * element
+        if geometry.layout is KVLayout.SEPARATED:
+            local_offsets = torch.cat((local_base, local_v))
+            remote_offsets = torch.cat((remote_base, remote_v))
+        else:
+            local_offsets = torch.stack((local_base, local_v), dim=1).reshape(-1)
+            remote_offsets = torch.stack((remote_base, remote_v), dim=1).reshape(-1)
+    sizes = torch.full((local_offsets.numel(),), geometry.piece_bytes, dtype=torch.int64)
+    if merge:
+        return merge_ranges(local_offsets, remote_offsets, sizes)
+    return TransferPlan(local_offsets, remote_offsets, sizes)
+
+
+def plan_layer(
+    layer_name: str,
+    tensor: torch.Tensor,
+    spec: LayerKVSpec,
+    local_block_ids: BlockIds,
+    remote_block_ids: BlockIds,
+    remote_num_blocks: int,
+    *,
+    merge: bool = True,
+) -> TransferPlan:
+    """``describe_layer`` then ``plan_transfer``, uncached; see both for the guarantees."""
+    geometry = describe_layer(layer_name, tensor, spec)
+    return plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge)

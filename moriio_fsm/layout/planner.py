@@ -1,0 +1,97 @@
+"""Per-transfer plan cache: layers of equal geometry share one computed plan.
+
+Rules: a plan is looked up by (KV cache group, shape, strides, dtype, spec, remote block
+count); the block ids are fixed when the planner is built for one transfer, so a plan
+can never be served for other block ids or another geometry. Memory is bounded.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Hashable, Sequence
+
+import torch
+
+from moriio_fsm.layout.geometry import describe_layer
+from moriio_fsm.layout.plan import BlockIds, TransferPlan, as_block_ids, plan_transfer
+from moriio_fsm.layout.spec import LayerKVSpec
+
+
+def _per_group(block_ids: BlockIds | Sequence[BlockIds]) -> list[BlockIds]:
+    """One flat id list (one KV cache group) or a list of them (one per group)."""
+    if isinstance(block_ids, torch.Tensor):
+        return [block_ids] if block_ids.dim() <= 1 else list(block_ids)
+    if len(block_ids) == 0 or isinstance(block_ids[0], numbers.Integral):
+        return [block_ids]
+    return list(block_ids)
+
+
+def geometry_key(tensor: torch.Tensor, spec: LayerKVSpec) -> tuple[Hashable, ...]:
+    """What decides a layer's byte ranges apart from block ids: shape, strides, dtype, spec.
+
+    The storage offset is left out on purpose: offsets are measured from each tensor's
+    own first byte, so two views at different places with equal geometry plan alike.
+    """
+    return (tensor.shape, tensor.stride(), tensor.dtype, spec)
+
+
+class TransferPlanner:
+    """Plans every layer of one transfer (local blocks -> one peer's blocks).
+
+    ``local_block_ids`` and ``remote_block_ids`` are a flat list for one KV cache group
+    or one list per group, as in the ``remote_blocks`` message. ``plan`` returns the
+    same ``TransferPlan`` object for every layer of equal geometry in a group, and a
+    freshly computed one otherwise; at most ``max_plans`` plans are kept (oldest
+    dropped first). Errors are those of ``describe_layer`` and ``plan_transfer``,
+    raised on every call for the offending layer (nothing failed is cached).
+    Not thread-safe: use one planner per thread, as transfers are planned on one.
+    """
+
+    def __init__(
+        self,
+        local_block_ids: BlockIds | Sequence[BlockIds],
+        remote_block_ids: BlockIds | Sequence[BlockIds],
+        remote_num_blocks: int,
+        *,
+        max_plans: int = 256,
+    ) -> None:
+        local_groups = _per_group(local_block_ids)
+        remote_groups = _per_group(remote_block_ids)
+        if len(local_groups) != len(remote_groups):
+            raise ValueError(
+                f"transfer block lists: {len(local_groups)} local KV cache groups but "
+                f"{len(remote_groups)} remote ones; expected one remote list per local list"
+            )
+        if max_plans < 1:
+            raise ValueError(f"TransferPlanner.max_plans must be >= 1, got {max_plans}")
+        self._local = [as_block_ids(ids) for ids in local_groups]
+        self._remote = [as_block_ids(ids) for ids in remote_groups]
+        self.remote_num_blocks = int(remote_num_blocks)
+        self._max_plans = max_plans
+        self._plans: dict[tuple[Hashable, ...], TransferPlan] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def num_groups(self) -> int:
+        return len(self._local)
+
+    def plan(self, layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, group: int = 0) -> TransferPlan:
+        """The merged plan for ``layer_name``'s cache ``tensor`` in KV cache ``group``."""
+        key = (group, tensor.shape, tensor.stride(), tensor.dtype, spec, self.remote_num_blocks)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self.hits += 1
+            return plan
+        if not 0 <= group < len(self._local):
+            raise ValueError(
+                f"layer {layer_name!r}: KV cache group {group} is not in this transfer; "
+                f"expected a group in [0, {len(self._local)})"
+            )
+        geometry = describe_layer(layer_name, tensor, spec)
+        plan = plan_transfer(geometry, self._local[group], self._remote[group], self.remote_num_blocks)
+        if len(self._plans) >= self._max_plans:
+            del self._plans[next(iter(self._plans))]
+        self._plans[key] = plan
+        self.misses += 1
+        return plan

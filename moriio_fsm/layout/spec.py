@@ -1,0 +1,75 @@
+"""What the layout code needs to know about one layer's KV cache, independent of vLLM.
+
+``LayerKVSpec`` is plain, frozen and hashable so it can be part of a plan cache key.
+vLLM is optional: ``LayerKVSpec.from_vllm`` imports it only when called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LayerKVSpec:
+    """The scheduler-level description of one layer's KV cache.
+
+    ``block_size`` is the scheduler's block size in tokens; the attention kernel may
+    store a block as several smaller physical blocks, which the geometry detects.
+    ``num_kv_heads`` and ``head_size`` are optional, but without ``num_kv_heads`` a
+    kernel-block layout whose two middle axes both divide ``block_size`` cannot be
+    read and is rejected. ``use_mla`` marks a single-region (latent or index-only)
+    cache of shape ``[N, B, L]``. ``kv_axis`` (0 or 1) says which axis of a 5-D
+    cache splits K from V; it is only needed when both leading axes have size 2.
+
+    Raises ``ValueError`` on construction when a field is out of range.
+    """
+
+    block_size: int
+    num_kv_heads: int | None = None
+    head_size: int | None = None
+    use_mla: bool = False
+    kv_axis: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"LayerKVSpec.block_size must be a positive int, got {self.block_size!r}")
+        for name in ("num_kv_heads", "head_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"LayerKVSpec.{name} must be a positive int or None, got {value!r}")
+        if self.kv_axis not in (None, 0, 1):
+            raise ValueError(f"LayerKVSpec.kv_axis must be 0, 1 or None, got {self.kv_axis!r}")
+
+    @classmethod
+    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None) -> "LayerKVSpec":
+        """Build the spec from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
+
+        MLA is recognised by the ``MLAAttentionSpec`` class, or by the ``use_mla`` flag
+        that older vLLM releases carried on every attention spec.
+
+        Raises ``ImportError`` when vLLM is not installed and ``TypeError`` when the
+        object is not an attention spec (Mamba and other state specs have no KV blocks).
+        """
+        try:
+            from vllm.v1.kv_cache_interface import AttentionSpec
+        except ImportError as exc:  # pragma: no cover - exercised only without vLLM
+            raise ImportError("LayerKVSpec.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')") from exc
+        if not isinstance(vllm_spec, AttentionSpec):
+            raise TypeError(
+                f"LayerKVSpec.from_vllm expected a vLLM AttentionSpec, got {type(vllm_spec).__name__}"
+            )
+        try:
+            from vllm.v1.kv_cache_interface import MLAAttentionSpec
+        except ImportError:  # older releases flag MLA with use_mla instead of a class
+            MLAAttentionSpec = ()  # type: ignore[assignment]
+        use_mla = bool(MLAAttentionSpec and isinstance(vllm_spec, MLAAttentionSpec)) or bool(
+            getattr(vllm_spec, "use_mla", False)
+        )
+        return cls(
+            block_size=int(vllm_spec.block_size),
+            num_kv_heads=int(vllm_spec.num_kv_heads),
+            head_size=int(vllm_spec.head_size),
+            use_mla=use_mla,
+            kv_axis=kv_axis,
+        )
