@@ -1,1 +1,19 @@
 """Transfer engines: the mori.io binding, a loopback stand-in and the completion poller."""
+
+from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
+from .loopback import LoopbackEngine, LoopbackFaults, LoopbackSession, PostedTransfer
+from .status import StatusCode, TransferStatus, wait_all
+
+__all__ = [
+    "EngineDescriptor",
+    "MemoryDescriptor",
+    "TransferEngine",
+    "TransferSession",
+    "LoopbackEngine",
+    "LoopbackFaults",
+    "LoopbackSession",
+    "PostedTransfer",
+    "StatusCode",
+    "TransferStatus",
+    "wait_all",
+]

@@ -1,0 +1,300 @@
+"""The transfer-engine interface the state machines post RDMA writes and reads through.
+
+It mirrors mori.io's surface (engine and memory descriptors that pack to bytes,
+sessions, transfer uids, one status per batch). Rules every engine keeps: posting
+never blocks on the transfer; argument *values* that are wrong come back as an
+already-failed status (ERR_INVALID_ARGS), argument *types* that are wrong raise
+``TypeError``; nothing malformed ever reaches native code.
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+
+from .status import StatusCode, TransferStatus
+
+__all__ = [
+    "EngineDescriptor",
+    "MemoryDescriptor",
+    "TransferEngine",
+    "TransferSession",
+    "TransferPlan",
+    "ArgumentProblem",
+    "check_transfer_batch",
+    "check_transfer_one",
+]
+
+
+@runtime_checkable
+class EngineDescriptor(Protocol):
+    """Identifies an engine to its peers; travels as ``pack()`` bytes."""
+
+    key: str
+
+    def pack(self) -> bytes: ...
+
+
+@runtime_checkable
+class MemoryDescriptor(Protocol):
+    """Identifies one registered memory region; travels as ``pack()`` bytes."""
+
+    engine_key: str
+    size: int
+
+    def pack(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentProblem:
+    """Why a transfer request was refused before anything was posted."""
+
+    code: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferPlan:
+    """A checked batch: equal-length lists of non-negative ints within both regions."""
+
+    local_offsets: list[int]
+    remote_offsets: list[int]
+    sizes: list[int]
+    transfer_uid: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def _int_list(name: str, values: Any) -> list[int]:
+    if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
+    try:
+        return list(map(operator.index, values))
+    except TypeError:
+        bad = next((v for v in values if not _is_int(v)), None)
+        raise TypeError(
+            f"{name} must hold only integers; found {bad!r} of type {type(bad).__name__}"
+        ) from None
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
+
+
+def _uid(transfer_uid: Any) -> int:
+    if isinstance(transfer_uid, bool) or not _is_int(transfer_uid):
+        raise TypeError(
+            f"transfer_uid must be an integer from allocate_transfer_uid(), "
+            f"got {type(transfer_uid).__name__}"
+        )
+    return operator.index(transfer_uid)
+
+
+def _single_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not _is_int(value):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    return operator.index(value)
+
+
+def check_transfer_batch(
+    local_offsets: Any,
+    remote_offsets: Any,
+    sizes: Any,
+    transfer_uid: Any,
+    *,
+    local_size: int,
+    remote_size: int,
+) -> TransferPlan | ArgumentProblem:
+    """Check one batch against the two regions' sizes (bytes).
+
+    Raises ``TypeError`` when an argument is not an integer (sequence); returns an
+    ``ArgumentProblem`` (ERR_INVALID_ARGS) for lengths that differ, an empty
+    batch, negative offsets or uid, sizes below 1, or a range past either region.
+    """
+    uid = _uid(transfer_uid)
+    lo = _int_list("local_offsets", local_offsets)
+    ro = _int_list("remote_offsets", remote_offsets)
+    sz = _int_list("sizes", sizes)
+    if not (len(lo) == len(ro) == len(sz)):
+        return ArgumentProblem(
+            StatusCode.ERR_INVALID_ARGS,
+            f"local_offsets, remote_offsets and sizes must have equal lengths; "
+            f"got {len(lo)}, {len(ro)} and {len(sz)}",
+        )
+    if not sz:
+        return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, "empty batch: sizes is empty")
+    if uid < 0:
+        return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, f"transfer_uid must be >= 0, got {uid}")
+    problem = (
+        _range_problem("local", lo, sz, local_size) or _range_problem("remote", ro, sz, remote_size)
+    )
+    if problem is not None:
+        return problem
+    return TransferPlan(lo, ro, sz, uid)
+
+
+def check_transfer_one(
+    local_offset: Any,
+    remote_offset: Any,
+    size: Any,
+    transfer_uid: Any,
+    *,
+    local_size: int,
+    remote_size: int,
+) -> TransferPlan | ArgumentProblem:
+    """``check_transfer_batch`` for a single (local_offset, remote_offset, size)."""
+    return check_transfer_batch(
+        [_single_int("local_offset", local_offset)],
+        [_single_int("remote_offset", remote_offset)],
+        [_single_int("size", size)],
+        transfer_uid,
+        local_size=local_size,
+        remote_size=remote_size,
+    )
+
+
+def _range_problem(side: str, offsets: list[int], sizes: list[int], region_size: int):
+    smallest_size = min(sizes)
+    if smallest_size < 1:
+        index = sizes.index(smallest_size)
+        return ArgumentProblem(
+            StatusCode.ERR_INVALID_ARGS,
+            f"sizes[{index}] is {smallest_size}; every size must be at least 1 byte",
+        )
+    smallest_offset = min(offsets)
+    if smallest_offset < 0:
+        index = offsets.index(smallest_offset)
+        return ArgumentProblem(
+            StatusCode.ERR_INVALID_ARGS,
+            f"{side}_offsets[{index}] is {smallest_offset}; offsets must be >= 0",
+        )
+    ends = list(map(operator.add, offsets, sizes))
+    furthest = max(ends)
+    if furthest > region_size:
+        index = ends.index(furthest)
+        return ArgumentProblem(
+            StatusCode.ERR_INVALID_ARGS,
+            f"{side} range {index} [{offsets[index]}, {furthest}) ends past the "
+            f"{side} region of {region_size} bytes",
+        )
+    return None
+
+
+class TransferSession(abc.ABC):
+    """A channel from one local registered region to one remote registered region.
+
+    Offsets are byte offsets into the two regions. Every call returns at once
+    with a status; ``batch_*`` returns one status for the whole batch.
+    """
+
+    @abc.abstractmethod
+    def allocate_transfer_uid(self) -> int: ...
+
+    @abc.abstractmethod
+    def batch_write(
+        self,
+        local_offsets: Sequence[int],
+        remote_offsets: Sequence[int],
+        sizes: Sequence[int],
+        transfer_uid: int,
+    ) -> TransferStatus:
+        """Copy local ranges into the remote region (one-sided)."""
+
+    @abc.abstractmethod
+    def batch_read(
+        self,
+        local_offsets: Sequence[int],
+        remote_offsets: Sequence[int],
+        sizes: Sequence[int],
+        transfer_uid: int,
+    ) -> TransferStatus:
+        """Copy remote ranges into the local region (one-sided)."""
+
+    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        return self.batch_write(
+            [_single_int("local_offset", local_offset)],
+            [_single_int("remote_offset", remote_offset)],
+            [_single_int("size", size)],
+            transfer_uid,
+        )
+
+    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        return self.batch_read(
+            [_single_int("local_offset", local_offset)],
+            [_single_int("remote_offset", remote_offset)],
+            [_single_int("size", size)],
+            transfer_uid,
+        )
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """False once the session, its engine or its peer is gone."""
+
+
+class TransferEngine(abc.ABC):
+    """One endpoint: registers memory, knows remote engines, opens sessions.
+
+    ``create_session`` returns None (as mori does) when either region or the
+    remote engine is unknown or unreachable. ``close`` is idempotent.
+    """
+
+    key: str
+
+    @abc.abstractmethod
+    def get_engine_desc(self) -> EngineDescriptor: ...
+
+    @abc.abstractmethod
+    def unpack_engine_desc(self, packed: bytes) -> EngineDescriptor: ...
+
+    @abc.abstractmethod
+    def register_remote_engine(self, desc: EngineDescriptor) -> None: ...
+
+    @abc.abstractmethod
+    def deregister_remote_engine(self, desc: EngineDescriptor) -> None: ...
+
+    @abc.abstractmethod
+    def register_torch_tensor(self, tensor: Any) -> MemoryDescriptor: ...
+
+    @abc.abstractmethod
+    def deregister_memory(self, mem: MemoryDescriptor) -> None: ...
+
+    @abc.abstractmethod
+    def unpack_memory_desc(self, packed: bytes) -> MemoryDescriptor: ...
+
+    @abc.abstractmethod
+    def allocate_transfer_uid(self) -> int: ...
+
+    @abc.abstractmethod
+    def create_session(
+        self, local_mem: MemoryDescriptor, remote_mem: MemoryDescriptor
+    ) -> TransferSession | None: ...
+
+    def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
+        """True when every status is final within ``timeout_ms`` (negative: no limit)."""
+        from .status import wait_all
+
+        return wait_all(statuses, timeout_ms)
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def require_bytes(name: str, packed: Any) -> bytes:
+    """Descriptors unpack only from bytes-like input; anything else is a caller bug."""
+    if not isinstance(packed, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name} must be bytes from .pack(), got {type(packed).__name__}")
+    return bytes(packed)

@@ -1,0 +1,646 @@
+"""LoopbackEngine: a transfer engine that moves real bytes between processes on one host.
+
+It stands in for mori.io where RDMA hardware is absent and keeps mori's rules:
+posting returns at once; a worker thread completes statuses INIT -> IN_PROGRESS ->
+SUCCESS or an error above 10; bad argument values come back as already-failed
+statuses. Writes into a peer's shared region are one-sided: the peer runs no code.
+Faults (failures, latency, stalls, dead sessions or peers) are injected through
+``engine.faults``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgpack
+import torch
+
+from .engine import (
+    ArgumentProblem,
+    TransferEngine,
+    TransferPlan,
+    TransferSession,
+    check_transfer_batch,
+    require_bytes,
+)
+from .shared_memory import PeerMapping, RegionUnavailable, SharedRegion
+from .status import LocalTransferStatus, StatusCode, failed_status
+
+__all__ = [
+    "LoopbackEngine",
+    "LoopbackSession",
+    "LoopbackEngineDesc",
+    "LoopbackMemoryDesc",
+    "LoopbackFaults",
+    "PostedTransfer",
+]
+
+_log = logging.getLogger(__name__)
+
+_ENGINE_DESC_KIND = "moriio-loopback-engine"
+_MEMORY_DESC_KIND = "moriio-loopback-memory"
+_NOT_SHARED = -1
+
+# Registered memory of every live LoopbackEngine in this process, so that an
+# engine can reach a peer engine's memory in the same process without sharing.
+_process_memory: dict[tuple[str, int], torch.Tensor] = {}
+_process_engine_keys: set[str] = set()
+_process_lock = threading.Lock()
+
+_memmove = ctypes.memmove  # a foreign call: it runs without holding the GIL
+
+
+def _unpack_fields(what: str, kind: str, packed: Any, names: tuple[str, ...]) -> dict:
+    data = require_bytes(what, packed)
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ValueError(f"{what} is not a packed descriptor: {exc}") from None
+    if not isinstance(fields, dict) or fields.get("kind") != kind:
+        raise ValueError(f"{what} is not a packed {kind} descriptor")
+    missing = [name for name in names if name not in fields]
+    if missing:
+        raise ValueError(f"{what} lacks field(s) {', '.join(missing)}")
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class LoopbackEngineDesc:
+    """Who a loopback engine is and which process it lives in."""
+
+    key: str
+    pid: int
+    hostname: str
+    host: str = ""
+    port: int = 0
+
+    _FIELDS = ("key", "pid", "hostname", "host", "port")
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {"kind": _ENGINE_DESC_KIND, "key": self.key, "pid": self.pid,
+             "hostname": self.hostname, "host": self.host, "port": self.port}
+        )
+
+    @classmethod
+    def unpack(cls, packed: bytes) -> "LoopbackEngineDesc":
+        """Raises ``TypeError`` for non-bytes and ``ValueError`` for malformed bytes."""
+        fields = _unpack_fields("engine descriptor", _ENGINE_DESC_KIND, packed, cls._FIELDS)
+        return cls(**{name: fields[name] for name in cls._FIELDS})
+
+
+@dataclass(frozen=True, slots=True)
+class LoopbackMemoryDesc:
+    """One registered region: whose it is, how big, and where a peer can map it.
+
+    ``region_fd`` is -1 for memory that is not shared: only engines in the same
+    process can reach it.
+    """
+
+    engine_key: str
+    mem_id: int
+    size: int
+    pid: int
+    region_fd: int
+    region_token: str
+    region_offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    _FIELDS = ("engine_key", "mem_id", "size", "pid", "region_fd", "region_token",
+               "region_offset", "dtype", "shape")
+
+    @property
+    def shared(self) -> bool:
+        return self.region_fd != _NOT_SHARED
+
+    def pack(self) -> bytes:
+        body = {name: getattr(self, name) for name in self._FIELDS}
+        body["shape"] = list(self.shape)
+        body["kind"] = _MEMORY_DESC_KIND
+        return msgpack.packb(body)
+
+    @classmethod
+    def unpack(cls, packed: bytes) -> "LoopbackMemoryDesc":
+        """Raises ``TypeError`` for non-bytes and ``ValueError`` for malformed bytes."""
+        fields = _unpack_fields("memory descriptor", _MEMORY_DESC_KIND, packed, cls._FIELDS)
+        values = {name: fields[name] for name in cls._FIELDS}
+        values["shape"] = tuple(values["shape"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class PostedTransfer:
+    """What fault predicates see about one posted batch."""
+
+    sequence: int            # 1-based count of batches posted on this engine
+    op: str                  # "write" or "read"
+    transfer_uid: int
+    remote_engine_key: str
+    count: int               # ranges in the batch
+    total_bytes: int
+
+
+@dataclass(slots=True)
+class _Rule:
+    matches: Callable[[PostedTransfer], bool]
+    code: int
+    message: str
+    once: bool
+
+
+class LoopbackFaults:
+    """Faults to inject into one engine's transfers; every method is thread-safe.
+
+    Failure rules are checked in the order added; the first that matches decides
+    the transfer's error (a failed transfer moves no bytes). A stalled transfer
+    stays IN_PROGRESS until the engine closes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: list[_Rule] = []
+        self._stalls: list[_Rule] = []
+        self._latency_s = 0.0
+        self._jitter_s = 0.0
+        self._random = random.Random(0)
+        self._dead_sessions: set[int] = set()
+        self._dead_peers: set[str] = set()
+
+    def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
+        """Fail the ``n``-th batch posted on this engine (1-based)."""
+        n = _positive("n", n)
+        self._add(self._failures, lambda t: t.sequence == n, code,
+                  message or f"injected RDMA failure of transfer #{n}", once=True)
+
+    def fail_when(self, predicate: Callable[[PostedTransfer], bool],
+                  code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
+        """Fail every posted batch for which ``predicate`` returns True."""
+        if not callable(predicate):
+            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
+        self._add(self._failures, predicate, code, message or "injected RDMA failure", once=False)
+
+    def stall_nth(self, n: int) -> None:
+        """Leave the ``n``-th posted batch in progress forever (until close)."""
+        n = _positive("n", n)
+        self._add(self._stalls, lambda t: t.sequence == n, StatusCode.IN_PROGRESS, "", once=True)
+
+    def stall_when(self, predicate: Callable[[PostedTransfer], bool]) -> None:
+        if not callable(predicate):
+            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
+        self._add(self._stalls, predicate, StatusCode.IN_PROGRESS, "", once=False)
+
+    def set_latency(self, latency_s: float, jitter_s: float = 0.0, seed: int | None = 0) -> None:
+        """Delay each completion by ``latency_s`` plus uniform [0, ``jitter_s``) seconds."""
+        if latency_s < 0 or jitter_s < 0:
+            raise ValueError(
+                f"latency_s and jitter_s must be >= 0 seconds, got {latency_s} and {jitter_s}"
+            )
+        with self._lock:
+            self._latency_s = float(latency_s)
+            self._jitter_s = float(jitter_s)
+            self._random = random.Random(seed)
+
+    def kill_session(self, session: "LoopbackSession") -> None:
+        """Break one session: its queued and future transfers fail with ERR_RDMA_OP."""
+        with self._lock:
+            self._dead_sessions.add(id(session))
+
+    def kill_peer(self, engine_key: str) -> None:
+        """Make a remote engine unreachable: every session to it fails with ERR_RDMA_OP."""
+        with self._lock:
+            self._dead_peers.add(engine_key)
+
+    def clear(self) -> None:
+        """Remove every rule, latency and killed session or peer."""
+        with self._lock:
+            self._failures.clear()
+            self._stalls.clear()
+            self._latency_s = self._jitter_s = 0.0
+            self._dead_sessions.clear()
+            self._dead_peers.clear()
+
+    # -- engine side ----------------------------------------------------------
+    def _add(self, rules: list[_Rule], matches, code: int, message: str, once: bool) -> None:
+        code = int(code)
+        if rules is self._failures and code <= 10:
+            raise ValueError(f"an injected failure needs an error code above 10, got {code}")
+        with self._lock:
+            rules.append(_Rule(matches, code, message, once))
+
+    def _first_match(self, rules: list[_Rule], posted: PostedTransfer) -> _Rule | None:
+        for rule in rules:
+            if rule.matches(posted):
+                if rule.once:
+                    rules.remove(rule)
+                return rule
+        return None
+
+    def _decide(self, posted: PostedTransfer) -> tuple[_Rule | None, bool, float]:
+        """(failure rule or None, stall?, completion delay in seconds)."""
+        with self._lock:
+            failure = self._first_match(self._failures, posted)
+            stall = failure is None and self._first_match(self._stalls, posted) is not None
+            delay = self._latency_s
+            if self._jitter_s:
+                delay += self._random.uniform(0.0, self._jitter_s)
+        return failure, stall, delay
+
+    def _session_dead(self, session: "LoopbackSession") -> str | None:
+        with self._lock:
+            if id(session) in self._dead_sessions:
+                return "session was killed"
+            if session.remote_engine_key in self._dead_peers:
+                return f"peer engine {session.remote_engine_key!r} is unreachable"
+        return None
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (1-based), got {value!r}")
+    return value
+
+
+@dataclass(order=True, slots=True)
+class _Job:
+    due: float
+    sequence: int
+    status: LocalTransferStatus = field(compare=False)
+    session: "LoopbackSession" = field(compare=False)
+    op: str = field(compare=False)
+    plan: TransferPlan = field(compare=False)
+    failure: _Rule | None = field(compare=False)
+
+
+class LoopbackSession(TransferSession):
+    """A channel from a local region to a remote region, in this process or a peer's."""
+
+    def __init__(self, engine: "LoopbackEngine", local: LoopbackMemoryDesc,
+                 remote: LoopbackMemoryDesc, local_bytes: torch.Tensor,
+                 remote_bytes: torch.Tensor) -> None:
+        self._engine = engine
+        self.local_mem = local
+        self.remote_mem = remote
+        self.remote_engine_key = remote.engine_key
+        # Holding the byte views keeps both mappings alive while jobs use raw addresses.
+        self._local_bytes = local_bytes
+        self._remote_bytes = remote_bytes
+        self._local_address = local_bytes.data_ptr()
+        self._remote_address = remote_bytes.data_ptr()
+
+    def allocate_transfer_uid(self) -> int:
+        return self._engine.allocate_transfer_uid()
+
+    def batch_write(self, local_offsets, remote_offsets, sizes, transfer_uid):
+        return self._post("write", local_offsets, remote_offsets, sizes, transfer_uid)
+
+    def batch_read(self, local_offsets, remote_offsets, sizes, transfer_uid):
+        return self._post("read", local_offsets, remote_offsets, sizes, transfer_uid)
+
+    def kill(self) -> None:
+        """Break this session (same as ``engine.faults.kill_session(self)``)."""
+        self._engine.faults.kill_session(self)
+
+    def alive(self) -> bool:
+        return self._why_dead() is None
+
+    def _why_dead(self) -> str | None:
+        if self._engine.closed:
+            return "engine is closed"
+        reason = self._engine.faults._session_dead(self)
+        if reason is not None:
+            return reason
+        return self._engine._remote_gone(self.remote_mem)
+
+    def _post(self, op, local_offsets, remote_offsets, sizes, transfer_uid):
+        checked = check_transfer_batch(
+            local_offsets, remote_offsets, sizes, transfer_uid,
+            local_size=self.local_mem.size, remote_size=self.remote_mem.size,
+        )
+        if isinstance(checked, ArgumentProblem):
+            return failed_status(checked.code, f"batch_{op}: {checked.message}")
+        return self._engine._submit(self, op, checked)
+
+    def _execute(self, job: _Job) -> None:
+        plan = job.plan
+        if job.op == "write":
+            src, dst = self._local_address, self._remote_address
+            src_offsets, dst_offsets = plan.local_offsets, plan.remote_offsets
+        else:
+            src, dst = self._remote_address, self._local_address
+            src_offsets, dst_offsets = plan.remote_offsets, plan.local_offsets
+        _copy_ranges(dst, src, dst_offsets, src_offsets, plan.sizes)
+
+
+def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
+                 sizes: list[int]) -> None:
+    """Copy each range; ranges adjacent on both sides go as one larger copy."""
+    run_dst, run_src, run_len = dst_offsets[0], src_offsets[0], 0
+    for d, s, n in zip(dst_offsets, src_offsets, sizes):
+        if d == run_dst + run_len and s == run_src + run_len:
+            run_len += n
+        else:
+            _memmove(dst + run_dst, src + run_src, run_len)
+            run_dst, run_src, run_len = d, s, n
+    _memmove(dst + run_dst, src + run_src, run_len)
+
+
+class LoopbackEngine(TransferEngine):
+    """A transfer engine whose "network" is shared memory on one host.
+
+    Memory from ``allocate_shared_tensor`` can be reached by engines in other
+    processes; any other CPU tensor only by engines in this process. Engine keys
+    must be unique among live engines of a process. ``close`` fails every
+    transfer still queued or stalled with ERR_BAD_STATE, stops the worker thread
+    and releases shared regions this engine allocated.
+    """
+
+    def __init__(self, key: str, host: str = "", port: int = 0) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"engine key must be a non-empty string, got {key!r}")
+        with _process_lock:
+            if key in _process_engine_keys:
+                raise ValueError(f"a LoopbackEngine with key {key!r} is already live in this process")
+            _process_engine_keys.add(key)
+        self.key = key
+        self.faults = LoopbackFaults()
+        self._desc = LoopbackEngineDesc(key, os.getpid(), socket.gethostname(), host, int(port))
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._uids = itertools.count(1)
+        self._mem_ids = itertools.count(1)
+        self._sequence = 0
+        self._queue: list[_Job] = []
+        self._stalled: list[_Job] = []
+        self._closed = False
+        self._regions: list[SharedRegion] = []
+        self._memory: dict[int, tuple[LoopbackMemoryDesc, torch.Tensor]] = {}
+        self._remote_engines: dict[str, LoopbackEngineDesc] = {}
+        self._peer_maps: dict[tuple[int, str], PeerMapping] = {}
+        self._worker = threading.Thread(target=self._run, name=f"loopback-{key}", daemon=True)
+        self._worker.start()
+
+    # -- descriptors and registration ------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def get_engine_desc(self) -> LoopbackEngineDesc:
+        return self._desc
+
+    def unpack_engine_desc(self, packed: bytes) -> LoopbackEngineDesc:
+        return LoopbackEngineDesc.unpack(packed)
+
+    def unpack_memory_desc(self, packed: bytes) -> LoopbackMemoryDesc:
+        return LoopbackMemoryDesc.unpack(packed)
+
+    def register_remote_engine(self, desc: LoopbackEngineDesc) -> None:
+        if not isinstance(desc, LoopbackEngineDesc):
+            raise TypeError(f"desc must be a LoopbackEngineDesc, got {type(desc).__name__}")
+        with self._lock:
+            self._remote_engines[desc.key] = desc
+
+    def deregister_remote_engine(self, desc: LoopbackEngineDesc) -> None:
+        if not isinstance(desc, LoopbackEngineDesc):
+            raise TypeError(f"desc must be a LoopbackEngineDesc, got {type(desc).__name__}")
+        with self._lock:
+            self._remote_engines.pop(desc.key, None)
+
+    def allocate_shared_tensor(self, shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """A zeroed CPU tensor in shared memory that peer processes can write into.
+
+        The memory stays valid while the tensor lives; peers can open it until
+        this engine closes.
+        """
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        shape = tuple(int(d) for d in ((shape,) if isinstance(shape, int) else shape))
+        if any(d < 0 for d in shape):
+            raise ValueError(f"shape must not hold negative sizes, got {shape}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        self._require_open("allocate_shared_tensor")
+        region = SharedRegion(max(nbytes, 1))
+        with self._lock:
+            self._regions.append(region)
+        return region.tensor[:nbytes].view(dtype).view(shape)
+
+    def register_torch_tensor(self, tensor: torch.Tensor) -> LoopbackMemoryDesc:
+        """Register a contiguous CPU tensor; shared only if it came from allocate_shared_tensor.
+
+        Raises ``TypeError`` for a non-tensor and ``ValueError`` for a tensor that
+        is not contiguous, not on the CPU or empty.
+        """
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"LoopbackEngine moves host memory only; the tensor is on {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"tensor of shape {tuple(tensor.shape)} must be contiguous to be registered")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            raise ValueError("an empty tensor cannot be registered")
+        self._require_open("register_torch_tensor")
+        address = tensor.data_ptr()
+        flat = tensor.reshape(-1).view(torch.uint8)
+        region = next((r for r in self._regions if not r.closed and r.contains(address, nbytes)), None)
+        with self._lock:
+            mem_id = next(self._mem_ids)
+            desc = LoopbackMemoryDesc(
+                engine_key=self.key, mem_id=mem_id, size=nbytes, pid=self._desc.pid,
+                region_fd=region.fd if region else _NOT_SHARED,
+                region_token=region.token if region else "",
+                region_offset=address - region.tensor.data_ptr() if region else 0,
+                dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
+            )
+            self._memory[mem_id] = (desc, flat)
+        with _process_lock:
+            _process_memory[(self.key, mem_id)] = flat
+        return desc
+
+    def deregister_memory(self, mem: LoopbackMemoryDesc) -> None:
+        if not isinstance(mem, LoopbackMemoryDesc):
+            raise TypeError(f"mem must be a LoopbackMemoryDesc, got {type(mem).__name__}")
+        if mem.engine_key != self.key:
+            raise ValueError(f"memory {mem.mem_id} belongs to engine {mem.engine_key!r}, not {self.key!r}")
+        with self._lock:
+            self._memory.pop(mem.mem_id, None)
+        with _process_lock:
+            _process_memory.pop((self.key, mem.mem_id), None)
+
+    def allocate_transfer_uid(self) -> int:
+        with self._lock:
+            return next(self._uids)
+
+    # -- sessions ------------------------------------------------------------
+    def create_session(self, local_mem, remote_mem) -> LoopbackSession | None:
+        """A session, or None when a region or the remote engine cannot be reached."""
+        if not isinstance(local_mem, LoopbackMemoryDesc) or not isinstance(remote_mem, LoopbackMemoryDesc):
+            raise TypeError(
+                f"create_session needs two LoopbackMemoryDesc, got "
+                f"{type(local_mem).__name__} and {type(remote_mem).__name__}"
+            )
+        if self._closed:
+            return None
+        with self._lock:
+            local = self._memory.get(local_mem.mem_id) if local_mem.engine_key == self.key else None
+            remote_engine = self._remote_engines.get(remote_mem.engine_key)
+        if local is None:
+            _log.warning("create_session: local memory %s is not registered with engine %r",
+                         local_mem.mem_id, self.key)
+            return None
+        if remote_mem.engine_key != self.key and (remote_engine is None or remote_engine.pid != remote_mem.pid):
+            _log.warning("create_session: remote engine %r is not registered", remote_mem.engine_key)
+            return None
+        remote_bytes = self._resolve_remote(remote_mem)
+        if remote_bytes is None:
+            return None
+        return LoopbackSession(self, local[0], remote_mem, local[1], remote_bytes)
+
+    def _resolve_remote(self, remote: LoopbackMemoryDesc) -> torch.Tensor | None:
+        if remote.pid == self._desc.pid:
+            with _process_lock:
+                found = _process_memory.get((remote.engine_key, remote.mem_id))
+            if found is None or found.numel() < remote.size:
+                _log.warning("create_session: memory %s of engine %r is not registered",
+                             remote.mem_id, remote.engine_key)
+                return None
+            return found
+        if not remote.shared:
+            _log.warning("create_session: memory %s of engine %r is not shared memory; only "
+                         "tensors from allocate_shared_tensor can be reached across processes",
+                         remote.mem_id, remote.engine_key)
+            return None
+        cache_key = (remote.pid, remote.region_token)
+        with self._lock:
+            mapping = self._peer_maps.get(cache_key)
+        if mapping is None:
+            try:
+                mapping = PeerMapping(remote.pid, remote.region_fd, remote.region_token,
+                                      remote.region_offset + remote.size)
+            except RegionUnavailable as exc:
+                _log.warning("create_session: %s", exc)
+                return None
+            with self._lock:
+                mapping = self._peer_maps.setdefault(cache_key, mapping)
+        if mapping.size < remote.region_offset + remote.size:
+            mapping = PeerMapping(remote.pid, remote.region_fd, remote.region_token,
+                                  remote.region_offset + remote.size)
+            with self._lock:
+                self._peer_maps[cache_key] = mapping
+        return mapping.tensor[remote.region_offset: remote.region_offset + remote.size]
+
+    def _remote_gone(self, remote: LoopbackMemoryDesc) -> str | None:
+        """Why the remote region can no longer take transfers, or None."""
+        if remote.pid == self._desc.pid:
+            with _process_lock:
+                registered = (remote.engine_key, remote.mem_id) in _process_memory
+            return None if registered else f"remote memory {remote.mem_id} was deregistered"
+        try:
+            target = os.readlink(f"/proc/{remote.pid}/fd/{remote.region_fd}")
+        except OSError:
+            return f"peer process {remote.pid} is gone"
+        if remote.region_token not in target:
+            return f"peer process {remote.pid} closed its shared region"
+        return None
+
+    # -- posting and completing ----------------------------------------------
+    def _submit(self, session: LoopbackSession, op: str, plan: TransferPlan) -> LocalTransferStatus:
+        status = LocalTransferStatus()
+        with self._lock:
+            if self._closed:
+                status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
+                return status
+            self._sequence += 1
+            sequence = self._sequence
+        posted = PostedTransfer(sequence, op, plan.transfer_uid, session.remote_engine_key,
+                                len(plan.sizes), plan.total_bytes)
+        failure, stall, delay = self.faults._decide(posted)
+        job = _Job(time.monotonic() + delay, sequence, status, session, op, plan, failure)
+        status.mark_in_progress()
+        with self._wake:
+            if self._closed:
+                status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
+            elif stall:
+                self._stalled.append(job)
+            else:
+                heapq.heappush(self._queue, job)
+                self._wake.notify()
+        return status
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while True:
+                    if self._closed:
+                        return
+                    if self._queue:
+                        wait_s = self._queue[0].due - time.monotonic()
+                        if wait_s <= 0:
+                            job = heapq.heappop(self._queue)
+                            break
+                        self._wake.wait(wait_s)
+                    else:
+                        self._wake.wait()
+            self._complete(job)
+
+    def _complete(self, job: _Job) -> None:
+        label = f"batch_{job.op} uid {job.plan.transfer_uid}"
+        try:
+            if job.failure is not None:
+                job.status.settle(job.failure.code, f"{label}: {job.failure.message}")
+                return
+            reason = job.session._why_dead()
+            if reason is not None:
+                job.status.settle(StatusCode.ERR_RDMA_OP, f"{label}: {reason}")
+                return
+            job.session._execute(job)
+            job.status.settle(StatusCode.SUCCESS)
+        except Exception as exc:  # never let one transfer kill the worker thread
+            _log.exception("loopback transfer failed unexpectedly")
+            job.status.settle(StatusCode.ERR_BAD_STATE, f"{label}: {exc}")
+
+    def _require_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what}: engine {self.key!r} is closed")
+
+    def close(self) -> None:
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            abandoned = self._queue + self._stalled
+            self._queue, self._stalled = [], []
+            self._wake.notify_all()
+        for job in abandoned:
+            job.status.settle(StatusCode.ERR_BAD_STATE,
+                              f"batch_{job.op} uid {job.plan.transfer_uid}: engine "
+                              f"{self.key!r} closed before the transfer completed")
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
+        with _process_lock:
+            for mem_id in list(self._memory):
+                _process_memory.pop((self.key, mem_id), None)
+            _process_engine_keys.discard(self.key)
+        with self._lock:
+            self._memory.clear()
+            self._peer_maps.clear()
+            regions, self._regions = self._regions, []
+        for region in regions:
+            region.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<LoopbackEngine {self.key!r} pid={self._desc.pid} {state}>"
