@@ -1,1 +1,70 @@
 """ZeroMQ control plane: wire codec, listener, senders and the peer trust policy."""
+
+from .codec import (
+    DEFAULT_LIMITS,
+    HANDSHAKE_REQUEST,
+    AgentMetadata,
+    HandshakeReply,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    Role,
+    WireEncodeError,
+    WireForm,
+    WireLimits,
+    WriteDone,
+    WriteFailed,
+    decode_handshake_reply,
+    decode_handshake_request,
+    decode_notify,
+    encode_handshake_reply,
+    encode_notify,
+)
+from .curve import CurveConfig
+from .errors import (
+    HandshakeFailedError,
+    TransportClosedError,
+    UntrustedPeerError,
+    WireDecodeError,
+    ZmqAdapterError,
+)
+from .policy import PeerPolicy, canonical_host
+from .ports import RankEndpoint, listener_port
+from .transport import Delivery, Peer, SendFailure, TransportConfig, ZmqTransport, default_bind_host
+
+__all__ = [
+    "AgentMetadata",
+    "CurveConfig",
+    "DEFAULT_LIMITS",
+    "Delivery",
+    "HANDSHAKE_REQUEST",
+    "HandshakeFailedError",
+    "HandshakeReply",
+    "NotifyMessage",
+    "Peer",
+    "PeerPolicy",
+    "RankEndpoint",
+    "Release",
+    "RemoteBlocks",
+    "Role",
+    "SendFailure",
+    "TransportClosedError",
+    "TransportConfig",
+    "UntrustedPeerError",
+    "WireDecodeError",
+    "WireEncodeError",
+    "WireForm",
+    "WireLimits",
+    "WriteDone",
+    "WriteFailed",
+    "ZmqAdapterError",
+    "ZmqTransport",
+    "canonical_host",
+    "decode_handshake_reply",
+    "decode_handshake_request",
+    "decode_notify",
+    "default_bind_host",
+    "encode_handshake_reply",
+    "encode_notify",
+    "listener_port",
+]

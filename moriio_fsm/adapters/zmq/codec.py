@@ -30,13 +30,14 @@ import enum
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import msgpack
 
-from moriio_fsm.runtime.events import Event
-
 from .errors import WireDecodeError, ZmqAdapterError
+
+if TYPE_CHECKING:
+    from moriio_fsm.runtime.events import Event as RuntimeEvent
 
 __all__ = [
     "AgentMetadata",
@@ -147,6 +148,16 @@ def _frozen(data: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(data)
 
 
+def Event(transfer_id: str, kind: str, time: float, data: Mapping[str, Any] | None = None) -> Any:
+    """Build the runtime's ``Event``; imported on first use so the codec does not
+    depend on the runtime package at import time."""
+    from moriio_fsm.runtime.events import Event as RuntimeEvent
+
+    if data is None:
+        return RuntimeEvent(transfer_id, kind, time)
+    return RuntimeEvent(transfer_id, kind, time, data)
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteBlocks:
     """D tells P where its blocks are (WRITE mode), so P can write into them.
@@ -166,7 +177,7 @@ class RemoteBlocks:
     def per_group(self) -> bool:
         return bool(self.block_ids) and isinstance(self.block_ids[0], tuple)
 
-    def to_event(self, now: float) -> Event:
+    def to_event(self, now: float) -> "RuntimeEvent":
         return Event(
             self.transfer_id,
             "remote_blocks",
@@ -191,7 +202,7 @@ class WriteDone:
 
     kind = "write_done"
 
-    def to_event(self, now: float) -> Event:
+    def to_event(self, now: float) -> "RuntimeEvent":
         writers = 1 if self.num_writers is None else self.num_writers
         return Event(self.transfer_id, "write_done", now, _frozen({"num_writers": writers}))
 
@@ -205,7 +216,7 @@ class WriteFailed:
 
     kind = "write_failed"
 
-    def to_event(self, now: float) -> Event:
+    def to_event(self, now: float) -> "RuntimeEvent":
         return Event(self.transfer_id, "write_failed", now)
 
 
@@ -224,7 +235,7 @@ class Release:
 
     kind = "release"
 
-    def to_event(self, now: float) -> Event:
+    def to_event(self, now: float) -> "RuntimeEvent":
         size = 1 if self.consumer_tp_size is None else self.consumer_tp_size
         return Event(self.transfer_id, "release", now, _frozen({"consumer_tp_size": size}))
 

@@ -1,0 +1,99 @@
+"""Optional CURVE encryption and authentication for every control-plane socket.
+
+When a ``CurveConfig`` is given, listeners are CURVE servers and senders CURVE
+clients; a ZAP handler (run by the transport's I/O thread) admits only clients
+whose public key is authorised.  A peer without CURVE cannot complete the handshake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import zmq
+from zmq.utils import z85
+
+__all__ = ["CurveConfig", "ZAP_ENDPOINT", "zap_reply"]
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"moriio"
+
+
+def _z85_key(value: bytes | str, name: str) -> bytes:
+    key = value.encode("ascii") if isinstance(value, str) else bytes(value)
+    if len(key) != 40:
+        raise ValueError(f"{name}: expected a 40-character Z85 CURVE key, got {len(key)} bytes")
+    try:
+        z85.decode(key)
+    except Exception:
+        raise ValueError(f"{name}: not valid Z85") from None
+    return key
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    """This process's CURVE key pair and whom it trusts.
+
+    ``authorized_client_keys``: client public keys a listener admits (this
+    process's own public key is always admitted, so a deployment sharing one
+    key pair needs nothing more).  ``server_keys``: a peer host's server public
+    key, by canonical host; hosts not listed are assumed to use this process's
+    own public key.  Keys are Z85 text (40 characters), as ``zmq.curve_keypair``
+    makes them.  Construction raises ``ValueError`` naming a malformed key.
+    """
+
+    public_key: bytes
+    secret_key: bytes
+    authorized_client_keys: frozenset[bytes] = field(default_factory=frozenset)
+    server_keys: Mapping[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "public_key", _z85_key(self.public_key, "public_key"))
+        object.__setattr__(self, "secret_key", _z85_key(self.secret_key, "secret_key"))
+        keys = frozenset(_z85_key(k, "authorized_client_keys") for k in self.authorized_client_keys)
+        object.__setattr__(self, "authorized_client_keys", keys)
+        servers = {str(h): _z85_key(k, f"server_keys[{h!r}]") for h, k in dict(self.server_keys).items()}
+        object.__setattr__(self, "server_keys", servers)
+
+    @classmethod
+    def generate(cls, authorized_client_keys: Iterable[bytes] = ()) -> "CurveConfig":
+        """A fresh key pair (requires libzmq built with CURVE)."""
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret, frozenset(authorized_client_keys))
+
+    def authorized_raw_keys(self) -> frozenset[bytes]:
+        """The admitted client keys as 32-byte binary, as ZAP presents them."""
+        return frozenset(z85.decode(k) for k in self.authorized_client_keys | {self.public_key})
+
+    def server_key_for(self, canonical_host: str) -> bytes:
+        return self.server_keys.get(canonical_host, self.public_key)
+
+    def apply_server(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
+
+    def apply_client(self, sock: zmq.Socket, canonical_host: str) -> None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key_for(canonical_host))
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
+
+
+def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes]) -> tuple[list[bytes], str | None]:
+    """Answer one ZAP request (RFC 27): ``(reply frames, refusal reason or None)``.
+
+    Only the CURVE mechanism with an authorised client key is admitted; any
+    malformed request is refused rather than raised.
+    """
+    if len(frames) < 6:
+        request_id = frames[1] if len(frames) > 1 else b""
+        return [b"1.0", request_id, b"400", b"malformed ZAP request", b"", b""], "malformed ZAP request"
+    version, request_id, _domain, _address, _identity, mechanism = frames[:6]
+    credentials = frames[6:]
+    if version != b"1.0":
+        return [b"1.0", request_id, b"400", b"unsupported ZAP version", b"", b""], "unsupported ZAP version"
+    if mechanism != b"CURVE" or len(credentials) != 1:
+        return [b"1.0", request_id, b"400", b"CURVE required", b"", b""], f"mechanism {mechanism!r} refused"
+    if credentials[0] not in authorized:
+        return [b"1.0", request_id, b"400", b"client key not authorised", b"", b""], "client key not authorised"
+    return [b"1.0", request_id, b"200", b"OK", b"", b""], None

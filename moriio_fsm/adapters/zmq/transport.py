@@ -1,0 +1,732 @@
+"""The ZeroMQ transport: one I/O thread owns every socket; any thread may send.
+
+Rules: sockets are created, used and closed only on the I/O thread (ZeroMQ sockets
+are not thread-safe); other threads hand it work through a lock-free deque and a
+wake-up pipe.  Every outbound host passes the ``PeerPolicy`` before a socket exists.
+A bad inbound message is counted, logged and dropped; nothing a peer sends, and no
+exception a callback raises, stops the I/O thread.  Every queue and cache is bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import ipaddress
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Union
+
+import structlog
+import zmq
+
+from .codec import (
+    DEFAULT_LIMITS,
+    HANDSHAKE_REQUEST,
+    HandshakeReply,
+    NotifyMessage,
+    Role,
+    WireLimits,
+    decode_handshake_reply,
+    decode_notify,
+    encode_handshake_reply,
+    encode_notify,
+)
+from .curve import ZAP_ENDPOINT, CurveConfig, zap_reply
+from .errors import HandshakeFailedError, TransportClosedError, WireDecodeError
+from .policy import PeerPolicy
+from .ports import RankEndpoint, listener_port
+
+if TYPE_CHECKING:
+    from moriio_fsm.runtime.events import Event
+
+__all__ = [
+    "Delivery",
+    "Peer",
+    "SendFailure",
+    "TransportConfig",
+    "ZmqTransport",
+    "default_bind_host",
+]
+
+log = structlog.get_logger("moriio_fsm.adapters.zmq")
+
+Destination = Union[RankEndpoint, "tuple[str, int]"]
+
+
+def default_bind_host() -> str:
+    """This host's own routable address, never the wildcard.
+
+    Asks the kernel which local address would route outward (a UDP ``connect``
+    sends no packet); falls back to the host name's address, then loopback.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never actually contacted
+        address = probe.getsockname()[0]
+        if address and address != "0.0.0.0":
+            return address
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _tcp_url(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Settings of one transport (one per worker rank).
+
+    ``notify_base_port`` with the ranks gives the listener port through
+    ``listener_port``; 0 binds an ephemeral port (tests).  ``bind_host`` None
+    means ``default_bind_host()``.  ``trusted_peers`` feeds ``PeerPolicy``
+    (empty: loopback only).  ``curve`` turns on CURVE for every socket.
+    ``send_timeout_s`` bounds how long a message may wait for its peer before it
+    is reported failed; ``max_peers`` bounds the cache of sender sockets.
+    """
+
+    role: Role
+    notify_base_port: int = 0
+    dp_rank: int = 0
+    tp_rank: int = 0
+    tp_size: int = 1
+    bind_host: str | None = None
+    listen: bool = True
+    trusted_peers: tuple[str, ...] = ()
+    curve: CurveConfig | None = None
+    limits: WireLimits = DEFAULT_LIMITS
+    max_peers: int = 64
+    send_hwm: int = 10_000
+    recv_hwm: int = 10_000
+    send_timeout_s: float = 5.0
+    linger_ms: int = 500
+    tcp_keepalive_idle_s: int = 30
+    tcp_keepalive_interval_s: int = 5
+    tcp_keepalive_count: int = 6
+    max_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, Role):
+            raise ValueError(f"role: expected Role.PRODUCER or Role.CONSUMER, got {self.role!r}")
+        if self.notify_base_port != 0:
+            listener_port(self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        for name in ("max_peers", "send_hwm", "recv_hwm", "max_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.send_timeout_s > 0:
+            raise ValueError(f"send_timeout_s: must be > 0, got {self.send_timeout_s}")
+        if isinstance(self.trusted_peers, str):
+            raise ValueError("trusted_peers: expected a sequence of hosts/CIDRs, got a single string")
+
+    @property
+    def notify_port(self) -> int:
+        if self.notify_base_port == 0:
+            return 0
+        return listener_port(self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who sent a message: the ROUTER identity and, when known, ``ip:port``."""
+
+    identity: bytes
+    address: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One accepted message, handed to the ``on_message`` callback."""
+
+    message: NotifyMessage
+    peer: Peer
+    received_at: float  # time.monotonic() when it was decoded
+
+    @property
+    def event(self) -> "Event":
+        return self.message.to_event(self.received_at)
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailure:
+    """A message that was accepted by ``send`` but could not be delivered."""
+
+    host: str
+    port: int
+    transfer_id: str | None
+    kind: str
+    reason: str
+
+
+@dataclass
+class _Outbox:
+    sock: zmq.Socket
+    backlog: collections.deque = field(default_factory=collections.deque)  # (payload, deadline, tid, kind)
+    polling: bool = False  # registered for POLLOUT while the backlog is non-empty
+
+
+@dataclass
+class _PendingHandshake:
+    future: concurrent.futures.Future
+    host: str
+    port: int
+    deadline: float
+    frames: list = field(default_factory=list)
+
+
+class _LogLimiter:
+    """At most ``per_second`` warnings a second; the rest are counted and summarised."""
+
+    def __init__(self, per_second: int = 20) -> None:
+        self.per_second = per_second
+        self.window = 0.0
+        self.count = 0
+        self.suppressed = 0
+
+    def allow(self, now: float) -> bool:
+        if now - self.window >= 1.0:
+            if self.suppressed:
+                log.warning("zmq.messages_suppressed", count=self.suppressed)
+            self.window, self.count, self.suppressed = now, 0, 0
+        self.count += 1
+        if self.count <= self.per_second:
+            return True
+        self.suppressed += 1
+        return False
+
+
+class ZmqTransport:
+    """Listener, senders and handshake endpoints of one rank, served by one thread.
+
+    ``on_message(delivery)`` runs on the I/O thread for every accepted message:
+    keep it short (enqueue and return).  ``on_send_failure(failure)`` runs there
+    too when a queued message times out, is evicted or is dropped at close.
+    Construction binds the listener and starts the thread, or raises
+    (``zmq.ZMQError`` for a bind failure, ``ValueError`` for bad settings).
+    """
+
+    def __init__(
+        self,
+        config: TransportConfig,
+        on_message: Callable[[Delivery], None],
+        *,
+        on_send_failure: Callable[[SendFailure], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = PeerPolicy(config.trusted_peers)
+        self._on_message = on_message
+        self._on_send_failure = on_send_failure
+        self._commands: collections.deque = collections.deque()
+        self._wake_pending = False
+        self._closed = False
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._log_limiter = _LogLimiter()
+        self._peer_addresses: collections.OrderedDict[bytes, str | None] = collections.OrderedDict()
+        self._outboxes: collections.OrderedDict[tuple[str, int], _Outbox] = collections.OrderedDict()
+        self._handshakes: dict[zmq.Socket, _PendingHandshake] = {}
+        self._handshake_servers: dict[zmq.Socket, tuple[bytes, bytes]] = {}
+        self._ctx = zmq.Context()
+        self._poller = zmq.Poller()
+        self._listener: zmq.Socket | None = None
+        self._zap: zmq.Socket | None = None
+        self._authorized = config.curve.authorized_raw_keys() if config.curve else frozenset()
+        self.notify_port: int | None = None
+        self.bind_host = config.bind_host or default_bind_host()
+        started = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(started, failure), name=f"moriio-zmq-io-{config.role.value}", daemon=True
+        )
+        self._thread.start()
+        started.wait()
+        if failure:
+            self._thread.join()
+            self._release_os_resources()
+            raise failure[0]
+
+    # ------------------------------------------------------------------ public API
+
+    def send(self, destination: Destination, message: NotifyMessage) -> None:
+        """Queue ``message`` for ``destination`` (a ``RankEndpoint`` or ``(host, port)``).
+
+        Safe to call from any thread; never blocks on the network.  Raises at
+        once ``UntrustedPeerError`` (the policy refused the host),
+        ``WireEncodeError`` (a field is invalid) or ``TransportClosedError``.
+        Later failures go to ``on_send_failure``.
+        """
+        host, port = self._destination(destination)
+        canonical = self.policy.check(host)
+        payload = encode_notify(message, limits=self.config.limits)
+        self._submit(("send", canonical, port, payload, message.transfer_id, message.kind))
+
+    def request_handshake(self, destination: Destination, *, timeout_s: float = 10.0) -> concurrent.futures.Future:
+        """Ask a peer's handshake port for its metadata; returns a Future of ``HandshakeReply``.
+
+        Raises ``UntrustedPeerError`` or ``TransportClosedError`` at once; the
+        Future fails with ``HandshakeFailedError`` on timeout, a bad reply or close.
+        """
+        host, port = self._destination(destination)
+        canonical = self.policy.check(host)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(("handshake", canonical, port, future, time.monotonic() + timeout_s))
+        return future
+
+    def serve_handshake(self, reply: HandshakeReply, *, port: int = 0, bind_host: str | None = None) -> int:
+        """Answer handshake requests on ``port`` (0: ephemeral) with ``reply``; returns the port."""
+        frames = encode_handshake_reply(reply)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(("serve", bind_host or self.bind_host, port, frames, future))
+        return future.result()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the I/O thread and close every socket; idempotent.
+
+        Messages still queued are reported to ``on_send_failure``; pending
+        handshakes fail with ``HandshakeFailedError``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._commands.append(("stop",))
+        self._wake()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._release_os_resources()
+
+    def __enter__(self) -> "ZmqTransport":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ caller side
+
+    @staticmethod
+    def _destination(destination: Destination) -> tuple[str, int]:
+        if isinstance(destination, RankEndpoint):
+            return destination.host, destination.port
+        host, port = destination
+        if type(port) is not int or not 1 <= port <= 65_535:
+            raise ValueError(f"port: expected an integer in 1..65535, got {port!r}")
+        return host, port
+
+    def _submit(self, command: tuple) -> None:
+        if self._closed:
+            raise TransportClosedError("transport is closed")
+        self._commands.append(command)
+        # One pipe write per batch: the I/O thread clears the flag before it
+        # drains, so a command appended after the drain always writes again.
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # pipe full: the I/O thread is already due to wake
+
+    def _release_os_resources(self) -> None:
+        for fd in (self._wake_read, self._wake_write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_read = self._wake_write = -1
+
+    # ------------------------------------------------------------------ I/O thread
+
+    def _run(self, started: threading.Event, failure: list) -> None:
+        try:
+            self._open_sockets()
+        except BaseException as exc:  # reported to the constructor
+            failure.append(exc)
+            self._close_sockets()
+            started.set()
+            return
+        started.set()
+        try:
+            self._loop()
+        except BaseException:  # pragma: no cover - last resort, keeps the reason visible
+            log.exception("zmq.io_thread_crashed")
+        finally:
+            self._close_sockets()
+
+    def _keepalive(self, sock: zmq.Socket) -> None:
+        cfg = self.config
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, cfg.tcp_keepalive_idle_s)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, cfg.tcp_keepalive_interval_s)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, cfg.tcp_keepalive_count)
+        sock.setsockopt(zmq.IPV6, 1)
+
+    def _open_sockets(self) -> None:
+        cfg = self.config
+        self._poller.register(self._wake_read, zmq.POLLIN)
+        if cfg.curve is not None:
+            self._zap = self._ctx.socket(zmq.REP)
+            self._zap.setsockopt(zmq.LINGER, 0)
+            self._zap.bind(ZAP_ENDPOINT)
+            self._poller.register(self._zap, zmq.POLLIN)
+        if cfg.listen:
+            sock = self._server_socket(zmq.ROUTER, cfg.limits.max_message_bytes)
+            self.notify_port = self._bind(sock, self.bind_host, cfg.notify_port)
+            self._listener = sock
+            self._poller.register(sock, zmq.POLLIN)
+            log.info("zmq.listening", host=self.bind_host, port=self.notify_port, role=cfg.role.value,
+                     curve=cfg.curve is not None)
+
+    def _server_socket(self, kind: int, max_bytes: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.config.recv_hwm)
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        # libzmq drops the connection of a peer that sends a larger frame before
+        # allocating it: the first line of defence against memory floods.
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+        self._keepalive(sock)
+        if self.config.curve is not None:
+            self.config.curve.apply_server(sock)
+        return sock
+
+    def _bind(self, sock: zmq.Socket, host: str, port: int) -> int:
+        if host in ("*", "0.0.0.0", "::"):
+            log.warning("zmq.bind_all_interfaces", host=host,
+                        hint="any host that can reach this port can send control messages")
+        if port == 0:
+            return sock.bind_to_random_port(_tcp_url(host, 0).rsplit(":", 1)[0])
+        sock.bind(_tcp_url(host, port))
+        return port
+
+    def _loop(self) -> None:
+        poller = self._poller
+        next_expiry_check = 0.0
+        while True:
+            busy = self._handshakes or any(o.polling for o in self._outboxes.values())
+            timeout_ms = 25 if busy else 1000
+            for target, flags in poller.poll(timeout_ms):
+                if target is self._listener:
+                    self._drain_listener()
+                elif target == self._wake_read:
+                    if self._drain_commands():
+                        return
+                elif target is self._zap:
+                    self._serve_zap()
+                elif target in self._handshakes:
+                    self._collect_handshake(target)
+                elif target in self._handshake_servers:
+                    self._answer_handshakes(target)
+                elif flags & zmq.POLLOUT:
+                    self._flush_outbox_socket(target)
+            now = time.monotonic()
+            if now >= next_expiry_check:
+                next_expiry_check = now + 0.025
+                self._expire(now)
+
+    # commands ---------------------------------------------------------------
+
+    def _drain_commands(self) -> bool:
+        self._wake_pending = False
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        commands = self._commands
+        while commands:
+            command = commands.popleft()
+            op = command[0]
+            if op == "send":
+                self._send_now(*command[1:])
+            elif op == "handshake":
+                self._start_handshake(*command[1:])
+            elif op == "serve":
+                self._start_handshake_server(*command[1:])
+            elif op == "stop":
+                return True
+        return False
+
+    # sending ----------------------------------------------------------------
+
+    def _outbox(self, host: str, port: int) -> _Outbox:
+        key = (host, port)
+        outbox = self._outboxes.get(key)
+        if outbox is not None:
+            self._outboxes.move_to_end(key)
+            return outbox
+        while len(self._outboxes) >= self.config.max_peers:
+            (old_host, old_port), old = self._outboxes.popitem(last=False)
+            self._discard_outbox(old_host, old_port, old, "sender evicted from the peer cache (least recently used)")
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, self.config.linger_ms)
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        sock.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
+        # Queue only on completed connections: a dead peer surfaces as a send
+        # timeout instead of messages silently piling up inside libzmq.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._keepalive(sock)
+        if self.config.curve is not None:
+            self.config.curve.apply_client(sock, host)
+        sock.connect(_tcp_url(host, port))
+        outbox = _Outbox(sock)
+        self._outboxes[key] = outbox
+        self.stats["senders_opened"] += 1
+        return outbox
+
+    def _send_now(self, host: str, port: int, payload: bytes, transfer_id: str, kind: str) -> None:
+        outbox = self._outbox(host, port)
+        if not outbox.backlog:
+            try:
+                outbox.sock.send(payload, zmq.NOBLOCK)
+                self.stats["sent"] += 1
+                return
+            except zmq.Again:
+                self._poller.register(outbox.sock, zmq.POLLOUT)
+                outbox.polling = True
+            except zmq.ZMQError as exc:
+                self._fail(host, port, transfer_id, kind, f"send error: {exc}")
+                return
+        if len(outbox.backlog) >= self.config.send_hwm:
+            self._fail(host, port, transfer_id, kind, "send queue to this peer is full")
+            return
+        outbox.backlog.append((payload, time.monotonic() + self.config.send_timeout_s, transfer_id, kind))
+
+    def _flush_outbox_socket(self, sock: zmq.Socket) -> None:
+        for (host, port), outbox in self._outboxes.items():
+            if outbox.sock is sock:
+                break
+        else:
+            return
+        backlog = outbox.backlog
+        while backlog:
+            payload, _deadline, transfer_id, kind = backlog[0]
+            try:
+                sock.send(payload, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                self._fail(host, port, transfer_id, kind, f"send error: {exc}")
+            else:
+                self.stats["sent"] += 1
+            backlog.popleft()
+        self._poller.unregister(sock)
+        outbox.polling = False
+
+    def _discard_outbox(self, host: str, port: int, outbox: _Outbox, reason: str) -> None:
+        while outbox.backlog:
+            _payload, _deadline, transfer_id, kind = outbox.backlog.popleft()
+            self._fail(host, port, transfer_id, kind, reason)
+        if outbox.polling:
+            self._poller.unregister(outbox.sock)
+            outbox.polling = False
+        outbox.sock.close(linger=self.config.linger_ms)
+
+    def _fail(self, host: str, port: int, transfer_id: str | None, kind: str, reason: str) -> None:
+        self.stats["send_failed"] += 1
+        log.warning("zmq.send_failed", peer=f"{host}:{port}", transfer_id=transfer_id, kind=kind, reason=reason)
+        if self._on_send_failure is not None:
+            try:
+                self._on_send_failure(SendFailure(host, port, transfer_id, kind, reason))
+            except Exception:
+                self.stats["callback_errors"] += 1
+                log.exception("zmq.send_failure_callback_raised")
+
+    def _expire(self, now: float) -> None:
+        for (host, port), outbox in self._outboxes.items():
+            backlog = outbox.backlog
+            while backlog and backlog[0][1] <= now:
+                _payload, _deadline, transfer_id, kind = backlog.popleft()
+                self._fail(host, port, transfer_id, kind,
+                           f"peer not reachable within send timeout ({self.config.send_timeout_s}s)")
+            if not backlog and outbox.polling:
+                self._poller.unregister(outbox.sock)
+                outbox.polling = False
+        for sock, pending in list(self._handshakes.items()):
+            if pending.deadline <= now:
+                self._finish_handshake(sock, HandshakeFailedError(
+                    f"no handshake reply from {pending.host}:{pending.port} in time"))
+
+    # receiving --------------------------------------------------------------
+
+    def _peer_address(self, identity_frame: zmq.Frame, identity: bytes) -> str | None:
+        cache = self._peer_addresses
+        if identity in cache:
+            return cache[identity]
+        try:
+            address = identity_frame.get("Peer-Address")
+        except zmq.ZMQError:
+            address = None
+        if address and address.startswith("::ffff:"):
+            mapped = ipaddress.ip_address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
+            address = str(mapped) if mapped is not None else address
+        cache[identity] = address
+        if len(cache) > 4096:
+            cache.popitem(last=False)
+        return address
+
+    def _drain_listener(self) -> None:
+        sock = self._listener
+        cfg = self.config
+        role, limits, deliver = cfg.role, cfg.limits, self._on_message
+        stats = self.stats
+        for _ in range(cfg.max_batch):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            peer = Peer(identity, self._peer_address(frames[0], identity))
+            stats["received"] += 1
+            if len(frames) != 2:
+                self._reject(peer, WireDecodeError("<frame>", f"expected one frame, got {len(frames) - 1}"))
+                continue
+            try:
+                message = decode_notify(frames[1].bytes, role=role, limits=limits)
+            except WireDecodeError as exc:
+                self._reject(peer, exc)
+                continue
+            try:
+                deliver(Delivery(message, peer, time.monotonic()))
+            except Exception:
+                stats["callback_errors"] += 1
+                log.exception("zmq.on_message_raised", peer=peer.address, transfer_id=message.transfer_id)
+            else:
+                stats["delivered"] += 1
+
+    def _reject(self, peer: Peer, error: WireDecodeError) -> None:
+        self.stats["rejected"] += 1
+        if self._log_limiter.allow(time.monotonic()):
+            log.warning("zmq.message_rejected", peer=peer.address, identity=peer.identity.hex(),
+                        field=error.field, reason=error.reason)
+
+    def _serve_zap(self) -> None:
+        try:
+            frames = self._zap.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        reply, refusal = zap_reply(frames, self._authorized)
+        if refusal is not None:
+            self.stats["auth_refused"] += 1
+            address = frames[3].decode("ascii", "replace") if len(frames) > 3 else None
+            if self._log_limiter.allow(time.monotonic()):
+                log.warning("zmq.peer_refused", peer=address, reason=refusal)
+        self._zap.send_multipart(reply)
+
+    # handshake --------------------------------------------------------------
+
+    def _start_handshake(self, host: str, port: int, future: concurrent.futures.Future, deadline: float) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_handshake_bytes)
+        self._keepalive(sock)
+        if self.config.curve is not None:
+            self.config.curve.apply_client(sock, host)
+        sock.connect(_tcp_url(host, port))
+        sock.send(HANDSHAKE_REQUEST, zmq.NOBLOCK)  # a fresh DEALER queues it until connected
+        self._handshakes[sock] = _PendingHandshake(future, host, port, deadline)
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _collect_handshake(self, sock: zmq.Socket) -> None:
+        pending = self._handshakes[sock]
+        while len(pending.frames) < 2:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 2 or parts[0] != b"":
+                self._finish_handshake(sock, HandshakeFailedError(
+                    f"bad handshake reply from {pending.host}:{pending.port}: expected [b'', payload]"))
+                return
+            pending.frames.append(parts[1])
+        try:
+            reply = decode_handshake_reply(*pending.frames, limits=self.config.limits)
+        except WireDecodeError as exc:
+            self._finish_handshake(sock, HandshakeFailedError(
+                f"bad handshake reply from {pending.host}:{pending.port}: {exc}"))
+            return
+        self._finish_handshake(sock, reply)
+
+    def _finish_handshake(self, sock: zmq.Socket, outcome: object) -> None:
+        pending = self._handshakes.pop(sock)
+        self._poller.unregister(sock)
+        sock.close(linger=0)
+        if isinstance(outcome, BaseException):
+            self.stats["handshake_failed"] += 1
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
+
+    def _start_handshake_server(self, host: str, port: int, frames: tuple[bytes, bytes],
+                                future: concurrent.futures.Future) -> None:
+        try:
+            sock = self._server_socket(zmq.ROUTER, 4096)
+            try:
+                bound = self._bind(sock, host, port)
+            except BaseException:
+                sock.close(linger=0)
+                raise
+        except Exception as exc:
+            future.set_exception(exc)
+            return
+        self._handshake_servers[sock] = frames
+        self._poller.register(sock, zmq.POLLIN)
+        future.set_result(bound)
+
+    def _answer_handshakes(self, sock: zmq.Socket) -> None:
+        metadata, layers = self._handshake_servers[sock]
+        for _ in range(self.config.max_batch):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 2 or parts[1] != HANDSHAKE_REQUEST:
+                self._reject(Peer(parts[0], None), WireDecodeError(
+                    "<frame>", f"expected the handshake request {HANDSHAKE_REQUEST!r}"))
+                continue
+            try:
+                sock.send_multipart([parts[0], b"", metadata], zmq.NOBLOCK)
+                sock.send_multipart([parts[0], b"", layers], zmq.NOBLOCK)
+                self.stats["handshakes_served"] += 1
+            except zmq.ZMQError as exc:
+                log.warning("zmq.handshake_reply_failed", reason=str(exc))
+
+    # shutdown ---------------------------------------------------------------
+
+    def _close_sockets(self) -> None:
+        for (host, port), outbox in list(self._outboxes.items()):
+            self._discard_outbox(host, port, outbox, "transport closed before the message was sent")
+        self._outboxes.clear()
+        for sock in list(self._handshakes):
+            self._finish_handshake(sock, HandshakeFailedError("transport closed"))
+        for sock in list(self._handshake_servers):
+            sock.close(linger=0)
+        self._handshake_servers.clear()
+        for sock in (self._listener, self._zap):
+            if sock is not None:
+                sock.close(linger=0)
+        # Outboxes were closed with a linger, so term() waits at most that long
+        # for queued messages to leave.
+        self._ctx.term()
+        # Anything a racing caller appended after "stop" is failed, not lost.
+        while self._commands:
+            command = self._commands.popleft()
+            if command[0] == "send":
+                self._fail(command[1], command[2], command[4], command[5], "transport closed")
+            elif command[0] == "handshake":
+                if command[3].set_running_or_notify_cancel():
+                    command[3].set_exception(HandshakeFailedError("transport closed"))
+            elif command[0] == "serve":
+                command[4].set_exception(TransportClosedError("transport is closed"))
