@@ -19,6 +19,7 @@ import random
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -339,7 +340,7 @@ class LoopbackSession(TransferSession):
         else:
             src, dst = self._remote_address, self._local_address
             src_offsets, dst_offsets = plan.remote_offsets, plan.local_offsets
-        _copy_ranges(dst, src, dst_offsets, src_offsets, plan.sizes)
+        self._engine._copy(dst, src, dst_offsets, src_offsets, plan.sizes, plan.total_bytes)
 
 
 def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
@@ -365,7 +366,16 @@ class LoopbackEngine(TransferEngine):
     and releases shared regions this engine allocated.
     """
 
-    def __init__(self, key: str, host: str = "", port: int = 0) -> None:
+    # Below this many bytes a batch is copied by the worker alone: handing work
+    # to a helper thread costs more than it saves.
+    PARALLEL_COPY_MIN_BYTES = 8 << 20
+
+    def __init__(self, key: str, host: str = "", port: int = 0, *,
+                 copy_threads: int | None = None) -> None:
+        if copy_threads is None:
+            copy_threads = min(2, os.cpu_count() or 1)
+        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
+            raise ValueError(f"copy_threads must be a positive integer, got {copy_threads!r}")
         if not isinstance(key, str) or not key:
             raise ValueError(f"engine key must be a non-empty string, got {key!r}")
         with _process_lock:
@@ -387,6 +397,8 @@ class LoopbackEngine(TransferEngine):
         self._memory: dict[int, tuple[LoopbackMemoryDesc, torch.Tensor]] = {}
         self._remote_engines: dict[str, LoopbackEngineDesc] = {}
         self._peer_maps: dict[tuple[int, str], PeerMapping] = {}
+        self._copy_threads = copy_threads
+        self._copy_helpers: ThreadPoolExecutor | None = None
         self._worker = threading.Thread(target=self._run, name=f"loopback-{key}", daemon=True)
         self._worker.start()
 
@@ -612,6 +624,32 @@ class LoopbackEngine(TransferEngine):
             _log.exception("loopback transfer failed unexpectedly")
             job.status.settle(StatusCode.ERR_BAD_STATE, f"{label}: {exc}")
 
+    def _copy(self, dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
+              sizes: list[int], total_bytes: int) -> None:
+        """Copy a batch, splitting a large one across helper threads by bytes."""
+        parts = min(self._copy_threads, len(sizes))
+        if parts < 2 or total_bytes < self.PARALLEL_COPY_MIN_BYTES:
+            _copy_ranges(dst, src, dst_offsets, src_offsets, sizes)
+            return
+        if self._copy_helpers is None:
+            self._copy_helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix=f"loopback-{self.key}-copy")
+        bounds = [0]
+        share, running = total_bytes / parts, 0
+        for index, size in enumerate(sizes):
+            running += size
+            if running >= share * len(bounds) and len(bounds) < parts:
+                bounds.append(index + 1)
+        bounds.append(len(sizes))
+        slices = [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
+        helpers = [
+            self._copy_helpers.submit(_copy_ranges, dst, src, dst_offsets[a:b], src_offsets[a:b], sizes[a:b])
+            for a, b in slices[1:]
+        ]
+        first_a, first_b = slices[0]
+        _copy_ranges(dst, src, dst_offsets[first_a:first_b], src_offsets[first_a:first_b], sizes[first_a:first_b])
+        for helper in helpers:
+            helper.result()
+
     def _require_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"{what}: engine {self.key!r} is closed")
@@ -640,6 +678,8 @@ class LoopbackEngine(TransferEngine):
             regions, self._regions = self._regions, []
         for region in regions:
             region.close()
+        if self._copy_helpers is not None:
+            self._copy_helpers.shutdown(wait=True)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

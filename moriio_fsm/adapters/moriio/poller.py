@@ -1,0 +1,167 @@
+"""CompletionPoller: turns transfer statuses into runtime events on its own thread.
+
+``submit`` only appends to a queue, so the thread that posted (the model's
+forward thread) never waits. The poller sweeps pending statuses in batches with
+non-blocking queries and delivers exactly one event per status, when it is final.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from moriio_fsm.runtime.events import Event
+
+from .status import StatusCode, TransferStatus
+
+__all__ = ["CompletionPoller", "OPS"]
+
+_log = logging.getLogger(__name__)
+
+# op -> (event kind on success, event kind on failure)
+OPS: dict[str, tuple[str, str]] = {
+    "write": ("write_completed", "write_failed"),
+    "read": ("read_completed", "read_failed"),
+}
+
+
+@dataclass(slots=True)
+class _Pending:
+    status: TransferStatus
+    transfer_id: str
+    layer: int
+    op: str
+
+
+class CompletionPoller:
+    """Watches statuses and calls ``deliver(event)`` from the poller thread.
+
+    Guarantees: one event per submitted status, delivered after the status is
+    final; a ``deliver`` that raises is logged and counted, never fatal to the
+    thread. ``poll_interval_s`` is the sleep between sweeps while statuses are
+    pending; ``batch_size`` bounds how many are queried per sweep so a flood of
+    submissions cannot starve delivery. ``deliver`` must be thread-safe.
+    """
+
+    def __init__(self, deliver: Callable[[Event], object], *, poll_interval_s: float = 0.0005,
+                 batch_size: int = 256, clock: Callable[[], float] = time.monotonic,
+                 name: str = "moriio-completion-poller") -> None:
+        if not callable(deliver):
+            raise TypeError(f"deliver must be callable, got {type(deliver).__name__}")
+        if not poll_interval_s > 0:
+            raise ValueError(f"poll_interval_s must be > 0 seconds, got {poll_interval_s!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self._deliver = deliver
+        self._interval = poll_interval_s
+        self._batch_size = batch_size
+        self._clock = clock
+        self._incoming: deque[_Pending] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._pending: deque[_Pending] = deque()
+        self._undelivered = 0
+        self.delivered = 0
+        self.delivery_errors = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, status: TransferStatus, transfer_id: str, layer: int, op: str = "write") -> None:
+        """Watch ``status`` for (transfer_id, layer, op); returns at once.
+
+        Raises ``ValueError`` for an unknown op or a negative layer, ``TypeError``
+        for a transfer id that is not a string, ``RuntimeError`` after ``close``.
+        """
+        if op not in OPS:
+            raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+        if not isinstance(transfer_id, str) or not transfer_id:
+            raise TypeError(f"transfer_id must be a non-empty string, got {transfer_id!r}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"layer must be a non-negative integer, got {layer!r}")
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("the completion poller is closed")
+            self._incoming.append(_Pending(status, transfer_id, layer, op))
+            self._undelivered += 1
+            self._wake.notify()
+
+    @property
+    def pending(self) -> int:
+        """Statuses submitted whose event has not been handed to ``deliver`` yet."""
+        with self._wake:
+            return self._undelivered
+
+    def close(self, timeout_s: float | None = 5.0) -> int:
+        """Stop the thread; returns how many statuses were still pending (not delivered)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        with self._wake:
+            return self._undelivered
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the poller thread ----------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._incoming and not self._pending:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self._pending.extend(self._incoming)
+                self._incoming.clear()
+            finished = self._sweep()
+            for event in finished:
+                self._emit(event)
+            if not finished:
+                with self._wake:
+                    if not self._stopping and not self._incoming:
+                        self._wake.wait(self._interval)
+
+    def _sweep(self) -> list[Event]:
+        """Query up to ``batch_size`` pending statuses; rotate the unfinished ones."""
+        events = []
+        now = None
+        for _ in range(min(self._batch_size, len(self._pending))):
+            entry = self._pending.popleft()
+            status = entry.status
+            if status.init() or status.in_progress():
+                self._pending.append(entry)
+                continue
+            if now is None:
+                now = self._clock()
+            events.append(self._event(entry, now))
+        return events
+
+    @staticmethod
+    def _event(entry: _Pending, now: float) -> Event:
+        completed, failed = OPS[entry.op]
+        status = entry.status
+        code = status.code()
+        if code == StatusCode.SUCCESS:
+            return Event(entry.transfer_id, completed, now, {"layer": entry.layer})
+        return Event(entry.transfer_id, failed, now,
+                     {"layer": entry.layer, "code": int(code), "message": status.message()})
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self._deliver(event)
+        except Exception:
+            self.delivery_errors += 1
+            _log.exception("delivering %s for %s failed", event.kind, event.transfer_id)
+        else:
+            self.delivered += 1
+        finally:
+            with self._wake:
+                self._undelivered -= 1

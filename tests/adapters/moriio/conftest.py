@@ -1,0 +1,89 @@
+"""Fixtures for the engine tests: every engine that imports, wired as a P/D pair.
+
+Each fixture closes what it opens; a check after every test fails it if an
+engine worker thread outlived its test or a shared-memory file appeared.
+"""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
+
+ENGINE_KINDS = ["loopback", "mori"]
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if "moriio" in name}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads_or_shm():
+    shm_before = _shm_entries()
+    yield
+    leaked_threads = [t.name for t in threading.enumerate() if t.name.startswith("loopback-")]
+    assert not leaked_threads, f"engine threads still running after the test: {leaked_threads}"
+    assert _shm_entries() <= shm_before, "the test left shared-memory files in /dev/shm"
+
+
+def make_engine(kind: str, key: str):
+    if kind == "loopback":
+        return LoopbackEngine(key)
+    availability = probe_mori()
+    if not availability.available:
+        pytest.skip(f"MoriEngine not tested: {availability.reason}")
+    from moriio_fsm.adapters.moriio import MoriEngine
+
+    return MoriEngine(key, "127.0.0.1", 0)
+
+
+class Pair:
+    """Two engines that know each other, with a registered tensor each."""
+
+    def __init__(self, kind: str, size: int = 4096):
+        self.kind = kind
+        self.producer = make_engine(kind, f"{kind}-producer")
+        try:
+            self.consumer = make_engine(kind, f"{kind}-consumer")
+        except BaseException:
+            self.producer.close()
+            raise
+        self.producer.register_remote_engine(
+            self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack()))
+        self.consumer.register_remote_engine(
+            self.consumer.unpack_engine_desc(self.producer.get_engine_desc().pack()))
+        generator = torch.Generator().manual_seed(size)
+        self.source = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator)
+        if kind == "loopback":
+            self.target = self.consumer.allocate_shared_tensor(size)
+        else:
+            self.target = torch.zeros(size, dtype=torch.uint8)
+        self.source_mem = self.producer.register_torch_tensor(self.source)
+        self.target_mem = self.consumer.register_torch_tensor(self.target)
+        # The producer only ever sees the consumer's memory as bytes on the wire.
+        self.remote_mem = self.producer.unpack_memory_desc(self.target_mem.pack())
+        self.session = self.producer.create_session(self.source_mem, self.remote_mem)
+        assert self.session is not None
+
+    def close(self):
+        self.producer.close()
+        self.consumer.close()
+
+
+@pytest.fixture(params=ENGINE_KINDS)
+def pair(request):
+    made = Pair(request.param)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def loopback_pair():
+    made = Pair("loopback")
+    yield made
+    made.close()
