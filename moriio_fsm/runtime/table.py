@@ -1,0 +1,334 @@
+"""TransferTable: creates, finds, dispatches to and retires transfers. Sans-I/O.
+
+Rules of this file:
+- ``dispatch(event)`` returns ``Result(outcome, state, effects)``; it performs no I/O,
+  reads no clock (time comes in the event) and starts no thread.
+- Only a local event declared ``creates`` starts a transfer. A peer's message for an
+  unknown transfer waits in a bounded, time-limited buffer and is applied when the
+  local side creates the transfer; it never creates one itself.
+- A transfer that reached a final state is retired and remembered in a bounded
+  per-shard record of ended ids: events for it are LATE. Because peers cannot create
+  transfers, even an id that fell out of that record can never come back to life.
+- Transfers live in shards, each with its own lock, held only while one pure
+  transition runs; callers execute the returned effects with no lock held.
+- Timers live in one deadline heap. ``advance(now)`` fires what is due; a deadline
+  that moved later since it was pushed is re-pushed, not fired.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections import Counter
+from typing import Any, Callable, Iterable, NamedTuple
+
+from .compiled import CompiledMachine
+from .events import Effect, Event, Outcome
+
+
+class Result(NamedTuple):
+    """What one dispatch did: the outcome, the transfer's state after it, the effects."""
+
+    outcome: Outcome
+    state: str | None
+    effects: list[Effect]
+
+
+class _Shard:
+    __slots__ = ("lock", "live", "ended", "pending", "pending_count", "counts")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: dict[str, Any] = {}
+        self.ended: dict[str, str] = {}          # insertion-ordered: oldest first
+        self.pending: dict[str, list[Event]] = {}
+        self.pending_count = 0
+        self.counts: Counter = Counter()
+
+
+Recorder = Callable[[Event, Result], None]
+
+
+class TransferTable:
+    """All live transfers of one machine kind, and the rules for unknown and ended ones.
+
+    ``machine`` is a ``CompiledMachine`` (or the reference ``TransitionsMachine``).
+    ``check_invariants`` evaluates every spec invariant after every step and raises
+    ``InvariantViolation`` on the first that fails (for tests and debugging).
+    ``recorder(event, result)`` is called after each dispatch, outside any lock.
+    """
+
+    def __init__(self, machine: CompiledMachine, *, shards: int = 16,
+                 ended_capacity: int = 65536, pending_capacity: int = 4096,
+                 pending_per_transfer: int = 8, pending_ttl_s: float = 30.0,
+                 check_invariants: bool = False, recorder: Recorder | None = None):
+        if shards < 1 or shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two >= 1, got {shards}")
+        for name, value in (("ended_capacity", ended_capacity), ("pending_capacity", pending_capacity),
+                            ("pending_per_transfer", pending_per_transfer)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.machine = machine
+        self.spec = machine.spec
+        self._shards = tuple(_Shard() for _ in range(shards))
+        self._mask = shards - 1
+        self._ended_cap = max(1, ended_capacity // shards)
+        self._pending_cap = max(1, pending_capacity // shards)
+        self._pending_per_transfer = pending_per_transfer
+        self._pending_ttl = pending_ttl_s
+        self._check = check_invariants
+        self.recorder = recorder
+        spec = machine.spec
+        self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
+        self._remote = frozenset(n for n, e in spec.events.items() if e.origin == "remote")
+        self._final = machine.final
+        config = machine.record_class.config
+        timers = list(spec.timers.values())
+        self._timer_names = tuple(t.name for t in timers)
+        self._timer_event = {t.event: i for i, t in enumerate(timers)}
+        self._timer_event_names = tuple(t.event for t in timers)
+        self._timer_duration = tuple(float(config[t.duration_key]) for t in timers)
+        self._timer_states = tuple(frozenset(t.states) for t in timers)
+        restart: dict[str, tuple[int, ...]] = {}
+        for i, t in enumerate(timers):
+            for kind in t.restart_on:
+                restart[kind] = restart.get(kind, ()) + (i,)
+        self._restart = restart
+        self._initial_timers = tuple(i for i, states in enumerate(self._timer_states)
+                                     if spec.initial in states)
+        self._heap: list[tuple[float, int, str, int]] = []
+        self._heap_lock = threading.Lock()
+        self._seq = itertools.count()
+        self._compact_at = 4096
+
+    # -- public API -------------------------------------------------------------------
+
+    def dispatch(self, ev: Event) -> Result:
+        """Apply one event. Never raises for late, duplicate, unknown or unexpected
+        events: those are outcomes. Raises ``TransitionError`` only for a bug in a
+        binding and ``InvariantViolation`` only when invariant checking is on."""
+        shard = self._shards[hash(ev.transfer_id) & self._mask]
+        with shard.lock:
+            t = shard.live.get(ev.transfer_id)
+            if t is None:
+                result = self._dispatch_absent(shard, ev)
+            else:
+                result = self._dispatch_live(shard, t, ev)
+            shard.counts[result.outcome] += 1
+        if self.recorder is not None:
+            self.recorder(ev, result)
+        return result
+
+    def dispatch_many(self, events: Iterable[Event]) -> list[Result]:
+        return [self.dispatch(ev) for ev in events]
+
+    def advance(self, now: float) -> list[tuple[Event, Result]]:
+        """Fire every timer whose deadline is <= ``now``; return the events and results."""
+        due = []
+        with self._heap_lock:
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap))
+        fired = []
+        for deadline, _, transfer_id, index in due:
+            shard = self._shards[hash(transfer_id) & self._mask]
+            with shard.lock:
+                t = shard.live.get(transfer_id)
+                current = t.deadlines[index] if t is not None else None
+                if current is not None and current > deadline:
+                    self._push(current, transfer_id, index)   # restarted since pushed
+                    continue
+            if current is None:
+                continue                                      # disarmed or retired
+            ev = Event(transfer_id, self._timer_event_names[index], current,
+                       {"timer": self._timer_names[index]})
+            fired.append((ev, self.dispatch(ev)))
+        return fired
+
+    def next_deadline(self) -> float | None:
+        """The earliest pending deadline (possibly stale), for a driver's sleep."""
+        with self._heap_lock:
+            return self._heap[0][0] if self._heap else None
+
+    def get(self, transfer_id: str):
+        """The live record of ``transfer_id`` or None. Read it only for inspection."""
+        return self._shards[hash(transfer_id) & self._mask].live.get(transfer_id)
+
+    def state_of(self, transfer_id: str) -> str | None:
+        """The live state, the final state if remembered as ended, else None."""
+        shard = self._shards[hash(transfer_id) & self._mask]
+        with shard.lock:
+            t = shard.live.get(transfer_id)
+            if t is not None:
+                return t.state
+            return shard.ended.get(transfer_id)
+
+    def __len__(self) -> int:
+        return sum(len(s.live) for s in self._shards)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of every outcome plus live, ended, pending and timer sizes."""
+        counts: Counter = Counter()
+        for s in self._shards:
+            with s.lock:
+                counts.update(s.counts)
+        return {
+            "outcomes": {o.value: counts.get(o, 0) for o in Outcome},
+            "live": len(self),
+            "ended_remembered": sum(len(s.ended) for s in self._shards),
+            "pending_events": sum(s.pending_count for s in self._shards),
+            "timer_entries": len(self._heap),
+        }
+
+    # -- internals (shard lock held) ---------------------------------------------------
+
+    def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
+        tid = ev.transfer_id
+        if tid in shard.ended:
+            return Result(Outcome.LATE, shard.ended[tid], [])
+        if ev.kind in self._creators:
+            return self._create(shard, ev)
+        if ev.kind in self._remote:
+            return self._buffer(shard, ev)
+        return Result(Outcome.UNKNOWN, None, [])
+
+    def _create(self, shard: _Shard, ev: Event) -> Result:
+        t = self.machine.record_class(ev.transfer_id)
+        for index in self._initial_timers:
+            self._arm(t, index, ev.time)
+        out: list[Effect] = []
+        outcome, hops = self.machine.step(t, ev, out)
+        if outcome is not Outcome.APPLIED:
+            # The spec refused the creating event itself (for example a bad payload
+            # guarded out): nothing is created and nothing is remembered.
+            return Result(Outcome.REJECTED, None, out)
+        self._after_step(t, ev, Outcome.APPLIED, hops)
+        shard.live[ev.transfer_id] = t
+        for held in self._take_pending(shard, ev):
+            if t.state in self._final:
+                shard.counts[Outcome.LATE] += 1
+                continue
+            held_outcome, held_hops = self.machine.step(t, held, out)
+            self._after_step(t, held, held_outcome, held_hops)
+            shard.counts[held_outcome] += 1
+        if t.state in self._final:
+            self._retire(shard, t)
+        return Result(Outcome.CREATED, t.state, out)
+
+    def _dispatch_live(self, shard: _Shard, t, ev: Event) -> Result:
+        kind = ev.kind
+        if kind in self._creators:
+            return Result(Outcome.DUPLICATE, t.state, [])
+        timer = self._timer_event.get(kind)
+        if timer is not None:
+            deadline = t.deadlines[timer]
+            if deadline is None or deadline > ev.time:
+                if deadline is not None:
+                    self._push(deadline, t.transfer_id, timer)
+                return Result(Outcome.IGNORED, t.state, [])   # stale timer
+            t.deadlines[timer] = None
+        out: list[Effect] = []
+        outcome, hops = self.machine.step(t, ev, out)
+        if outcome is Outcome.APPLIED:
+            self._after_step(t, ev, outcome, hops)
+            if t.state in self._final:
+                self._retire(shard, t)
+        elif self._check:
+            self.machine.check_invariants(t, ev)
+        return Result(outcome, t.state, out)
+
+    def _after_step(self, t, ev: Event, outcome: Outcome, hops) -> None:
+        if hops:
+            states = self._timer_states
+            deadlines = t.deadlines
+            for src, dst in hops:
+                for index, armed_in in enumerate(states):
+                    if dst in armed_in:
+                        if src not in armed_in or deadlines[index] is None:
+                            self._arm(t, index, ev.time)
+                    else:
+                        deadlines[index] = None
+        if outcome is Outcome.APPLIED:
+            restart = self._restart.get(ev.kind)
+            if restart:
+                for index in restart:
+                    if t.deadlines[index] is not None:
+                        t.deadlines[index] = ev.time + self._timer_duration[index]
+        if self._check:
+            self.machine.check_invariants(t, ev)
+
+    def _arm(self, t, index: int, now: float) -> None:
+        deadline = now + self._timer_duration[index]
+        t.deadlines[index] = deadline
+        self._push(deadline, t.transfer_id, index)
+
+    def _push(self, deadline: float, transfer_id: str, index: int) -> None:
+        with self._heap_lock:
+            heapq.heappush(self._heap, (deadline, next(self._seq), transfer_id, index))
+            if len(self._heap) > self._compact_at:
+                self._compact_heap()
+
+    def _compact_heap(self) -> None:
+        """Drop entries of retired transfers and disarmed timers (heap lock held).
+
+        Retired transfers leave their entries behind until the deadline; compaction
+        keeps the heap proportional to armed timers. Reading another shard's dict
+        without its lock is safe here: an entry is only dropped when its transfer is
+        gone (it never returns) or its slot is empty (a re-arm pushes a new entry).
+        """
+        mask = self._mask
+        shards = self._shards
+        kept = []
+        for entry in self._heap:
+            t = shards[hash(entry[2]) & mask].live.get(entry[2])
+            if t is not None and t.deadlines[entry[3]] is not None:
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._heap = kept
+        self._compact_at = max(4096, 2 * len(kept))
+
+    def _retire(self, shard: _Shard, t) -> None:
+        del shard.live[t.transfer_id]
+        if t.deadlines:
+            for index in range(len(t.deadlines)):
+                t.deadlines[index] = None
+        ended = shard.ended
+        ended[t.transfer_id] = t.state
+        if len(ended) > self._ended_cap:
+            del ended[next(iter(ended))]
+
+    def _buffer(self, shard: _Shard, ev: Event) -> Result:
+        held = shard.pending.get(ev.transfer_id)
+        if held is not None and len(held) >= self._pending_per_transfer:
+            return Result(Outcome.DROPPED, None, [])
+        if shard.pending_count >= self._pending_cap:
+            self._expire_pending(shard, ev.time)
+            if shard.pending_count >= self._pending_cap:
+                return Result(Outcome.DROPPED, None, [])
+            held = shard.pending.get(ev.transfer_id)
+        if held is None:
+            held = shard.pending[ev.transfer_id] = []
+        held.append(ev)
+        shard.pending_count += 1
+        return Result(Outcome.BUFFERED, None, [])
+
+    def _expire_pending(self, shard: _Shard, now: float) -> None:
+        """Drop held facts older than the TTL, oldest transfer first."""
+        horizon = now - self._pending_ttl
+        for tid in list(shard.pending):
+            held = shard.pending[tid]
+            if held[-1].time > horizon:
+                break
+            del shard.pending[tid]
+            shard.pending_count -= len(held)
+            shard.counts[Outcome.DROPPED] += len(held)
+
+    def _take_pending(self, shard: _Shard, ev: Event) -> list[Event]:
+        held = shard.pending.pop(ev.transfer_id, None)
+        if not held:
+            return []
+        shard.pending_count -= len(held)
+        horizon = ev.time - self._pending_ttl
+        fresh = [h for h in held if h.time >= horizon]
+        shard.counts[Outcome.DROPPED] += len(held) - len(fresh)
+        return fresh
