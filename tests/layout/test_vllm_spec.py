@@ -1,0 +1,31 @@
+"""``LayerKVSpec.from_vllm`` against the real vLLM spec classes (skipped without vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moriio_fsm.layout import LayerKVSpec, describe_layer
+
+kv_cache_interface = pytest.importorskip(
+    "vllm.v1.kv_cache_interface", reason="vLLM is not installed; LayerKVSpec.from_vllm needs it"
+)
+
+
+def test_full_attention_spec_becomes_a_kv_spec():
+    vllm_spec = kv_cache_interface.FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.float16)
+    spec = LayerKVSpec.from_vllm(vllm_spec)
+    assert spec == LayerKVSpec(block_size=16, num_kv_heads=8, head_size=128, use_mla=False)
+    assert describe_layer("layers.0", torch.empty(2, 4, 16, 8, 128, device="meta"), spec).num_blocks == 4
+
+
+def test_mla_attention_spec_becomes_an_mla_spec():
+    vllm_spec = kv_cache_interface.MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    spec = LayerKVSpec.from_vllm(vllm_spec)
+    assert spec.use_mla and spec.block_size == 64
+    assert describe_layer("layers.0", torch.empty(3, 64, 576, device="meta"), spec).num_blocks == 3
+
+
+def test_non_attention_spec_is_refused():
+    with pytest.raises(TypeError, match="expected a vLLM AttentionSpec"):
+        LayerKVSpec.from_vllm(object())
