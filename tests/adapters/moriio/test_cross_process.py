@@ -1,0 +1,124 @@
+"""Two real processes: this one writes and reads, a peer process owns the memory.
+
+The peer runs no transfer code while we write; the bytes it reports back are
+what landed in its own tensor. Every peer is killed and reaped by its fixture.
+"""
+
+import json
+import os
+import select
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import LoopbackEngine, StatusCode
+
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "peer_process.py")
+REGION = 1 << 16
+WAIT_MS = 10_000
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Peer:
+    def __init__(self, key: str):
+        self.process = subprocess.Popen(
+            [sys.executable, PEER_SCRIPT, str(REGION), key],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        hello = self._read()
+        self.engine_desc = bytes.fromhex(hello["engine"])
+        self.shared_mem = bytes.fromhex(hello["shared"])
+        self.private_mem = bytes.fromhex(hello["private"])
+
+    def _read(self, timeout_s: float = 60.0) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"peer process did not answer (exit code {self.process.poll()})")
+        return json.loads(line)
+
+    def ask(self, **command) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def dump(self, offset: int, size: int) -> bytes:
+        return bytes.fromhex(self.ask(op="dump", offset=offset, size=size)["hex"])
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(30)
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+
+
+@pytest.fixture(scope="module")
+def peer():
+    started = Peer("cross-decode")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def producer(peer):
+    with LoopbackEngine("cross-prefill") as engine:
+        engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
+        source = torch.randint(0, 256, (REGION,), dtype=torch.uint8,
+                               generator=torch.Generator().manual_seed(4))
+        engine.source = source
+        engine.source_mem = engine.register_torch_tensor(source)
+        yield engine
+
+
+def test_bytes_written_here_land_in_the_peer_process(peer, producer):
+    remote = producer.unpack_memory_desc(peer.shared_mem)
+    session = producer.create_session(producer.source_mem, remote)
+    assert session is not None and session.alive()
+    chunk = 4096
+    local_offsets = [i * chunk for i in range(8)]
+    remote_offsets = [(7 - i) * chunk + 8 * chunk for i in range(8)]
+    status = session.batch_write(local_offsets, remote_offsets, [chunk] * 8, session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+    for lo, ro in zip(local_offsets, remote_offsets):
+        assert peer.dump(ro, chunk) == bytes(producer.source[lo:lo + chunk].numpy())
+    assert peer.dump(0, 8 * chunk) == bytes(8 * chunk)
+
+
+def test_batch_read_pulls_bytes_the_peer_holds(peer, producer):
+    pattern = bytes(range(200)) * 5
+    assert peer.ask(op="fill", offset=50_000, hex=pattern.hex())["ok"]
+    remote = producer.unpack_memory_desc(peer.shared_mem)
+    session = producer.create_session(producer.source_mem, remote)
+    status = session.batch_read([0, 2000], [50_000, 50_500], [500, 500], session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+    assert bytes(producer.source[0:500].numpy()) == pattern[:500]
+    assert bytes(producer.source[2000:2500].numpy()) == pattern[500:]
+
+
+def test_private_memory_of_another_process_is_unreachable(peer, producer):
+    remote = producer.unpack_memory_desc(peer.private_mem)
+    assert not remote.shared
+    assert producer.create_session(producer.source_mem, remote) is None
+
+
+def test_transfers_to_a_dead_peer_fail_with_an_rdma_error():
+    peer = Peer("doomed-decode")
+    try:
+        with LoopbackEngine("orphaned-prefill") as engine:
+            engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
+            source = torch.ones(REGION, dtype=torch.uint8)
+            session = engine.create_session(engine.register_torch_tensor(source),
+                                            engine.unpack_memory_desc(peer.shared_mem))
+            first = session.write(0, 0, 64, session.allocate_transfer_uid())
+            assert first.wait_for(WAIT_MS) and first.succeeded()
+            peer.stop()
+            assert not session.alive()
+            after = session.write(0, 0, 64, session.allocate_transfer_uid())
+            assert after.wait_for(WAIT_MS)
+            assert after.code() == StatusCode.ERR_RDMA_OP and "gone" in after.message()
+    finally:
+        peer.stop()

@@ -1,0 +1,168 @@
+"""LoopbackEngine's status semantics and fault injection, in one process.
+
+No test here measures time: latency is made long enough that a status is
+observably in progress, and stalls are observed with bounded waits.
+"""
+
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import LoopbackEngine, StatusCode
+from moriio_fsm.adapters.moriio.status import LocalTransferStatus
+
+WAIT_MS = 10_000
+
+
+def write_block(pair, index, size=256):
+    offset = index * size
+    return pair.session.batch_write([offset], [offset], [size], pair.session.allocate_transfer_uid())
+
+
+def landed(pair, index, size=256):
+    offset = index * size
+    return torch.equal(pair.target[offset:offset + size], pair.source[offset:offset + size])
+
+
+def test_status_is_in_progress_until_the_delayed_completion_then_succeeds(loopback_pair):
+    loopback_pair.producer.faults.set_latency(0.5)
+    status = write_block(loopback_pair, 0)
+    assert status.in_progress() and not status.succeeded() and not status.failed()
+    assert status.wait_for(WAIT_MS)
+    assert status.succeeded() and landed(loopback_pair, 0)
+
+
+def test_jittered_completions_all_succeed(loopback_pair):
+    loopback_pair.producer.faults.set_latency(0.001, jitter_s=0.02, seed=7)
+    statuses = [write_block(loopback_pair, i) for i in range(16)]
+    assert loopback_pair.producer.wait_all(statuses, WAIT_MS)
+    assert all(s.succeeded() for s in statuses)
+    assert torch.equal(loopback_pair.target, loopback_pair.source)
+
+
+def test_the_nth_transfer_fails_with_an_rdma_error_and_moves_no_bytes(loopback_pair):
+    loopback_pair.producer.faults.fail_nth(2)
+    statuses = [write_block(loopback_pair, i) for i in range(3)]
+    assert loopback_pair.producer.wait_all(statuses, WAIT_MS)
+    assert [s.code() for s in statuses] == [StatusCode.SUCCESS, StatusCode.ERR_RDMA_OP, StatusCode.SUCCESS]
+    assert "#2" in statuses[1].message()
+    assert landed(loopback_pair, 0) and landed(loopback_pair, 2)
+    assert int(loopback_pair.target[256:512].count_nonzero()) == 0
+
+
+def test_a_predicate_chooses_which_transfers_fail(loopback_pair):
+    doomed = loopback_pair.session.allocate_transfer_uid()
+    loopback_pair.producer.faults.fail_when(lambda posted: posted.transfer_uid == doomed,
+                                            code=StatusCode.ERR_GPU_OP, message="device lost")
+    bad = loopback_pair.session.batch_write([0], [0], [64], doomed)
+    good = write_block(loopback_pair, 1)
+    assert bad.wait_for(WAIT_MS) and good.wait_for(WAIT_MS)
+    assert bad.code() == StatusCode.ERR_GPU_OP and "device lost" in bad.message()
+    assert good.succeeded()
+
+
+def test_an_injected_failure_must_use_an_error_code():
+    with LoopbackEngine("codes") as engine:
+        with pytest.raises(ValueError, match="above 10"):
+            engine.faults.fail_nth(1, code=StatusCode.SUCCESS)
+        with pytest.raises(ValueError, match="positive"):
+            engine.faults.fail_nth(0)
+
+
+def test_a_stalled_transfer_never_completes_and_fails_when_the_engine_closes(loopback_pair):
+    loopback_pair.producer.faults.stall_nth(1)
+    stalled = write_block(loopback_pair, 0)
+    after = write_block(loopback_pair, 1)
+    assert after.wait_for(WAIT_MS) and after.succeeded()
+    assert not stalled.wait_for(200)
+    assert stalled.in_progress()
+    assert not landed(loopback_pair, 0)
+    loopback_pair.producer.close()
+    assert stalled.failed() and stalled.code() == StatusCode.ERR_BAD_STATE
+
+
+def test_a_killed_session_fails_its_transfers_but_not_other_sessions(loopback_pair):
+    other = loopback_pair.producer.create_session(loopback_pair.source_mem, loopback_pair.remote_mem)
+    loopback_pair.session.kill()
+    assert not loopback_pair.session.alive() and other.alive()
+    dead = write_block(loopback_pair, 0)
+    alive = other.batch_write([0], [0], [64], other.allocate_transfer_uid())
+    assert dead.wait_for(WAIT_MS) and alive.wait_for(WAIT_MS)
+    assert dead.code() == StatusCode.ERR_RDMA_OP and "killed" in dead.message()
+    assert alive.succeeded()
+
+
+def test_a_killed_peer_fails_every_session_to_it(loopback_pair):
+    loopback_pair.producer.faults.set_latency(0.3)
+    queued = write_block(loopback_pair, 0)
+    loopback_pair.producer.faults.kill_peer(loopback_pair.consumer.key)
+    assert not loopback_pair.session.alive()
+    assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
+    assert "unreachable" in queued.message()
+    assert not landed(loopback_pair, 0)
+
+
+def test_writes_into_deregistered_memory_fail(loopback_pair):
+    loopback_pair.consumer.deregister_memory(loopback_pair.target_mem)
+    status = write_block(loopback_pair, 0)
+    assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
+    assert "deregistered" in status.message()
+
+
+def test_posting_after_close_returns_a_failed_status():
+    engine = LoopbackEngine("closing")
+    tensor = torch.zeros(64, dtype=torch.uint8)
+    mem = engine.register_torch_tensor(tensor)
+    session = engine.create_session(mem, mem)
+    engine.close()
+    engine.close()  # idempotent
+    status = session.batch_write([0], [32], [8], 1)
+    assert status.code() == StatusCode.ERR_BAD_STATE and "closed" in status.message()
+    assert not session.alive()
+
+
+def test_first_final_code_wins():
+    status = LocalTransferStatus()
+    assert status.init()
+    status.mark_in_progress()
+    assert status.in_progress()
+    assert status.settle(StatusCode.ERR_RDMA_OP, "first")
+    assert not status.settle(StatusCode.SUCCESS)
+    assert not status.settle(StatusCode.ERR_BAD_STATE, "second")
+    status.mark_in_progress()
+    assert status.code() == StatusCode.ERR_RDMA_OP and status.message() == "first"
+    with pytest.raises(ValueError, match="not final"):
+        LocalTransferStatus().settle(StatusCode.IN_PROGRESS)
+
+
+def test_duplicate_live_engine_keys_are_refused():
+    with LoopbackEngine("twin"):
+        with pytest.raises(ValueError, match="twin"):
+            LoopbackEngine("twin")
+    LoopbackEngine("twin").close()  # the key is free again after close
+
+
+def test_malformed_descriptors_are_refused_with_a_clear_error():
+    with LoopbackEngine("parser") as engine:
+        with pytest.raises(TypeError, match="bytes"):
+            engine.unpack_engine_desc("not bytes")
+        with pytest.raises(ValueError, match="engine descriptor"):
+            engine.unpack_engine_desc(b"\xc1garbage")
+        with pytest.raises(ValueError, match="memory"):
+            engine.unpack_memory_desc(engine.get_engine_desc().pack())
+
+
+def test_only_host_tensors_with_bytes_can_be_registered():
+    with LoopbackEngine("shapes") as engine:
+        with pytest.raises(ValueError, match="empty"):
+            engine.register_torch_tensor(torch.zeros(0))
+        with pytest.raises(TypeError, match="torch.Tensor"):
+            engine.register_torch_tensor(b"1234")
+
+
+def test_a_shared_tensor_keeps_its_dtype_and_shape():
+    with LoopbackEngine("typed") as engine:
+        tensor = engine.allocate_shared_tensor((2, 3, 4), torch.bfloat16)
+        assert tensor.shape == (2, 3, 4) and tensor.dtype == torch.bfloat16
+        mem = engine.register_torch_tensor(tensor[1])
+        assert mem.shared and mem.size == 24 and mem.region_offset == 24
+        assert mem.dtype == "bfloat16" and mem.shape == (3, 4)

@@ -1,0 +1,143 @@
+"""CompletionPoller: one runtime Event per status, delivered off the posting thread."""
+
+import queue
+import threading
+import time
+
+import pytest
+
+from moriio_fsm.adapters.moriio import CompletionPoller, StatusCode
+from moriio_fsm.adapters.moriio.status import LocalTransferStatus, failed_status
+from moriio_fsm.runtime.events import Event
+
+WAIT_S = 10
+
+
+def succeeded():
+    status = LocalTransferStatus()
+    status.settle(StatusCode.SUCCESS)
+    return status
+
+
+@pytest.fixture
+def delivered():
+    return queue.Queue()
+
+
+@pytest.fixture
+def poller(delivered):
+    with CompletionPoller(delivered.put, poll_interval_s=0.001) as started:
+        yield started
+
+
+def test_a_successful_write_becomes_write_completed(poller, delivered):
+    poller.submit(succeeded(), "tx-1", 3, "write")
+    event = delivered.get(timeout=WAIT_S)
+    assert isinstance(event, Event)
+    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_completed", {"layer": 3})
+
+
+def test_a_failed_write_carries_its_code_and_message(poller, delivered):
+    poller.submit(failed_status(StatusCode.ERR_RDMA_OP, "link down"), "tx-2", 0)
+    event = delivered.get(timeout=WAIT_S)
+    assert event.kind == "write_failed"
+    assert dict(event.data) == {"layer": 0, "code": 13, "message": "link down"}
+
+
+def test_reads_become_read_events(poller, delivered):
+    poller.submit(succeeded(), "tx-r", 1, "read")
+    poller.submit(failed_status(StatusCode.ERR_NOT_FOUND, "no such region"), "tx-r", 2, "read")
+    kinds = {delivered.get(timeout=WAIT_S).kind for _ in range(2)}
+    assert kinds == {"read_completed", "read_failed"}
+
+
+def test_a_status_is_reported_only_once_it_is_final(poller, delivered):
+    status = LocalTransferStatus()
+    status.mark_in_progress()
+    poller.submit(status, "tx-3", 5)
+    with pytest.raises(queue.Empty):
+        delivered.get(timeout=0.1)
+    assert poller.pending == 1
+    status.settle(StatusCode.SUCCESS)
+    assert delivered.get(timeout=WAIT_S).kind == "write_completed"
+    with pytest.raises(queue.Empty):
+        delivered.get(timeout=0.1)
+
+
+def test_events_are_delivered_from_the_poller_thread_with_a_monotonic_time(delivered):
+    threads = []
+
+    def deliver(event):
+        threads.append(threading.current_thread())
+        delivered.put(event)
+
+    with CompletionPoller(deliver, name="completion-test") as poller:
+        before = time.monotonic()
+        poller.submit(succeeded(), "tx-4", 0)
+        event = delivered.get(timeout=WAIT_S)
+        after = time.monotonic()
+    assert threads[0].name == "completion-test" and threads[0] is not threading.current_thread()
+    assert before <= event.time <= after
+
+
+def test_every_status_of_a_flood_is_delivered_exactly_once(delivered):
+    statuses = [LocalTransferStatus() for _ in range(1000)]
+    with CompletionPoller(delivered.put, batch_size=16, poll_interval_s=0.0005) as poller:
+        for layer, status in enumerate(statuses):
+            poller.submit(status, f"tx-{layer % 10}", layer)
+        for index, status in enumerate(statuses):
+            status.settle(StatusCode.SUCCESS if index % 3 else StatusCode.ERR_RDMA_OP, "x")
+        events = [delivered.get(timeout=WAIT_S) for _ in statuses]
+        assert poller.pending == 0
+    assert sorted(e.data["layer"] for e in events) == list(range(1000))
+    assert sum(e.kind == "write_failed" for e in events) == 334
+    assert delivered.empty()
+
+
+def test_a_failing_callback_does_not_stop_later_deliveries(delivered):
+    calls = []
+
+    def deliver(event):
+        calls.append(event)
+        if len(calls) == 1:
+            raise RuntimeError("consumer bug")
+        delivered.put(event)
+
+    with CompletionPoller(deliver) as poller:
+        poller.submit(succeeded(), "tx-a", 0)
+        poller.submit(succeeded(), "tx-b", 1)
+        assert delivered.get(timeout=WAIT_S).transfer_id == "tx-b"
+        assert poller.delivery_errors == 1
+
+
+def test_close_reports_statuses_that_never_finished(delivered):
+    poller = CompletionPoller(delivered.put)
+    poller.submit(LocalTransferStatus(), "tx-stuck", 0)
+    assert poller.close() == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        poller.submit(succeeded(), "tx-late", 0)
+
+
+@pytest.mark.parametrize(
+    "args, error, named",
+    [
+        (("tx", 0, "copy"), ValueError, "op"),
+        (("tx", -1, "write"), ValueError, "layer"),
+        ((42, 0, "write"), TypeError, "transfer_id"),
+    ],
+)
+def test_bad_submissions_are_refused(poller, args, error, named):
+    with pytest.raises(error, match=named):
+        poller.submit(succeeded(), *args)
+
+
+def test_poller_with_a_loopback_engine_reports_each_layer(loopback_pair, delivered):
+    loopback_pair.producer.faults.fail_nth(3)
+    with CompletionPoller(delivered.put) as poller:
+        for layer in range(4):
+            status = loopback_pair.session.batch_write(
+                [layer * 512], [layer * 512], [512], loopback_pair.session.allocate_transfer_uid())
+            poller.submit(status, "tx-engine", layer)
+        events = sorted((delivered.get(timeout=WAIT_S) for _ in range(4)), key=lambda e: e.data["layer"])
+    assert [e.kind for e in events] == ["write_completed"] * 2 + ["write_failed", "write_completed"]
+    assert events[2].data["code"] == StatusCode.ERR_RDMA_OP
