@@ -1,9 +1,16 @@
 """Transfer engines: the mori.io binding, a loopback stand-in and the completion poller."""
 
 from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
-from .mori_engine import MoriAvailability, MoriEngine, MoriUnavailableError, probe_mori
+from .loopback import (
+    LoopbackEngine,
+    LoopbackEngineDesc,
+    LoopbackFaults,
+    LoopbackMemoryDesc,
+    LoopbackSession,
+    PostedTransfer,
+)
+from .mori_engine import MoriAvailability, MoriEngine, MoriSession, MoriUnavailableError, probe_mori
 from .poller import CompletionPoller
-from .loopback import LoopbackEngine, LoopbackFaults, LoopbackSession, PostedTransfer
 from .status import StatusCode, TransferStatus, wait_all
 
 __all__ = [
@@ -11,16 +18,19 @@ __all__ = [
     "MemoryDescriptor",
     "TransferEngine",
     "TransferSession",
+    "TransferStatus",
+    "StatusCode",
+    "wait_all",
+    "LoopbackEngine",
+    "LoopbackEngineDesc",
+    "LoopbackFaults",
+    "LoopbackMemoryDesc",
+    "LoopbackSession",
+    "PostedTransfer",
     "MoriAvailability",
     "MoriEngine",
+    "MoriSession",
     "MoriUnavailableError",
     "probe_mori",
     "CompletionPoller",
-    "LoopbackEngine",
-    "LoopbackFaults",
-    "LoopbackSession",
-    "PostedTransfer",
-    "StatusCode",
-    "TransferStatus",
-    "wait_all",
 ]

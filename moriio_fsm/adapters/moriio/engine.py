@@ -14,7 +14,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
-from .status import StatusCode, TransferStatus
+from .status import StatusCode, TransferStatus, wait_all
 
 __all__ = [
     "EngineDescriptor",
@@ -24,7 +24,6 @@ __all__ = [
     "TransferPlan",
     "ArgumentProblem",
     "check_transfer_batch",
-    "check_transfer_one",
 ]
 
 
@@ -72,6 +71,7 @@ class TransferPlan:
 def _int_list(name: str, values: Any) -> list[int]:
     if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
+    values = list(values)
     try:
         return list(map(operator.index, values))
     except TypeError:
@@ -139,26 +139,6 @@ def check_transfer_batch(
     if problem is not None:
         return problem
     return TransferPlan(lo, ro, sz, uid)
-
-
-def check_transfer_one(
-    local_offset: Any,
-    remote_offset: Any,
-    size: Any,
-    transfer_uid: Any,
-    *,
-    local_size: int,
-    remote_size: int,
-) -> TransferPlan | ArgumentProblem:
-    """``check_transfer_batch`` for a single (local_offset, remote_offset, size)."""
-    return check_transfer_batch(
-        [_single_int("local_offset", local_offset)],
-        [_single_int("remote_offset", remote_offset)],
-        [_single_int("size", size)],
-        transfer_uid,
-        local_size=local_size,
-        remote_size=remote_size,
-    )
 
 
 def _range_problem(side: str, offsets: list[int], sizes: list[int], region_size: int):
@@ -279,8 +259,6 @@ class TransferEngine(abc.ABC):
 
     def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
         """True when every status is final within ``timeout_ms`` (negative: no limit)."""
-        from .status import wait_all
-
         return wait_all(statuses, timeout_ms)
 
     @abc.abstractmethod

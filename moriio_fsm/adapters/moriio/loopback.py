@@ -165,7 +165,9 @@ class LoopbackFaults:
 
     Failure rules are checked in the order added; the first that matches decides
     the transfer's error (a failed transfer moves no bytes). A stalled transfer
-    stays IN_PROGRESS until the engine closes.
+    stays IN_PROGRESS until the engine closes. Predicates run on the posting
+    thread under this object's lock: they must not call back into it, and an
+    exception they raise propagates out of the ``batch_*`` call.
     """
 
     def __init__(self) -> None:

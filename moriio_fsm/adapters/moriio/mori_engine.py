@@ -24,7 +24,7 @@ from .engine import (
 )
 from .status import StatusCode, TransferStatus, code_is_failure, failed_status, wait_all
 
-__all__ = ["MoriAvailability", "MoriEngine", "MoriUnavailableError", "probe_mori"]
+__all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "probe_mori"]
 
 
 class MoriUnavailableError(RuntimeError):
