@@ -83,20 +83,54 @@ def merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, size
     starts[1:] = ~continues
     first = starts.nonzero().reshape(-1)
     # A run's size is the sum of its members: difference of the running total at its ends.
+    # index_select rather than tensor[index]: advanced indexing goes multi-threaded even
+    # for a few thousand elements and stalls for milliseconds on a busy machine.
     running = torch.zeros(count + 1, dtype=sizes.dtype)
     torch.cumsum(sizes, 0, out=running[1:])
     bounds = torch.empty(first.numel() + 1, dtype=torch.int64)
     bounds[:-1] = first
     bounds[-1] = count
-    merged_sizes = running[bounds[1:]] - running[bounds[:-1]]
-    return TransferPlan(local_offsets[first], remote_offsets[first], merged_sizes)
+    totals = torch.index_select(running, 0, bounds)
+    return TransferPlan(
+        torch.index_select(local_offsets, 0, first),
+        torch.index_select(remote_offsets, 0, first),
+        totals[1:] - totals[:-1],
+    )
 
 
-def _physical(ids: torch.Tensor, ratio: int) -> torch.Tensor:
-    """Scheduler block ids -> the ids of their physical (kernel) blocks, in order."""
-    if ratio == 1:
-        return ids
-    return (ids.unsqueeze(1) * ratio + torch.arange(ratio, dtype=torch.int64)).reshape(-1)
+def _pieces(geometry: LayerGeometry, coarsen: bool) -> tuple[list[int], int]:
+    """Offsets (elements, from the scheduler block's start) and size of the ranges of one block.
+
+    Uncoarsened: one range per physical block's K, V or latent piece. Coarsened (only
+    used when merging anyway): pieces the geometry proves adjacent are fused up front,
+    so a plan needs fewer rows; merging the fine ranges would give the same result.
+    """
+    ratio, stride, kv, piece = (
+        geometry.kernel_blocks_per_block,
+        geometry.block_stride,
+        geometry.kv_stride,
+        geometry.piece_elements,
+    )
+    if geometry.layout is KVLayout.INTERLEAVED:
+        if coarsen and kv == piece:
+            if stride == 2 * piece:
+                return [0], 2 * piece * ratio
+            return [part * stride for part in range(ratio)], 2 * piece
+        return [part * stride + half for part in range(ratio) for half in (0, kv)], piece
+    # Separated (within its K or V half) and MLA: physical blocks follow each other.
+    if coarsen and stride == piece:
+        return [0], piece * ratio
+    return [part * stride for part in range(ratio)], piece
+
+
+def _offsets(block_starts: torch.Tensor, sections: tuple[int, ...], pieces: torch.Tensor) -> torch.Tensor:
+    """Byte offsets ordered by (section, block, piece), computed in one broadcast."""
+    offsets = block_starts.view(1, -1, 1) + pieces.view(1, 1, -1)
+    if len(sections) > 1:
+        offsets = offsets + torch.tensor(sections, dtype=torch.int64).view(-1, 1, 1)
+    elif sections[0]:
+        offsets = offsets + sections[0]
+    return offsets.reshape(-1)
 
 
 def plan_transfer(
@@ -111,9 +145,10 @@ def plan_transfer(
 
     The remote cache is assumed to have the local layout with ``remote_num_blocks``
     scheduler blocks packed the same way (so only a separated cache's V half moves).
-    Ranges come K of every block then V of every block (separated), K then V per block
-    (interleaved) or one per block (MLA), physical blocks of one scheduler block in
-    order. With ``merge`` (default) runs contiguous on both sides become one range.
+    Without ``merge`` there is one range per physical block's K, V or latent piece,
+    ordered K of every block then V of every block (separated), K then V per physical
+    block (interleaved) or one per physical block (MLA). With ``merge`` (default) every
+    run of ranges contiguous on both sides is one range, in the same order.
 
     Raises ``KVLayoutError`` when the lists differ in length or an id is out of range.
     """
@@ -134,23 +169,18 @@ def plan_transfer(
     _check_ids(geometry, local, "local", geometry.num_blocks)
     _check_ids(geometry, remote, "remote", remote_num_blocks)
 
-    ratio = geometry.kernel_blocks_per_block
     element = geometry.element_size
-    step = geometry.block_stride * element
-    local_base = _physical(local, ratio) * step
-    remote_base = _physical(remote, ratio) * step
-    if geometry.layout is KVLayout.MLA:
-        local_offsets, remote_offsets = local_base, remote_base
+    piece_offsets, piece_elements = _pieces(geometry, coarsen=merge)
+    pieces = torch.tensor(piece_offsets, dtype=torch.int64) * element
+    block_span = geometry.block_stride * geometry.kernel_blocks_per_block * element
+    if geometry.layout is KVLayout.SEPARATED:
+        local_sections = (0, geometry.kv_stride * element)
+        remote_sections = (0, geometry.remote_kv_stride(remote_num_blocks) * element)
     else:
-        local_v = local_base + geometry.kv_stride * element
-        remote_v = remote_base + geometry.remote_kv_stride(remote_num_blocks) * element
-        if geometry.layout is KVLayout.SEPARATED:
-            local_offsets = torch.cat((local_base, local_v))
-            remote_offsets = torch.cat((remote_base, remote_v))
-        else:
-            local_offsets = torch.stack((local_base, local_v), dim=1).reshape(-1)
-            remote_offsets = torch.stack((remote_base, remote_v), dim=1).reshape(-1)
-    sizes = torch.full((local_offsets.numel(),), geometry.piece_bytes, dtype=torch.int64)
+        local_sections = remote_sections = (0,)
+    local_offsets = _offsets(local * block_span, local_sections, pieces)
+    remote_offsets = _offsets(remote * block_span, remote_sections, pieces)
+    sizes = torch.full((local_offsets.numel(),), piece_elements * element, dtype=torch.int64)
     if merge:
         return merge_ranges(local_offsets, remote_offsets, sizes)
     return TransferPlan(local_offsets, remote_offsets, sizes)
