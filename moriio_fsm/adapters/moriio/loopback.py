@@ -13,12 +13,15 @@ from __future__ import annotations
 import ctypes
 import heapq
 import itertools
+from itertools import repeat
 import logging
+import operator
 import os
 import random
 import socket
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -347,15 +350,26 @@ class LoopbackSession(TransferSession):
 
 def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
                  sizes: list[int]) -> None:
-    """Copy each range; ranges adjacent on both sides go as one larger copy."""
-    run_dst, run_src, run_len = dst_offsets[0], src_offsets[0], 0
-    for d, s, n in zip(dst_offsets, src_offsets, sizes):
-        if d == run_dst + run_len and s == run_src + run_len:
-            run_len += n
-        else:
-            _memmove(dst + run_dst, src + run_src, run_len)
-            run_dst, run_src, run_len = d, s, n
-    _memmove(dst + run_dst, src + run_src, run_len)
+    """Copy each range; ranges adjacent on both sides go as one larger copy.
+
+    The per-range work runs inside ``map`` (C loops), because with 64 KiB ranges
+    Python bytecode per range would cost a noticeable share of the copy itself.
+    """
+    dst_ends = list(map(operator.add, dst_offsets, sizes))
+    src_ends = list(map(operator.add, src_offsets, sizes))
+    follows_on = list(map(operator.and_,
+                          map(operator.eq, dst_offsets[1:], dst_ends),
+                          map(operator.eq, src_offsets[1:], src_ends)))
+    if any(follows_on):
+        starts = [0] + [i + 1 for i, joined in enumerate(follows_on) if not joined]
+        last = [i - 1 for i in starts[1:]] + [len(sizes) - 1]
+        dst_offsets = [dst_offsets[i] for i in starts]
+        src_offsets = [src_offsets[i] for i in starts]
+        sizes = [dst_ends[j] - dst_offsets[k] for k, j in enumerate(last)]
+    deque(map(_memmove,
+              map(operator.add, repeat(dst), dst_offsets),
+              map(operator.add, repeat(src), src_offsets),
+              sizes), maxlen=0)
 
 
 class LoopbackEngine(TransferEngine):
