@@ -113,9 +113,21 @@ class WireLimits:
     max_descriptors_per_layer: int = 64
     max_blob_bytes: int = 1 << 20  # one packed engine or memory descriptor
 
-    def notify_unpack_options(self) -> dict[str, Any]:
+    # Derived once: the unpacker options are needed for every received message.
+    _notify_options: dict = field(init=False, repr=False, compare=False)
+    _handshake_options: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_message_bytes", "max_id_length", "max_blocks", "max_groups", "max_block_id",
+            "max_rank", "max_count", "max_map_entries", "max_handshake_bytes", "max_layers",
+            "max_descriptors_per_layer", "max_blob_bytes",
+        ):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         text_bytes = 4 * self.max_id_length  # UTF-8 needs at most 4 bytes a character
-        return {
+        notify = {
             "raw": False,
             "use_list": False,
             "strict_map_key": True,
@@ -125,18 +137,24 @@ class WireLimits:
             "max_map_len": self.max_map_entries,
             "max_ext_len": 0,
         }
-
-    def handshake_unpack_options(self) -> dict[str, Any]:
-        return {
+        handshake = {
             "raw": False,
             "use_list": False,
             "strict_map_key": True,
-            "max_str_len": max(4 * self.max_id_length, 4096),
+            "max_str_len": max(text_bytes, 4096),
             "max_bin_len": self.max_blob_bytes,
             "max_array_len": max(self.max_layers, self.max_descriptors_per_layer),
             "max_map_len": max(self.max_layers, self.max_map_entries),
             "max_ext_len": 0,
         }
+        object.__setattr__(self, "_notify_options", notify)
+        object.__setattr__(self, "_handshake_options", handshake)
+
+    def notify_unpack_options(self) -> dict[str, Any]:
+        return dict(self._notify_options)
+
+    def handshake_unpack_options(self) -> dict[str, Any]:
+        return dict(self._handshake_options)
 
 
 DEFAULT_LIMITS = WireLimits()
@@ -329,6 +347,7 @@ def _check_blocks(value: object, name: str, limits: WireLimits, error: type) -> 
 # notify decoding
 # ---------------------------------------------------------------------------
 
+_packb = msgpack.packb  # upstream's msgpack.dumps with default options (use_bin_type=True)
 _MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 _BARE_RANK = re.compile(r"^(.+):tp([0-9]{1,5})$")
 
@@ -350,58 +369,90 @@ def decode_notify(
     valid message within ``limits``.
     """
     try:
-        return _decode_notify(frame, role, limits)
+        if type(frame) is not bytes:
+            if not isinstance(frame, (bytes, bytearray, memoryview)):
+                raise WireDecodeError(_WHOLE, f"expected bytes, got {_type_name(frame)}")
+            frame = bytes(frame)
+        size = len(frame)
+        if size == 0:
+            raise WireDecodeError(_WHOLE, "empty message")
+        if size > limits.max_message_bytes:
+            raise WireDecodeError(_WHOLE, f"{size} bytes exceeds the limit of {limits.max_message_bytes}")
+        try:
+            data = msgpack.unpackb(frame, **limits._notify_options)
+        except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
+            if frame[0] in _MAP_MARKERS:
+                # Looks like a map but is not a valid one: report msgpack's reason
+                # rather than a confusing "not UTF-8".
+                raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(exc)}: {exc})") from None
+            return _decode_bare(frame, role, limits)
+        if type(data) is dict:
+            return _decode_structured(data, role, limits)
+        # Valid msgpack but not a map: upstream reads such frames as a bare id
+        # (a one-character id such as "7" is also a msgpack integer).
+        return _decode_bare(frame, role, limits)
     except WireDecodeError:
         raise
     except Exception as exc:  # defence in depth: a validator bug must not kill a listener
         raise WireDecodeError(_WHOLE, f"undecodable ({_type_name(exc)}: {exc})") from exc
 
 
-def _decode_notify(frame: Any, role: Role | None, limits: WireLimits) -> NotifyMessage:
-    if not isinstance(frame, (bytes, bytearray, memoryview)):
-        raise WireDecodeError(_WHOLE, f"expected bytes, got {_type_name(frame)}")
-    size = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
-    if size == 0:
-        raise WireDecodeError(_WHOLE, "empty message")
-    if size > limits.max_message_bytes:
-        raise WireDecodeError(
-            _WHOLE, f"{size} bytes exceeds the limit of {limits.max_message_bytes}"
-        )
-    unpack_error: Exception | None = None
-    try:
-        data = msgpack.unpackb(frame, **limits.notify_unpack_options())
-    except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
-        data, unpack_error = None, exc
-    if isinstance(data, dict):
-        return _decode_structured(data, role, limits)
-    first = frame[0]
-    if unpack_error is not None and first in _MAP_MARKERS:
-        # Looks like a map but is not a valid one: report msgpack's reason rather
-        # than a confusing "not UTF-8".
-        raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(unpack_error)}: {unpack_error})")
-    return _decode_bare(bytes(frame), role, limits)
-
-
 def _decode_bare(frame: bytes, role: Role | None, limits: WireLimits) -> NotifyMessage:
     try:
         text = frame.decode("utf-8")
     except UnicodeDecodeError:
-        raise WireDecodeError(
-            _WHOLE, "neither a msgpack map nor a UTF-8 transfer id"
-        ) from None
+        raise WireDecodeError(_WHOLE, "neither a msgpack map nor a UTF-8 transfer id") from None
     if role is None:
-        raise WireDecodeError(
-            _WHOLE, "a bare transfer id needs the receiver's role (producer or consumer)"
-        )
+        raise WireDecodeError(_WHOLE, "a bare transfer id needs the receiver's role (producer or consumer)")
     if role is Role.CONSUMER:
-        return WriteDone(_check_id(text, "transfer_id", limits, WireDecodeError), form=WireForm.BARE_ID)
+        return WriteDone(_check_id(text, "transfer_id", limits, WireDecodeError), None, WireForm.BARE_ID)
     rank: int | None = None
     match = _BARE_RANK.match(text)
     if match is not None:
         text, rank = match.group(1), int(match.group(2))
         _check_int(rank, "transfer_id (tp rank suffix)", 0, limits.max_rank, WireDecodeError)
     transfer_id = _check_id(text, "transfer_id", limits, WireDecodeError)
-    return Release(transfer_id, sender_tp_rank=rank, form=WireForm.BARE_ID)
+    return Release(transfer_id, None, rank, WireForm.BARE_ID)
+
+
+def _optional_count(data: dict, name: str, limits: WireLimits) -> int | None:
+    value = data.get(name)
+    if value is None or (type(value) is int and 1 <= value <= limits.max_count):
+        return value
+    return _check_int(value, name, 1, limits.max_count, WireDecodeError)  # raises with the reason
+
+
+def _decode_write_done(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    return WriteDone(transfer_id, _optional_count(data, "num_writers", limits), form)
+
+
+def _decode_write_failed(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    return WriteFailed(transfer_id, form)
+
+
+def _decode_release(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    return Release(transfer_id, _optional_count(data, "consumer_tp_size", limits), None, form)
+
+
+def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    if "req_id" not in data:
+        raise WireDecodeError("req_id", "missing")
+    req_id = _check_id(data["req_id"], "req_id", limits, WireDecodeError)
+    if "block_notify_list" not in data:
+        raise WireDecodeError("block_notify_list", "missing")
+    blocks = _check_blocks(data["block_notify_list"], "block_notify_list", limits, WireDecodeError)
+    # Upstream readers default a missing decode_rank to 0; keep that leniency.
+    rank = data.get("decode_rank", 0)
+    _check_int(rank, "decode_rank", 0, limits.max_rank, WireDecodeError)
+    return RemoteBlocks(transfer_id, req_id, blocks, rank, form)
+
+
+_DECODERS = {
+    "remote_blocks": _decode_remote_blocks,
+    "release": _decode_release,
+    "write_done": _decode_write_done,
+    "write_failed": _decode_write_failed,
+}
 
 
 def _decode_structured(data: dict, role: Role | None, limits: WireLimits) -> NotifyMessage:
@@ -413,42 +464,19 @@ def _decode_structured(data: dict, role: Role | None, limits: WireLimits) -> Not
         kind, form = "remote_blocks", WireForm.UNTYPED
     elif type(kind) is not str:
         raise WireDecodeError("type", f"expected a string, got {_type_name(kind)}")
-    receiver = _RECEIVER.get(kind)
-    if receiver is None:
-        expected = ", ".join(sorted(_RECEIVER))
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        expected = ", ".join(sorted(_DECODERS))
         raise WireDecodeError("type", f"unknown message type {kind[:64]!r}; expected one of {expected}")
-    if role is not None and receiver is not role:
+    if role is not None and _RECEIVER[kind] is not role:
         raise WireDecodeError(
-            "type", f"{kind!r} is meant for the {receiver.value}, but this listener is the {role.value}"
+            "type", f"{kind!r} is meant for the {_RECEIVER[kind].value}, but this listener is the {role.value}"
         )
-    if "transfer_id" not in data:
+    transfer_id = data.get("transfer_id")
+    if transfer_id is None:
         raise WireDecodeError("transfer_id", "missing")
-    transfer_id = _check_id(data["transfer_id"], "transfer_id", limits, WireDecodeError)
-
-    if kind == "write_done":
-        writers = data.get("num_writers")
-        if writers is not None:
-            _check_int(writers, "num_writers", 1, limits.max_count, WireDecodeError)
-        return WriteDone(transfer_id, writers)
-    if kind == "write_failed":
-        return WriteFailed(transfer_id)
-    if kind == "release":
-        size = data.get("consumer_tp_size")
-        if size is not None:
-            _check_int(size, "consumer_tp_size", 1, limits.max_count, WireDecodeError)
-        return Release(transfer_id, size)
-
-    # remote_blocks
-    if "req_id" not in data:
-        raise WireDecodeError("req_id", "missing")
-    req_id = _check_id(data["req_id"], "req_id", limits, WireDecodeError)
-    if "block_notify_list" not in data:
-        raise WireDecodeError("block_notify_list", "missing")
-    blocks = _check_blocks(data["block_notify_list"], "block_notify_list", limits, WireDecodeError)
-    # Upstream readers default a missing decode_rank to 0; keep that leniency.
-    rank = data.get("decode_rank", 0)
-    _check_int(rank, "decode_rank", 0, limits.max_rank, WireDecodeError)
-    return RemoteBlocks(transfer_id, req_id, blocks, rank, form)
+    _check_id(transfer_id, "transfer_id", limits, WireDecodeError)
+    return decoder(data, transfer_id, limits, form)
 
 
 # ---------------------------------------------------------------------------
@@ -466,12 +494,12 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
     if type(message) is WriteDone:
         if form is WireForm.BARE_ID:
             return transfer_id.encode("utf-8")
-        payload: dict[str, Any] = {"type": "write_done", "transfer_id": transfer_id}
-        if message.num_writers is not None:
-            payload["num_writers"] = _check_int(
-                message.num_writers, "num_writers", 1, limits.max_count, WireEncodeError
-            )
-        return msgpack.packb(payload)
+        writers = message.num_writers
+        if writers is None:
+            return _packb({"type": "write_done", "transfer_id": transfer_id})
+        if type(writers) is not int or not 1 <= writers <= limits.max_count:
+            _check_int(writers, "num_writers", 1, limits.max_count, WireEncodeError)
+        return _packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": writers})
     if type(message) is WriteFailed:
         return msgpack.packb({"type": "write_failed", "transfer_id": transfer_id})
     if type(message) is Release:
@@ -579,7 +607,7 @@ def _unpack_map(frame: Any, what: str, limits: WireLimits) -> dict:
     if len(frame) > limits.max_handshake_bytes:
         raise WireDecodeError(what, f"{len(frame)} bytes exceeds the limit of {limits.max_handshake_bytes}")
     try:
-        data = msgpack.unpackb(frame, **limits.handshake_unpack_options())
+        data = msgpack.unpackb(frame, **limits._handshake_options)
     except Exception as exc:
         raise WireDecodeError(what, f"invalid msgpack ({_type_name(exc)}: {exc})") from None
     if not isinstance(data, dict):

@@ -109,6 +109,9 @@ class PeerPolicy:
             names.add("localhost")
         self._networks = tuple(networks)
         self._names = frozenset(names)
+        # Verdicts per host string as given; bounded, and cleared rather than
+        # evicted one by one since a host list is small in practice.
+        self._verdicts: dict[str, str | UntrustedPeerError] = {}
 
     def __repr__(self) -> str:
         entries = sorted(self._names) + [str(n) for n in self._networks]
@@ -118,7 +121,26 @@ class PeerPolicy:
         """Return the canonical text to dial for ``host``, or raise ``UntrustedPeerError``.
 
         IPv6 addresses come back without brackets; callers add them for URLs.
+        Safe to call from any thread.
         """
+        verdict = self._verdicts.get(host) if type(host) is str else None
+        if verdict is None:
+            verdict = self._decide(host)
+            if type(host) is str:
+                if len(self._verdicts) >= 1024:
+                    self._verdicts.clear()
+                self._verdicts[host] = verdict
+        if type(verdict) is str:
+            return verdict
+        raise UntrustedPeerError(verdict.host, verdict.canonical, verdict.reason)
+
+    def _decide(self, host: str) -> str | UntrustedPeerError:
+        try:
+            return self._check_uncached(host)
+        except UntrustedPeerError as refusal:
+            return refusal
+
+    def _check_uncached(self, host: str) -> str:
         try:
             canonical = canonical_host(host)
         except ValueError as exc:

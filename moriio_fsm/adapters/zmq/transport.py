@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Callable, NamedTuple, Union
 
 import structlog
 import zmq
@@ -142,9 +142,12 @@ class Peer:
     address: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One accepted message, handed to the ``on_message`` callback."""
+class Delivery(NamedTuple):
+    """One accepted message, handed to the ``on_message`` callback.
+
+    A named tuple rather than a dataclass: one is built per message on the
+    listener's hot path.
+    """
 
     message: NotifyMessage
     peer: Peer
@@ -180,6 +183,22 @@ class _PendingHandshake:
     port: int
     deadline: float
     frames: list = field(default_factory=list)
+
+
+class _Counts:
+    """Event counters, written only by the I/O thread (plain ints: cheap on the hot path)."""
+
+    __slots__ = (
+        "received", "delivered", "rejected", "callback_errors", "sent", "send_failed",
+        "senders_opened", "auth_refused", "handshake_failed", "handshakes_served",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class _LogLimiter:
@@ -224,15 +243,16 @@ class ZmqTransport:
         self.policy = PeerPolicy(config.trusted_peers)
         self._on_message = on_message
         self._on_send_failure = on_send_failure
-        self._commands: collections.deque = collections.deque()
+        self._commands: collections.deque = collections.deque()  # control: handshake, serve, stop
+        self._sends: collections.deque = collections.deque()  # (host, port, payload, transfer_id, kind)
         self._wake_pending = False
         self._closed = False
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
-        self.stats: collections.Counter[str] = collections.Counter()
+        self.counts = _Counts()
         self._log_limiter = _LogLimiter()
-        self._peer_addresses: collections.OrderedDict[bytes, str | None] = collections.OrderedDict()
+        self._peers: dict[bytes, Peer] = {}
         self._outboxes: collections.OrderedDict[tuple[str, int], _Outbox] = collections.OrderedDict()
         self._handshakes: dict[zmq.Socket, _PendingHandshake] = {}
         self._handshake_servers: dict[zmq.Socket, tuple[bytes, bytes]] = {}
@@ -268,7 +288,12 @@ class ZmqTransport:
         host, port = self._destination(destination)
         canonical = self.policy.check(host)
         payload = encode_notify(message, limits=self.config.limits)
-        self._submit(("send", canonical, port, payload, message.transfer_id, message.kind))
+        if self._closed:
+            raise TransportClosedError("transport is closed")
+        self._sends.append((canonical, port, payload, message.transfer_id, message.kind))
+        if not self._wake_pending:  # one pipe write per batch; see _drain_commands
+            self._wake_pending = True
+            self._wake()
 
     def request_handshake(self, destination: Destination, *, timeout_s: float = 10.0) -> concurrent.futures.Future:
         """Ask a peer's handshake port for its metadata; returns a Future of ``HandshakeReply``.
@@ -288,6 +313,11 @@ class ZmqTransport:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._submit(("serve", bind_host or self.bind_host, port, frames, future))
         return future.result()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """A snapshot of the counters: received, delivered, rejected, sent, send_failed ..."""
+        return self.counts.as_dict()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the I/O thread and close every socket; idempotent.
@@ -314,8 +344,10 @@ class ZmqTransport:
 
     @staticmethod
     def _destination(destination: Destination) -> tuple[str, int]:
-        if isinstance(destination, RankEndpoint):
-            return destination.host, destination.port
+        if type(destination) is not tuple:
+            if isinstance(destination, RankEndpoint):
+                return destination.host, destination.port
+            raise ValueError(f"destination: expected a RankEndpoint or (host, port), got {destination!r}")
         host, port = destination
         if type(port) is not int or not 1 <= port <= 65_535:
             raise ValueError(f"port: expected an integer in 1..65535, got {port!r}")
@@ -325,8 +357,8 @@ class ZmqTransport:
         if self._closed:
             raise TransportClosedError("transport is closed")
         self._commands.append(command)
-        # One pipe write per batch: the I/O thread clears the flag before it
-        # drains, so a command appended after the drain always writes again.
+        # One pipe write per batch of commands (see _drain_commands for the
+        # ordering that makes this race-free).
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
@@ -437,19 +469,22 @@ class ZmqTransport:
     # commands ---------------------------------------------------------------
 
     def _drain_commands(self) -> bool:
-        self._wake_pending = False
+        # Order matters: empty the pipe, then clear the flag, then drain.  A caller
+        # that appends after the flag is cleared writes the pipe again; clearing
+        # before reading could swallow that byte and leave the flag set for good.
         try:
             while os.read(self._wake_read, 4096):
                 pass
         except BlockingIOError:
             pass
+        self._wake_pending = False
+        if self._sends:
+            self._drain_sends()
         commands = self._commands
         while commands:
             command = commands.popleft()
             op = command[0]
-            if op == "send":
-                self._send_now(*command[1:])
-            elif op == "handshake":
+            if op == "handshake":
                 self._start_handshake(*command[1:])
             elif op == "serve":
                 self._start_handshake_server(*command[1:])
@@ -481,26 +516,40 @@ class ZmqTransport:
         sock.connect(_tcp_url(host, port))
         outbox = _Outbox(sock)
         self._outboxes[key] = outbox
-        self.stats["senders_opened"] += 1
+        self.counts.senders_opened += 1
         return outbox
 
-    def _send_now(self, host: str, port: int, payload: bytes, transfer_id: str, kind: str) -> None:
-        outbox = self._outbox(host, port)
-        if not outbox.backlog:
-            try:
-                outbox.sock.send(payload, zmq.NOBLOCK)
-                self.stats["sent"] += 1
-                return
-            except zmq.Again:
-                self._poller.register(outbox.sock, zmq.POLLOUT)
-                outbox.polling = True
-            except zmq.ZMQError as exc:
-                self._fail(host, port, transfer_id, kind, f"send error: {exc}")
-                return
-        if len(outbox.backlog) >= self.config.send_hwm:
-            self._fail(host, port, transfer_id, kind, "send queue to this peer is full")
-            return
-        outbox.backlog.append((payload, time.monotonic() + self.config.send_timeout_s, transfer_id, kind))
+    def _drain_sends(self) -> None:
+        sends = self._sends
+        popleft = sends.popleft
+        noblock = zmq.NOBLOCK
+        outbox: _Outbox | None = None
+        last_host, last_port = None, None
+        sent = 0
+        try:
+            while sends:
+                host, port, payload, transfer_id, kind = popleft()
+                # Consecutive messages usually share a peer: skip the LRU update then.
+                if outbox is None or port != last_port or host != last_host:
+                    outbox = self._outbox(host, port)
+                    last_host, last_port = host, port
+                if not outbox.backlog:
+                    try:
+                        outbox.sock.send(payload, noblock)
+                        sent += 1
+                        continue
+                    except zmq.Again:
+                        self._poller.register(outbox.sock, zmq.POLLOUT)
+                        outbox.polling = True
+                    except zmq.ZMQError as exc:
+                        self._fail(host, port, transfer_id, kind, f"send error: {exc}")
+                        continue
+                if len(outbox.backlog) >= self.config.send_hwm:
+                    self._fail(host, port, transfer_id, kind, "send queue to this peer is full")
+                    continue
+                outbox.backlog.append((payload, time.monotonic() + self.config.send_timeout_s, transfer_id, kind))
+        finally:
+            self.counts.sent += sent
 
     def _flush_outbox_socket(self, sock: zmq.Socket) -> None:
         for (host, port), outbox in self._outboxes.items():
@@ -518,7 +567,7 @@ class ZmqTransport:
             except zmq.ZMQError as exc:
                 self._fail(host, port, transfer_id, kind, f"send error: {exc}")
             else:
-                self.stats["sent"] += 1
+                self.counts.sent += 1
             backlog.popleft()
         self._poller.unregister(sock)
         outbox.polling = False
@@ -533,13 +582,13 @@ class ZmqTransport:
         outbox.sock.close(linger=self.config.linger_ms)
 
     def _fail(self, host: str, port: int, transfer_id: str | None, kind: str, reason: str) -> None:
-        self.stats["send_failed"] += 1
+        self.counts.send_failed += 1
         log.warning("zmq.send_failed", peer=f"{host}:{port}", transfer_id=transfer_id, kind=kind, reason=reason)
         if self._on_send_failure is not None:
             try:
                 self._on_send_failure(SendFailure(host, port, transfer_id, kind, reason))
             except Exception:
-                self.stats["callback_errors"] += 1
+                self.counts.callback_errors += 1
                 log.exception("zmq.send_failure_callback_raised")
 
     def _expire(self, now: float) -> None:
@@ -559,53 +608,65 @@ class ZmqTransport:
 
     # receiving --------------------------------------------------------------
 
-    def _peer_address(self, identity_frame: zmq.Frame, identity: bytes) -> str | None:
-        cache = self._peer_addresses
-        if identity in cache:
-            return cache[identity]
+    def _peer_for(self, identity: bytes, frame: zmq.Frame) -> Peer:
         try:
-            address = identity_frame.get("Peer-Address")
+            address = frame.get("Peer-Address")
         except zmq.ZMQError:
             address = None
         if address and address.startswith("::ffff:"):
             mapped = ipaddress.ip_address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
             address = str(mapped) if mapped is not None else address
-        cache[identity] = address
-        if len(cache) > 4096:
-            cache.popitem(last=False)
-        return address
+        peer = Peer(identity, address)
+        peers = self._peers
+        if len(peers) >= 4096:
+            peers.pop(next(iter(peers)))  # oldest first; identities are per connection
+        peers[identity] = peer
+        return peer
 
     def _drain_listener(self) -> None:
         sock = self._listener
+        recv = sock.recv
         cfg = self.config
         role, limits, deliver = cfg.role, cfg.limits, self._on_message
-        stats = self.stats
+        peers, counts, monotonic = self._peers, self.counts, time.monotonic
         for _ in range(cfg.max_batch):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                identity = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity = frames[0].bytes
-            peer = Peer(identity, self._peer_address(frames[0], identity))
-            stats["received"] += 1
-            if len(frames) != 2:
-                self._reject(peer, WireDecodeError("<frame>", f"expected one frame, got {len(frames) - 1}"))
+            counts.received += 1
+            try:
+                # The rest of a multipart message is already here (all or nothing).
+                frame = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self._reject(peers.get(identity) or Peer(identity, None),
+                             WireDecodeError("<frame>", "no payload frame"))
+                continue
+            peer = peers.get(identity)
+            if peer is None:
+                peer = self._peer_for(identity, frame)
+            if frame.more:
+                extra = 0
+                while sock.getsockopt(zmq.RCVMORE):
+                    recv(zmq.NOBLOCK, copy=False)
+                    extra += 1
+                self._reject(peer, WireDecodeError("<frame>", f"expected one frame, got {extra + 1}"))
                 continue
             try:
-                message = decode_notify(frames[1].bytes, role=role, limits=limits)
+                message = decode_notify(frame.bytes, role=role, limits=limits)
             except WireDecodeError as exc:
                 self._reject(peer, exc)
                 continue
             try:
-                deliver(Delivery(message, peer, time.monotonic()))
+                deliver(Delivery(message, peer, monotonic()))
             except Exception:
-                stats["callback_errors"] += 1
+                counts.callback_errors += 1
                 log.exception("zmq.on_message_raised", peer=peer.address, transfer_id=message.transfer_id)
             else:
-                stats["delivered"] += 1
+                counts.delivered += 1
 
     def _reject(self, peer: Peer, error: WireDecodeError) -> None:
-        self.stats["rejected"] += 1
+        self.counts.rejected += 1
         if self._log_limiter.allow(time.monotonic()):
             log.warning("zmq.message_rejected", peer=peer.address, identity=peer.identity.hex(),
                         field=error.field, reason=error.reason)
@@ -617,7 +678,7 @@ class ZmqTransport:
             return
         reply, refusal = zap_reply(frames, self._authorized)
         if refusal is not None:
-            self.stats["auth_refused"] += 1
+            self.counts.auth_refused += 1
             address = frames[3].decode("ascii", "replace") if len(frames) > 3 else None
             if self._log_limiter.allow(time.monotonic()):
                 log.warning("zmq.peer_refused", peer=address, reason=refusal)
@@ -664,7 +725,7 @@ class ZmqTransport:
         self._poller.unregister(sock)
         sock.close(linger=0)
         if isinstance(outcome, BaseException):
-            self.stats["handshake_failed"] += 1
+            self.counts.handshake_failed += 1
             pending.future.set_exception(outcome)
         else:
             pending.future.set_result(outcome)
@@ -699,7 +760,7 @@ class ZmqTransport:
             try:
                 sock.send_multipart([parts[0], b"", metadata], zmq.NOBLOCK)
                 sock.send_multipart([parts[0], b"", layers], zmq.NOBLOCK)
-                self.stats["handshakes_served"] += 1
+                self.counts.handshakes_served += 1
             except zmq.ZMQError as exc:
                 log.warning("zmq.handshake_reply_failed", reason=str(exc))
 
@@ -721,11 +782,12 @@ class ZmqTransport:
         # for queued messages to leave.
         self._ctx.term()
         # Anything a racing caller appended after "stop" is failed, not lost.
+        while self._sends:
+            host, port, _payload, transfer_id, kind = self._sends.popleft()
+            self._fail(host, port, transfer_id, kind, "transport closed")
         while self._commands:
             command = self._commands.popleft()
-            if command[0] == "send":
-                self._fail(command[1], command[2], command[4], command[5], "transport closed")
-            elif command[0] == "handshake":
+            if command[0] == "handshake":
                 if command[3].set_running_or_notify_cancel():
                     command[3].set_exception(HandshakeFailedError("transport closed"))
             elif command[0] == "serve":

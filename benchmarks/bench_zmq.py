@@ -1,0 +1,107 @@
+"""Throughput of write_done messages through the ZMQ adapter versus raw pyzmq + msgpack.
+
+Both paths do the same work on the same kinds of sockets on 127.0.0.1: the main
+thread encodes and sends through a DEALER, a receiving thread reads a ROUTER,
+decodes and delivers to a callback.  The adapter adds validation, its I/O threads
+and the trust check.  Rounds alternate between the two and the medians are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import msgpack
+import zmq
+
+from moriio_fsm.adapters.zmq import Role, TransportConfig, WriteDone, ZmqTransport
+
+HOST = "127.0.0.1"
+
+
+def adapter_round(sender: ZmqTransport, destination: tuple[str, int], box: dict, count: int) -> float:
+    box["seen"] = 0
+    done = threading.Event()
+    box["done"], box["target"] = done, count
+    messages = [WriteDone(f"tx-{i:08d}", 1) for i in range(count)]
+    start = time.perf_counter()
+    for message in messages:
+        sender.send(destination, message)
+    if not done.wait(60):
+        raise RuntimeError(f"adapter round stalled at {box['seen']}/{count} messages: {box.get('stats', dict)()}")
+    return count / (time.perf_counter() - start)
+
+
+def raw_round(ctx: zmq.Context, count: int) -> float:
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port(f"tcp://{HOST}")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://{HOST}:{port}")
+    delivered: list = []
+    ready = threading.Event()
+
+    def receive() -> None:
+        ready.set()
+        for _ in range(count):
+            _identity, payload = router.recv_multipart()
+            data = msgpack.unpackb(payload)
+            delivered.append((data["transfer_id"], data.get("num_writers", 1)))
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    ready.wait()
+    ids = [f"tx-{i:08d}" for i in range(count)]
+    start = time.perf_counter()
+    for transfer_id in ids:
+        dealer.send(msgpack.packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": 1}))
+    receiver.join(60)
+    elapsed = time.perf_counter() - start
+    dealer.close()
+    router.close()
+    if len(delivered) != count:
+        raise RuntimeError(f"raw round delivered {len(delivered)}/{count} messages")
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=20_000, help="messages per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    box: dict = {}
+
+    def on_message(delivery) -> None:
+        box["seen"] += 1
+        if box["seen"] == box["target"]:
+            box["done"].set()
+
+    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), on_message)
+    sender = ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False), lambda d: None)
+    destination = (HOST, receiver.notify_port)
+    box["stats"] = lambda: (sender.stats, receiver.stats)
+    ctx = zmq.Context()
+    try:
+        adapter_round(sender, destination, box, 2_000)  # connect and warm up both paths
+        raw_round(ctx, 2_000)
+        adapter_rates, raw_rates = [], []
+        for _ in range(args.rounds):
+            adapter_rates.append(adapter_round(sender, destination, box, args.messages))
+            raw_rates.append(raw_round(ctx, args.messages))
+    finally:
+        sender.close()
+        receiver.close()
+        ctx.term()
+    adapter = statistics.median(adapter_rates)
+    raw = statistics.median(raw_rates)
+    print(f"adapter: median {adapter:,.0f} msg/s over {args.rounds} rounds of {args.messages}")
+    print(f"raw pyzmq + msgpack: median {raw:,.0f} msg/s")
+    print(f"zmq_throughput_ratio: {adapter / raw:.3f}")
+
+
+if __name__ == "__main__":
+    main()
