@@ -78,7 +78,7 @@ class TransferPlanner:
 
     def plan(self, layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, group: int = 0) -> TransferPlan:
         """The merged plan for ``layer_name``'s cache ``tensor`` in KV cache ``group``."""
-        key = (group, tensor.shape, tensor.stride(), tensor.dtype, spec, self.remote_num_blocks)
+        key = (group, geometry_key(tensor, spec), self.remote_num_blocks)
         plan = self._plans.get(key)
         if plan is not None:
             self.hits += 1

@@ -31,11 +31,17 @@ class RegistrationRegion:
         ``tensor`` does not have the geometry this region was computed for.
         """
         geometry = self.geometry
-        if tuple(tensor.shape) != geometry.shape or tuple(tensor.stride()) != geometry.stride or tensor.dtype != geometry.dtype:
+        same_geometry = (
+            tuple(tensor.shape) == geometry.shape
+            and tuple(tensor.stride()) == geometry.stride
+            and tensor.dtype == geometry.dtype
+        )
+        if not same_geometry:
             raise layout_error(
                 self.layer_name,
                 tuple(tensor.shape),
-                f"with strides {tuple(tensor.stride())} and dtype {tensor.dtype} is not the tensor this region was made for",
+                f"with strides {tuple(tensor.stride())} and dtype {tensor.dtype} "
+                "is not the tensor this region was made for",
                 f"shape {geometry.shape}, strides {geometry.stride}, dtype {geometry.dtype}",
             )
         elements = self.size_bytes // geometry.element_size

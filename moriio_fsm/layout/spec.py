@@ -52,18 +52,16 @@ class LayerKVSpec:
         object is not an attention spec (Mamba and other state specs have no KV blocks).
         """
         try:
-            from vllm.v1.kv_cache_interface import AttentionSpec
-        except ImportError as exc:  # pragma: no cover - exercised only without vLLM
+            import vllm.v1.kv_cache_interface as kv_cache_interface
+        except ImportError as exc:
             raise ImportError("LayerKVSpec.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')") from exc
-        if not isinstance(vllm_spec, AttentionSpec):
+        if not isinstance(vllm_spec, kv_cache_interface.AttentionSpec):
             raise TypeError(
                 f"LayerKVSpec.from_vllm expected a vLLM AttentionSpec, got {type(vllm_spec).__name__}"
             )
-        try:
-            from vllm.v1.kv_cache_interface import MLAAttentionSpec
-        except ImportError:  # older releases flag MLA with use_mla instead of a class
-            MLAAttentionSpec = ()  # type: ignore[assignment]
-        use_mla = bool(MLAAttentionSpec and isinstance(vllm_spec, MLAAttentionSpec)) or bool(
+        # Older releases flag MLA with ``use_mla`` on every spec instead of a subclass.
+        mla_class = getattr(kv_cache_interface, "MLAAttentionSpec", None)
+        use_mla = (mla_class is not None and isinstance(vllm_spec, mla_class)) or bool(
             getattr(vllm_spec, "use_mla", False)
         )
         return cls(

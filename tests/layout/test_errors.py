@@ -6,6 +6,8 @@ operator can fix the configuration from the message alone.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -235,3 +237,10 @@ def test_property_any_shape_is_planned_exactly_or_refused_with_layer_and_shape(
     else:
         views = [tensor[p, 0] for p in physical]
     assert k_offsets == [view.data_ptr() - tensor.data_ptr() for view in views]
+
+
+def test_from_vllm_without_vllm_says_what_to_install():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed; the conversion itself is tested in test_vllm_spec.py")
+    with pytest.raises(ImportError, match="needs the vllm package"):
+        LayerKVSpec.from_vllm(object())

@@ -172,6 +172,12 @@ def test_interleaved_kernel_blocks_form_one_chunk_per_scheduler_block():
     assert plan.lists == ([2 * chunk, 0], [chunk, 3 * chunk], [chunk, chunk])
 
 
+def test_a_transfer_without_blocks_moves_nothing():
+    tensor, spec = build_cache("separated_nhd", 4, torch.float16)
+    plan = plan_layer("layers.0", tensor, spec, [], [], remote_num_blocks=4)
+    assert len(plan) == 0 and plan.total_bytes == 0 and plan.lists == ([], [], [])
+
+
 @pytest.mark.parametrize("arrangement", ARRANGEMENTS)
 @pytest.mark.parametrize("kernel_ratio", [1, 4])
 def test_detected_family_follows_the_strides(arrangement, kernel_ratio):
