@@ -34,7 +34,7 @@ def run_decode_side(conn, total_bytes: int) -> None:
             if request[0] == "stop":
                 break
             # ("check", [(offset, expected_bytes), ...]): did the writes land here?
-            conn.send(all(bytes(cache[o:o + len(b)].numpy()) == b for o, b in request[1]))
+            conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[1]))
     conn.close()
 
 
@@ -92,7 +92,7 @@ def main() -> int:
                     if round_index:  # the first round only warms caches and page tables
                         plain_s.append(plain)
                         project_s.append(project)
-                checks = [(ro[i], bytes(source[lo[i]:lo[i] + 64].numpy()))
+                checks = [(ro[i], bytes(source[lo[i]:lo[i] + 64].tolist()))
                           for i in (0, len(lo) // 2, len(lo) - 1)]
                 here.send(("check", checks))
                 if not here.recv():

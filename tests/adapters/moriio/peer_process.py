@@ -27,7 +27,7 @@ def main() -> None:
         for line in sys.stdin:
             command = json.loads(line)
             if command["op"] == "dump":
-                data = bytes(shared[command["offset"]:command["offset"] + command["size"]].numpy())
+                data = bytes(shared[command["offset"]:command["offset"] + command["size"]].tolist())
                 print(json.dumps({"hex": data.hex()}), flush=True)
             elif command["op"] == "fill":
                 data = bytes.fromhex(command["hex"])
