@@ -26,14 +26,13 @@ def _layers(bitmap: int) -> tuple[int, ...]:
 def _layer_bit(t, ev) -> int:
     """The event's layer as a bit, or 0 when the layer is missing or out of range."""
     layer = ev.data.get("layer")
-    if type(layer) is not int or layer < 0 or layer >= t.config["max_layers"]:
+    if type(layer) is not int or layer < 0 or layer >= t.max_layers:
         return 0
     return 1 << layer
 
 
-def _post(t, bitmap: int, out: list) -> None:
+def _post(t, layers: tuple[int, ...], bitmap: int, out: list) -> None:
     t.posted |= bitmap
-    layers = _layers(bitmap)
     t.num_posted += len(layers)
     out.append(Effect(t.transfer_id, "post_writes",
                       {"layers": layers, "block_ids": t.remote_block_ids,
@@ -48,8 +47,10 @@ def _settled_for(t, reason: str) -> bool:
 
 @bindings.guard
 def layer_is_new(t, ev) -> bool:
-    bit = _layer_bit(t, ev)
-    return bit != 0 and not (t.scheduled & bit)
+    # Inlined range check: this guard runs once per layer per transfer.
+    layer = ev.data.get("layer")
+    return (type(layer) is int and 0 <= layer < t.max_layers
+            and not (t.scheduled >> layer) & 1)
 
 
 @bindings.guard
@@ -60,8 +61,10 @@ def layer_already_scheduled(t, ev) -> bool:
 
 @bindings.guard
 def layer_in_flight(t, ev) -> bool:
-    bit = _layer_bit(t, ev)
-    return bit != 0 and bool(t.posted & bit) and not (t.settled & bit)
+    # Inlined range check: this guard runs once per layer per transfer.
+    layer = ev.data.get("layer")
+    return (type(layer) is int and 0 <= layer < t.max_layers
+            and ((t.posted & ~t.settled) >> layer) & 1 == 1)
 
 
 @bindings.guard
@@ -123,16 +126,21 @@ def store_allocation(t, ev, out) -> None:
     t.has_allocation = True
     waiting = t.scheduled & ~t.posted
     if waiting:
-        _post(t, waiting, out)
+        _post(t, _layers(waiting), waiting, out)
 
 
 @bindings.effect
 def schedule_layer(t, ev, out) -> None:
-    bit = 1 << ev.data["layer"]
+    layer = ev.data["layer"]
+    bit = 1 << layer
     t.scheduled |= bit
     t.num_scheduled += 1
     if t.has_allocation:
-        _post(t, bit, out)
+        t.posted |= bit
+        t.num_posted += 1
+        out.append(Effect(t.transfer_id, "post_writes",
+                          {"layers": (layer,), "block_ids": t.remote_block_ids,
+                           "decode_rank": t.decode_rank}))
 
 
 @bindings.effect

@@ -17,6 +17,8 @@ from .events import Event, Outcome
 
 _OUTCOMES = {"applied": Outcome.APPLIED, "duplicate": Outcome.DUPLICATE,
              "ignored": Outcome.IGNORED}
+_APPLIED = Outcome.APPLIED
+_REJECTED = Outcome.REJECTED
 
 
 class TransitionError(RuntimeError):
@@ -32,9 +34,14 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
 
     The class has ``__slots__`` only (no per-instance dict), so a live transfer costs a
     fixed few hundred bytes whatever its number of layers. ``config`` is shared by all
-    records as a class attribute.
+    records as a class attribute, and each config key is also a class attribute so a
+    guard reads ``t.max_layers`` at attribute speed.
     """
     fields = tuple(spec.context)
+    clash = sorted(set(fields) & set(config))
+    if clash:
+        raise ValueError(f"{spec.path}: names used both as context field and config key: "
+                         f"{', '.join(clash)}")
     initial = tuple(f.initial for f in spec.context.values())
     num_timers = len(spec.timers)
     initial_state = spec.initial
@@ -59,6 +66,7 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
         "__slots__": ("transfer_id", "state", "deadlines") + fields,
         "__init__": __init__, "__repr__": __repr__, "context": context,
         "config": dict(config), "spec_name": spec.name, "field_names": fields,
+        **config,
     })
 
 
@@ -97,26 +105,32 @@ class CompiledMachine:
         """
         candidates = self.table[t.state].get(ev.kind)
         if candidates is None:
-            return Outcome.REJECTED, None
+            return _REJECTED, None
         try:
             for guard, dest, effects, outcome, _ in candidates:
                 if guard is None or guard(t, ev):
                     for effect in effects:
                         effect(t, ev, out)
                     hops = None
-                    if dest is not None:
+                    if dest is not None and dest != t.state:
+                        # A self-loop is not a state change: no hop, no timer re-arm.
                         hops = [(t.state, dest)]
                         t.state = dest
-                    if outcome is Outcome.APPLIED and self.eventless[t.state]:
+                    if outcome is _APPLIED and self.eventless[t.state]:
                         hops = self._settle(t, ev, out, hops)
                     return outcome, hops
-        except (TransitionError, InvariantViolation):
-            raise
         except Exception as exc:
-            raise TransitionError(
-                f"{self.spec.name}: binding failed for transfer {t.transfer_id!r} in state "
-                f"{t.state!r} on event {ev.kind!r}: {type(exc).__name__}: {exc}") from exc
-        return Outcome.REJECTED, None
+            raise self.binding_error(t, ev, exc) from exc
+        return _REJECTED, None
+
+    def binding_error(self, t, ev: Event, exc: Exception) -> Exception:
+        """The error to raise when a guard or effect raised ``exc`` (passed through when
+        it is already one of ours)."""
+        if isinstance(exc, (TransitionError, InvariantViolation)):
+            return exc
+        return TransitionError(
+            f"{self.spec.name}: binding failed for transfer {t.transfer_id!r} in state "
+            f"{t.state!r} on event {ev.kind!r}: {type(exc).__name__}: {exc}")
 
     def _settle(self, t, ev: Event, out: list, hops: list | None) -> list | None:
         """Run eventless transitions until none fires (bounded: the spec has no cycles)."""

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import enum
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
+
+import msgspec
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-# NamedTuple rather than a frozen dataclass: one is built per layer per transfer on the
-# hot path, and a tuple is several times cheaper to build while staying immutable.
-class Event(NamedTuple):
+# msgspec Structs rather than dataclasses or NamedTuples: one event is built per layer
+# per transfer on the hot path, and a frozen Struct is built in C (about a third of a
+# NamedTuple's cost here) while staying immutable, hashable and comparable.
+class Event(msgspec.Struct, frozen=True, gc=False):
     """One fact about one transfer.
 
     ``kind`` is an event name declared by the transfer's spec; ``time`` is the
@@ -30,7 +33,7 @@ class Event(NamedTuple):
     data: Mapping[str, Any] = _EMPTY
 
 
-class Effect(NamedTuple):
+class Effect(msgspec.Struct, frozen=True, gc=False):
     """Something the outside world must do because of a transition.
 
     ``kind`` names the effect (``post_writes``, ``send_write_done``,
@@ -54,3 +57,10 @@ class Outcome(enum.Enum):
     UNKNOWN = "unknown"        # a local or timer event for a transfer never created
     BUFFERED = "buffered"      # a remote fact for a transfer not created yet
     DROPPED = "dropped"        # a remote fact for an unknown transfer, buffer full
+
+
+# A plain int per member lets hot paths count outcomes in a list instead of hashing
+# enum members (Enum.__hash__ runs in Python).
+for _index, _member in enumerate(Outcome):
+    _member.index = _index
+del _index, _member

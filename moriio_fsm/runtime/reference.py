@@ -96,9 +96,5 @@ class TransitionsMachine(CompiledMachine):
                 else:
                     raise TransitionError(f"{self.spec.name}: eventless transitions did not settle")
             return step.outcome, hops
-        except TransitionError:
-            raise
         except Exception as exc:
-            raise TransitionError(
-                f"{self.spec.name}: binding failed for transfer {t.transfer_id!r} in state "
-                f"{t.state!r} on event {ev.kind!r}: {type(exc).__name__}: {exc}") from exc
+            raise self.binding_error(t, ev, exc) from exc

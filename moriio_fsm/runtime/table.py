@@ -20,19 +20,33 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections import Counter
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Sequence
 
+import msgspec
+
+from .codegen import generate_steps
 from .compiled import CompiledMachine
 from .events import Effect, Event, Outcome
 
+_APPLIED = Outcome.APPLIED
+_DUPLICATE = Outcome.DUPLICATE
+_IGNORED = Outcome.IGNORED
+_NO_EFFECTS: tuple = ()
 
-class Result(NamedTuple):
-    """What one dispatch did: the outcome, the transfer's state after it, the effects."""
+
+class Result(msgspec.Struct, frozen=True, gc=False):
+    """What one dispatch did: the outcome, the transfer's state after it, the effects.
+
+    ``state`` is None when no transfer exists for the event (unknown, buffered,
+    dropped). Unpacks as ``outcome, state, effects``.
+    """
 
     outcome: Outcome
     state: str | None
-    effects: list[Effect]
+    effects: Sequence[Effect]
+
+    def __iter__(self):
+        return iter((self.outcome, self.state, self.effects))
 
 
 class _Shard:
@@ -44,7 +58,7 @@ class _Shard:
         self.ended: dict[str, str] = {}          # insertion-ordered: oldest first
         self.pending: dict[str, list[Event]] = {}
         self.pending_count = 0
-        self.counts: Counter = Counter()
+        self.counts = [0] * len(Outcome)     # indexed by Outcome.index
 
 
 Recorder = Callable[[Event, Result], None]
@@ -83,6 +97,7 @@ class TransferTable:
         self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
         self._remote = frozenset(n for n, e in spec.events.items() if e.origin == "remote")
         self._final = machine.final
+        self._eventless = machine.eventless
         config = machine.record_class.config
         timers = list(spec.timers.values())
         self._timer_names = tuple(t.name for t in timers)
@@ -95,12 +110,21 @@ class TransferTable:
             for kind in t.restart_on:
                 restart[kind] = restart.get(kind, ()) + (i,)
         self._restart = restart
+        self._special = self._creators | frozenset(self._timer_event)
         self._initial_timers = tuple(i for i, states in enumerate(self._timer_states)
                                      if spec.initial in states)
         self._heap: list[tuple[float, int, str, int]] = []
         self._heap_lock = threading.Lock()
         self._seq = itertools.count()
         self._compact_at = 4096
+        # The compiled engine runs generated per-(state, event) steps; the reference
+        # engine, and any table checking invariants, always take the general path.
+        self._steps: dict[str, dict] = {state: {} for state in spec.states}
+        if type(machine) is CompiledMachine and not check_invariants:
+            restarts = {kind: tuple((i, self._timer_duration[i]) for i in indices)
+                        for kind, indices in self._restart.items()}
+            self._steps = generate_steps(machine, Result, self._finish_generated,
+                                         restarts, self._special)
 
     # -- public API -------------------------------------------------------------------
 
@@ -109,16 +133,53 @@ class TransferTable:
         events: those are outcomes. Raises ``TransitionError`` only for a bug in a
         binding and ``InvariantViolation`` only when invariant checking is on."""
         shard = self._shards[hash(ev.transfer_id) & self._mask]
-        with shard.lock:
+        # acquire/release rather than 'with': half the cost on this hot path, and the
+        # try/finally still releases on any exception.
+        shard.lock.acquire()
+        try:
             t = shard.live.get(ev.transfer_id)
             if t is None:
                 result = self._dispatch_absent(shard, ev)
+                shard.counts[result.outcome.index] += 1
             else:
-                result = self._dispatch_live(shard, t, ev)
-            shard.counts[result.outcome] += 1
+                step = self._steps[t.state].get(ev.kind)
+                if step is not None:
+                    try:
+                        result = step(shard, t, ev)   # counts its own outcome
+                    except Exception as exc:
+                        raise self.machine.binding_error(t, ev, exc) from exc
+                else:
+                    result = self._dispatch_live(shard, t, ev)
+                    shard.counts[result.outcome.index] += 1
+        finally:
+            shard.lock.release()
         if self.recorder is not None:
             self.recorder(ev, result)
         return result
+
+    def _finish_generated(self, shard: _Shard, t, ev: Event, outcome: Outcome,
+                          dest: str | None, out) -> Result:
+        """Follow-up of a generated step whose row changes state or may enable an
+        eventless transition; counts the outcome like every generated step does."""
+        shard.counts[outcome.index] += 1
+        hops = None
+        if dest is not None and dest != t.state:
+            hops = [(t.state, dest)]
+            t.state = dest
+        if outcome is _APPLIED and self._eventless[t.state]:
+            if out is _NO_EFFECTS:
+                out = []
+            hops = self.machine._settle(t, ev, out, hops)
+        return self._finish(shard, t, ev, outcome, hops, out)
+
+    def _finish(self, shard: _Shard, t, ev: Event, outcome: Outcome, hops, out) -> Result:
+        if outcome is _APPLIED:
+            self._after_step(t, ev, outcome, hops)
+            if hops is not None and t.state in self._final:
+                self._retire(shard, t)
+        elif self._check:
+            self.machine.check_invariants(t, ev)
+        return Result(outcome, t.state, out or _NO_EFFECTS)
 
     def dispatch_many(self, events: Iterable[Event]) -> list[Result]:
         return [self.dispatch(ev) for ev in events]
@@ -168,12 +229,13 @@ class TransferTable:
 
     def stats(self) -> dict[str, Any]:
         """Counters of every outcome plus live, ended, pending and timer sizes."""
-        counts: Counter = Counter()
+        counts = [0] * len(Outcome)
         for s in self._shards:
             with s.lock:
-                counts.update(s.counts)
+                for index, n in enumerate(s.counts):
+                    counts[index] += n
         return {
-            "outcomes": {o.value: counts.get(o, 0) for o in Outcome},
+            "outcomes": {o.value: counts[o.index] for o in Outcome},
             "live": len(self),
             "ended_remembered": sum(len(s.ended) for s in self._shards),
             "pending_events": sum(s.pending_count for s in self._shards),
@@ -185,12 +247,12 @@ class TransferTable:
     def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
         tid = ev.transfer_id
         if tid in shard.ended:
-            return Result(Outcome.LATE, shard.ended[tid], [])
+            return Result(Outcome.LATE, shard.ended[tid], _NO_EFFECTS)
         if ev.kind in self._creators:
             return self._create(shard, ev)
         if ev.kind in self._remote:
             return self._buffer(shard, ev)
-        return Result(Outcome.UNKNOWN, None, [])
+        return Result(Outcome.UNKNOWN, None, _NO_EFFECTS)
 
     def _create(self, shard: _Shard, ev: Event) -> Result:
         t = self.machine.record_class(ev.transfer_id)
@@ -201,41 +263,35 @@ class TransferTable:
         if outcome is not Outcome.APPLIED:
             # The spec refused the creating event itself (for example a bad payload
             # guarded out): nothing is created and nothing is remembered.
-            return Result(Outcome.REJECTED, None, out)
+            return Result(Outcome.REJECTED, None, out or _NO_EFFECTS)
         self._after_step(t, ev, Outcome.APPLIED, hops)
         shard.live[ev.transfer_id] = t
         for held in self._take_pending(shard, ev):
             if t.state in self._final:
-                shard.counts[Outcome.LATE] += 1
+                shard.counts[Outcome.LATE.index] += 1
                 continue
             held_outcome, held_hops = self.machine.step(t, held, out)
             self._after_step(t, held, held_outcome, held_hops)
-            shard.counts[held_outcome] += 1
+            shard.counts[held_outcome.index] += 1
         if t.state in self._final:
             self._retire(shard, t)
-        return Result(Outcome.CREATED, t.state, out)
+        return Result(Outcome.CREATED, t.state, out or _NO_EFFECTS)
 
     def _dispatch_live(self, shard: _Shard, t, ev: Event) -> Result:
         kind = ev.kind
         if kind in self._creators:
-            return Result(Outcome.DUPLICATE, t.state, [])
+            return Result(_DUPLICATE, t.state, _NO_EFFECTS)
         timer = self._timer_event.get(kind)
         if timer is not None:
             deadline = t.deadlines[timer]
             if deadline is None or deadline > ev.time:
                 if deadline is not None:
                     self._push(deadline, t.transfer_id, timer)
-                return Result(Outcome.IGNORED, t.state, [])   # stale timer
+                return Result(_IGNORED, t.state, _NO_EFFECTS)   # stale timer
             t.deadlines[timer] = None
         out: list[Effect] = []
         outcome, hops = self.machine.step(t, ev, out)
-        if outcome is Outcome.APPLIED:
-            self._after_step(t, ev, outcome, hops)
-            if t.state in self._final:
-                self._retire(shard, t)
-        elif self._check:
-            self.machine.check_invariants(t, ev)
-        return Result(outcome, t.state, out)
+        return self._finish(shard, t, ev, outcome, hops, out)
 
     def _after_step(self, t, ev: Event, outcome: Outcome, hops) -> None:
         if hops:
@@ -300,17 +356,17 @@ class TransferTable:
     def _buffer(self, shard: _Shard, ev: Event) -> Result:
         held = shard.pending.get(ev.transfer_id)
         if held is not None and len(held) >= self._pending_per_transfer:
-            return Result(Outcome.DROPPED, None, [])
+            return Result(Outcome.DROPPED, None, _NO_EFFECTS)
         if shard.pending_count >= self._pending_cap:
             self._expire_pending(shard, ev.time)
             if shard.pending_count >= self._pending_cap:
-                return Result(Outcome.DROPPED, None, [])
+                return Result(Outcome.DROPPED, None, _NO_EFFECTS)
             held = shard.pending.get(ev.transfer_id)
         if held is None:
             held = shard.pending[ev.transfer_id] = []
         held.append(ev)
         shard.pending_count += 1
-        return Result(Outcome.BUFFERED, None, [])
+        return Result(Outcome.BUFFERED, None, _NO_EFFECTS)
 
     def _expire_pending(self, shard: _Shard, now: float) -> None:
         """Drop held facts older than the TTL, oldest transfer first."""
@@ -321,7 +377,7 @@ class TransferTable:
                 break
             del shard.pending[tid]
             shard.pending_count -= len(held)
-            shard.counts[Outcome.DROPPED] += len(held)
+            shard.counts[Outcome.DROPPED.index] += len(held)
 
     def _take_pending(self, shard: _Shard, ev: Event) -> list[Event]:
         held = shard.pending.pop(ev.transfer_id, None)
@@ -330,5 +386,5 @@ class TransferTable:
         shard.pending_count -= len(held)
         horizon = ev.time - self._pending_ttl
         fresh = [h for h in held if h.time >= horizon]
-        shard.counts[Outcome.DROPPED] += len(held) - len(fresh)
+        shard.counts[Outcome.DROPPED.index] += len(held) - len(fresh)
         return fresh
