@@ -1,0 +1,319 @@
+"""Live transport on 127.0.0.1: the listener survives junk, sends are thread-safe,
+untrusted peers are refused before dialling, failures are reported, handshakes work."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import msgpack
+import pytest
+import zmq
+
+from moriio_fsm.adapters.zmq import (
+    AgentMetadata,
+    HandshakeFailedError,
+    HandshakeReply,
+    RankEndpoint,
+    RemoteBlocks,
+    Role,
+    TransportClosedError,
+    TransportConfig,
+    UntrustedPeerError,
+    WireEncodeError,
+    WireLimits,
+    WriteDone,
+    WriteFailed,
+    ZmqTransport,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+HOST = "127.0.0.1"
+WAIT_S = 10.0
+
+
+class Inbox:
+    """Collects deliveries from the I/O thread for the test thread."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue = queue.Queue()
+
+    def __call__(self, delivery) -> None:
+        self.items.put(delivery)
+
+    def get(self):
+        return self.items.get(timeout=WAIT_S)
+
+    def take(self, count: int) -> list:
+        return [self.get() for _ in range(count)]
+
+
+@pytest.fixture
+def consumer():
+    inbox = Inbox()
+    transport = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), inbox)
+    yield transport, inbox
+    transport.close()
+
+
+@pytest.fixture
+def producer():
+    failures: queue.Queue = queue.Queue()
+    transport = ZmqTransport(
+        TransportConfig(role=Role.PRODUCER, bind_host=HOST, send_timeout_s=0.3),
+        Inbox(),
+        on_send_failure=failures.put,
+    )
+    yield transport, failures
+    transport.close()
+
+
+@pytest.fixture
+def raw_dealer():
+    ctx = zmq.Context()
+    sockets = []
+
+    def connect(port: int) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{HOST}:{port}")
+        sockets.append(sock)
+        return sock
+
+    yield connect
+    for sock in sockets:
+        sock.close(linger=0)
+    ctx.term()
+
+
+def test_listener_binds_the_configured_address_only(consumer):
+    transport, _ = consumer
+    assert transport.bind_host == HOST
+    assert transport.notify_port and transport.notify_port > 0
+
+
+def test_message_is_delivered_as_an_event_with_its_peer(consumer, producer):
+    receiver, inbox = consumer
+    sender, _ = producer
+    sender.send((HOST, receiver.notify_port), WriteDone("tx-1", num_writers=2))
+    delivery = inbox.get()
+    assert delivery.message == WriteDone("tx-1", 2)
+    assert delivery.peer.address == HOST
+    assert delivery.peer.identity
+    event = delivery.event
+    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_done", {"num_writers": 2})
+
+
+def test_listener_survives_a_run_of_malformed_messages(consumer, raw_dealer):
+    receiver, inbox = consumer
+    dealer = raw_dealer(receiver.notify_port)
+    junk = [
+        b"",
+        b"\xff\xfe",
+        msgpack.dumps({"type": "nope", "transfer_id": "t"}),
+        msgpack.dumps({"type": "write_done"}),
+        msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": []}),
+        msgpack.dumps({"type": "release", "transfer_id": "t"}),  # for the producer, not this consumer
+        msgpack.dumps([1, 2, 3]),
+        b"\x81\xa4type" + b"\x91" * 3000,
+    ]
+    for frame in junk:
+        dealer.send(frame)
+    dealer.send_multipart([b"two", b"frames"])
+    dealer.send(msgpack.dumps({"type": "write_failed", "transfer_id": "tx-ok"}))
+    delivery = inbox.get()
+    assert delivery.message == WriteFailed("tx-ok")
+    assert inbox.items.empty()
+    stats = receiver.stats
+    assert stats["rejected"] == len(junk) + 1
+    assert stats["delivered"] == 1
+
+
+def test_a_raising_callback_does_not_stop_the_listener(raw_dealer):
+    seen: queue.Queue = queue.Queue()
+
+    def callback(delivery) -> None:
+        seen.put(delivery.message.transfer_id)
+        if delivery.message.transfer_id == "boom":
+            raise RuntimeError("consumer bug")
+
+    with ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), callback) as receiver:
+        dealer = raw_dealer(receiver.notify_port)
+        dealer.send(b"boom")
+        dealer.send(b"after")
+        assert [seen.get(timeout=WAIT_S), seen.get(timeout=WAIT_S)] == ["boom", "after"]
+        assert receiver.stats["callback_errors"] == 1
+
+
+def test_oversized_frames_are_refused_and_the_listener_keeps_serving(raw_dealer):
+    inbox = Inbox()
+    config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, limits=WireLimits(max_message_bytes=1024))
+    with ZmqTransport(config, inbox) as receiver:
+        flooder = raw_dealer(receiver.notify_port)
+        flooder.send(b"x" * 100_000)  # libzmq drops this connection (MAXMSGSIZE)
+        honest = raw_dealer(receiver.notify_port)
+        honest.send(msgpack.dumps({"type": "write_done", "transfer_id": "tx-small"}))
+        assert inbox.get().message == WriteDone("tx-small")
+        assert inbox.items.empty()
+
+
+def test_sends_from_many_threads_all_arrive_complete(consumer, producer):
+    receiver, inbox = consumer
+    sender, failures = producer
+    threads, per_thread = 8, 250
+    destination = RankEndpoint(HOST, receiver.notify_port)
+    start = threading.Barrier(threads)
+
+    def worker(index: int) -> None:
+        start.wait()
+        for n in range(per_thread):
+            sender.send(destination, WriteDone(f"tx-{index}-{n}", num_writers=index + 1))
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(WAIT_S)
+    received = inbox.take(threads * per_thread)
+    assert sorted(d.message.transfer_id for d in received) == sorted(
+        f"tx-{i}-{n}" for i in range(threads) for n in range(per_thread)
+    )
+    assert all(d.message.num_writers == int(d.message.transfer_id.split("-")[1]) + 1 for d in received)
+    assert failures.empty()
+
+
+def test_remote_blocks_reach_the_producer_intact():
+    inbox = Inbox()
+    with ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST), inbox) as prefill, \
+            ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, listen=False), Inbox()) as decode:
+        blocks = tuple(range(0, 20_000, 3))
+        decode.send((HOST, prefill.notify_port), RemoteBlocks("tx-big", "req-9", (blocks, (1, 2)), decode_rank=2))
+        message = inbox.get().message
+        assert message.block_ids == (blocks, (1, 2))
+        assert (message.req_id, message.decode_rank) == ("req-9", 2)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.8", "169.254.169.254", "example.com", "127.1", "0.0.0.0"])
+def test_untrusted_destinations_are_refused_before_any_socket(producer, host):
+    sender, failures = producer
+    with pytest.raises(UntrustedPeerError):
+        sender.send((host, 5555), WriteDone("tx"))
+    with pytest.raises(UntrustedPeerError):
+        sender.request_handshake((host, 5555))
+    assert sender.stats["senders_opened"] == 0
+    assert failures.empty()
+
+
+def test_configured_peers_replace_the_loopback_default():
+    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, trusted_peers=("10.20.0.0/16",))
+    with ZmqTransport(config, Inbox()) as sender:
+        with pytest.raises(UntrustedPeerError, match="not in the trusted peers"):
+            sender.send((HOST, 5555), WriteDone("tx"))
+        assert sender.policy.is_trusted("10.20.3.4")
+
+
+def test_invalid_outgoing_values_are_refused_to_the_caller(producer):
+    sender, _ = producer
+    with pytest.raises(WireEncodeError, match="num_writers"):
+        sender.send((HOST, 5555), WriteDone("tx", num_writers=0))
+    with pytest.raises(ValueError, match="port"):
+        sender.send((HOST, 70_000), WriteDone("tx"))
+
+
+def test_a_peer_that_never_answers_is_reported_as_a_failed_send(producer):
+    sender, failures = producer
+    with socket_port() as dead_port:  # a port with no listener
+        sender.send((HOST, dead_port), WriteFailed("tx-lost"))
+        failure = failures.get(timeout=WAIT_S)
+    assert (failure.transfer_id, failure.kind, failure.port) == ("tx-lost", "write_failed", dead_port)
+    assert "send timeout" in failure.reason
+
+
+def test_least_recently_used_sender_is_closed_when_the_cache_is_full():
+    inboxes = [Inbox() for _ in range(3)]
+    receivers = [ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), box) for box in inboxes]
+    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, max_peers=2)
+    try:
+        with ZmqTransport(config, Inbox()) as sender:
+            for round_ in range(2):
+                for index, receiver in enumerate(receivers):
+                    sender.send((HOST, receiver.notify_port), WriteDone(f"tx-{round_}-{index}"))
+                    assert inboxes[index].get().message.transfer_id == f"tx-{round_}-{index}"
+            # Two cached senders for three peers used round-robin: every use reopens one.
+            assert sender.stats["senders_opened"] == 6
+    finally:
+        for receiver in receivers:
+            receiver.close()
+
+
+def test_handshake_round_trip_and_timeout(consumer, producer):
+    receiver, _ = consumer
+    sender, _ = producer
+    reply = HandshakeReply(AgentMetadata("prefill-0", b"engine-desc", (4096, 8192), 64, 4096, "FA"),
+                           {"layers.0": (b"mem-k", b"mem-v")})
+    port = sender.serve_handshake(reply, bind_host=HOST)
+    got = receiver.request_handshake((HOST, port), timeout_s=WAIT_S).result(WAIT_S)
+    assert got.metadata == reply.metadata
+    assert dict(got.layer_memory) == {"layers.0": (b"mem-k", b"mem-v")}
+    with socket_port() as dead_port:
+        future = receiver.request_handshake((HOST, dead_port), timeout_s=0.2)
+        with pytest.raises(HandshakeFailedError, match="no handshake reply"):
+            future.result(WAIT_S)
+
+
+def test_handshake_server_ignores_junk_requests(producer, raw_dealer):
+    sender, _ = producer
+    reply = HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {"l": (b"m",)})
+    port = sender.serve_handshake(reply, bind_host=HOST)
+    dealer = raw_dealer(port)
+    dealer.send(b"pop_everything")
+    dealer.send(b"get_meta_msg")
+    empty, metadata = dealer.recv_multipart()
+    assert empty == b"" and msgpack.loads(metadata)["engine_id"] == "p"
+
+
+def test_closed_transport_refuses_work_and_fails_pending_handshakes():
+    transport = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), Inbox())
+    with socket_port() as dead_port:
+        pending = transport.request_handshake((HOST, dead_port), timeout_s=30)
+        transport.close()
+    with pytest.raises(HandshakeFailedError, match="closed"):
+        pending.result(WAIT_S)
+    with pytest.raises(TransportClosedError):
+        transport.send((HOST, dead_port), WriteDone("tx"))
+    transport.close()  # idempotent
+
+
+def test_configuration_errors_name_the_setting():
+    with pytest.raises(ValueError, match="tp_rank"):
+        TransportConfig(role=Role.CONSUMER, notify_base_port=6000, tp_rank=2, tp_size=2)
+    with pytest.raises(ValueError, match="role"):
+        TransportConfig(role="consumer")
+    with pytest.raises(ValueError, match="trusted_peers"):
+        TransportConfig(role=Role.CONSUMER, trusted_peers="10.0.0.1")
+
+
+def test_listener_port_follows_the_rank_rule():
+    with socket_port() as base:
+        config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, notify_base_port=base - 3,
+                                 dp_rank=1, tp_rank=1, tp_size=2)
+        assert config.notify_port == base
+    with ZmqTransport(config, Inbox()) as transport:
+        assert transport.notify_port == base
+
+
+class socket_port:
+    """A loopback TCP port that was free a moment ago (nothing listens on it)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        probe = socket.socket()
+        probe.bind((HOST, 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        return None
