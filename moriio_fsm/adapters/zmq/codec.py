@@ -1,9 +1,7 @@
 """Wire codec for the control messages P and D exchange over ZeroMQ (msgpack).
 
-Rules: the decoder accepts bytes from anyone and lets exactly one exception escape,
-``WireDecodeError``, naming the field and the reason; sizes are capped by msgpack's
-unpacker limits before anything large is built.  The encoder writes upstream
-MoRIIO's wire format byte for byte (``msgpack.packb`` defaults, upstream key order).
+Rules: only ``WireDecodeError`` (naming field and reason) escapes the decoder, sizes are
+capped by msgpack's unpacker limits first, and the encoder writes upstream's bytes exactly.
 
 Notify port (DEALER -> ROUTER, one frame per message):
 
@@ -166,7 +164,7 @@ def _frozen(data: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(data)
 
 
-def Event(transfer_id: str, kind: str, time: float, data: Mapping[str, Any] | None = None) -> Any:
+def _runtime_event(transfer_id: str, kind: str, time: float, data: Mapping[str, Any] | None = None) -> Any:
     """Build the runtime's ``Event``; imported on first use so the codec does not
     depend on the runtime package at import time."""
     from moriio_fsm.runtime.events import Event as RuntimeEvent
@@ -196,7 +194,7 @@ class RemoteBlocks:
         return bool(self.block_ids) and isinstance(self.block_ids[0], tuple)
 
     def to_event(self, now: float) -> "RuntimeEvent":
-        return Event(
+        return _runtime_event(
             self.transfer_id,
             "remote_blocks",
             now,
@@ -222,7 +220,7 @@ class WriteDone:
 
     def to_event(self, now: float) -> "RuntimeEvent":
         writers = 1 if self.num_writers is None else self.num_writers
-        return Event(self.transfer_id, "write_done", now, _frozen({"num_writers": writers}))
+        return _runtime_event(self.transfer_id, "write_done", now, _frozen({"num_writers": writers}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +233,7 @@ class WriteFailed:
     kind = "write_failed"
 
     def to_event(self, now: float) -> "RuntimeEvent":
-        return Event(self.transfer_id, "write_failed", now)
+        return _runtime_event(self.transfer_id, "write_failed", now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +253,7 @@ class Release:
 
     def to_event(self, now: float) -> "RuntimeEvent":
         size = 1 if self.consumer_tp_size is None else self.consumer_tp_size
-        return Event(self.transfer_id, "release", now, _frozen({"consumer_tp_size": size}))
+        return _runtime_event(self.transfer_id, "release", now, _frozen({"consumer_tp_size": size}))
 
 
 NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release]
