@@ -70,7 +70,7 @@ def raw_round(ctx: zmq.Context, count: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=20_000, help="messages per round")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args()
 
     box: dict = {}
@@ -80,8 +80,13 @@ def main() -> None:
         if box["seen"] == box["target"]:
             box["done"].set()
 
-    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), on_message)
-    sender = ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False), lambda d: None)
+    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, recv_hwm=4 * args.messages), on_message)
+    # A round is a burst of --messages sends: the send queue must hold one burst,
+    # as the raw DEALER's blocking send would simply wait instead.
+    sender = ZmqTransport(
+        TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, send_hwm=4 * args.messages),
+        lambda d: None,
+    )
     destination = (HOST, receiver.notify_port)
     box["stats"] = lambda: (sender.stats, receiver.stats)
     ctx = zmq.Context()
