@@ -7,6 +7,7 @@ file and raises one ``SpecError`` listing them, rather than stopping at the firs
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,10 @@ class _LineLoader(yaml.SafeLoader):
         result.key_lines = {}
         for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    "found a key that is a list or mapping; keys must be names", key_node.start_mark)
             if key in result:
                 self.duplicate_keys.append((key_node.start_mark.line + 1, str(key)))
             result[key] = self.construct_object(value_node, deep=True)
@@ -57,9 +62,19 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
                             _LineLoader.construct_sequence)
 
 
+def _kind(value: Any) -> str:
+    """The YAML word for a value's type, for messages ("mapping", "list", "str")."""
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
+
+
 def _line_of(container: Any, key: Any, default: int) -> int:
+    """The line of ``container[key]``, or ``default`` (the owner's line) when it is absent."""
     if isinstance(container, _LineDict):
-        return container.key_lines.get(key, container.line or default)
+        return container.key_lines.get(key, default)
     if isinstance(container, _LineList) and isinstance(key, int) and key < len(container.item_lines):
         return container.item_lines[key]
     return default
@@ -82,7 +97,7 @@ class _Reader:
                 self.problem(line, f"missing section {key!r} (expected a mapping)")
             return _LineDict()
         if not isinstance(value, dict):
-            self.problem(_line_of(parent, key, line), f"{key!r} must be a mapping, got {type(value).__name__}")
+            self.problem(_line_of(parent, key, line), f"{key!r} must be a mapping, got {_kind(value)}")
             return _LineDict()
         return value
 
@@ -95,11 +110,26 @@ class _Reader:
         self.problem(line, f"{what} must be a name or a non-empty list of names, got {raw!r}")
         return ()
 
+    def name(self, raw: Any, line: int, what: str) -> str | None:
+        """An optional single name (event, guard, dest); anything else is a problem."""
+        if raw is None or isinstance(raw, str):
+            return raw
+        self.problem(line, f"{what} must be a name, got {raw!r}")
+        return None
+
+    def flag(self, entry: dict, key: str, line: int, what: str) -> bool:
+        """An optional true/false; a string such as 'no' must not read as true."""
+        value = entry.get(key, False)
+        if not isinstance(value, bool):
+            self.problem(_line_of(entry, key, line), f"{what}: {key!r} must be true or false, got {value!r}")
+            return False
+        return value
+
     def text(self, raw: Any, line: int, what: str) -> str:
         if raw is None:
             return ""
         if not isinstance(raw, str):
-            self.problem(line, f"{what} must be text, got {type(raw).__name__}")
+            self.problem(line, f"{what} must be text, got {_kind(raw)}")
             return ""
         return raw.strip()
 
@@ -130,7 +160,12 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     Raises ``SpecError`` for YAML syntax errors, duplicate keys, missing sections,
     wrong types and references to undeclared names.
     """
-    loader = _LineLoader(text)
+    try:
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError([Problem(path, line, f"invalid YAML: character {chr(exc.character)!r} is not "
+                                             "allowed in a YAML file")]) from None
     loader.duplicate_keys = []
     try:
         raw = loader.get_single_data()
@@ -171,11 +206,12 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     raw_context = r.mapping(raw, "context", 1, required=False)
     for key, entry in raw_context.items():
         line = _line_of(raw_context, key, 1)
-        if not isinstance(entry, dict) or entry.get("type") not in CONTEXT_TYPES:
-            r.problem(line, f"context field {key!r} needs a type, one of {', '.join(CONTEXT_TYPES)}")
+        ftype = entry.get("type") if isinstance(entry, dict) else None
+        if not isinstance(ftype, str) or ftype not in CONTEXT_TYPES:
+            r.problem(line, f"context field {key!r} needs a type, one of {', '.join(CONTEXT_TYPES)}; "
+                            f"got {ftype!r}")
             continue
         initial = entry.get("initial")
-        ftype = entry["type"]
         if initial is not None and not isinstance(initial, CONTEXT_TYPES[ftype]) or (
                 ftype in ("int", "bitmap") and isinstance(initial, bool)):
             r.problem(line, f"context field {key!r}: initial value {initial!r} is not of type {ftype}")
@@ -186,10 +222,7 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     for key, entry in raw_states.items():
         line = _line_of(raw_states, key, 1)
         entry = entry if isinstance(entry, dict) else {}
-        final = entry.get("final", False)
-        if not isinstance(final, bool):
-            r.problem(line, f"state {key!r}: 'final' must be true or false")
-            final = False
+        final = r.flag(entry, "final", line, f"state {key!r}")
         states[key] = StateSpec(key, r.text(entry.get("doc"), line, "doc"), final, line)
 
     events: dict[str, EventSpec] = {}
@@ -205,7 +238,7 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if not isinstance(payload, dict) or not all(isinstance(v, str) for v in payload.values()):
             r.problem(line, f"event {key!r}: payload must map field names to type names")
             payload = {}
-        creates = bool(entry.get("creates", False))
+        creates = r.flag(entry, "creates", line, f"event {key!r}")
         if creates and origin != "local":
             r.problem(line, f"event {key!r} creates transfers but its origin is {origin!r}; "
                             "only local events may create a transfer (a peer's message never does)")
@@ -240,8 +273,12 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
 
     transitions: list[TransitionSpec] = []
     raw_transitions = raw.get("transitions")
-    if not isinstance(raw_transitions, list):
+    if raw_transitions is None:
         r.problem(_line_of(raw, "transitions", 1), "missing 'transitions' (expected a list)")
+        raw_transitions = []
+    elif not isinstance(raw_transitions, list):
+        r.problem(_line_of(raw, "transitions", 1),
+                  f"'transitions' must be a list, got {_kind(raw_transitions)}")
         raw_transitions = []
     allowed_keys = {"event", "source", "dest", "internal", "guard", "effects", "outcome"}
     for index, entry in enumerate(raw_transitions):
@@ -253,34 +290,36 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
             if key not in allowed_keys:
                 r.problem(_line_of(entry, key, line), f"transition #{index}: unknown key {key!r}; "
                                                       f"expected {', '.join(sorted(allowed_keys))}")
-        event = entry.get("event")
+        event = r.name(entry.get("event"), _line_of(entry, "event", line), f"transition #{index} event")
         if event is not None:
             check_event(event, _line_of(entry, "event", line), f"transition #{index}")
-        sources = r.names(entry.get("source"), _line_of(entry, "source", line), f"transition #{index} source")
-        for s in sources:
-            check_state(s, _line_of(entry, "source", line), f"transition #{index} source")
-        internal = bool(entry.get("internal", False))
-        dest = entry.get("dest")
+        source_line = _line_of(entry, "source", line)
+        sources = r.names(entry.get("source"), source_line, f"transition #{index} source")
+        for i, s in enumerate(sources):
+            check_state(s, _line_of(entry.get("source"), i, source_line), f"transition #{index} source")
+        internal = r.flag(entry, "internal", line, f"transition #{index}")
+        dest = r.name(entry.get("dest"), _line_of(entry, "dest", line), f"transition #{index} dest")
         if internal and dest is not None:
             r.problem(line, f"transition #{index} is internal and also names dest {dest!r}; choose one")
-        if not internal and dest is None:
+        if not internal and dest is None and entry.get("dest") is None:
             r.problem(line, f"transition #{index} needs a 'dest' state or 'internal: true'")
         if dest is not None:
             check_state(dest, _line_of(entry, "dest", line), f"transition #{index} dest")
-        if event is None and internal:
+        if entry.get("event") is None and internal:
             r.problem(line, f"transition #{index} is eventless and internal; an eventless "
                             "transition must change state or it would fire forever")
-        guard = entry.get("guard")
+        guard = r.name(entry.get("guard"), _line_of(entry, "guard", line), f"transition #{index} guard")
         if guard is not None and guard not in guards:
             r.problem(_line_of(entry, "guard", line), f"unknown guard {guard!r} in transition #{index}; "
                                                       f"declare it under 'guards'")
-        effect_names = entry.get("effects") or []
-        if isinstance(effect_names, str):
-            effect_names = [effect_names]
-        for e in effect_names:
+        raw_effects = entry.get("effects")
+        effects_line = _line_of(entry, "effects", line)
+        effect_names = (r.names(raw_effects, effects_line, f"transition #{index} effects")
+                        if raw_effects not in (None, []) else ())
+        for i, e in enumerate(effect_names):
             if e not in effects:
-                r.problem(_line_of(entry, "effects", line), f"unknown effect {e!r} in transition #{index}; "
-                                                            f"declare it under 'effects'")
+                r.problem(_line_of(raw_effects, i, effects_line), f"unknown effect {e!r} in transition "
+                                                                  f"#{index}; declare it under 'effects'")
         outcome = entry.get("outcome", "applied")
         if outcome not in TRANSITION_OUTCOMES:
             r.problem(_line_of(entry, "outcome", line), f"transition #{index}: outcome must be one of "
@@ -298,26 +337,30 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if not isinstance(entry, dict):
             r.problem(line, f"timer {key!r} must be a mapping with states, duration and event")
             continue
-        t_states = r.names(entry.get("states"), line, f"timer {key!r} states")
-        for s in t_states:
-            check_state(s, _line_of(entry, "states", line), f"timer {key!r}")
+        states_line = _line_of(entry, "states", line)
+        t_states = r.names(entry.get("states"), states_line, f"timer {key!r} states")
+        for i, s in enumerate(t_states):
+            check_state(s, _line_of(entry.get("states"), i, states_line), f"timer {key!r}")
         duration = entry.get("duration")
-        if duration not in config:
+        if not isinstance(duration, str) or duration not in config:
             r.problem(_line_of(entry, "duration", line), f"timer {key!r}: duration must name a config key, "
                                                          f"got {duration!r}; known: {', '.join(config)}")
         event = entry.get("event")
         if not isinstance(event, str):
-            r.problem(line, f"timer {key!r} needs the 'event' it fires")
+            r.problem(_line_of(entry, "event", line), f"timer {key!r} needs the 'event' it fires, "
+                                                      f"as a name; got {event!r}")
             event = ""
         else:
             check_event(event, _line_of(entry, "event", line), f"timer {key!r}")
             if event in events and events[event].origin != "timer":
                 r.problem(_line_of(entry, "event", line), f"timer {key!r} fires event {event!r}, "
                                                           "whose origin must be 'timer'")
-        restart = entry.get("restart_on") or []
-        restart = r.names(restart, line, f"timer {key!r} restart_on") if restart else ()
-        for e in restart:
-            check_event(e, _line_of(entry, "restart_on", line), f"timer {key!r} restart_on")
+        raw_restart = entry.get("restart_on")
+        restart_line = _line_of(entry, "restart_on", line)
+        restart = (r.names(raw_restart, restart_line, f"timer {key!r} restart_on")
+                   if raw_restart not in (None, []) else ())
+        for i, e in enumerate(restart):
+            check_event(e, _line_of(raw_restart, i, restart_line), f"timer {key!r} restart_on")
         timers[key] = TimerSpec(key, t_states, str(duration), event, tuple(restart), line)
 
     invariants: list[InvariantSpec] = []
