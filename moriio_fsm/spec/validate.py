@@ -70,12 +70,15 @@ def validate_spec(spec: Spec) -> list[Problem]:
             continue
         if name not in reaches_final:
             add(state.line, f"non-final state {name!r} can never reach a final state")
-        exits = [t for t in spec.transitions if name in t.sources]
+        # Only a transition that changes state is a way out; an internal one leaves the
+        # transfer where it was, however local its event.
+        exits = [t for t in spec.transitions
+                 if name in t.sources and t.dest is not None and t.dest != name]
         peer_free = [t for t in exits
                      if t.event is None or spec.events[t.event].origin != "remote"]
         if not peer_free:
-            add(state.line, f"state {name!r} can only be left or changed by peer messages; add a "
-                            "timer, a local failure or an abort so the transfer cannot hang")
+            add(state.line, f"state {name!r} can only be left by peer messages; add a timer, a "
+                            "local failure or an abort so the transfer cannot hang")
 
     # Two transitions for one (event, source) must be separated by guards, tried in order.
     by_trigger: dict[tuple[str | None, str], list] = defaultdict(list)
