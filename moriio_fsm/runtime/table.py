@@ -38,12 +38,15 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     """What one dispatch did: the outcome, the transfer's state after it, the effects.
 
     ``state`` is None when no transfer exists for the event (unknown, buffered,
-    dropped). Unpacks as ``outcome, state, effects``.
+    dropped). ``hops`` lists the ``(from, to)`` state changes in order, eventless
+    follow-ups included, or is None when the state did not change. Unpacks as
+    ``outcome, state, effects``.
     """
 
     outcome: Outcome
     state: str | None
     effects: Sequence[Effect]
+    hops: tuple[tuple[str, str], ...] | None = None
 
     def __iter__(self):
         return iter((self.outcome, self.state, self.effects))
@@ -179,19 +182,21 @@ class TransferTable:
                 self._retire(shard, t)
         elif self._check:
             self.machine.check_invariants(t, ev)
-        return Result(outcome, t.state, out or _NO_EFFECTS)
+        return Result(outcome, t.state, out or _NO_EFFECTS, tuple(hops) if hops else None)
 
     def dispatch_many(self, events: Iterable[Event]) -> list[Result]:
         return [self.dispatch(ev) for ev in events]
 
     def advance(self, now: float) -> list[tuple[Event, Result]]:
-        """Fire every timer whose deadline is <= ``now``; return the events and results."""
-        due = []
-        with self._heap_lock:
-            while self._heap and self._heap[0][0] <= now:
-                due.append(heapq.heappop(self._heap))
+        """Fire every timer whose deadline is <= ``now``, earliest first; return the
+        fired events with their results. Deadlines pushed back by progress are
+        re-queued, not fired."""
         fired = []
-        for deadline, _, transfer_id, index in due:
+        while True:
+            with self._heap_lock:
+                if not self._heap or self._heap[0][0] > now:
+                    return fired
+                deadline, _, transfer_id, index = heapq.heappop(self._heap)
             shard = self._shards[hash(transfer_id) & self._mask]
             with shard.lock:
                 t = shard.live.get(transfer_id)
@@ -204,7 +209,6 @@ class TransferTable:
             ev = Event(transfer_id, self._timer_event_names[index], current,
                        {"timer": self._timer_names[index]})
             fired.append((ev, self.dispatch(ev)))
-        return fired
 
     def next_deadline(self) -> float | None:
         """The earliest pending deadline (possibly stale), for a driver's sleep."""
@@ -260,6 +264,7 @@ class TransferTable:
             self._arm(t, index, ev.time)
         out: list[Effect] = []
         outcome, hops = self.machine.step(t, ev, out)
+        all_hops = list(hops or ())
         if outcome is not Outcome.APPLIED:
             # The spec refused the creating event itself (for example a bad payload
             # guarded out): nothing is created and nothing is remembered.
@@ -272,10 +277,12 @@ class TransferTable:
                 continue
             held_outcome, held_hops = self.machine.step(t, held, out)
             self._after_step(t, held, held_outcome, held_hops)
+            all_hops.extend(held_hops or ())
             shard.counts[held_outcome.index] += 1
         if t.state in self._final:
             self._retire(shard, t)
-        return Result(Outcome.CREATED, t.state, out or _NO_EFFECTS)
+        return Result(Outcome.CREATED, t.state, out or _NO_EFFECTS,
+                      tuple(all_hops) if all_hops else None)
 
     def _dispatch_live(self, shard: _Shard, t, ev: Event) -> Result:
         kind = ev.kind

@@ -1,0 +1,352 @@
+"""The WRITE producer machine under every ordering the spec promises to handle.
+
+Every table here checks all spec invariants after every step, so each test also
+proves the invariants hold along its path.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from moriio_fsm.machines import build_table
+from moriio_fsm.runtime.events import Event, Outcome
+
+BLOCKS = {"block_ids": [4, 5, 6], "decode_rank": 1}
+LAYERS = 8
+
+
+class Producer:
+    """Drives one transfer and keeps every effect it produced, in order."""
+
+    def __init__(self, tid: str = "tx-1", **config):
+        self.table = build_table("write_producer", check_invariants=True, config=config or None)
+        self.tid = tid
+        self.now = 0.0
+        self.effects: list = []
+        self.results: list = []
+
+    def send(self, kind: str, **data):
+        self.now += 0.001
+        result = self.table.dispatch(Event(self.tid, kind, self.now, data))
+        self.effects.extend(result.effects)
+        self.results.append(result)
+        return result
+
+    def advance(self, seconds: float):
+        self.now += seconds
+        fired = self.table.advance(self.now)
+        for _, result in fired:
+            self.effects.extend(result.effects)
+        return fired
+
+    def create(self, num_writers: int = 1):
+        return self.send("create", num_writers=num_writers)
+
+    def schedule(self, layers):
+        return [self.send("layer_scheduled", layer=layer) for layer in layers]
+
+    def complete(self, layers):
+        return [self.send("write_completed", layer=layer) for layer in layers]
+
+    def kinds(self, kind: str) -> list:
+        return [e for e in self.effects if e.kind == kind]
+
+    def posted_layers(self) -> list[int]:
+        return sorted(layer for e in self.kinds("post_writes") for layer in e.data["layers"])
+
+    @property
+    def state(self):
+        return self.table.state_of(self.tid)
+
+
+def test_allocation_before_scheduling_runs_the_clean_path():
+    p = Producer()
+    p.create(num_writers=2)
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule(range(LAYERS))
+    assert p.posted_layers() == list(range(LAYERS))
+    p.send("seal")
+    assert p.state == "sealed"
+    p.complete(range(LAYERS - 1))
+    assert p.state == "sealed" and not p.kinds("send_write_done")
+    last = p.complete([LAYERS - 1])[0]
+    assert last.state == "completed"
+    [done] = p.kinds("send_write_done")
+    assert done.data["num_writers"] == 2 and done.data["decode_rank"] == 1
+    assert not p.kinds("free_blocks")          # vLLM has not finished the request yet
+    p.send("request_finished")
+    assert p.state == "released"
+    assert len(p.kinds("free_blocks")) == 1 and not p.kinds("send_write_failed")
+
+
+def test_allocation_during_scheduling_posts_waiting_layers_at_once():
+    p = Producer()
+    p.create()
+    p.schedule([0, 1, 2])
+    assert not p.kinds("post_writes")
+    r = p.send("remote_blocks", **BLOCKS)
+    assert [e.data["layers"] for e in r.effects] == [(0, 1, 2)]
+    assert r.effects[0].data["block_ids"] == BLOCKS["block_ids"]
+    p.schedule([3])
+    assert p.posted_layers() == [0, 1, 2, 3]
+
+
+def test_allocation_after_seal_and_request_finish_still_completes():
+    p = Producer()
+    p.create()
+    p.schedule(range(LAYERS))
+    p.send("seal")
+    p.send("request_finished")
+    assert p.state == "sealed" and not p.kinds("post_writes")
+    p.send("remote_blocks", **BLOCKS)
+    assert p.posted_layers() == list(range(LAYERS))
+    p.complete(range(LAYERS))
+    assert p.state == "released"
+    assert len(p.kinds("send_write_done")) == 1 and len(p.kinds("free_blocks")) == 1
+
+
+def test_duplicate_allocation_is_idempotent_and_keeps_progress():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    p.complete([0])
+    record = p.table.get(p.tid)
+    before = (record.posted, record.settled, record.num_completed, record.remote_block_ids)
+    again = p.send("remote_blocks", block_ids=[90, 91, 92], decode_rank=3)
+    assert again.outcome is Outcome.DUPLICATE and again.effects == ()
+    record = p.table.get(p.tid)
+    assert (record.posted, record.settled, record.num_completed, record.remote_block_ids) == before
+    assert record.decode_rank == 1
+
+
+def test_layers_are_deduplicated_and_seal_counts_what_was_scheduled():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    first = p.send("layer_scheduled", layer=3)
+    again = p.send("layer_scheduled", layer=3)
+    assert first.outcome is Outcome.APPLIED and again.outcome is Outcome.DUPLICATE
+    assert again.effects == ()
+    p.schedule([5, 3, 7])
+    p.send("seal")
+    # The model registered 64 cache tensors but only three layers' hooks fired.
+    assert p.table.get(p.tid).writes_expected == 3
+    p.complete([3, 5, 7])
+    assert p.state == "completed"
+
+
+def test_completion_is_counted_when_it_happens_not_when_posted():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule(range(4))
+    p.send("seal")
+    assert p.table.get(p.tid).num_posted == 4
+    assert p.state == "sealed" and not p.kinds("send_write_done")
+    dup = p.complete([0, 0])
+    assert [r.outcome for r in dup] == [Outcome.APPLIED, Outcome.DUPLICATE]
+    assert p.table.get(p.tid).num_completed == 1
+
+
+def test_completions_before_seal_finish_on_seal():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule(range(3))
+    p.complete(range(3))
+    assert p.state == "scheduling"
+    r = p.send("seal")
+    assert r.state == "completed"
+    assert r.hops == (("scheduling", "sealed"), ("sealed", "completed"))
+    assert [e.kind for e in r.effects] == ["send_write_done"]
+
+
+def test_completion_for_a_layer_never_posted_is_not_counted():
+    p = Producer()
+    p.create()
+    p.schedule([0])                 # scheduled, but no allocation, so never posted
+    r = p.send("write_completed", layer=0)
+    assert r.outcome is Outcome.DUPLICATE
+    assert p.table.get(p.tid).num_completed == 0
+
+
+def test_failed_write_tells_d_and_frees_only_after_in_flight_writes_settle():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule(range(4))
+    p.send("seal")
+    p.send("request_finished")
+    r = p.send("write_failed", layer=1, code=13)
+    assert r.state == "draining"
+    [failed] = p.kinds("send_write_failed")
+    assert failed.data["reason"] == "failed"
+    p.complete([0, 2])
+    assert p.state == "draining" and not p.kinds("free_blocks")   # layer 3 in flight
+    p.send("write_failed", layer=3, code=13)
+    assert p.state == "failed"
+    assert len(p.kinds("free_blocks")) == 1 and len(p.kinds("send_write_failed")) == 1
+    assert not p.kinds("send_write_done")
+
+
+@pytest.mark.parametrize("stage", ["allocated", "scheduling", "sealed"])
+def test_release_from_d_at_any_time_ends_released_without_telling_d(stage):
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    if stage != "allocated":
+        p.schedule([0, 1])
+    if stage == "sealed":
+        p.send("seal")
+    p.send("request_finished")
+    r = p.send("release")
+    in_flight = stage != "allocated"
+    assert r.state == ("draining" if in_flight else "released")
+    if in_flight:
+        p.complete([0, 1])
+    assert p.state == "released"
+    assert len(p.kinds("free_blocks")) == 1
+    assert not p.kinds("send_write_failed") and not p.kinds("send_write_done")
+
+
+def test_release_after_completion_is_ignored():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    p.send("seal")
+    p.complete([0])
+    r = p.send("release")
+    assert r.outcome is Outcome.IGNORED and r.state == "completed"
+
+
+@pytest.mark.parametrize("stage", ["allocated", "scheduling", "sealed", "completed", "draining"])
+def test_abort_at_any_time_hands_blocks_back_exactly_once(stage):
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    if stage in ("scheduling", "sealed", "completed", "draining"):
+        p.schedule([0, 1])
+    if stage in ("sealed", "completed", "draining"):
+        p.send("seal")
+    if stage == "completed":
+        p.complete([0, 1])
+    if stage == "draining":
+        p.send("write_failed", layer=0, code=13)
+    assert p.state == stage
+    p.send("abort")
+    if p.state == "draining":
+        assert not p.kinds("free_blocks")    # writes still in flight: blocks stay
+        p.complete([0, 1])
+    assert p.state in {"aborted", "released", "failed"}
+    assert len(p.kinds("free_blocks")) == 1
+    # D hears exactly one verdict: either write_done or write_failed.
+    assert len(p.kinds("send_write_done")) + len(p.kinds("send_write_failed")) == 1
+    if stage == "completed":
+        assert p.state == "released"
+    elif stage == "draining":
+        assert p.state == "failed"
+    else:
+        assert p.state == "aborted"
+
+
+def test_request_finished_twice_is_a_duplicate():
+    p = Producer()
+    p.create()
+    assert p.send("request_finished").outcome is Outcome.APPLIED
+    assert p.send("request_finished").outcome is Outcome.DUPLICATE
+
+
+def test_defer_timeout_expires_a_transfer_whose_allocation_never_came():
+    p = Producer(defer_timeout_s=5.0)
+    p.create()
+    p.schedule([0, 1])
+    p.send("seal")
+    p.send("request_finished")
+    assert p.advance(4.0) == []
+    fired = p.advance(2.0)
+    kinds = [ev.kind for ev, _ in fired]
+    assert "defer_timeout" in kinds
+    assert p.state == "expired"
+    [failed] = p.kinds("send_write_failed")
+    assert failed.data["reason"] == "expired"
+    assert len(p.kinds("free_blocks")) == 1
+
+
+def test_defer_timeout_is_ignored_once_the_allocation_arrived():
+    p = Producer(defer_timeout_s=5.0, transfer_timeout_s=100.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    fired = p.advance(6.0)
+    assert [(ev.kind, r.outcome) for ev, r in fired] == [("defer_timeout", Outcome.IGNORED)]
+    assert p.state == "scheduling"
+
+
+def test_transfer_timeout_fails_stalled_writes_and_abandons_them_before_freeing():
+    p = Producer(transfer_timeout_s=3.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1, 2])
+    p.send("seal")
+    p.complete([0])
+    p.send("request_finished")
+    p.advance(3.5)                               # layers 1 and 2 never report back
+    assert p.state == "draining"
+    assert p.kinds("send_write_failed")[0].data["reason"] == "failed"
+    assert not p.kinds("free_blocks")
+    p.advance(3.5)                               # the draining deadline gives up on them
+    assert p.state == "failed"
+    [abandon] = p.kinds("abandon_writes")
+    assert abandon.data["layers"] == (1, 2)
+    kinds = [e.kind for e in p.effects]
+    assert kinds.index("abandon_writes") < kinds.index("free_blocks")
+
+
+def test_progress_pushes_the_transfer_deadline_back():
+    p = Producer(transfer_timeout_s=3.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1, 2])
+    p.send("seal")
+    p.advance(2.0)
+    p.complete([0])                              # progress at t~2: deadline moves to ~5
+    p.advance(2.0)                               # t~4: the first deadline passed, stale
+    assert p.state == "sealed"
+    p.complete([1])
+    p.advance(2.0)
+    assert p.state == "sealed"
+    p.advance(2.0)
+    assert p.state == "draining"
+
+
+@pytest.mark.parametrize("bad", [{"layer": -1}, {"layer": 4096}, {"layer": "3"}, {}, {"layer": 2.0}])
+def test_bad_layer_payloads_are_rejected_not_crashes(bad):
+    p = Producer()
+    p.create()
+    r = p.send("layer_scheduled", **bad)
+    assert r.outcome is Outcome.REJECTED
+    assert p.table.get(p.tid).scheduled == 0
+
+
+def test_create_refuses_a_bad_writer_count():
+    from moriio_fsm.runtime.compiled import TransitionError
+
+    p = Producer()
+    with pytest.raises(TransitionError, match="num_writers >= 1"):
+        p.create(num_writers=0)
+    assert p.state is None
+
+
+def test_events_after_the_end_are_late_and_never_revive_the_transfer():
+    p = Producer()
+    p.create()
+    p.send("release")
+    p.send("request_finished")
+    assert p.state == "released"
+    for kind, data in (("remote_blocks", BLOCKS), ("write_completed", {"layer": 0}),
+                       ("create", {"num_writers": 1}), ("release", {}), ("abort", {})):
+        assert p.send(kind, **data).outcome is Outcome.LATE
+    assert len(p.table) == 0
+    assert len(p.kinds("free_blocks")) == 1
