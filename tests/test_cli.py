@@ -1,0 +1,66 @@
+"""The moriio-fsm command line: validate and demo, as a user runs them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from moriio_fsm.cli import main
+from moriio_fsm.machines import spec_path
+
+
+def test_validate_accepts_the_shipped_specs(capsys):
+    assert main(["validate", str(spec_path("write_producer"))]) == 0
+    out = capsys.readouterr().out
+    assert "write_producer.yaml: ok" in out and "9 states" in out
+
+
+def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
+    text = spec_path("write_producer").read_text()
+    broken = text.replace("dest: sealed, effects: [fix_expected]", "dest: sealedd, effects: [fix_expected]")
+    assert broken != text
+    path = tmp_path / "broken.yaml"
+    path.write_text(broken)
+    line = broken.splitlines().index(next(l for l in broken.splitlines() if "sealedd" in l)) + 1
+    assert main(["validate", str(path), str(spec_path("write_producer"))]) == 1
+    captured = capsys.readouterr()
+    assert f"{path}:{line}: unknown state 'sealedd'" in captured.err
+    assert "1 of 2 spec(s) invalid" in captured.err
+    assert "write_producer.yaml: ok" in captured.out
+
+
+def test_validate_catches_a_spec_whose_bindings_disagree(tmp_path, capsys):
+    text = spec_path("write_producer").read_text()
+    broken = text.replace("  end_released: Record the end reason \"released\".\n",
+                          "  end_released: Record the end reason \"released\".\n"
+                          "  end_renamed: A declared effect with no Python binding.\n")
+    broken = broken.replace("effects: [end_released]}", "effects: [end_released, end_renamed]}")
+    path = tmp_path / "write_producer.yaml"
+    path.write_text(broken)
+    assert main(["validate", str(path)]) == 1
+    assert "effect 'end_renamed' is declared in the spec but has no Python binding" in \
+        capsys.readouterr().err
+
+
+def test_demo_shows_each_scenario_path(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "path: allocated -> scheduling -> sealed -> completed -> released" in out
+    assert "path: allocated -> scheduling -> sealed -> draining -> failed" in out
+    assert "path: allocated -> scheduling -> draining -> aborted" in out
+    assert "path: allocated -> scheduling -> sealed -> draining -> expired" in out
+    assert "send_write_failed(reason=expired" in out
+    assert out.count("free_blocks(") == 5
+    assert out.count("send_write_done(") == 2
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("moriio-fsm") or str(Path(sys.executable).with_name("moriio-fsm"))
+    done = subprocess.run([exe, "validate", str(spec_path("write_producer"))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([exe, "validate", "/nonexistent/spec.yaml"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "cannot read spec" in done.stderr
