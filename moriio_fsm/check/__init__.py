@@ -1,1 +1,0 @@
-"""Exhaustive model checking over specs."""

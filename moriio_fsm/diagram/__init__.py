@@ -1,1 +1,0 @@
-"""State diagrams drawn from specs."""

@@ -1,1 +1,0 @@
-"""Trace recording and replay of transfer events."""

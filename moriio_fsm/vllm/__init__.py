@@ -1,1 +1,0 @@
-"""The vLLM KV connector built on the runtime."""
