@@ -31,18 +31,6 @@ def _layer_bit(t, ev) -> int:
     return 1 << layer
 
 
-def _post(t, layers: tuple[int, ...], bitmap: int, out: list) -> None:
-    t.posted |= bitmap
-    t.num_posted += len(layers)
-    out.append(Effect(t.transfer_id, "post_writes",
-                      {"layers": layers, "block_ids": t.remote_block_ids,
-                       "decode_rank": t.decode_rank}))
-
-
-def _settled_for(t, reason: str) -> bool:
-    return t.end_reason == reason and t.settled == t.posted and t.request_finished
-
-
 # -- guards -------------------------------------------------------------------------------
 
 @bindings.guard
@@ -88,24 +76,29 @@ def local_request_finished(t, ev) -> bool:
     return t.request_finished
 
 
-@bindings.guard
-def settled_after_failure(t, ev) -> bool:
-    return _settled_for(t, "failed")
+#: How a draining transfer may end: end reason -> (guard that it may end now, effect
+#: that records the reason). The spec names each; one factory builds each pair.
+_ENDINGS = {"failed": ("settled_after_failure", "end_failed"),
+            "aborted": ("settled_after_abort", "end_aborted"),
+            "expired": ("settled_after_expiry", "end_expired"),
+            "released": ("settled_after_release", "end_released")}
 
 
-@bindings.guard
-def settled_after_abort(t, ev) -> bool:
-    return _settled_for(t, "aborted")
+def _bind_ending(reason: str, guard_name: str, effect_name: str) -> None:
+    def settled(t, ev) -> bool:
+        return t.end_reason == reason and t.settled == t.posted and t.request_finished
+
+    def record_reason(t, ev, out) -> None:
+        t.end_reason = reason
+
+    settled.__name__ = settled.__qualname__ = guard_name
+    record_reason.__name__ = record_reason.__qualname__ = effect_name
+    bindings.guard(settled)
+    bindings.effect(record_reason)
 
 
-@bindings.guard
-def settled_after_expiry(t, ev) -> bool:
-    return _settled_for(t, "expired")
-
-
-@bindings.guard
-def settled_after_release(t, ev) -> bool:
-    return _settled_for(t, "released")
+for _reason, (_guard_name, _effect_name) in _ENDINGS.items():
+    _bind_ending(_reason, _guard_name, _effect_name)
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -126,7 +119,12 @@ def store_allocation(t, ev, out) -> None:
     t.has_allocation = True
     waiting = t.scheduled & ~t.posted
     if waiting:
-        _post(t, _layers(waiting), waiting, out)
+        layers = _layers(waiting)
+        t.posted |= waiting
+        t.num_posted += len(layers)
+        out.append(Effect(t.transfer_id, "post_writes",
+                          {"layers": layers, "block_ids": t.remote_block_ids,
+                           "decode_rank": t.decode_rank}))
 
 
 @bindings.effect
@@ -177,26 +175,6 @@ def send_write_failed(t, ev, out) -> None:
     t.write_failed_sent += 1
     out.append(Effect(t.transfer_id, "send_write_failed",
                       {"reason": t.end_reason, "decode_rank": t.decode_rank}))
-
-
-@bindings.effect
-def end_failed(t, ev, out) -> None:
-    t.end_reason = "failed"
-
-
-@bindings.effect
-def end_aborted(t, ev, out) -> None:
-    t.end_reason = "aborted"
-
-
-@bindings.effect
-def end_expired(t, ev, out) -> None:
-    t.end_reason = "expired"
-
-
-@bindings.effect
-def end_released(t, ev, out) -> None:
-    t.end_reason = "released"
 
 
 @bindings.effect
