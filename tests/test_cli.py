@@ -14,7 +14,7 @@ from moriio_fsm.machines import spec_path
 def test_validate_accepts_the_shipped_specs(capsys):
     assert main(["validate", str(spec_path("write_producer"))]) == 0
     out = capsys.readouterr().out
-    assert "write_producer.yaml: ok" in out and "9 states" in out
+    assert "write_producer.yaml: ok" in out and "10 states" in out
 
 
 def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
@@ -48,9 +48,9 @@ def test_demo_shows_each_scenario_path(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "path: allocated -> scheduling -> sealed -> completed -> released" in out
-    assert "path: allocated -> scheduling -> sealed -> draining -> failed" in out
-    assert "path: allocated -> scheduling -> draining -> aborted" in out
-    assert "path: allocated -> scheduling -> sealed -> draining -> expired" in out
+    assert "path: allocated -> scheduling -> sealed -> draining -> closing -> failed" in out
+    assert "path: allocated -> scheduling -> draining -> closing -> aborted" in out
+    assert "path: allocated -> scheduling -> sealed -> draining -> closing -> expired" in out
     assert "send_write_failed(reason=expired" in out
     assert out.count("free_blocks(") == 5
     assert out.count("send_write_done(") == 2

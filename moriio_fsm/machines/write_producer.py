@@ -2,7 +2,8 @@
 
 Every function here is a small, pure step over the transfer's context: layer sets
 are bitmaps and counters, never sets of names. Which function runs when is decided
-by the spec alone; these functions only say what a named step means.
+by the spec alone; these functions only say what a named step means. The per-layer
+guards inline their range checks because they run once per layer per transfer.
 """
 
 from __future__ import annotations
@@ -23,19 +24,31 @@ def _layers(bitmap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _layer_bit(t, ev) -> int:
-    """The event's layer as a bit, or 0 when the layer is missing or out of range."""
-    layer = ev.data.get("layer")
-    if type(layer) is not int or layer < 0 or layer >= t.max_layers:
-        return 0
-    return 1 << layer
+def _post(t, layers: tuple[int, ...], bitmap: int, out: list) -> None:
+    t.posted |= bitmap
+    t.num_posted += len(layers)
+    out.append(Effect(t.transfer_id, "post_writes",
+                      {"layers": layers, "block_ids": t.remote_block_ids,
+                       "decode_rank": t.decode_rank}))
 
 
 # -- guards -------------------------------------------------------------------------------
 
 @bindings.guard
+def valid_writer_count(t, ev) -> bool:
+    count = ev.data.get("num_writers", 1)
+    return type(count) is int and count >= 1
+
+
+@bindings.guard
+def new_layer_allocation_known(t, ev) -> bool:
+    layer = ev.data.get("layer")
+    return (t.has_allocation and type(layer) is int and 0 <= layer < t.max_layers
+            and not (t.scheduled >> layer) & 1)
+
+
+@bindings.guard
 def layer_is_new(t, ev) -> bool:
-    # Inlined range check: this guard runs once per layer per transfer.
     layer = ev.data.get("layer")
     return (type(layer) is int and 0 <= layer < t.max_layers
             and not (t.scheduled >> layer) & 1)
@@ -43,16 +56,23 @@ def layer_is_new(t, ev) -> bool:
 
 @bindings.guard
 def layer_already_scheduled(t, ev) -> bool:
-    bit = _layer_bit(t, ev)
-    return bit != 0 and bool(t.scheduled & bit)
+    layer = ev.data.get("layer")
+    return (type(layer) is int and 0 <= layer < t.max_layers
+            and (t.scheduled >> layer) & 1 == 1)
 
 
 @bindings.guard
 def layer_in_flight(t, ev) -> bool:
-    # Inlined range check: this guard runs once per layer per transfer.
     layer = ev.data.get("layer")
     return (type(layer) is int and 0 <= layer < t.max_layers
             and ((t.posted & ~t.settled) >> layer) & 1 == 1)
+
+
+@bindings.guard
+def layer_already_settled(t, ev) -> bool:
+    layer = ev.data.get("layer")
+    return (type(layer) is int and 0 <= layer < t.max_layers
+            and (t.settled >> layer) & 1 == 1)
 
 
 @bindings.guard
@@ -76,69 +96,43 @@ def local_request_finished(t, ev) -> bool:
     return t.request_finished
 
 
-#: How a draining transfer may end: end reason -> (guard that it may end now, effect
-#: that records the reason). The spec names each; one factory builds each pair.
-_ENDINGS = {"failed": ("settled_after_failure", "end_failed"),
-            "aborted": ("settled_after_abort", "end_aborted"),
-            "expired": ("settled_after_expiry", "end_expired"),
-            "released": ("settled_after_release", "end_released")}
+@bindings.guard
+def quiet_after_release(t, ev) -> bool:
+    return t.end_reason == "released" and t.settled == t.posted
 
 
-def _bind_ending(reason: str, guard_name: str, effect_name: str) -> None:
-    def settled(t, ev) -> bool:
-        return t.end_reason == reason and t.settled == t.posted and t.request_finished
-
-    def record_reason(t, ev, out) -> None:
-        t.end_reason = reason
-
-    settled.__name__ = settled.__qualname__ = guard_name
-    record_reason.__name__ = record_reason.__qualname__ = effect_name
-    bindings.guard(settled)
-    bindings.effect(record_reason)
-
-
-for _reason, (_guard_name, _effect_name) in _ENDINGS.items():
-    _bind_ending(_reason, _guard_name, _effect_name)
+@bindings.guard
+def nothing_in_flight(t, ev) -> bool:
+    return t.settled == t.posted
 
 
 # -- effects ------------------------------------------------------------------------------
 
 @bindings.effect
 def init_transfer(t, ev, out) -> None:
-    num_writers = ev.data.get("num_writers", 1)
-    if type(num_writers) is not int or num_writers < 1:
-        raise ValueError(f"transfer {t.transfer_id!r}: create needs num_writers >= 1, "
-                         f"got {num_writers!r}")
-    t.num_writers = num_writers
+    t.num_writers = ev.data.get("num_writers", 1)
 
 
 @bindings.effect
 def store_allocation(t, ev, out) -> None:
     t.remote_block_ids = ev.data["block_ids"]
-    t.decode_rank = ev.data.get("decode_rank", 0)
+    t.decode_rank = ev.data["decode_rank"]
     t.has_allocation = True
     waiting = t.scheduled & ~t.posted
     if waiting:
-        layers = _layers(waiting)
-        t.posted |= waiting
-        t.num_posted += len(layers)
-        out.append(Effect(t.transfer_id, "post_writes",
-                          {"layers": layers, "block_ids": t.remote_block_ids,
-                           "decode_rank": t.decode_rank}))
+        _post(t, _layers(waiting), waiting, out)
 
 
 @bindings.effect
 def schedule_layer(t, ev, out) -> None:
-    layer = ev.data["layer"]
-    bit = 1 << layer
-    t.scheduled |= bit
+    t.scheduled |= 1 << ev.data["layer"]
     t.num_scheduled += 1
-    if t.has_allocation:
-        t.posted |= bit
-        t.num_posted += 1
-        out.append(Effect(t.transfer_id, "post_writes",
-                          {"layers": (layer,), "block_ids": t.remote_block_ids,
-                           "decode_rank": t.decode_rank}))
+
+
+@bindings.effect
+def post_layer(t, ev, out) -> None:
+    layer = ev.data["layer"]
+    _post(t, (layer,), 1 << layer, out)
 
 
 @bindings.effect
@@ -159,6 +153,20 @@ def count_failure(t, ev, out) -> None:
 
 
 @bindings.effect
+def abandon_in_flight(t, ev, out) -> None:
+    in_flight = t.posted & ~t.settled
+    if in_flight:
+        out.append(Effect(t.transfer_id, "abandon_writes", {"layers": _layers(in_flight)}))
+
+
+@bindings.effect
+def settle_abandoned(t, ev, out) -> None:
+    in_flight = t.posted & ~t.settled
+    t.settled |= in_flight
+    t.num_failed += in_flight.bit_count()
+
+
+@bindings.effect
 def mark_request_finished(t, ev, out) -> None:
     t.request_finished = True
 
@@ -172,22 +180,39 @@ def send_write_done(t, ev, out) -> None:
 
 @bindings.effect
 def send_write_failed(t, ev, out) -> None:
+    # decode_rank is -1 when D's allocation never arrived: the driver then tells every
+    # D rank of the transfer, as D's release goes to every P rank.
     t.write_failed_sent += 1
     out.append(Effect(t.transfer_id, "send_write_failed",
                       {"reason": t.end_reason, "decode_rank": t.decode_rank}))
 
 
 @bindings.effect
-def abandon_in_flight(t, ev, out) -> None:
-    in_flight = t.posted & ~t.settled
-    if in_flight:
-        layers = _layers(in_flight)
-        t.settled |= in_flight
-        t.num_failed += len(layers)
-        out.append(Effect(t.transfer_id, "abandon_writes", {"layers": layers}))
-
-
-@bindings.effect
 def free_blocks(t, ev, out) -> None:
     t.blocks_freed += 1
     out.append(Effect(t.transfer_id, "free_blocks", {"reason": t.end_reason or "completed"}))
+
+
+#: How a transfer may end: end reason -> (guard that the local request finished while
+#: ending for that reason, effect that records the reason). One factory builds each pair.
+_ENDINGS = {"failed": ("finished_after_failure", "end_failed"),
+            "aborted": ("finished_after_abort", "end_aborted"),
+            "expired": ("finished_after_expiry", "end_expired"),
+            "released": ("finished_after_release", "end_released")}
+
+
+def _bind_ending(reason: str, guard_name: str, effect_name: str) -> None:
+    def finished(t, ev) -> bool:
+        return t.end_reason == reason and t.request_finished
+
+    def record_reason(t, ev, out) -> None:
+        t.end_reason = reason
+
+    finished.__name__ = finished.__qualname__ = guard_name
+    record_reason.__name__ = record_reason.__qualname__ = effect_name
+    bindings.guard(finished)
+    bindings.effect(record_reason)
+
+
+for _reason, (_guard_name, _effect_name) in _ENDINGS.items():
+    _bind_ending(_reason, _guard_name, _effect_name)

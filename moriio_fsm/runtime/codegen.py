@@ -15,18 +15,20 @@ from typing import Any, Callable
 from .events import Outcome
 
 
-def generate_steps(machine, result_cls, finish: Callable,
-                   restarts: dict[str, tuple[tuple[int, float], ...]],
-                   special_kinds: frozenset) -> dict[str, dict[str, Callable]]:
+def generate_steps(machine, result_cls, finish: Callable, arm: Callable,
+                   restarts: dict[str, tuple[tuple[int, float, frozenset], ...]],
+                   special_kinds: frozenset, no_effects: tuple) -> dict[str, dict[str, Callable]]:
     """Return ``steps[state][kind] -> fn(shard, t, ev) -> Result`` for ``machine``.
 
     ``finish(shard, t, ev, outcome, dest, out)`` completes rows that change state or
-    enable an eventless transition. ``restarts[kind]`` lists ``(timer index,
-    duration)`` pairs that an applied ``kind`` pushes back; the generated code does
-    that inline. ``special_kinds`` (creating and timer events) are left out: the table
-    handles them on its general path.
+    enable an eventless transition. ``restarts[kind]`` lists ``(timer index, duration,
+    armed states)`` for the timers an applied ``kind`` (re)arms while the transfer is in
+    one of those states; the generated code does that inline, calling ``arm(t, index,
+    now)`` when the timer is not armed. ``special_kinds`` are left out: the table
+    handles them on its general path. ``no_effects`` is the table's shared empty tuple.
     """
-    namespace: dict[str, Any] = {"Result": result_cls, "finish": finish, "NO_EFFECTS": ()}
+    namespace: dict[str, Any] = {"Result": result_cls, "finish": finish, "arm": arm,
+                                 "NO_EFFECTS": no_effects}
     names: dict[int, str] = {}
 
     def bind(obj: Any, prefix: str) -> str:
@@ -74,8 +76,12 @@ def generate_steps(machine, result_cls, finish: Callable,
                         lines.append(f"{indent}if {test}:")
                         lines.append(f"{indent}    return finish(shard, t, ev, {outcome_name}, "
                                      f"None, out)")
-                    for timer_index, duration in restarts.get(kind, ()):
-                        lines.append(f"{indent}if t.deadlines[{timer_index}] is not None:")
+                    for timer_index, duration, armed_in in restarts.get(kind, ()):
+                        if state not in armed_in:
+                            continue
+                        lines.append(f"{indent}if t.deadlines[{timer_index}] is None:")
+                        lines.append(f"{indent}    arm(t, {timer_index}, ev.time)")
+                        lines.append(f"{indent}else:")
                         lines.append(f"{indent}    t.deadlines[{timer_index}] = ev.time + "
                                      f"{duration!r}")
                 cached = bind(result_cls(outcome, state, ()), "r")

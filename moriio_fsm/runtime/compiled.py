@@ -150,9 +150,17 @@ class CompiledMachine:
                               f"transfer {t.transfer_id!r}")
 
     def check_invariants(self, t, ev: Event) -> None:
-        """Raise ``InvariantViolation`` naming the first invariant that does not hold."""
+        """Raise ``InvariantViolation`` naming the first invariant that does not hold
+        (or that could not be evaluated on this context)."""
         for name, predicate in self.invariants:
-            if not predicate(t):
+            try:
+                holds = predicate(t)
+            except Exception as exc:
+                raise InvariantViolation(
+                    f"{self.spec.name}: invariant {name!r} could not be evaluated for "
+                    f"transfer {t.transfer_id!r} after event {ev.kind!r}: "
+                    f"{type(exc).__name__}: {exc}") from exc
+            if not holds:
                 raise InvariantViolation(
                     f"{self.spec.name}: invariant {name!r} broken for transfer "
                     f"{t.transfer_id!r} in state {t.state!r} after event {ev.kind!r}: {t!r}")

@@ -162,16 +162,29 @@ def test_completions_before_seal_finish_on_seal():
     assert [e.kind for e in r.effects] == ["send_write_done"]
 
 
-def test_completion_for_a_layer_never_posted_is_not_counted():
+def test_completion_for_a_layer_never_posted_is_rejected_not_counted():
     p = Producer()
     p.create()
     p.schedule([0])                 # scheduled, but no allocation, so never posted
     r = p.send("write_completed", layer=0)
-    assert r.outcome is Outcome.DUPLICATE
+    assert r.outcome is Outcome.REJECTED
     assert p.table.get(p.tid).num_completed == 0
 
 
-def test_failed_write_tells_d_and_frees_only_after_in_flight_writes_settle():
+def test_seal_with_no_layer_scheduled_sends_nothing():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    r = p.send("seal")
+    assert r.outcome is Outcome.IGNORED and r.state == "allocated"
+    assert not p.kinds("send_write_done")
+    p.schedule([0])
+    p.send("seal")
+    p.complete([0])
+    assert len(p.kinds("send_write_done")) == 1
+
+
+def test_failed_write_tells_d_only_once_no_write_can_still_land():
     p = Producer()
     p.create()
     p.send("remote_blocks", **BLOCKS)
@@ -180,14 +193,29 @@ def test_failed_write_tells_d_and_frees_only_after_in_flight_writes_settle():
     p.send("request_finished")
     r = p.send("write_failed", layer=1, code=13)
     assert r.state == "draining"
-    [failed] = p.kinds("send_write_failed")
-    assert failed.data["reason"] == "failed"
+    # Layers 0, 2 and 3 may still be writing into D's blocks: D must not free them yet.
+    assert not p.kinds("send_write_failed")
     p.complete([0, 2])
-    assert p.state == "draining" and not p.kinds("free_blocks")   # layer 3 in flight
-    p.send("write_failed", layer=3, code=13)
-    assert p.state == "failed"
-    assert len(p.kinds("free_blocks")) == 1 and len(p.kinds("send_write_failed")) == 1
+    assert p.state == "draining" and not p.kinds("send_write_failed")
+    r = p.send("write_failed", layer=3, code=13)
+    assert r.hops == (("draining", "closing"), ("closing", "failed"))
+    assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+    assert r.effects[0].data["reason"] == "failed"
     assert not p.kinds("send_write_done")
+
+
+def test_d_hears_of_a_failure_before_the_local_request_finishes():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    p.send("seal")
+    r = p.send("write_failed", layer=0, code=13)
+    assert r.state == "closing"
+    assert [e.kind for e in r.effects] == ["send_write_failed"]
+    assert not p.kinds("free_blocks")           # vLLM still owns the blocks
+    p.send("request_finished")
+    assert p.state == "failed" and len(p.kinds("free_blocks")) == 1
 
 
 @pytest.mark.parametrize("stage", ["allocated", "scheduling", "sealed"])
@@ -199,12 +227,15 @@ def test_release_from_d_at_any_time_ends_released_without_telling_d(stage):
         p.schedule([0, 1])
     if stage == "sealed":
         p.send("seal")
-    p.send("request_finished")
+    if stage != "allocated":
+        p.send("request_finished")
     r = p.send("release")
     in_flight = stage != "allocated"
-    assert r.state == ("draining" if in_flight else "released")
+    assert r.state == ("draining" if in_flight else "closing")
     if in_flight:
         p.complete([0, 1])
+    else:
+        p.send("request_finished")
     assert p.state == "released"
     assert len(p.kinds("free_blocks")) == 1
     assert not p.kinds("send_write_failed") and not p.kinds("send_write_done")
@@ -254,8 +285,19 @@ def test_abort_at_any_time_hands_blocks_back_exactly_once(stage):
 def test_request_finished_twice_is_a_duplicate():
     p = Producer()
     p.create()
+    p.schedule([0])
     assert p.send("request_finished").outcome is Outcome.APPLIED
     assert p.send("request_finished").outcome is Outcome.DUPLICATE
+
+
+def test_a_request_that_finished_without_any_layer_fails_the_transfer():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    r = p.send("request_finished")
+    assert r.state == "failed"
+    assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+    assert r.effects[0].data == {"reason": "failed", "decode_rank": 1}
 
 
 def test_defer_timeout_expires_a_transfer_whose_allocation_never_came():
@@ -284,7 +326,7 @@ def test_defer_timeout_is_ignored_once_the_allocation_arrived():
     assert p.state == "scheduling"
 
 
-def test_transfer_timeout_fails_stalled_writes_and_abandons_them_before_freeing():
+def test_transfer_timeout_abandons_stalled_writes_and_frees_only_after_teardown():
     p = Producer(transfer_timeout_s=3.0)
     p.create()
     p.send("remote_blocks", **BLOCKS)
@@ -294,14 +336,40 @@ def test_transfer_timeout_fails_stalled_writes_and_abandons_them_before_freeing(
     p.send("request_finished")
     p.advance(3.5)                               # layers 1 and 2 never report back
     assert p.state == "draining"
-    assert p.kinds("send_write_failed")[0].data["reason"] == "failed"
-    assert not p.kinds("free_blocks")
+    assert not p.kinds("send_write_failed") and not p.kinds("free_blocks")
     p.advance(3.5)                               # the draining deadline gives up on them
-    assert p.state == "failed"
     [abandon] = p.kinds("abandon_writes")
     assert abandon.data["layers"] == (1, 2)
-    kinds = [e.kind for e in p.effects]
-    assert kinds.index("abandon_writes") < kinds.index("free_blocks")
+    assert p.state == "draining" and not p.kinds("free_blocks")
+    r = p.send("writes_abandoned")               # the adapter tore the writes down
+    assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+    assert p.state == "failed"
+    assert p.send("write_completed", layer=1).outcome is Outcome.LATE
+
+
+def test_allocation_after_an_ignored_transfer_timeout_rearms_the_deadline():
+    p = Producer(transfer_timeout_s=3.0, defer_timeout_s=50.0)
+    p.create()
+    p.schedule([0])
+    p.send("seal")
+    fired = p.advance(4.0)                       # no allocation yet: the defer timer governs
+    assert [(ev.kind, r.outcome) for ev, r in fired] == [("transfer_timeout", Outcome.IGNORED)]
+    p.send("remote_blocks", **BLOCKS)            # layer 0 is posted now...
+    p.send("request_finished")
+    p.advance(4.0)                               # ...and stalls: the re-armed deadline fires
+    assert p.state == "draining"
+    p.advance(4.0)
+    assert p.kinds("abandon_writes")
+
+
+def test_a_stall_before_seal_still_times_out():
+    p = Producer(transfer_timeout_s=3.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    p.advance(4.0)                               # seal never came and nothing completed
+    assert p.state == "draining"
+    assert p.table.get(p.tid).end_reason == "failed"
 
 
 def test_progress_pushes_the_transfer_deadline_back():
@@ -330,13 +398,25 @@ def test_bad_layer_payloads_are_rejected_not_crashes(bad):
     assert p.table.get(p.tid).scheduled == 0
 
 
-def test_create_refuses_a_bad_writer_count():
-    from moriio_fsm.runtime.compiled import TransitionError
-
+@pytest.mark.parametrize("bad", [0, -1, "2", 1.5])
+def test_create_refuses_a_bad_writer_count(bad):
     p = Producer()
-    with pytest.raises(TransitionError, match="num_writers >= 1"):
-        p.create(num_writers=0)
-    assert p.state is None
+    r = p.create(num_writers=bad)
+    assert r.outcome is Outcome.REJECTED and r.state is None
+    assert p.state is None and len(p.table) == 0
+    assert p.table.next_deadline() is None       # nothing was armed for it
+
+
+@pytest.mark.parametrize("bad", [{"decode_rank": 0}, {"block_ids": [1], "decode_rank": "0"},
+                                 {"block_ids": "1,2", "decode_rank": 0},
+                                 {"block_ids": [1], "decode_rank": True}])
+def test_malformed_peer_messages_are_rejected_before_and_after_creation(bad):
+    p = Producer()
+    assert p.send("remote_blocks", **bad).outcome is Outcome.REJECTED
+    assert p.table.stats()["pending_events"] == 0
+    p.create()
+    assert p.send("remote_blocks", **bad).outcome is Outcome.REJECTED
+    assert not p.table.get(p.tid).has_allocation
 
 
 def test_events_after_the_end_are_late_and_never_revive_the_transfer():

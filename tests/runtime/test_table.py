@@ -3,7 +3,6 @@ transfers, the bounded buffer of early peer facts, timers, threads and memory.""
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import pytest
@@ -119,12 +118,15 @@ def test_timer_heap_stays_proportional_to_live_transfers():
     assert table.stats()["timer_entries"] <= 8192
 
 
-def test_concurrent_dispatch_from_many_threads_keeps_every_promise():
-    table = build_table("write_producer", check_invariants=True)
+@pytest.mark.parametrize("checked", [False, True])
+def test_concurrent_dispatch_and_timers_from_many_threads_keep_every_promise(checked):
+    table = build_table("write_producer", check_invariants=checked,
+                        config={"transfer_timeout_s": 1000.0})
     transfers = [f"tx-{i}" for i in range(40)]
     layers = 16
     effects: list = []
     lock = threading.Lock()
+    stop = threading.Event()
 
     def record(result):
         with lock:
@@ -147,16 +149,24 @@ def test_concurrent_dispatch_from_many_threads_keeps_every_promise():
                 record(table.dispatch(Event(tid, "write_completed", 0.3, {"layer": layer})))
             record(table.dispatch(Event(tid, "request_finished", 0.4)))
 
-    threads = [threading.Thread(target=forward, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    threads = [threading.Thread(target=poller, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    def ticker():
+        # Nothing is due (deadlines are >= 60 s away), but advance races every dispatch.
+        while not stop.is_set():
+            for _, result in table.advance(30.0):
+                record(result)
+
+    clock = threading.Thread(target=ticker)
+    clock.start()
+    try:
+        for phase in (forward, poller):
+            threads = [threading.Thread(target=phase, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+    finally:
+        stop.set()
+        clock.join(30)
     assert len(table) == 0
     for tid in transfers:
         assert table.state_of(tid) == "released"
@@ -168,42 +178,72 @@ def test_concurrent_dispatch_from_many_threads_keeps_every_promise():
     assert table.stats()["outcomes"]["duplicate"] == len(transfers) * layers
 
 
-def test_a_binding_bug_raises_transition_error_naming_the_transfer():
-    table = new_table()
+def _rebind(machine, old, new):
+    """Swap one bound effect for another in every row of ``machine`` (test helper)."""
+    for rows_by_state in (machine.table, machine.eventless):
+        for state, rows in rows_by_state.items():
+            def swap(row):
+                guard, dest, effects, outcome, index = row
+                return guard, dest, tuple(new if e is old else e for e in effects), outcome, index
+            if isinstance(rows, dict):
+                for kind in rows:
+                    rows[kind] = tuple(swap(r) for r in rows[kind])
+            else:
+                rows_by_state[state] = tuple(swap(r) for r in rows)
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_binding_bug_raises_transition_error_naming_the_transfer(checked):
+    from moriio_fsm.machines import write_producer
+
+    def broken(t, ev, out):
+        raise KeyError("oops")
+
+    machine = build_machine("write_producer")
+    _rebind(machine, write_producer.schedule_layer, broken)
+    table = TransferTable(machine, check_invariants=checked)
     table.dispatch(Event("tx-1", "create", 0.0, {"num_writers": 1}))
-    with pytest.raises(TransitionError, match=r"tx-1.*remote_blocks.*KeyError"):
-        table.dispatch(Event("tx-1", "remote_blocks", 0.0, {"decode_rank": 0}))
+    with pytest.raises(TransitionError, match=r"tx-1.*allocated.*layer_scheduled.*KeyError"):
+        table.dispatch(Event("tx-1", "layer_scheduled", 0.0, {"layer": 0}))
 
 
-def test_invariant_checking_catches_a_binding_that_breaks_a_rule(monkeypatch):
+def test_invariant_checking_catches_a_binding_that_breaks_a_rule():
     from moriio_fsm.machines import write_producer
 
     def send_twice(t, ev, out):
         t.write_done_sent += 2
 
     machine = build_machine("write_producer")
-    # Rebind one effect in this machine's rows to a buggy version.
-    for state_rows in (machine.eventless,):
-        for state, rows in state_rows.items():
-            state_rows[state] = tuple(
-                (g, d, tuple(send_twice if e is write_producer.send_write_done else e
-                             for e in effects), o, i)
-                for g, d, effects, o, i in rows)
+    _rebind(machine, write_producer.send_write_done, send_twice)
     table = TransferTable(machine, check_invariants=True)
     table.dispatch(Event("tx-1", "create", 0.0, {"num_writers": 1}))
     table.dispatch(Event("tx-1", "remote_blocks", 0.0, BLOCKS))
+    table.dispatch(Event("tx-1", "layer_scheduled", 0.0, {"layer": 0}))
+    table.dispatch(Event("tx-1", "seal", 0.0))
     with pytest.raises(InvariantViolation, match="write_done_at_most_once"):
-        table.dispatch(Event("tx-1", "seal", 0.0))
+        table.dispatch(Event("tx-1", "write_completed", 0.0, {"layer": 0}))
 
 
-def test_records_have_no_per_instance_dict_and_fixed_size():
+def test_a_live_64_layer_transfer_costs_well_under_2_kib():
+    import tracemalloc
+
     table = new_table()
-    table.dispatch(Event("tx-1", "create", 0.0, {"num_writers": 1}))
-    small = table.get("tx-1")
-    assert not hasattr(small, "__dict__")
-    for layer in range(64):
-        table.dispatch(Event("tx-1", "layer_scheduled", 0.0, {"layer": layer}))
-    assert sys.getsizeof(table.get("tx-1")) == sys.getsizeof(small)
+    table.dispatch(Event("tx-warm", "create", 0.0, {"num_writers": 1}))
+    assert not hasattr(table.get("tx-warm"), "__dict__")
+    ids = [f"tx-{i:06d}" for i in range(2000)]
+    layer_events = [{"layer": layer} for layer in range(64)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for tid in ids:
+        table.dispatch(Event(tid, "create", 0.0, {"num_writers": 1}))
+        table.dispatch(Event(tid, "remote_blocks", 0.0, BLOCKS))
+        for data in layer_events:
+            table.dispatch(Event(tid, "layer_scheduled", 0.0, data))
+        table.dispatch(Event(tid, "seal", 0.0))
+    per_transfer = (tracemalloc.get_traced_memory()[0] - before) / len(ids)
+    tracemalloc.stop()
+    assert len(table) == 2001
+    assert per_transfer < 2048
 
 
 def test_config_overrides_are_checked():
