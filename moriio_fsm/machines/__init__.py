@@ -23,13 +23,12 @@ ENGINES = ("compiled", "transitions")
 
 
 def specs_dir() -> Path:
-    """The folder holding the project's spec files."""
-    package = Path(__file__).resolve().parent.parent
-    for candidate in (package / "specs", package.parent / "specs"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"no specs folder next to {package}; install the project from its "
-                            "source tree (pip install -e .)")
+    """The folder holding the shipped spec files (package data: ``moriio_fsm/specs``)."""
+    folder = Path(__file__).resolve().parent.parent / "specs"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"the shipped specs are missing: {folder} is not a folder; "
+                                "reinstall moriio-fsm")
+    return folder
 
 
 def spec_path(name: str) -> Path:

@@ -14,7 +14,9 @@ from typing import Any
 import yaml
 
 from .errors import Problem, SpecError
-from .model import (CONTEXT_TYPES, EVENT_ORIGINS, TRANSITION_OUTCOMES, ConfigKey, ContextField,
+from .expr import FUNCTIONS
+from .model import (CONTEXT_TYPES, EVENT_ORIGINS, PAYLOAD_TYPES, RESERVED_NAMES,
+                    TRANSITION_OUTCOMES, ConfigKey, ContextField,
                     EventSpec, InvariantSpec, Spec, StateSpec, TimerSpec, TransitionSpec)
 
 
@@ -193,26 +195,53 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         name = "<unnamed>"
     summary = r.text(raw.get("summary"), _line_of(raw, "summary", 1), "summary")
 
+    def valid_name(key: Any, line: int, what: str, attribute: bool = False) -> bool:
+        """Names are identifiers; context fields and config keys become record attributes,
+        so they also may not shadow the record's own attributes or expression functions."""
+        if not isinstance(key, str) or not key.isidentifier():
+            r.problem(line, f"{what} name {key!r} must be an identifier (letters, digits, underscores)")
+            return False
+        if attribute and (key in RESERVED_NAMES or key in FUNCTIONS or key.startswith("_")):
+            r.problem(line, f"{what} name {key!r} is reserved; avoid "
+                            f"{', '.join(sorted(RESERVED_NAMES | set(FUNCTIONS)))} and leading underscores")
+            return False
+        return True
+
     config: dict[str, ConfigKey] = {}
     raw_config = r.mapping(raw, "config", 1, required=False)
     for key, entry in raw_config.items():
         line = _line_of(raw_config, key, 1)
+        if not valid_name(key, line, "config key", attribute=True):
+            continue
         if not isinstance(entry, dict) or "default" not in entry:
             r.problem(line, f"config key {key!r} must be a mapping with a 'default'")
             continue
-        config[key] = ConfigKey(key, entry["default"], r.text(entry.get("doc"), line, "doc"), line)
+        default = entry["default"]
+        if isinstance(default, bool) or not isinstance(default, (int, float)) \
+                or not 0 < default < float("inf"):
+            r.problem(line, f"config key {key!r}: default must be a positive finite number "
+                            f"(a duration or a limit), got {default!r}")
+            continue
+        config[key] = ConfigKey(key, default, r.text(entry.get("doc"), line, "doc"), line)
 
     context: dict[str, ContextField] = {}
     raw_context = r.mapping(raw, "context", 1, required=False)
     for key, entry in raw_context.items():
         line = _line_of(raw_context, key, 1)
+        if not valid_name(key, line, "context field", attribute=True):
+            continue
+        if key in config:
+            r.problem(line, f"context field {key!r} has the name of a config key; names must differ")
+            continue
         ftype = entry.get("type") if isinstance(entry, dict) else None
         if not isinstance(ftype, str) or ftype not in CONTEXT_TYPES:
             r.problem(line, f"context field {key!r} needs a type, one of {', '.join(CONTEXT_TYPES)}; "
                             f"got {ftype!r}")
             continue
         initial = entry.get("initial")
-        if initial is not None and not isinstance(initial, CONTEXT_TYPES[ftype]) or (
+        if initial is None and ftype != "object":
+            r.problem(line, f"context field {key!r} of type {ftype} needs an 'initial' value")
+        elif initial is not None and not isinstance(initial, CONTEXT_TYPES[ftype]) or (
                 ftype in ("int", "bitmap") and isinstance(initial, bool)):
             r.problem(line, f"context field {key!r}: initial value {initial!r} is not of type {ftype}")
         context[key] = ContextField(key, ftype, initial, r.text(entry.get("doc"), line, "doc"), line)
@@ -221,6 +250,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     raw_states = r.mapping(raw, "states", 1)
     for key, entry in raw_states.items():
         line = _line_of(raw_states, key, 1)
+        if not valid_name(key, line, "state"):
+            continue
         entry = entry if isinstance(entry, dict) else {}
         final = r.flag(entry, "final", line, f"state {key!r}")
         states[key] = StateSpec(key, r.text(entry.get("doc"), line, "doc"), final, line)
@@ -229,6 +260,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     raw_events = r.mapping(raw, "events", 1)
     for key, entry in raw_events.items():
         line = _line_of(raw_events, key, 1)
+        if not valid_name(key, line, "event"):
+            continue
         entry = entry if isinstance(entry, dict) else {}
         origin = entry.get("origin")
         if origin not in EVENT_ORIGINS:
@@ -238,6 +271,10 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if not isinstance(payload, dict) or not all(isinstance(v, str) for v in payload.values()):
             r.problem(line, f"event {key!r}: payload must map field names to type names")
             payload = {}
+        for field_name, type_name in payload.items():
+            if type_name not in PAYLOAD_TYPES:
+                r.problem(line, f"event {key!r}: payload field {field_name!r} has unknown type "
+                                f"{type_name!r}; expected one of {', '.join(PAYLOAD_TYPES)}")
         creates = r.flag(entry, "creates", line, f"event {key!r}")
         if creates and origin != "local":
             r.problem(line, f"event {key!r} creates transfers but its origin is {origin!r}; "
@@ -249,7 +286,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         raw_section = r.mapping(raw, section, 1, required=False)
         for key, doc in raw_section.items():
             line = _line_of(raw_section, key, 1)
-            out[key] = (r.text(doc, line, f"{section[:-1]} {key!r} doc"), line)
+            if valid_name(key, line, section[:-1]):
+                out[key] = (r.text(doc, line, f"{section[:-1]} {key!r} doc"), line)
         return out
 
     guards = named_docs("guards")
@@ -334,6 +372,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     raw_timers = r.mapping(raw, "timers", 1, required=False)
     for key, entry in raw_timers.items():
         line = _line_of(raw_timers, key, 1)
+        if not valid_name(key, line, "timer"):
+            continue
         if not isinstance(entry, dict):
             r.problem(line, f"timer {key!r} must be a mapping with states, duration and event")
             continue

@@ -20,6 +20,17 @@ CONTEXT_TYPES: dict[str, tuple[type, ...]] = {
     "object": (object,),     # opaque payload held by reference (block id lists)
 }
 
+#: Payload field types an event may declare, and the Python types a value may take.
+PAYLOAD_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
+    "list": (list, tuple), "any": (object,),
+}
+
+#: Attribute names every transfer record already uses; context fields and config keys
+#: may not take them.
+RESERVED_NAMES = frozenset({"transfer_id", "state", "deadlines", "context", "config",
+                            "spec_name", "field_names"})
+
 #: Where an event comes from. Only ``local`` events may create a transfer.
 EVENT_ORIGINS = ("local", "remote", "timer")
 

@@ -122,12 +122,18 @@ def validate_spec(spec: Spec) -> list[Problem]:
         if s in spec.states:
             visit(s, [])
 
-    # Timers only make sense on live states.
+    # Timers only make sense on live states, and each armed state must say what its
+    # timer's firing means: an unhandled firing would be rejected and the timer lost.
     for timer in spec.timers.values():
         for s in timer.states:
             if s in spec.states and spec.states[s].final:
                 add(timer.line, f"timer {timer.name!r} is armed in final state {s!r}; a final state "
                                 "never leaves, so the timer could only fire into nothing")
+            elif s in spec.states and not any(t.event == timer.event and s in t.sources
+                                              for t in spec.transitions):
+                add(timer.line, f"timer {timer.name!r} is armed in state {s!r} but no transition "
+                                f"handles its event {timer.event!r} there; add one (it may be "
+                                "'outcome: ignored')")
 
     # Creation: exactly the local 'creates' events, each handled in the initial state.
     creators = [e for e in spec.events.values() if e.creates]

@@ -747,3 +747,52 @@ def test_binding_a_name_twice_is_refused():
     b.guard(is_ready)
     with pytest.raises(ValueError, match="guard 'is_ready' is bound twice for spec 'mini'"):
         b.guard(is_ready)
+
+
+# -- names, config values, payload types and timer coverage ------------------------------------
+
+@pytest.mark.parametrize("name", ["state", "transfer_id", "deadlines", "config", "popcount", "_x"])
+def test_context_fields_may_not_shadow_record_attributes(tmp_path, name):
+    text = edit("  count: {type: int, initial: 0}\n",
+                f"  count: {{type: int, initial: 0}}\n  {name}: {{type: int, initial: 0}}\n")
+    find(problems(tmp_path, text), line_of(text, f"  {name}: {{type"), repr(name), "reserved")
+
+
+def test_names_must_be_identifiers(tmp_path):
+    text = edit("  waiting: {doc: Waiting for the peer.}\n",
+                "  waiting: {doc: Waiting for the peer.}\n  not-a-name: {doc: Bad.}\n")
+    find(problems(tmp_path, text), line_of(text, "not-a-name"), "'not-a-name'", "identifier")
+
+
+def test_integer_state_names_are_a_problem_not_a_crash(tmp_path):
+    text = edit("  waiting: {doc: Waiting for the peer.}\n",
+                "  waiting: {doc: Waiting for the peer.}\n  7: {doc: Bad.}\n") + "  wrong: 1\n"
+    found = problems(tmp_path, text)
+    find(found, line_of(text, "  7: {doc"), "7", "identifier")
+
+
+@pytest.mark.parametrize("default", ["thirty", "0", "-1.0", "true", ".nan"])
+def test_config_defaults_must_be_positive_numbers(tmp_path, default):
+    text = edit("wait_s: {default: 5.0,", f"wait_s: {{default: {default},")
+    find(problems(tmp_path, text), line_of(text, "wait_s: {default"), "'wait_s'", "positive")
+
+
+def test_a_context_field_needs_an_initial_value(tmp_path):
+    text = edit("  count: {type: int, initial: 0}\n", "  count: {type: int}\n")
+    find(problems(tmp_path, text), line_of(text, "  count: {type"), "'count'", "initial")
+
+
+def test_context_field_and_config_key_may_not_share_a_name(tmp_path):
+    text = edit("  count: {type: int, initial: 0}\n",
+                "  count: {type: int, initial: 0}\n  wait_s: {type: float, initial: 1.0}\n")
+    find(problems(tmp_path, text), line_of(text, "  wait_s: {type"), "'wait_s'", "config key")
+
+
+def test_payload_types_must_be_known(tmp_path):
+    text = edit("payload: {value: int}", "payload: {value: integr}")
+    find(problems(tmp_path, text), line_of(text, "integr"), "'value'", "'integr'", "list")
+
+
+def test_a_timer_needs_a_row_for_its_event_in_every_armed_state(tmp_path):
+    text = edit("    states: [waiting]\n", "    states: [idle, waiting]\n")
+    find(problems(tmp_path, text), line_of(text, "  wait:"), "'wait'", "'idle'", "'timeout'")
