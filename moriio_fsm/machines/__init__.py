@@ -7,6 +7,7 @@ joins a spec file with its bindings into a runnable machine and transfer table.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def specs_dir() -> Path:
 
 def spec_path(name: str) -> Path:
     return specs_dir() / f"{name}.yaml"
+
+
+@functools.lru_cache(maxsize=32)
+def _load_spec_cached(path: str, mtime_ns: int) -> Spec:
+    # Keyed on the modification time, so an edited spec is read again.
+    return load_spec(path)
 
 
 def load_bindings(spec: Spec):
@@ -75,7 +82,11 @@ def build_machine(name_or_path: str | Path, *, engine: str = "compiled",
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = spec_path(str(name_or_path))
-    spec = load_spec(path)
+    try:
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError:
+        mtime_ns = -1          # load_spec reports the unreadable file with its path
+    spec = _load_spec_cached(str(path), mtime_ns)
     bindings = load_bindings(spec)
     cls = CompiledMachine if engine == "compiled" else TransitionsMachine
     return cls(spec, bindings, resolve_config(spec, config))
