@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import msgspec
 
@@ -172,9 +172,6 @@ class TransferTable:
         finally:
             shard.lock.release()
         return result
-
-    def dispatch_many(self, events: Iterable[Event]) -> list[Result]:
-        return [self.dispatch(ev) for ev in events]
 
     def advance(self, now: float) -> list[tuple[Event, Result]]:
         """Fire every timer whose deadline is <= ``now``, earliest first; return the
