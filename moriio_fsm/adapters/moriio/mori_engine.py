@@ -126,21 +126,34 @@ class MoriStatus:
 
 
 class _InFlight:
-    """Statuses mori may still write to; dropped only once final."""
+    """Statuses mori may still write to; each is dropped only once it is final.
+
+    ``keep`` is amortised O(1): the list is pruned only when it has doubled since
+    the last prune, so each post pays for at most a couple of status queries
+    however many transfers are in flight, and memory stays within twice the
+    number really in flight.
+    """
+
+    _MIN_PRUNE_AT = 64
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: list[MoriStatus] = []
+        self._prune_at = self._MIN_PRUNE_AT
 
     def keep(self, status: MoriStatus) -> None:
         with self._lock:
-            # Pruning here keeps the list as short as the number really in flight.
-            self._live = [s for s in self._live if not s.is_final()]
             self._live.append(status)
+            if len(self._live) >= self._prune_at:
+                self._prune()
+
+    def _prune(self) -> None:
+        self._live = [s for s in self._live if not s.is_final()]
+        self._prune_at = max(2 * len(self._live), self._MIN_PRUNE_AT)
 
     def __len__(self) -> int:
         with self._lock:
-            self._live = [s for s in self._live if not s.is_final()]
+            self._prune()
             return len(self._live)
 
     def snapshot(self) -> list[MoriStatus]:

@@ -18,15 +18,20 @@ from moriio_fsm.adapters.moriio import mori_engine
 
 
 class RecordedStatus:
-    def __init__(self):
+    def __init__(self, session):
+        self.session = session
         self.code = 2  # IN_PROGRESS: completion arrives later
 
-    def Code(self): return self.code
+    def _query(self):
+        self.session.queries += 1
+        return self.code
+
+    def Code(self): return self._query()
     def Message(self): return "" if self.code < 11 else "remote error"
-    def Init(self): return self.code == 1
-    def InProgress(self): return self.code == 2
-    def Succeeded(self): return self.code == 0
-    def Failed(self): return self.code > 10
+    def Init(self): return self._query() == 1
+    def InProgress(self): return self._query() == 2
+    def Succeeded(self): return self._query() == 0
+    def Failed(self): return self._query() > 10
     def Wait(self): pass
     def WaitFor(self, timeout_ms=-1): pass
 
@@ -35,12 +40,13 @@ class RecordedSession:
     def __init__(self, calls):
         self.calls = calls
         self.raw_statuses = []
+        self.queries = 0  # native status queries, counted across all statuses
 
     def allocate_transfer_uid(self): return 7
 
     def _post(self, op, *args):
         self.calls.append((op, args))
-        status = RecordedStatus()
+        status = RecordedStatus(self)
         self.raw_statuses.append(status)
         return status
 
@@ -213,3 +219,30 @@ def test_status_wrapper_reports_mori_codes(session, fake_io):
     assert status.failed() and not status.succeeded()
     assert status.code() == StatusCode.ERR_RDMA_OP and status.message() == "remote error"
     assert status.wait_for(10)
+
+
+def test_posting_queries_a_bounded_number_of_statuses_however_many_are_in_flight(session, fake_io):
+    posts = 3000
+    for i in range(posts):
+        session.batch_write([0], [0], [8], i)
+    # Re-checking every live status on every post would cost about posts**2 / 2 queries.
+    assert fake_io.session.queries <= 3 * posts
+    assert session.engine.in_flight_count == posts
+
+
+def test_final_statuses_are_released_while_in_flight_ones_stay_referenced(session, fake_io):
+    finished, in_flight = [], []
+    for i in range(2000):
+        session.batch_write([0], [0], [8], i)
+        raw = fake_io.session.raw_statuses.pop()
+        if i % 10 == 0:
+            in_flight.append(weakref.ref(raw))
+        else:
+            raw.code = 0 if i % 3 else 13
+            finished.append(weakref.ref(raw))
+        del raw
+    gc.collect()
+    assert all(w() is not None for w in in_flight)
+    # Pruning when the list doubles keeps at most about twice the live count.
+    assert sum(w() is not None for w in finished) <= 2 * len(in_flight) + 64
+    assert session.engine.in_flight_count == len(in_flight)
