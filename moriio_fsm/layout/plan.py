@@ -23,10 +23,11 @@ BlockIds = Union[Sequence[int], torch.Tensor]
 class TransferPlan:
     """Byte ranges ``(local_offsets[i], remote_offsets[i], sizes[i])`` for one layer.
 
-    Each tensor is 1-D int64 on the CPU and must not be mutated: plans are shared by
-    every layer of equal geometry. Range ``i`` copies ``sizes[i]`` bytes starting
-    ``local_offsets[i]`` bytes after the local layer tensor's first byte to
-    ``remote_offsets[i]`` bytes after the remote one's.
+    Range ``i`` copies ``sizes[i]`` bytes starting ``local_offsets[i]`` bytes after the
+    local layer tensor's first byte to ``remote_offsets[i]`` bytes after the remote one's.
+    A plan is shared by every layer of equal geometry, so it cannot be changed: each
+    tensor is a 1-D int64 CPU inference tensor (an in-place update raises
+    ``RuntimeError``; ``clone()`` gives a writable copy) and ``lists`` hands out new lists.
     """
 
     local_offsets: torch.Tensor
@@ -41,9 +42,17 @@ class TransferPlan:
         return int(self.sizes.sum())
 
     @cached_property
-    def lists(self) -> tuple[list[int], list[int], list[int]]:
-        """The three columns as Python int lists, as an RDMA engine's batch call wants them."""
+    def _columns(self) -> tuple[list[int], list[int], list[int]]:
         return self.local_offsets.tolist(), self.remote_offsets.tolist(), self.sizes.tolist()
+
+    @property
+    def lists(self) -> tuple[list[int], list[int], list[int]]:
+        """The three columns as Python int lists, as an RDMA engine's batch call wants them.
+
+        Converted once per plan; every call returns fresh copies the caller may change.
+        """
+        local, remote, sizes = self._columns
+        return local.copy(), remote.copy(), sizes.copy()
 
 
 def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
@@ -73,9 +82,14 @@ def merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, size
     Only neighbours in the given order are merged, so the pairing of local and remote
     bytes is exactly preserved.
     """
+    with torch.inference_mode():
+        return _merge_ranges(local_offsets, remote_offsets, sizes)
+
+
+def _merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor) -> TransferPlan:
     count = sizes.numel()
     if count < 2:
-        return TransferPlan(local_offsets, remote_offsets, sizes)
+        return TransferPlan(local_offsets.clone(), remote_offsets.clone(), sizes.clone())
     ends_local = local_offsets[:-1] + sizes[:-1]
     ends_remote = remote_offsets[:-1] + sizes[:-1]
     continues = (local_offsets[1:] == ends_local) & (remote_offsets[1:] == ends_remote)
@@ -152,6 +166,17 @@ def plan_transfer(
 
     Raises ``KVLayoutError`` when the lists differ in length or an id is out of range.
     """
+    with torch.inference_mode():
+        return _plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge)
+
+
+def _plan_transfer(
+    geometry: LayerGeometry,
+    local_block_ids: BlockIds,
+    remote_block_ids: BlockIds,
+    remote_num_blocks: int,
+    merge: bool,
+) -> TransferPlan:
     local = as_block_ids(local_block_ids)
     remote = as_block_ids(remote_block_ids)
     if local.numel() != remote.numel():
@@ -182,7 +207,7 @@ def plan_transfer(
     remote_offsets = _offsets(remote * block_span, remote_sections, pieces)
     sizes = torch.full((local_offsets.numel(),), piece_elements * element, dtype=torch.int64)
     if merge:
-        return merge_ranges(local_offsets, remote_offsets, sizes)
+        return _merge_ranges(local_offsets, remote_offsets, sizes)
     return TransferPlan(local_offsets, remote_offsets, sizes)
 
 

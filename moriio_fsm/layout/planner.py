@@ -39,7 +39,8 @@ class TransferPlanner:
     """Plans every layer of one transfer (local blocks -> one peer's blocks).
 
     ``local_block_ids`` and ``remote_block_ids`` are a flat list for one KV cache group
-    or one list per group, as in the ``remote_blocks`` message. ``plan`` returns the
+    or one list per group, as in the ``remote_blocks`` message; the planner keeps its
+    own copy, so the caller may reuse its lists or tensors afterwards. ``plan`` returns the
     same ``TransferPlan`` object for every layer of equal geometry in a group, and a
     freshly computed one otherwise; at most ``max_plans`` plans are kept (oldest
     dropped first). Errors are those of ``describe_layer`` and ``plan_transfer``,
@@ -64,8 +65,9 @@ class TransferPlanner:
             )
         if max_plans < 1:
             raise ValueError(f"TransferPlanner.max_plans must be >= 1, got {max_plans}")
-        self._local = [as_block_ids(ids) for ids in local_groups]
-        self._remote = [as_block_ids(ids) for ids in remote_groups]
+        # Private copies: the caller may reuse its id buffers while layers are planned.
+        self._local = [as_block_ids(ids).clone() for ids in local_groups]
+        self._remote = [as_block_ids(ids).clone() for ids in remote_groups]
         self.remote_num_blocks = int(remote_num_blocks)
         self._max_plans = max_plans
         self._plans: dict[tuple[Hashable, ...], TransferPlan] = {}

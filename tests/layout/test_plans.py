@@ -348,3 +348,36 @@ def test_property_plans_match_oracle_merge_losslessly_and_copy_exactly(scenario)
         assert torch.equal(
             block_data(remote, arrangement, remote_block, ratio), block_data(local, arrangement, local_block, ratio)
         )
+
+
+# --- ownership ----------------------------------------------------------------------
+
+
+def test_planner_keeps_its_own_copy_of_the_block_ids():
+    dense, dense_spec = build_cache("separated_nhd", 6, torch.float16)
+    index, index_spec = build_cache("mla", 6, torch.float16, latent=3)
+    local, remote = torch.tensor([1, 2, 5]), torch.tensor([0, 1, 2])
+    planner = TransferPlanner(local, remote, remote_num_blocks=4)
+    planner.plan("layers.0.attn", dense, dense_spec)
+    local[:] = torch.tensor([0, 0, 0])  # the caller reuses its buffer for the next request
+    remote[:] = torch.tensor([3, 3, 3])
+    assert planner.plan("layers.0.indexer", index, index_spec).lists == plan_layer(
+        "x", index, index_spec, [1, 2, 5], [0, 1, 2], 4
+    ).lists
+
+
+def test_shared_plans_cannot_be_changed_through_their_lists_or_tensors():
+    tensor, spec = build_cache("separated_nhd", 6, torch.float16)
+    planner = TransferPlanner([1, 3], [0, 2], remote_num_blocks=4)
+    plan = planner.plan("layers.0", tensor, spec)
+    expected = plan_layer("x", tensor, spec, [1, 3], [0, 2], 4).lists
+    local, remote, sizes = plan.lists
+    local[0] = -1
+    remote.append(7)
+    sizes.clear()
+    with pytest.raises(RuntimeError):
+        plan.local_offsets.add_(1)
+    with pytest.raises(RuntimeError):
+        plan.sizes[0] = 0
+    shared = planner.plan("layers.1", tensor.clone(), spec)
+    assert shared is plan and shared.lists == expected
