@@ -1,7 +1,8 @@
 """Wire codec for the control messages P and D exchange over ZeroMQ (msgpack).
 
 Rules: only ``WireDecodeError`` (naming field and reason) escapes the decoder, sizes are
-capped by msgpack's unpacker limits first, and the encoder writes upstream's bytes exactly.
+capped by msgpack's unpacker limits first (tightened per frame to what its bytes can
+hold), and the encoder writes upstream's bytes exactly.
 
 Notify port (DEALER -> ROUTER, one frame per message):
 
@@ -148,11 +149,60 @@ class WireLimits:
         object.__setattr__(self, "_notify_options", notify)
         object.__setattr__(self, "_handshake_options", handshake)
 
-    def notify_unpack_options(self) -> dict[str, Any]:
-        return dict(self._notify_options)
+    def notify_unpack_options(self, frame_size: int | None = None) -> dict[str, Any]:
+        """msgpack unpacker options for a notify frame (of ``frame_size`` bytes, if given)."""
+        if frame_size is None:
+            return dict(self._notify_options)
+        return _per_frame(self._notify_options, frame_size)
 
-    def handshake_unpack_options(self) -> dict[str, Any]:
-        return dict(self._handshake_options)
+    def handshake_unpack_options(self, frame_size: int | None = None) -> dict[str, Any]:
+        """msgpack unpacker options for a handshake payload (of ``frame_size`` bytes, if given)."""
+        if frame_size is None:
+            return dict(self._handshake_options)
+        return _per_frame(self._handshake_options, frame_size)
+
+
+# Frames up to this size are unpacked without the completeness pre-pass: even
+# nested lying headers cost them at most (size / 3) * size * 8 bytes (~170 KB).
+_PREPASS_FROM_BYTES = 256
+
+
+def _unpack_bounded(frame: bytes, options: dict) -> Any:
+    """``msgpack.unpackb`` whose allocations are bounded by the frame's size.
+
+    Per-frame limits stop any single header from claiming more entries than the
+    frame can hold, but nested headers each below that bound still add up (a
+    5 KB frame of array headers nested 1000 deep asks for 40 MB).  So a larger
+    frame is first skipped through without building anything, which proves its
+    first object complete; in a complete object every declared entry is present
+    and takes at least one byte, so what is then allocated is O(frame size).
+    """
+    size = len(frame)
+    if size > _PREPASS_FROM_BYTES:
+        scan = msgpack.Unpacker(max_buffer_size=size)
+        scan.feed(frame)
+        try:
+            scan.skip()  # allocates nothing
+        except msgpack.OutOfData:
+            raise ValueError("incomplete: a length declared in the frame runs past its end") from None
+    return msgpack.unpackb(frame, **_per_frame(options, size))
+
+
+def _per_frame(options: dict, size: int) -> dict:
+    """Tighten the unpacker limits to what a frame of ``size`` bytes can really hold.
+
+    msgpack allocates an array, map or string as soon as it reads its header, so a
+    header declaring 100k entries costs 800 KB even in a 14-byte frame; nested
+    headers multiply that.  Every array entry takes at least one byte, every map
+    entry two, and a string or binary value its own length, so lengths beyond
+    these are lies and are refused before anything is allocated.
+    """
+    tight = dict(options)
+    tight["max_str_len"] = min(options["max_str_len"], size)
+    tight["max_bin_len"] = min(options["max_bin_len"], size)
+    tight["max_array_len"] = min(options["max_array_len"], size)
+    tight["max_map_len"] = min(options["max_map_len"], size // 2)
+    return tight
 
 
 DEFAULT_LIMITS = WireLimits()
@@ -376,19 +426,16 @@ def decode_notify(
             raise WireDecodeError(_WHOLE, "empty message")
         if size > limits.max_message_bytes:
             raise WireDecodeError(_WHOLE, f"{size} bytes exceeds the limit of {limits.max_message_bytes}")
-        try:
-            data = msgpack.unpackb(frame, **limits._notify_options)
-        except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
-            if frame[0] in _MAP_MARKERS:
-                # Looks like a map but is not a valid one: report msgpack's reason
-                # rather than a confusing "not UTF-8".
-                raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(exc)}: {exc})") from None
+        if frame[0] not in _MAP_MARKERS:
+            # Not a msgpack map, so not a structured message: upstream reads it as a
+            # bare id (a one-character id such as "7" is also a msgpack integer).
+            # It is never unpacked, so array headers in it allocate nothing.
             return _decode_bare(frame, role, limits)
-        if type(data) is dict:
-            return _decode_structured(data, role, limits)
-        # Valid msgpack but not a map: upstream reads such frames as a bare id
-        # (a one-character id such as "7" is also a msgpack integer).
-        return _decode_bare(frame, role, limits)
+        try:
+            data = _unpack_bounded(frame, limits._notify_options)
+        except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
+            raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(exc)}: {exc})") from None
+        return _decode_structured(data, role, limits)
     except WireDecodeError:
         raise
     except Exception as exc:  # defence in depth: a validator bug must not kill a listener
@@ -503,6 +550,12 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
     if type(message) is Release:
         if form is WireForm.BARE_ID:
             if message.sender_tp_rank is None:
+                if _BARE_RANK.match(transfer_id) is not None:
+                    raise WireEncodeError(
+                        "transfer_id",
+                        f"{transfer_id[:64]!r} ends in ':tp<rank>', which the bare form reads as a "
+                        "sender rank; send it typed or set sender_tp_rank",
+                    )
                 return transfer_id.encode("utf-8")
             rank = _check_int(message.sender_tp_rank, "sender_tp_rank", 0, limits.max_rank, WireEncodeError)
             return f"{transfer_id}:tp{rank}".encode("utf-8")
@@ -605,7 +658,7 @@ def _unpack_map(frame: Any, what: str, limits: WireLimits) -> dict:
     if len(frame) > limits.max_handshake_bytes:
         raise WireDecodeError(what, f"{len(frame)} bytes exceeds the limit of {limits.max_handshake_bytes}")
     try:
-        data = msgpack.unpackb(frame, **limits._handshake_options)
+        data = _unpack_bounded(bytes(frame), limits._handshake_options)
     except Exception as exc:
         raise WireDecodeError(what, f"invalid msgpack ({_type_name(exc)}: {exc})") from None
     if not isinstance(data, dict):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
+
 import msgpack
 import pytest
 
@@ -186,10 +189,50 @@ def test_a_huge_declared_array_is_refused_without_allocating_it():
         decode_notify(frame, role=Role.PRODUCER)
 
 
+def _peak_bytes_while_decoding(frame: bytes, limits: WireLimits = WireLimits()) -> int:
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireDecodeError, match="invalid msgpack map"):
+            decode_notify(frame, role=Role.PRODUCER, limits=limits)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_declared_length_within_the_limit_but_beyond_the_frame_allocates_nothing():
+    # 100k entries is a legal block list length, but this frame holds 14 bytes.
+    frame = b"\x81\xa4type\xdd" + struct.pack(">I", 100_000)
+    assert 100_000 <= WireLimits().max_blocks
+    assert _peak_bytes_while_decoding(frame) < 64 * 1024  # a 100k tuple alone is 800 KB
+
+
+def test_nested_headers_each_within_the_frame_size_allocate_nothing():
+    # 1000 nested arrays each declaring about as many entries as the frame has bytes:
+    # each passes a per-frame length cap, together they would ask for ~40 MB.
+    headers = (b"\xdc" + struct.pack(">H", 5_000)) * 1_000
+    frame = b"\x81\xa4type" + headers + b"\xc0" * (5_000 - len(headers))
+    assert _peak_bytes_while_decoding(frame) < 256 * 1024
+
+
+def test_a_complete_large_message_still_decodes():
+    blocks = tuple(range(WireLimits().max_blocks))
+    frame = msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": blocks})
+    assert decode_notify(frame, role=Role.PRODUCER).block_ids == blocks
+
+
 def test_deeply_nested_input_is_an_ordinary_decode_error():
     frame = b"\x81\xa4type" + b"\x91" * 5000 + b"\x01"
     with pytest.raises(WireDecodeError):
         decode_notify(frame, role=Role.PRODUCER)
+
+
+def test_bare_release_ids_round_trip_when_unambiguous():
+    for message in (
+        Release("x:tp3", sender_tp_rank=1, form=WireForm.BARE_ID),
+        Release("x:tp123456", form=WireForm.BARE_ID),  # too many digits to be a rank
+        Release("x:tpa", form=WireForm.BARE_ID),
+    ):
+        assert decode_notify(encode_notify(message), role=Role.PRODUCER) == message
 
 
 def test_limits_reject_nonsense_settings():
@@ -206,6 +249,8 @@ def test_limits_reject_nonsense_settings():
         (RemoteBlocks("t", "r", ()), "block_notify_list"),
         (RemoteBlocks("t", "r", (1, -1)), "block_notify_list[1]"),
         (RemoteBlocks("t", "has space", (1,)), "req_id"),
+        # A bare "x:tp3" would be read back as Release("x", sender_tp_rank=3).
+        (Release("x:tp3", form=WireForm.BARE_ID), "transfer_id"),
     ],
 )
 def test_encoder_refuses_what_a_receiver_would_reject(message, field):
