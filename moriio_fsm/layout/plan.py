@@ -1,19 +1,21 @@
 """Turns a layer geometry plus local -> remote block ids into byte ranges to transfer.
 
 Rules: computed with tensor operations over all blocks at once (no per-block Python
-loop); offsets are bytes from the start of each side's layer tensor; block id lists of
-unequal length or out of range are rejected with a ``KVLayoutError`` naming the layer.
+loop); offsets are bytes from the start of each side's layer tensor; block ids and
+counts must be integers (never truncated floats or bools); lists of unequal length, ids
+out of range and anything else refused raise a ``KVLayoutError`` naming the layer.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence, Union
 
 import torch
 
-from moriio_fsm.layout.geometry import KVLayout, LayerGeometry, describe_layer, layout_error
+from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, describe_layer, layout_error
 from moriio_fsm.layout.spec import LayerKVSpec
 
 BlockIds = Union[Sequence[int], torch.Tensor]
@@ -55,11 +57,95 @@ class TransferPlan:
         return local.copy(), remote.copy(), sizes.copy()
 
 
-def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
-    """Block ids as a 1-D int64 CPU tensor (no copy when already one)."""
+_INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+    if hasattr(torch, name)
+)
+_INT64_MAX = 2**63 - 1
+
+
+def read_block_ids(block_ids: BlockIds) -> torch.Tensor | str:
+    """Block ids as a 1-D int64 CPU tensor (no copy when already one), or what is wrong.
+
+    Integers only: floats, bools, strings and ids beyond int64 are never converted, and
+    the returned text names the first offending dtype or element.
+    """
     if isinstance(block_ids, torch.Tensor):
+        if block_ids.dtype not in _INTEGER_DTYPES:
+            return f"of dtype {block_ids.dtype}"
         return block_ids.reshape(-1).to(device="cpu", dtype=torch.int64)
-    return torch.as_tensor(block_ids, dtype=torch.int64).reshape(-1)
+    try:
+        ids = torch.as_tensor(block_ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        ids = None
+    if ids is not None and (ids.dtype in _INTEGER_DTYPES or ids.numel() == 0):
+        return ids.reshape(-1).to(dtype=torch.int64)
+    if ids is not None and not isinstance(block_ids, (list, tuple)):
+        return f"of dtype {ids.dtype}"
+    try:
+        items = list(block_ids)
+    except TypeError:
+        return f"given as {type(block_ids).__name__}, not a sequence"
+    for item in items:
+        problem = _not_an_id(item)
+        if problem:
+            return problem
+    return f"given as {type(block_ids).__name__} that does not convert to int64"
+
+
+def _not_an_id(item: object) -> str:
+    """Why ``item`` is no block id, or ``""`` when it is one."""
+    kind = type(item).__name__
+    if isinstance(item, bool) or "bool" in str(getattr(item, "dtype", "")):
+        return f"containing {item!r} ({kind})"
+    try:
+        value = operator.index(item)
+    except TypeError:
+        return f"containing {item!r} ({kind})"
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        return f"containing {value}, which does not fit in int64"
+    return ""
+
+
+def read_block_count(value: object) -> int | str:
+    """A block count as a non-negative ``int``, or what is wrong with it."""
+    kind = type(value).__name__
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return f"got remote_num_blocks={value!r} ({kind})"
+    try:
+        count = operator.index(value)
+    except TypeError:
+        return f"got remote_num_blocks={value!r} ({kind})"
+    if count < 0:
+        return f"got remote_num_blocks={count}"
+    return count
+
+
+def block_ids_error(geometry: LayerGeometry, side: str, problem: str, num_blocks: object) -> KVLayoutError:
+    """The refusal of ``side``'s block ids for ``geometry``'s layer."""
+    bound = f" in [0, {num_blocks})" if isinstance(num_blocks, int) else ""
+    return layout_error(
+        geometry.layer_name, geometry.shape, f"got {side} block ids {problem}",
+        f"{side} block ids as integers (an integer dtype for a tensor){bound}",
+    )
+
+
+def block_count_error(geometry: LayerGeometry, problem: str) -> KVLayoutError:
+    """The refusal of a remote block count for ``geometry``'s layer."""
+    return layout_error(geometry.layer_name, geometry.shape, problem, "remote_num_blocks as a non-negative integer")
+
+
+def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
+    """Block ids as a 1-D int64 CPU tensor (no copy when already one).
+
+    Raises ``KVLayoutError`` for anything but integers (no layer is known here;
+    ``plan_transfer`` names the layer when it refuses ids).
+    """
+    ids = read_block_ids(block_ids)
+    if isinstance(ids, str):
+        raise KVLayoutError(f"block ids {ids}; expected integer block ids (an integer dtype for a tensor)")
+    return ids
 
 
 def _check_ids(geometry: LayerGeometry, ids: torch.Tensor, side: str, num_blocks: int) -> None:
@@ -164,7 +250,8 @@ def plan_transfer(
     block (interleaved) or one per physical block (MLA). With ``merge`` (default) every
     run of ranges contiguous on both sides is one range, in the same order.
 
-    Raises ``KVLayoutError`` when the lists differ in length or an id is out of range.
+    Raises ``KVLayoutError`` when the lists differ in length, an id is not an integer
+    or out of range, or ``remote_num_blocks`` is not a non-negative integer.
     """
     with torch.inference_mode():
         return _plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge)
@@ -177,8 +264,16 @@ def _plan_transfer(
     remote_num_blocks: int,
     merge: bool,
 ) -> TransferPlan:
-    local = as_block_ids(local_block_ids)
-    remote = as_block_ids(remote_block_ids)
+    count = read_block_count(remote_num_blocks)
+    if isinstance(count, str):
+        raise block_count_error(geometry, count)
+    remote_num_blocks = count
+    local = read_block_ids(local_block_ids)
+    if isinstance(local, str):
+        raise block_ids_error(geometry, "local", local, geometry.num_blocks)
+    remote = read_block_ids(remote_block_ids)
+    if isinstance(remote, str):
+        raise block_ids_error(geometry, "remote", remote, remote_num_blocks)
     if local.numel() != remote.numel():
         raise layout_error(
             geometry.layer_name,
@@ -186,10 +281,12 @@ def _plan_transfer(
             f"got {local.numel()} local block ids but {remote.numel()} remote block ids",
             "one remote block id per local block id",
         )
-    if remote_num_blocks < 0:
-        raise layout_error(
-            geometry.layer_name, geometry.shape, f"got remote_num_blocks={remote_num_blocks}",
-            "a non-negative remote block count",
+    remote_extent = geometry.extent_bytes(remote_num_blocks)
+    if remote_extent > _INT64_MAX:
+        raise block_count_error(
+            geometry,
+            f"got remote_num_blocks={remote_num_blocks}, which puts the remote cache ({remote_extent} bytes) "
+            "beyond the int64 offsets a plan holds",
         )
     _check_ids(geometry, local, "local", geometry.num_blocks)
     _check_ids(geometry, remote, "remote", remote_num_blocks)

@@ -7,13 +7,20 @@ can never be served for other block ids or another geometry. Memory is bounded.
 
 from __future__ import annotations
 
-import numbers
 from typing import Hashable, Sequence
 
 import torch
 
 from moriio_fsm.layout.geometry import describe_layer
-from moriio_fsm.layout.plan import BlockIds, TransferPlan, as_block_ids, plan_transfer
+from moriio_fsm.layout.plan import (
+    BlockIds,
+    TransferPlan,
+    block_count_error,
+    block_ids_error,
+    plan_transfer,
+    read_block_count,
+    read_block_ids,
+)
 from moriio_fsm.layout.spec import LayerKVSpec
 
 
@@ -21,9 +28,14 @@ def _per_group(block_ids: BlockIds | Sequence[BlockIds]) -> list[BlockIds]:
     """One flat id list (one KV cache group) or a list of them (one per group)."""
     if isinstance(block_ids, torch.Tensor):
         return [block_ids] if block_ids.dim() <= 1 else list(block_ids)
-    if len(block_ids) == 0 or isinstance(block_ids[0], numbers.Integral):
-        return [block_ids]
-    return list(block_ids)
+    nested = len(block_ids) > 0 and (
+        isinstance(block_ids[0], (list, tuple)) or getattr(block_ids[0], "ndim", 0) >= 1
+    )
+    return list(block_ids) if nested else [block_ids]
+
+
+def _owned(ids: torch.Tensor | str) -> torch.Tensor | str:
+    return ids.clone() if isinstance(ids, torch.Tensor) else ids
 
 
 def geometry_key(tensor: torch.Tensor, spec: LayerKVSpec) -> tuple[Hashable, ...]:
@@ -66,9 +78,13 @@ class TransferPlanner:
         if max_plans < 1:
             raise ValueError(f"TransferPlanner.max_plans must be >= 1, got {max_plans}")
         # Private copies: the caller may reuse its id buffers while layers are planned.
-        self._local = [as_block_ids(ids).clone() for ids in local_groups]
-        self._remote = [as_block_ids(ids).clone() for ids in remote_groups]
-        self.remote_num_blocks = int(remote_num_blocks)
+        # Ids or a count that cannot be used are kept as the problem and refused for
+        # every layer planned, so that each refusal names its layer.
+        self._local = [_owned(read_block_ids(ids)) for ids in local_groups]
+        self._remote = [_owned(read_block_ids(ids)) for ids in remote_groups]
+        count = read_block_count(remote_num_blocks)
+        self._count_problem = count if isinstance(count, str) else None
+        self.remote_num_blocks = remote_num_blocks if isinstance(count, str) else count
         self._max_plans = max_plans
         self._plans: dict[tuple[Hashable, ...], TransferPlan] = {}
         self.hits = 0
@@ -80,7 +96,7 @@ class TransferPlanner:
 
     def plan(self, layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, group: int = 0) -> TransferPlan:
         """The merged plan for ``layer_name``'s cache ``tensor`` in KV cache ``group``."""
-        key = (group, geometry_key(tensor, spec), self.remote_num_blocks)
+        key = (group, geometry_key(tensor, spec), self._count_problem or self.remote_num_blocks)
         plan = self._plans.get(key)
         if plan is not None:
             self.hits += 1
@@ -91,7 +107,14 @@ class TransferPlanner:
                 f"expected a group in [0, {len(self._local)})"
             )
         geometry = describe_layer(layer_name, tensor, spec)
-        plan = plan_transfer(geometry, self._local[group], self._remote[group], self.remote_num_blocks)
+        if self._count_problem is not None:
+            raise block_count_error(geometry, self._count_problem)
+        local, remote = self._local[group], self._remote[group]
+        if isinstance(local, str):
+            raise block_ids_error(geometry, "local", local, geometry.num_blocks)
+        if isinstance(remote, str):
+            raise block_ids_error(geometry, "remote", remote, self.remote_num_blocks)
+        plan = plan_transfer(geometry, local, remote, self.remote_num_blocks)
         if len(self._plans) >= self._max_plans:
             del self._plans[next(iter(self._plans))]
         self._plans[key] = plan

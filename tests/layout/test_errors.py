@@ -150,6 +150,67 @@ def test_block_ids_out_of_range(local_ids, remote_ids, phrase):
     assert phrase in str(caught.value) and "'layers.1'" in str(caught.value)
 
 
+def id_refusal(local_ids, remote_ids, remote_num_blocks=8, layer="layers.3"):
+    with pytest.raises(KVLayoutError) as caught:
+        plan_layer(layer, torch.empty(2, 6, 8, 2, 4), SPEC, local_ids, remote_ids, remote_num_blocks=remote_num_blocks)
+    message = str(caught.value)
+    assert repr(layer) in message and "(2, 6, 8, 2, 4)" in message and "expected" in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "local_ids, phrases",
+    [([1.7, 3.2], ["local block ids containing 1.7 (float)", "integer"]),
+     ([1, 2.0], ["containing 2.0 (float)"]),
+     ([True, False], ["containing True (bool)"]),
+     (torch.tensor([1.0, 3.0]), ["local block ids of dtype torch.float32", "integer dtype"]),
+     (torch.tensor([True, False]), ["local block ids of dtype torch.bool"]),
+     ([2**70, 0], [f"containing {2**70}, which does not fit in int64", "in [0, 6)"]),
+     (["1", "2"], ["containing '1' (str)"])],
+)
+def test_non_integer_block_ids_are_refused_not_truncated(local_ids, phrases):
+    message = id_refusal(local_ids, [0, 1])
+    for phrase in phrases:
+        assert phrase in message, message
+
+
+def test_non_integer_remote_ids_are_refused_too():
+    assert "remote block ids of dtype torch.float64" in id_refusal([0, 1], torch.tensor([0.0, 1.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("count, phrase", [(16.5, "16.5 (float)"), (True, "True (bool)"), ("16", "'16' (str)"),
+                                          (2**62, "beyond the int64 offsets")])
+def test_non_integer_or_huge_remote_block_counts_are_refused(count, phrase):
+    message = id_refusal([0], [0], remote_num_blocks=count)
+    assert "remote_num_blocks" in message and phrase in message, message
+
+
+def test_integer_like_ids_and_counts_are_accepted():
+    numpy = pytest.importorskip("numpy")
+    tensor = torch.empty(2, 6, 8, 2, 4)
+    expected = plan_layer("l", tensor, SPEC, [1, 3], [0, 2], 4).lists
+    for local, remote, count in [(torch.tensor([1, 3], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.uint8), 4),
+                                 (numpy.array([1, 3]), [numpy.int64(0), numpy.int32(2)], numpy.int64(4)),
+                                 ([], [], 4)]:
+        plan = plan_layer("l", tensor, SPEC, local, remote, count)
+        assert plan.lists == (expected if len(local) else ([], [], []))
+
+
+def test_planner_refuses_bad_ids_and_counts_for_each_layer():
+    cases = [(([0.5], [0], 4), "local block ids containing 0.5 (float)"),
+             (([0], [torch.tensor(True)], 4), "remote block ids containing tensor(True) (Tensor)"),
+             (([[0], [1.5]], [[0], [1]], 4), "local block ids containing 1.5 (float)"),
+             (([0], [0], 4.0), "remote_num_blocks=4.0 (float)")]
+    for args, phrase in cases:
+        planner = TransferPlanner(*args)
+        for layer in ("layers.0", "layers.1"):
+            with pytest.raises(KVLayoutError) as caught:
+                planner.plan(layer, torch.empty(2, 6, 8, 2, 4), SPEC, group=len(args[0]) - 1)
+            message = str(caught.value)
+            assert f"'{layer}'" in message and "(2, 6, 8, 2, 4)" in message and "expected" in message
+            assert phrase in message, message
+
+
 def test_kernel_blocks_bound_ids_by_scheduler_blocks():
     # 8 physical blocks of 2 tokens = 2 scheduler blocks of 8 tokens: id 2 is out of range.
     with pytest.raises(KVLayoutError, match="local block id 2 outside the local cache's 2 blocks"):
