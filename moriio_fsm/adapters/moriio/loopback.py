@@ -21,6 +21,7 @@ import random
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -180,7 +181,9 @@ class LoopbackFaults:
         self._latency_s = 0.0
         self._jitter_s = 0.0
         self._random = random.Random(0)
-        self._dead_sessions: set[int] = set()
+        # Weak, so a killed session leaves no trace once collected and a later
+        # session that happens to reuse its address is not taken for dead.
+        self._dead_sessions: weakref.WeakSet[LoopbackSession] = weakref.WeakSet()
         self._dead_peers: set[str] = set()
 
     def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
@@ -220,7 +223,7 @@ class LoopbackFaults:
     def kill_session(self, session: "LoopbackSession") -> None:
         """Break one session: its queued and future transfers fail with ERR_RDMA_OP."""
         with self._lock:
-            self._dead_sessions.add(id(session))
+            self._dead_sessions.add(session)
 
     def kill_peer(self, engine_key: str) -> None:
         """Make a remote engine unreachable: every session to it fails with ERR_RDMA_OP."""
@@ -264,7 +267,7 @@ class LoopbackFaults:
 
     def _session_dead(self, session: "LoopbackSession") -> str | None:
         with self._lock:
-            if id(session) in self._dead_sessions:
+            if session in self._dead_sessions:
                 return "session was killed"
             if session.remote_engine_key in self._dead_peers:
                 return f"peer engine {session.remote_engine_key!r} is unreachable"

@@ -91,6 +91,22 @@ def test_a_killed_session_fails_its_transfers_but_not_other_sessions(loopback_pa
     assert alive.succeeded()
 
 
+def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(loopback_pair):
+    engine, mems = loopback_pair.producer, (loopback_pair.source_mem, loopback_pair.remote_mem)
+    killed = [engine.create_session(*mems) for _ in range(100)]
+    for session in killed:
+        session.kill()
+    killed_addresses = {id(session) for session in killed}
+    del killed, session
+    # CPython hands freed memory to new objects of the same size, so some of
+    # these sessions take the addresses the killed ones had.
+    later = [engine.create_session(*mems) for _ in range(100)]
+    assert killed_addresses & {id(s) for s in later}, "no address was reused; the test proved nothing"
+    assert all(s.alive() for s in later)
+    status = later[0].batch_write([0], [0], [64], engine.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded()
+
+
 def test_a_killed_peer_fails_every_session_to_it(loopback_pair):
     loopback_pair.producer.faults.set_latency(0.3)
     queued = write_block(loopback_pair, 0)
