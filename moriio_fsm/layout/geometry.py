@@ -198,6 +198,15 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> 
     stride = tuple(int(step) for step in tensor.stride())
     if any(step < 0 for step in stride):
         raise layout_error(layer_name, shape, f"has negative strides {stride}", "non-negative strides")
+    inner_axes = {3: (1, 2), 5: (2, 3, 4)}.get(tensor.dim(), ())
+    empty = [axis for axis in inner_axes if shape[axis] == 0]
+    if empty:
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has an empty axis {empty[0]}, so a block would hold no data",
+            "at least one token, head and element per block; only the block axis may be empty",
+        )
     if tensor.dim() == 3:
         if not spec.use_mla:
             raise layout_error(

@@ -129,6 +129,26 @@ def test_overlapping_blocks():
     assert "overlap" in refusal(overlapping_mla, LayerKVSpec(8, use_mla=True))
 
 
+@pytest.mark.parametrize(
+    "shape, spec",
+    [((2, 4, 0, 2, 3), LayerKVSpec(4)),
+     ((2, 4, 2, 0, 3), LayerKVSpec(4)),
+     ((2, 4, 4, 2, 0), LayerKVSpec(4, num_kv_heads=2)),
+     ((4, 2, 0, 2, 3), LayerKVSpec(4, num_kv_heads=2)),
+     ((4, 0, 3), LayerKVSpec(4, use_mla=True)),
+     ((4, 4, 0), LayerKVSpec(4, use_mla=True))],
+)
+def test_empty_token_head_or_latent_axes_are_refused(shape, spec):
+    assert "empty" in refusal(torch.empty(shape), spec)
+
+
+def test_a_cache_without_blocks_is_described_and_plans_nothing():
+    for shape, spec in [((2, 0, 4, 2, 3), LayerKVSpec(4, 2)), ((0, 2, 4, 2, 3), LayerKVSpec(4, 2)),
+                        ((0, 4, 3), LayerKVSpec(4, use_mla=True))]:
+        assert describe_layer("l", torch.empty(shape), spec).num_blocks == 0
+        assert len(plan_layer("l", torch.empty(shape), spec, [], [], remote_num_blocks=0)) == 0
+
+
 def test_unequal_block_lists_name_layer_shape_and_counts():
     tensor = torch.empty(2, 6, 8, 2, 4)
     with pytest.raises(KVLayoutError) as caught:
@@ -260,11 +280,12 @@ def test_registration_regions_name_a_layer_without_spec():
 @settings(max_examples=120, deadline=None)
 @given(
     shape=st.one_of(
-        st.lists(st.integers(1, 5), min_size=1, max_size=6),
-        # near-miss variants of the real layouts, so that many shapes are accepted
-        st.tuples(st.just(2), *[st.integers(1, 5)] * 4),
-        st.tuples(st.integers(1, 5), st.just(2), *[st.integers(1, 5)] * 3),
-        st.tuples(*[st.integers(1, 5)] * 3),
+        st.lists(st.integers(0, 5), min_size=1, max_size=6),
+        # near-miss variants of the real layouts, so that many shapes are accepted;
+        # empty axes are drawn too, as an empty cache must be planned or refused cleanly
+        st.tuples(st.just(2), *[st.integers(0, 5)] * 4),
+        st.tuples(st.integers(0, 5), st.just(2), *[st.integers(0, 5)] * 3),
+        st.tuples(*[st.integers(0, 5)] * 3),
     ),
     block_size=st.sampled_from([1, 2, 4, 8]),
     heads=st.one_of(st.none(), st.integers(1, 4)),
