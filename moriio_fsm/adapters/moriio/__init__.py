@@ -2,6 +2,7 @@
 
 from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
 from .loopback import (
+    HeldTransfers,
     LoopbackEngine,
     LoopbackEngineDesc,
     LoopbackFaults,
@@ -24,6 +25,7 @@ __all__ = [
     "LoopbackEngine",
     "LoopbackEngineDesc",
     "LoopbackFaults",
+    "HeldTransfers",
     "LoopbackMemoryDesc",
     "LoopbackSession",
     "PostedTransfer",

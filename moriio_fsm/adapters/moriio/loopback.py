@@ -4,8 +4,8 @@ It stands in for mori.io where RDMA hardware is absent and keeps mori's rules:
 posting returns at once; a worker thread completes statuses INIT -> IN_PROGRESS ->
 SUCCESS or an error above 10; bad argument values come back as already-failed
 statuses. Writes into a peer's shared region are one-sided: the peer runs no code.
-Faults (failures, latency, stalls, dead sessions or peers) are injected through
-``engine.faults``.
+Faults (failures, latency, stalls, holds released on demand, dead sessions or
+peers) are injected through ``engine.faults``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "LoopbackEngineDesc",
     "LoopbackMemoryDesc",
     "LoopbackFaults",
+    "HeldTransfers",
     "PostedTransfer",
 ]
 
@@ -156,12 +157,61 @@ class PostedTransfer:
     total_bytes: int
 
 
-@dataclass(slots=True)
+class HeldTransfers:
+    """Transfers that ``hold_nth`` / ``hold_when`` keep IN_PROGRESS until ``release``.
+
+    A held transfer has been posted and does nothing else: it moves no bytes and
+    its status stays IN_PROGRESS, for as long as the test needs, without any
+    timing. ``release`` lets every held transfer complete as it would have
+    (checks, copy, injected failure) and stops holding later matches. Closing the
+    engine fails held transfers with ERR_BAD_STATE, as it does queued ones.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._released = False
+        self._jobs: list[tuple["_Job", Callable[["_Job"], None]]] = []
+
+    @property
+    def held(self) -> int:
+        """How many transfers are held right now."""
+        with self._lock:
+            return len(self._jobs)
+
+    @property
+    def released(self) -> bool:
+        with self._lock:
+            return self._released
+
+    def release(self) -> int:
+        """Let the held transfers complete; returns how many were held. Idempotent."""
+        with self._lock:
+            self._released = True
+            jobs, self._jobs = self._jobs, []
+        for job, resume in jobs:
+            resume(job)
+        return len(jobs)
+
+    def _take(self, job: "_Job", resume: Callable[["_Job"], None]) -> bool:
+        """Hold ``job`` until release; False if already released (run it now)."""
+        with self._lock:
+            if self._released:
+                return False
+            self._jobs.append((job, resume))
+            return True
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else f"holding {self.held}"
+        return f"<HeldTransfers {state}>"
+
+
+@dataclass(slots=True, eq=False)
 class _Rule:
     matches: Callable[[PostedTransfer], bool]
     code: int
     message: str
     once: bool
+    hold: HeldTransfers | None = None
 
 
 class LoopbackFaults:
@@ -169,8 +219,9 @@ class LoopbackFaults:
 
     Failure rules are checked in the order added; the first that matches decides
     the transfer's error (a failed transfer moves no bytes). A stalled transfer
-    stays IN_PROGRESS until the engine closes. Predicates run on the posting
-    thread under this object's lock: they must not call back into it, and an
+    stays IN_PROGRESS until the engine closes; a held one until its
+    ``HeldTransfers`` is released. Predicates run on the posting thread outside
+    every lock, so they may call back into the engine and into this object; an
     exception they raise propagates out of the ``batch_*`` call.
     """
 
@@ -178,6 +229,7 @@ class LoopbackFaults:
         self._lock = threading.Lock()
         self._failures: list[_Rule] = []
         self._stalls: list[_Rule] = []
+        self._holds: list[_Rule] = []
         self._latency_s = 0.0
         self._jitter_s = 0.0
         self._random = random.Random(0)
@@ -209,6 +261,17 @@ class LoopbackFaults:
             raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
         self._add(self._stalls, predicate, StatusCode.IN_PROGRESS, "", once=False)
 
+    def hold_nth(self, n: int) -> HeldTransfers:
+        """Hold the ``n``-th batch posted on this engine (1-based) IN_PROGRESS until released."""
+        n = _positive("n", n)
+        return self._add_hold(lambda t: t.sequence == n, once=True)
+
+    def hold_when(self, predicate: Callable[[PostedTransfer], bool]) -> HeldTransfers:
+        """Hold every posted batch for which ``predicate`` returns True, until released."""
+        if not callable(predicate):
+            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
+        return self._add_hold(predicate, once=False)
+
     def set_latency(self, latency_s: float, jitter_s: float = 0.0, seed: int | None = 0) -> None:
         """Delay each completion by ``latency_s`` plus uniform [0, ``jitter_s``) seconds."""
         if latency_s < 0 or jitter_s < 0:
@@ -235,6 +298,7 @@ class LoopbackFaults:
         with self._lock:
             self._failures.clear()
             self._stalls.clear()
+            self._holds.clear()
             self._latency_s = self._jitter_s = 0.0
             self._dead_sessions.clear()
             self._dead_peers.clear()
@@ -247,23 +311,50 @@ class LoopbackFaults:
         with self._lock:
             rules.append(_Rule(matches, code, message, once))
 
+    def _add_hold(self, matches, once: bool) -> HeldTransfers:
+        hold = HeldTransfers()
+        with self._lock:
+            self._holds.append(_Rule(matches, StatusCode.IN_PROGRESS, "", once, hold))
+        return hold
+
     def _first_match(self, rules: list[_Rule], posted: PostedTransfer) -> _Rule | None:
-        for rule in rules:
-            if rule.matches(posted):
-                if rule.once:
+        """The first rule matching ``posted``; a one-shot rule is used up by it.
+
+        Predicates are called outside the lock, on a snapshot of the rules.
+        """
+        if not rules:
+            return None
+        with self._lock:
+            candidates = list(rules)
+        for rule in candidates:
+            if rule.hold is not None and rule.hold.released:
+                with self._lock:
+                    if rule in rules:
+                        rules.remove(rule)
+                continue
+            if not rule.matches(posted):
+                continue
+            if rule.once:
+                with self._lock:
+                    if rule not in rules:
+                        continue  # another thread's post used it up meanwhile
                     rules.remove(rule)
-                return rule
+            return rule
         return None
 
-    def _decide(self, posted: PostedTransfer) -> tuple[_Rule | None, bool, float]:
-        """(failure rule or None, stall?, completion delay in seconds)."""
+    def _decide(self, posted: PostedTransfer) -> tuple[_Rule | None, bool, HeldTransfers | None, float]:
+        """(failure rule or None, stall?, hold or None, completion delay in seconds)."""
+        failure = self._first_match(self._failures, posted)
+        stall = failure is None and self._first_match(self._stalls, posted) is not None
+        hold = None
+        if not stall:
+            held_by = self._first_match(self._holds, posted)
+            hold = held_by.hold if held_by is not None else None
         with self._lock:
-            failure = self._first_match(self._failures, posted)
-            stall = failure is None and self._first_match(self._stalls, posted) is not None
             delay = self._latency_s
             if self._jitter_s:
                 delay += self._random.uniform(0.0, self._jitter_s)
-        return failure, stall, delay
+        return failure, stall, hold, delay
 
     def _session_dead(self, session: "LoopbackSession") -> str | None:
         with self._lock:
@@ -381,7 +472,7 @@ class LoopbackEngine(TransferEngine):
     Memory from ``allocate_shared_tensor`` can be reached by engines in other
     processes; any other CPU tensor only by engines in this process. Engine keys
     must be unique among live engines of a process. ``close`` fails every
-    transfer still queued or stalled with ERR_BAD_STATE, stops the worker thread
+    transfer still queued, stalled or held with ERR_BAD_STATE, stops the worker thread
     and releases shared regions this engine allocated.
     """
 
@@ -411,6 +502,7 @@ class LoopbackEngine(TransferEngine):
         self._sequence = 0
         self._queue: list[_Job] = []
         self._stalled: list[_Job] = []
+        self._held: dict[int, _Job] = {}
         self._closed = False
         self._regions: list[SharedRegion] = []
         self._memory: dict[int, tuple[LoopbackMemoryDesc, torch.Tensor]] = {}
@@ -598,7 +690,7 @@ class LoopbackEngine(TransferEngine):
             sequence = self._sequence
         posted = PostedTransfer(sequence, op, plan.transfer_uid, session.remote_engine_key,
                                 len(plan.sizes), plan.total_bytes)
-        failure, stall, delay = self.faults._decide(posted)
+        failure, stall, hold, delay = self.faults._decide(posted)
         job = _Job(time.monotonic() + delay, sequence, status, session, op, plan, failure)
         status.mark_in_progress()
         with self._wake:
@@ -606,10 +698,20 @@ class LoopbackEngine(TransferEngine):
                 status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
             elif stall:
                 self._stalled.append(job)
+            elif hold is not None and hold._take(job, self._resume_held):
+                self._held[sequence] = job
             else:
                 heapq.heappush(self._queue, job)
                 self._wake.notify()
         return status
+
+    def _resume_held(self, job: _Job) -> None:
+        """Queue a transfer its ``HeldTransfers`` released (close may have failed it)."""
+        with self._wake:
+            if self._held.pop(job.sequence, None) is None:
+                return
+            heapq.heappush(self._queue, job)
+            self._wake.notify()
 
     def _run(self) -> None:
         while True:
@@ -678,8 +780,8 @@ class LoopbackEngine(TransferEngine):
             if self._closed:
                 return
             self._closed = True
-            abandoned = self._queue + self._stalled
-            self._queue, self._stalled = [], []
+            abandoned = self._queue + self._stalled + list(self._held.values())
+            self._queue, self._stalled, self._held = [], [], {}
             self._wake.notify_all()
         for job in abandoned:
             job.status.settle(StatusCode.ERR_BAD_STATE,

@@ -1,8 +1,10 @@
 """LoopbackEngine's status semantics and fault injection, in one process.
 
-No test here measures time: latency is made long enough that a status is
-observably in progress, and stalls are observed with bounded waits.
+No test here depends on timing: a transfer is kept in progress by holding it
+(``faults.hold_nth``) until the test releases it, and every wait is bounded.
 """
+
+import threading
 
 import pytest
 import torch
@@ -23,12 +25,75 @@ def landed(pair, index, size=256):
     return torch.equal(pair.target[offset:offset + size], pair.source[offset:offset + size])
 
 
-def test_status_is_in_progress_until_the_delayed_completion_then_succeeds(loopback_pair):
-    loopback_pair.producer.faults.set_latency(0.5)
+def test_status_is_in_progress_until_the_held_transfer_is_released_then_succeeds(loopback_pair):
+    hold = loopback_pair.producer.faults.hold_nth(1)
     status = write_block(loopback_pair, 0)
     assert status.in_progress() and not status.succeeded() and not status.failed()
+    assert hold.held == 1 and not landed(loopback_pair, 0)
+    assert hold.release() == 1
     assert status.wait_for(WAIT_MS)
     assert status.succeeded() and landed(loopback_pair, 0)
+    assert hold.released and hold.held == 0 and hold.release() == 0
+
+
+def test_a_predicate_holds_every_match_until_release_and_none_after(loopback_pair):
+    faults = loopback_pair.producer.faults
+    hold = faults.hold_when(lambda posted: posted.total_bytes == 128)
+    held = [write_block(loopback_pair, i, size=128) for i in range(3)]
+    free = write_block(loopback_pair, 1)
+    assert free.wait_for(WAIT_MS) and free.succeeded()
+    assert hold.held == 3 and all(s.in_progress() for s in held)
+    hold.release()
+    assert loopback_pair.producer.wait_all(held, WAIT_MS) and all(s.succeeded() for s in held)
+    later = write_block(loopback_pair, 5, size=128)
+    assert later.wait_for(WAIT_MS) and later.succeeded() and hold.held == 0
+
+
+def test_a_held_transfer_that_is_doomed_fails_when_released(loopback_pair):
+    faults = loopback_pair.producer.faults
+    faults.fail_nth(1, message="link flap")
+    hold = faults.hold_nth(1)
+    status = write_block(loopback_pair, 0)
+    assert status.in_progress()
+    hold.release()
+    assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
+    assert "link flap" in status.message() and not landed(loopback_pair, 0)
+
+
+def test_a_held_transfer_fails_when_the_engine_closes_and_release_after_is_harmless(loopback_pair):
+    hold = loopback_pair.producer.faults.hold_nth(1)
+    status = write_block(loopback_pair, 0)
+    loopback_pair.producer.close()
+    assert status.code() == StatusCode.ERR_BAD_STATE and "closed" in status.message()
+    assert hold.release() == 1
+    assert status.code() == StatusCode.ERR_BAD_STATE
+
+
+def test_a_hold_released_before_any_post_holds_nothing(loopback_pair):
+    hold = loopback_pair.producer.faults.hold_nth(1)
+    assert hold.release() == 0
+    status = write_block(loopback_pair, 0)
+    assert status.wait_for(WAIT_MS) and status.succeeded() and hold.held == 0
+
+
+def test_predicates_may_call_back_into_the_engine_and_its_faults(loopback_pair):
+    engine, session = loopback_pair.producer, loopback_pair.session
+    seen = []
+
+    def predicate(posted):
+        seen.append((engine.allocate_transfer_uid(), session.alive()))
+        engine.faults.fail_nth(1000)  # adding a rule from inside a predicate
+        return False
+
+    engine.faults.fail_when(predicate)
+    outcome = []
+    poster = threading.Thread(target=lambda: outcome.append(write_block(loopback_pair, 0)),
+                              name="predicate-poster", daemon=True)
+    poster.start()
+    poster.join(WAIT_MS / 1000)
+    assert not poster.is_alive(), "a predicate calling back into the engine deadlocked the post"
+    assert outcome[0].wait_for(WAIT_MS) and outcome[0].succeeded()
+    assert seen and seen[0][1] is True
 
 
 def test_jittered_completions_all_succeed(loopback_pair):
@@ -108,10 +173,11 @@ def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(loopback
 
 
 def test_a_killed_peer_fails_every_session_to_it(loopback_pair):
-    loopback_pair.producer.faults.set_latency(0.3)
+    hold = loopback_pair.producer.faults.hold_nth(1)
     queued = write_block(loopback_pair, 0)
     loopback_pair.producer.faults.kill_peer(loopback_pair.consumer.key)
     assert not loopback_pair.session.alive()
+    hold.release()
     assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
     assert "unreachable" in queued.message()
     assert not landed(loopback_pair, 0)
