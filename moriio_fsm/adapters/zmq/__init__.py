@@ -23,6 +23,7 @@ from .codec import (
 from .curve import CurveConfig
 from .errors import (
     HandshakeFailedError,
+    TransportBusyError,
     TransportClosedError,
     UntrustedPeerError,
     WireDecodeError,
@@ -48,6 +49,7 @@ __all__ = [
     "RemoteBlocks",
     "Role",
     "SendFailure",
+    "TransportBusyError",
     "TransportClosedError",
     "TransportConfig",
     "UntrustedPeerError",

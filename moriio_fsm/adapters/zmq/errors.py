@@ -44,5 +44,13 @@ class TransportClosedError(ZmqAdapterError):
     """The transport was closed; no more messages can be sent or handshakes made."""
 
 
+class TransportBusyError(ZmqAdapterError):
+    """The transport refused new work because one of its bounds was reached.
+
+    Nothing was queued; the message names the bound (a ``TransportConfig``
+    setting) so the caller can retry later or raise it.
+    """
+
+
 class HandshakeFailedError(ZmqAdapterError):
     """A handshake got no valid reply in time (timeout, bad reply, closed transport)."""

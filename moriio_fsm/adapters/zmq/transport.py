@@ -4,7 +4,16 @@ Rules: sockets are created, used and closed only on the I/O thread (ZeroMQ socke
 are not thread-safe); other threads hand it work through a lock-free deque and a
 wake-up pipe.  Every outbound host passes the ``PeerPolicy`` before a socket exists.
 A bad inbound message is counted, logged and dropped; nothing a peer sends, and no
-exception a callback raises, stops the I/O thread.  Every queue and cache is bounded.
+exception a callback raises, stops the I/O thread.  An error while serving one
+command or one message fails that command's future or reports that send, and the
+thread goes on; if the thread ever stops, for any reason, the transport is closed
+and everything still queued is failed, never silently kept.
+
+Every queue and cache is bounded by a ``TransportConfig`` setting: queued sends
+(``max_queued_sends``), queued commands (``max_queued_commands``), handshakes in
+flight (``max_pending_handshakes``), sender sockets (``max_peers``) and each
+sender's backlog (``send_hwm``).  Work beyond a bound is refused at once with
+``TransportBusyError`` or reported through ``on_send_failure``.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from .codec import (
     encode_notify,
 )
 from .curve import ZAP_ENDPOINT, CurveConfig, zap_reply
-from .errors import HandshakeFailedError, TransportClosedError, WireDecodeError
+from .errors import HandshakeFailedError, TransportBusyError, TransportClosedError, WireDecodeError
 from .policy import PeerPolicy
 from .ports import RankEndpoint, listener_port
 
@@ -56,26 +65,53 @@ log = structlog.get_logger("moriio_fsm.adapters.zmq")
 Destination = Union[RankEndpoint, "tuple[str, int]"]
 
 
+# Documentation-only destinations (RFC 5737, RFC 3849): routed, never contacted.
+_ROUTE_PROBES = ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1"))
+
+
+def _route_address(family: int, target: str) -> str | None:
+    """The local address the kernel would send from towards ``target``, or None.
+
+    A UDP ``connect`` only picks a route; no packet leaves the host.
+    """
+    try:
+        probe = socket.socket(family, socket.SOCK_DGRAM)
+    except OSError:
+        return None  # this address family is not available here
+    try:
+        probe.connect((target, 9))
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    if not address or ipaddress.ip_address(address.split("%", 1)[0]).is_unspecified:
+        return None
+    if address.lower().startswith("fe80"):
+        return None  # link-local: not reachable by peers without a scope id
+    return address
+
+
 def default_bind_host() -> str:
     """This host's own routable address, never the wildcard.
 
-    Asks the kernel which local address would route outward (a UDP ``connect``
-    sends no packet); falls back to the host name's address, then loopback.
+    Tries the IPv4 route first, then the IPv6 one, so an IPv6-only host gets its
+    global IPv6 address; then the host name's addresses (either family); then
+    loopback (``127.0.0.1``, or ``::1`` where IPv4 is unavailable).
     """
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never actually contacted
-        address = probe.getsockname()[0]
-        if address and address != "0.0.0.0":
+    for family, target in _ROUTE_PROBES:
+        address = _route_address(family, target)
+        if address is not None:
             return address
-    except OSError:
-        pass
-    finally:
-        probe.close()
     try:
-        return socket.gethostbyname(socket.gethostname())
+        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
     except OSError:
-        return "127.0.0.1"
+        infos = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        address = sockaddr[0]
+        if not address.lower().startswith("fe80"):
+            return address
+    return "127.0.0.1" if _route_address(socket.AF_INET, "127.0.0.1") is not None else "::1"
 
 
 def _tcp_url(host: str, port: int) -> str:
@@ -92,6 +128,11 @@ class TransportConfig:
     (empty: loopback only).  ``curve`` turns on CURVE for every socket.
     ``send_timeout_s`` bounds how long a message may wait for its peer before it
     is reported failed; ``max_peers`` bounds the cache of sender sockets.
+    ``max_queued_sends`` and ``max_queued_commands`` bound the work waiting for
+    the I/O thread, ``max_pending_handshakes`` the handshakes queued or in
+    flight; beyond them new work is refused with ``TransportBusyError``.
+    libzmq allows 1023 sockets per context by default, so ``max_peers`` plus
+    ``max_pending_handshakes`` plus served handshake ports must stay below it.
     """
 
     role: Role
@@ -113,13 +154,17 @@ class TransportConfig:
     tcp_keepalive_interval_s: int = 5
     tcp_keepalive_count: int = 6
     max_batch: int = 256
+    max_queued_sends: int = 65_536
+    max_queued_commands: int = 1_024
+    max_pending_handshakes: int = 256
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
             raise ValueError(f"role: expected Role.PRODUCER or Role.CONSUMER, got {self.role!r}")
         if self.notify_base_port != 0:
             listener_port(self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
-        for name in ("max_peers", "send_hwm", "recv_hwm", "max_batch"):
+        for name in ("max_peers", "send_hwm", "recv_hwm", "max_batch", "max_queued_sends",
+                     "max_queued_commands", "max_pending_handshakes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not self.send_timeout_s > 0:
@@ -190,7 +235,7 @@ class _Counts:
 
     __slots__ = (
         "received", "delivered", "rejected", "callback_errors", "sent", "send_failed",
-        "senders_opened", "auth_refused", "handshake_failed", "handshakes_served",
+        "senders_opened", "auth_refused", "handshake_failed", "handshakes_served", "io_errors",
     )
 
     def __init__(self) -> None:
@@ -227,7 +272,8 @@ class ZmqTransport:
 
     ``on_message(delivery)`` runs on the I/O thread for every accepted message:
     keep it short (enqueue and return).  ``on_send_failure(failure)`` runs there
-    too when a queued message times out, is evicted or is dropped at close.
+    too when a queued message times out, is evicted, cannot get a socket or is
+    dropped at close.
     Construction binds the listener and starts the thread, or raises
     (``zmq.ZMQError`` for a bind failure, ``ValueError`` for bad settings).
     """
@@ -246,7 +292,11 @@ class ZmqTransport:
         self._commands: collections.deque = collections.deque()  # control: handshake, serve, stop
         self._sends: collections.deque = collections.deque()  # (host, port, payload, transfer_id, kind)
         self._wake_pending = False
-        self._closed = False
+        self._closed = False  # set once, by close() or when the I/O thread stops
+        self._handshake_slots = threading.BoundedSemaphore(config.max_pending_handshakes)
+        # Held while writing the wake pipe and while closing it, so a late wake-up
+        # never writes to a closed descriptor number that the process has reused.
+        self._wake_lock = threading.Lock()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -282,37 +332,63 @@ class ZmqTransport:
 
         Safe to call from any thread; never blocks on the network.  Raises at
         once ``UntrustedPeerError`` (the policy refused the host),
-        ``WireEncodeError`` (a field is invalid) or ``TransportClosedError``.
-        Later failures go to ``on_send_failure``.
+        ``WireEncodeError`` (a field is invalid), ``TransportBusyError``
+        (``max_queued_sends`` messages are already waiting) or
+        ``TransportClosedError``.  Later failures go to ``on_send_failure``.
         """
         host, port = self._destination(destination)
         canonical = self.policy.check(host)
         payload = encode_notify(message, limits=self.config.limits)
-        if self._closed:
-            raise TransportClosedError("transport is closed")
-        self._sends.append((canonical, port, payload, message.transfer_id, message.kind))
-        if not self._wake_pending:  # one pipe write per batch; see _drain_commands
-            self._wake_pending = True
-            self._wake()
+        self._enqueue(self._sends, self.config.max_queued_sends, "max_queued_sends",
+                      (canonical, port, payload, message.transfer_id, message.kind))
 
     def request_handshake(self, destination: Destination, *, timeout_s: float = 10.0) -> concurrent.futures.Future:
         """Ask a peer's handshake port for its metadata; returns a Future of ``HandshakeReply``.
 
-        Raises ``UntrustedPeerError`` or ``TransportClosedError`` at once; the
-        Future fails with ``HandshakeFailedError`` on timeout, a bad reply or close.
+        Raises ``UntrustedPeerError``, ``TransportClosedError`` or
+        ``TransportBusyError`` (``max_pending_handshakes`` are queued or in
+        flight) at once; the Future fails with ``HandshakeFailedError`` on
+        timeout, a bad reply, a socket that cannot be created, or close.
         """
         host, port = self._destination(destination)
         canonical = self.policy.check(host)
+        if not self._handshake_slots.acquire(blocking=False):
+            raise TransportBusyError(
+                f"handshake with {canonical}:{port} refused: {self.config.max_pending_handshakes} handshakes "
+                "are already pending (TransportConfig.max_pending_handshakes)"
+            )
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._submit(("handshake", canonical, port, future, time.monotonic() + timeout_s))
+        # Every future ends exactly once (result, failure or cancel): that frees its slot.
+        future.add_done_callback(self._release_handshake_slot)
+        try:
+            self._enqueue(self._commands, self.config.max_queued_commands, "max_queued_commands",
+                          ("handshake", canonical, port, future, time.monotonic() + timeout_s))
+        except BaseException:
+            future.cancel()
+            raise
         return future
 
-    def serve_handshake(self, reply: HandshakeReply, *, port: int = 0, bind_host: str | None = None) -> int:
-        """Answer handshake requests on ``port`` (0: ephemeral) with ``reply``; returns the port."""
+    def serve_handshake(self, reply: HandshakeReply, *, port: int = 0, bind_host: str | None = None,
+                        timeout_s: float = 10.0) -> int:
+        """Answer handshake requests on ``port`` (0: ephemeral) with ``reply``; returns the port.
+
+        Raises what the bind raised (``zmq.ZMQError``), ``TransportClosedError``,
+        or ``TransportBusyError`` when the I/O thread has not bound the port
+        within ``timeout_s`` (the bind is then abandoned).
+        """
         frames = encode_handshake_reply(reply)
+        host = bind_host or self.bind_host
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._submit(("serve", bind_host or self.bind_host, port, frames, future))
-        return future.result()
+        self._enqueue(self._commands, self.config.max_queued_commands, "max_queued_commands",
+                      ("serve", host, port, frames, future))
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            if future.cancel():
+                raise TransportBusyError(
+                    f"serve_handshake on {host}:{port}: the I/O thread did not bind it within {timeout_s}s"
+                ) from None
+            return future.result(timeout_s)  # the I/O thread is binding it right now
 
     @property
     def stats(self) -> dict[str, int]:
@@ -323,13 +399,15 @@ class ZmqTransport:
         """Stop the I/O thread and close every socket; idempotent.
 
         Messages still queued are reported to ``on_send_failure``; pending
-        handshakes fail with ``HandshakeFailedError``.
+        handshakes fail with ``HandshakeFailedError``.  Also releases what is
+        left after the I/O thread stopped on its own.
         """
-        if self._closed:
-            return
-        self._closed = True
-        self._commands.append(("stop",))
-        self._wake()
+        if not self._closed:
+            self._closed = True
+            self._commands.append(("stop",))  # never refused: stopping must always get through
+            self._wake()
+        if threading.current_thread() is self._thread:
+            return  # called from a callback: the thread stops after it returns
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self._release_os_resources()
@@ -353,29 +431,54 @@ class ZmqTransport:
             raise ValueError(f"port: expected an integer in 1..65535, got {port!r}")
         return host, port
 
-    def _submit(self, command: tuple) -> None:
+    def _enqueue(self, queue: collections.deque, bound: int, setting: str, item: tuple) -> None:
+        """Hand ``item`` to the I/O thread, or raise without queueing it."""
         if self._closed:
             raise TransportClosedError("transport is closed")
-        self._commands.append(command)
-        # One pipe write per batch of commands (see _drain_commands for the
-        # ordering that makes this race-free).
+        if len(queue) >= bound:
+            # Checked without a lock: concurrent callers may overshoot by at most
+            # one item each, which keeps the queue bounded.
+            raise TransportBusyError(
+                f"{bound} items are already waiting for the I/O thread (TransportConfig.{setting}); refused"
+            )
+        queue.append(item)
+        if self._closed:
+            # The transport closed while this was being appended, possibly after
+            # the I/O thread's last drain.  Take the item back if it is still
+            # there (nobody else will handle it) and refuse it; if it is gone, the
+            # I/O thread took it and will send it or report it.
+            try:
+                queue.remove(item)
+            except ValueError:
+                return
+            raise TransportClosedError("transport is closed")
+        # One pipe write per batch (see _drain_commands for the ordering that
+        # makes this race-free).
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
 
+    def _release_handshake_slot(self, _future: concurrent.futures.Future) -> None:
+        self._handshake_slots.release()
+
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_write, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full: the I/O thread is already due to wake
+        with self._wake_lock:
+            if self._wake_write < 0:
+                return  # closed: nothing is listening any more
+            try:
+                os.write(self._wake_write, b"\0")
+            except OSError:
+                pass  # pipe full: the I/O thread is already due to wake
 
     def _release_os_resources(self) -> None:
-        for fd in (self._wake_read, self._wake_write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_read = self._wake_write = -1
+        with self._wake_lock:
+            for fd in (self._wake_read, self._wake_write):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self._wake_read = self._wake_write = -1
 
     # ------------------------------------------------------------------ I/O thread
 
@@ -384,15 +487,19 @@ class ZmqTransport:
             self._open_sockets()
         except BaseException as exc:  # reported to the constructor
             failure.append(exc)
+            self._closed = True
             self._close_sockets()
             started.set()
             return
         started.set()
         try:
             self._loop()
-        except BaseException:  # pragma: no cover - last resort, keeps the reason visible
+        except BaseException:
             log.exception("zmq.io_thread_crashed")
         finally:
+            # Refuse new work first, then fail what is queued: a caller that
+            # appends after this point sees _closed and takes its item back.
+            self._closed = True
             self._close_sockets()
 
     def _keepalive(self, sock: zmq.Socket) -> None:
@@ -448,23 +555,37 @@ class ZmqTransport:
             busy = self._handshakes or any(o.polling for o in self._outboxes.values())
             timeout_ms = 25 if busy else 1000
             for target, flags in poller.poll(timeout_ms):
-                if target is self._listener:
-                    self._drain_listener()
-                elif target == self._wake_read:
-                    if self._drain_commands():
-                        return
-                elif target is self._zap:
-                    self._serve_zap()
-                elif target in self._handshakes:
-                    self._collect_handshake(target)
-                elif target in self._handshake_servers:
-                    self._answer_handshakes(target)
-                elif flags & zmq.POLLOUT:
-                    self._flush_outbox_socket(target)
+                try:
+                    if target is self._listener:
+                        self._drain_listener()
+                    elif target == self._wake_read:
+                        if self._drain_commands():
+                            return
+                    elif target is self._zap:
+                        self._serve_zap()
+                    elif target in self._handshakes:
+                        self._collect_handshake(target)
+                    elif target in self._handshake_servers:
+                        self._answer_handshakes(target)
+                    elif flags & zmq.POLLOUT:
+                        self._flush_outbox_socket(target)
+                except Exception as exc:
+                    self._io_error(target, exc)
             now = time.monotonic()
             if now >= next_expiry_check:
                 next_expiry_check = now + 0.025
-                self._expire(now)
+                try:
+                    self._expire(now)
+                except Exception as exc:
+                    self._io_error(None, exc)
+
+    def _io_error(self, target: object, exc: Exception) -> None:
+        """An unexpected error while serving one socket: contain it to that socket."""
+        self.counts.io_errors += 1
+        if target is not None and target in self._handshakes:
+            self._finish_handshake(target, HandshakeFailedError(f"handshake socket error: {exc}"))
+        if self._log_limiter.allow(time.monotonic()):
+            log.error("zmq.io_error", error=f"{_type_name(exc)}: {exc}", exc_info=exc)
 
     # commands ---------------------------------------------------------------
 
@@ -484,13 +605,35 @@ class ZmqTransport:
         while commands:
             command = commands.popleft()
             op = command[0]
-            if op == "handshake":
-                self._start_handshake(*command[1:])
-            elif op == "serve":
-                self._start_handshake_server(*command[1:])
-            elif op == "stop":
-                return True
+            if op == "stop":
+                return True  # whatever is still queued is failed by _close_sockets
+            try:
+                if op == "handshake":
+                    self._start_handshake(*command[1:])
+                elif op == "serve":
+                    self._start_handshake_server(*command[1:])
+            except Exception as exc:
+                self.counts.io_errors += 1
+                log.error("zmq.command_failed", command=op, error=f"{_type_name(exc)}: {exc}")
+                self._fail_command(command, exc)
         return False
+
+    @staticmethod
+    def _fail_command(command: tuple, exc: BaseException) -> None:
+        """Fail the future of a handshake or serve command that was not carried out."""
+        op = command[0]
+        if op == "handshake":
+            future = command[3]
+            if not isinstance(exc, HandshakeFailedError):
+                exc = HandshakeFailedError(f"handshake with {command[1]}:{command[2]} failed: {exc}")
+        elif op == "serve":
+            future = command[4]
+        else:
+            return
+        if future.done():
+            return
+        if future.running() or future.set_running_or_notify_cancel():
+            future.set_exception(exc)
 
     # sending ----------------------------------------------------------------
 
@@ -503,17 +646,21 @@ class ZmqTransport:
         while len(self._outboxes) >= self.config.max_peers:
             (old_host, old_port), old = self._outboxes.popitem(last=False)
             self._discard_outbox(old_host, old_port, old, "sender evicted from the peer cache (least recently used)")
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, self.config.linger_ms)
-        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
-        # Queue only on completed connections: a dead peer surfaces as a send
-        # timeout instead of messages silently piling up inside libzmq.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        self._keepalive(sock)
-        if self.config.curve is not None:
-            self.config.curve.apply_client(sock, host)
-        sock.connect(_tcp_url(host, port))
+        sock = self._ctx.socket(zmq.DEALER)  # raises ZMQError, e.g. at libzmq's socket limit
+        try:
+            sock.setsockopt(zmq.LINGER, self.config.linger_ms)
+            sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+            sock.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
+            # Queue only on completed connections: a dead peer surfaces as a send
+            # timeout instead of messages silently piling up inside libzmq.
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            self._keepalive(sock)
+            if self.config.curve is not None:
+                self.config.curve.apply_client(sock, host)
+            sock.connect(_tcp_url(host, port))
+        except BaseException:
+            sock.close(linger=0)
+            raise
         outbox = _Outbox(sock)
         self._outboxes[key] = outbox
         self.counts.senders_opened += 1
@@ -531,7 +678,12 @@ class ZmqTransport:
                 host, port, payload, transfer_id, kind = popleft()
                 # Consecutive messages usually share a peer: skip the LRU update then.
                 if outbox is None or port != last_port or host != last_host:
-                    outbox = self._outbox(host, port)
+                    try:
+                        outbox = self._outbox(host, port)
+                    except Exception as exc:
+                        outbox, last_host = None, None
+                        self._fail(host, port, transfer_id, kind, f"could not open a sender socket: {exc}")
+                        continue
                     last_host, last_port = host, port
                 if not outbox.backlog:
                     try:
@@ -689,14 +841,23 @@ class ZmqTransport:
     def _start_handshake(self, host: str, port: int, future: concurrent.futures.Future, deadline: float) -> None:
         if not future.set_running_or_notify_cancel():
             return
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_handshake_bytes)
-        self._keepalive(sock)
-        if self.config.curve is not None:
-            self.config.curve.apply_client(sock, host)
-        sock.connect(_tcp_url(host, port))
-        sock.send(HANDSHAKE_REQUEST, zmq.NOBLOCK)  # a fresh DEALER queues it until connected
+        sock = None
+        try:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_handshake_bytes)
+            self._keepalive(sock)
+            if self.config.curve is not None:
+                self.config.curve.apply_client(sock, host)
+            sock.connect(_tcp_url(host, port))
+            sock.send(HANDSHAKE_REQUEST, zmq.NOBLOCK)  # a fresh DEALER queues it until connected
+        except Exception as exc:
+            if sock is not None:
+                sock.close(linger=0)
+            self.counts.handshake_failed += 1
+            future.set_exception(HandshakeFailedError(
+                f"could not start a handshake with {host}:{port}: {_type_name(exc)}: {exc}"))
+            return
         self._handshakes[sock] = _PendingHandshake(future, host, port, deadline)
         self._poller.register(sock, zmq.POLLIN)
 
@@ -732,6 +893,8 @@ class ZmqTransport:
 
     def _start_handshake_server(self, host: str, port: int, frames: tuple[bytes, bytes],
                                 future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # the caller gave up waiting; do not bind a port nobody knows about
         try:
             sock = self._server_socket(zmq.ROUTER, 4096)
             try:
@@ -767,28 +930,58 @@ class ZmqTransport:
     # shutdown ---------------------------------------------------------------
 
     def _close_sockets(self) -> None:
-        for (host, port), outbox in list(self._outboxes.items()):
+        """Close every socket, then fail everything still queued; each step runs
+        even if an earlier one raised, so no caller is left waiting."""
+        steps = (self._close_outboxes, self._close_handshakes, self._close_servers, self._destroy_context,
+                 self._fail_queued)
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("zmq.shutdown_step_failed", step=step.__name__)
+
+    def _close_outboxes(self) -> None:
+        while self._outboxes:
+            (host, port), outbox = self._outboxes.popitem(last=False)
             self._discard_outbox(host, port, outbox, "transport closed before the message was sent")
-        self._outboxes.clear()
+
+    def _close_handshakes(self) -> None:
         for sock in list(self._handshakes):
             self._finish_handshake(sock, HandshakeFailedError("transport closed"))
+
+    def _close_servers(self) -> None:
         for sock in list(self._handshake_servers):
             sock.close(linger=0)
         self._handshake_servers.clear()
         for sock in (self._listener, self._zap):
             if sock is not None:
                 sock.close(linger=0)
-        # Outboxes were closed with a linger, so term() waits at most that long
-        # for queued messages to leave.
-        self._ctx.term()
+
+    def _destroy_context(self) -> None:
+        # Outboxes were closed with a linger, so this waits at most that long for
+        # queued messages to leave; any socket a failed step left open is closed
+        # here, so it cannot make the wait endless.
+        self._ctx.destroy()
+
+    def _fail_queued(self) -> None:
         # Anything a racing caller appended after "stop" is failed, not lost.
-        while self._sends:
-            host, port, _payload, transfer_id, kind = self._sends.popleft()
+        sends, commands = self._sends, self._commands
+        while True:
+            try:
+                host, port, _payload, transfer_id, kind = sends.popleft()
+            except IndexError:
+                break
             self._fail(host, port, transfer_id, kind, "transport closed")
-        while self._commands:
-            command = self._commands.popleft()
+        while True:
+            try:
+                command = commands.popleft()
+            except IndexError:
+                break
             if command[0] == "handshake":
-                if command[3].set_running_or_notify_cancel():
-                    command[3].set_exception(HandshakeFailedError("transport closed"))
-            elif command[0] == "serve":
-                command[4].set_exception(TransportClosedError("transport is closed"))
+                self._fail_command(command, HandshakeFailedError("transport closed"))
+            else:
+                self._fail_command(command, TransportClosedError("transport is closed"))
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__

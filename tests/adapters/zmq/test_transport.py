@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import msgpack
 import pytest
@@ -17,6 +18,7 @@ from moriio_fsm.adapters.zmq import (
     RankEndpoint,
     RemoteBlocks,
     Role,
+    TransportBusyError,
     TransportClosedError,
     TransportConfig,
     UntrustedPeerError,
@@ -317,3 +319,184 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+# ---------------------------------------------------------------- failures of the I/O thread itself
+
+
+def test_socket_creation_errors_fail_their_own_work_and_the_transport_keeps_serving(consumer):
+    receiver, inbox = consumer
+    failures: queue.Queue = queue.Queue()
+    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False,
+                             max_pending_handshakes=1_100, max_queued_commands=1_100)
+    with ZmqTransport(config, Inbox(), on_send_failure=failures.put) as sender, socket_port() as dead_port:
+        # libzmq allows 1023 sockets per context: the handshakes beyond that fail at once.
+        futures = [sender.request_handshake((HOST, dead_port), timeout_s=5.0) for _ in range(1_100)]
+        with pytest.raises(HandshakeFailedError, match="could not start a handshake"):
+            futures[-1].result(WAIT_S)
+        # Every socket is taken, so this send cannot get one: reported, not lost.
+        sender.send((HOST, receiver.notify_port), WriteDone("tx-no-socket"))
+        failure = failures.get(timeout=WAIT_S)
+        assert failure.transfer_id == "tx-no-socket"
+        assert "could not open a sender socket" in failure.reason
+        for future in futures:  # the rest time out and give their sockets back
+            with pytest.raises(HandshakeFailedError):
+                future.result(WAIT_S)
+        sender.send((HOST, receiver.notify_port), WriteDone("tx-after"))
+        assert inbox.get().message == WriteDone("tx-after")
+        assert sender.stats["io_errors"] == 0  # contained where they happened, not by the last resort
+
+
+def test_if_the_io_thread_stops_the_transport_is_closed_and_queued_work_is_failed(monkeypatch):
+    failures: queue.Queue = queue.Queue()
+    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False)
+    transport = ZmqTransport(config, Inbox(), on_send_failure=failures.put)
+    with socket_port() as dead_port:
+        pending = transport.request_handshake((HOST, dead_port), timeout_s=60)
+
+        def broken_poll(*_args):
+            raise RuntimeError("poller broke")
+
+        monkeypatch.setattr(transport._poller, "poll", broken_poll)
+        try:
+            transport.send((HOST, dead_port), WriteDone("tx-queued"))
+            queued = True
+        except TransportClosedError:
+            queued = False
+        transport._thread.join(WAIT_S)
+        assert not transport._thread.is_alive()
+        with pytest.raises(HandshakeFailedError, match="closed"):
+            pending.result(WAIT_S)
+        if queued:
+            assert failures.get(timeout=WAIT_S).transfer_id == "tx-queued"
+        with pytest.raises(TransportClosedError):
+            transport.send((HOST, dead_port), WriteDone("tx-late"))
+        with pytest.raises(TransportClosedError):
+            transport.request_handshake((HOST, dead_port))
+    transport.close()
+    assert transport._wake_write == -1  # close() still releases the pipe
+
+
+# ---------------------------------------------------------------- bounds
+
+
+class BlockedIoThread:
+    """Holds a transport's I/O thread inside its on_message callback, so work piles up."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, delivery) -> None:
+        self.entered.set()
+        self.release.wait(WAIT_S)
+
+    def block(self, transport: ZmqTransport, dealer: zmq.Socket) -> None:
+        dealer.send(b"tx-block")
+        assert self.entered.wait(WAIT_S)
+
+
+def test_sends_beyond_the_queue_bound_are_refused(consumer, raw_dealer):
+    receiver, inbox = consumer
+    blocked = BlockedIoThread()
+    config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, max_queued_sends=5)
+    with ZmqTransport(config, blocked) as sender:
+        blocked.block(sender, raw_dealer(sender.notify_port))
+        destination = (HOST, receiver.notify_port)
+        for n in range(5):
+            sender.send(destination, WriteDone(f"tx-{n}"))
+        with pytest.raises(TransportBusyError, match="max_queued_sends"):
+            sender.send(destination, WriteDone("tx-over"))
+        blocked.release.set()
+        assert sorted(d.message.transfer_id for d in inbox.take(5)) == [f"tx-{n}" for n in range(5)]
+        sender.send(destination, WriteDone("tx-room-again"))
+        assert inbox.get().message.transfer_id == "tx-room-again"
+
+
+def test_commands_and_pending_handshakes_are_bounded(raw_dealer):
+    blocked = BlockedIoThread()
+    config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, max_queued_commands=4, max_pending_handshakes=2)
+    with ZmqTransport(config, blocked) as transport, socket_port() as dead_port:
+        blocked.block(transport, raw_dealer(transport.notify_port))
+        first = transport.request_handshake((HOST, dead_port), timeout_s=30)
+        transport.request_handshake((HOST, dead_port), timeout_s=30)
+        with pytest.raises(TransportBusyError, match="max_pending_handshakes"):
+            transport.request_handshake((HOST, dead_port))
+        assert first.cancel()  # a finished handshake frees its slot
+        transport.request_handshake((HOST, dead_port), timeout_s=30)
+        with pytest.raises(TransportBusyError, match="did not bind"):
+            transport.serve_handshake(HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {}),
+                                      bind_host=HOST, timeout_s=0.2)
+        # Three handshakes (one cancelled) and the abandoned serve fill the command queue.
+        reply = HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {})
+        with pytest.raises(TransportBusyError, match="max_queued_commands"):
+            transport.serve_handshake(reply, bind_host=HOST)
+        blocked.release.set()
+        deadline = time.monotonic() + WAIT_S
+        while True:  # room comes back once the I/O thread has drained the queue
+            try:
+                assert transport.serve_handshake(reply, bind_host=HOST) > 0
+                break
+            except TransportBusyError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+
+def test_a_late_wake_up_never_writes_to_a_closed_and_reused_descriptor(monkeypatch):
+    import os
+
+    from moriio_fsm.adapters.zmq import transport as transport_module
+
+    transport = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), Inbox())
+    sentinel_read, sentinel_write = os.pipe()
+    os.set_blocking(sentinel_read, False)
+    caller = threading.current_thread()
+    reused: list[int] = []
+
+    class RacingOs:
+        """``os`` whose first write from the test thread lets close() run first."""
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            if threading.current_thread() is caller and not reused:
+                closer = threading.Thread(target=transport.close)
+                closer.start()
+                closer.join(1.0)
+                if not closer.is_alive():  # the pipe was closed under this write: reuse its number
+                    os.dup2(sentinel_write, fd)
+                reused.append(fd if not closer.is_alive() else -1)
+            return os.write(fd, data)
+
+    monkeypatch.setattr(transport_module, "os", RacingOs())
+    try:
+        transport.send((HOST, transport.notify_port), WriteDone("tx-wake"))
+    except TransportClosedError:
+        pass
+    transport.close()
+    try:
+        with pytest.raises(BlockingIOError):
+            os.read(sentinel_read, 16)  # nothing was written into the unrelated pipe
+    finally:
+        for fd in (sentinel_read, sentinel_write, *[fd for fd in reused if fd >= 0]):
+            os.close(fd)
+
+
+def test_default_bind_host_finds_an_ipv6_address_when_ipv4_has_no_route(monkeypatch):
+    import socket
+
+    from moriio_fsm.adapters.zmq import transport as transport_module
+
+    routes = {socket.AF_INET: None, socket.AF_INET6: "2001:db8::5"}
+    monkeypatch.setattr(transport_module, "_route_address", lambda family, target: routes.get(family))
+    assert transport_module.default_bind_host() == "2001:db8::5"
+
+
+def test_default_bind_host_is_a_concrete_address():
+    import ipaddress
+
+    from moriio_fsm.adapters.zmq import default_bind_host
+
+    assert not ipaddress.ip_address(default_bind_host()).is_unspecified
