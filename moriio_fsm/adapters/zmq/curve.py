@@ -8,10 +8,13 @@ whose public key is authorised.  A peer without CURVE cannot complete the handsh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
 import zmq
 from zmq.utils import z85
+
+from .policy import canonical_host
 
 __all__ = ["CurveConfig", "ZAP_ENDPOINT", "zap_reply"]
 
@@ -37,8 +40,9 @@ class CurveConfig:
     ``authorized_client_keys``: client public keys a listener admits (this
     process's own public key is always admitted, so a deployment sharing one
     key pair needs nothing more).  ``server_keys``: a peer host's server public
-    key, by canonical host; hosts not listed are assumed to use this process's
-    own public key.  Keys are Z85 text (40 characters), as ``zmq.curve_keypair``
+    key by host; hosts are canonicalised here (as ``PeerPolicy`` does), so any
+    spelling of a host finds its key.  Hosts not listed are assumed to use this
+    process's own public key.  Keys are Z85 text (40 characters), as ``zmq.curve_keypair``
     makes them.  Construction raises ``ValueError`` naming a malformed key.
     """
 
@@ -52,8 +56,20 @@ class CurveConfig:
         object.__setattr__(self, "secret_key", _z85_key(self.secret_key, "secret_key"))
         keys = frozenset(_z85_key(k, "authorized_client_keys") for k in self.authorized_client_keys)
         object.__setattr__(self, "authorized_client_keys", keys)
-        servers = {str(h): _z85_key(k, f"server_keys[{h!r}]") for h, k in dict(self.server_keys).items()}
-        object.__setattr__(self, "server_keys", servers)
+        # Keyed by canonical host, the form the transport looks them up in: "[::1]",
+        # "::1" and "0:0::1" are one host, as are "Node-A." and "node-a".
+        servers: dict[str, bytes] = {}
+        for host, key in dict(self.server_keys).items():
+            try:
+                canonical = str(canonical_host(host))
+            except ValueError as exc:
+                raise ValueError(f"server_keys[{host!r}]: expected an IP address or host name ({exc})") from None
+            checked = _z85_key(key, f"server_keys[{host!r}]")
+            if servers.get(canonical, checked) != checked:
+                raise ValueError(f"server_keys[{host!r}]: another entry names the same host {canonical!r} "
+                                 "with a different key")
+            servers[canonical] = checked
+        object.__setattr__(self, "server_keys", MappingProxyType(servers))
 
     @classmethod
     def generate(cls, authorized_client_keys: Iterable[bytes] = ()) -> "CurveConfig":
@@ -65,16 +81,17 @@ class CurveConfig:
         """The admitted client keys as 32-byte binary, as ZAP presents them."""
         return frozenset(z85.decode(k) for k in self.authorized_client_keys | {self.public_key})
 
-    def server_key_for(self, canonical_host: str) -> bytes:
-        return self.server_keys.get(canonical_host, self.public_key)
+    def server_key_for(self, host: str) -> bytes:
+        """The server key to expect from ``host`` (canonical text, as ``PeerPolicy.check`` returns)."""
+        return self.server_keys.get(host, self.public_key)
 
     def apply_server(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
 
-    def apply_client(self, sock: zmq.Socket, canonical_host: str) -> None:
-        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key_for(canonical_host))
+    def apply_client(self, sock: zmq.Socket, host: str) -> None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key_for(host))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
 

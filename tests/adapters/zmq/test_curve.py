@@ -14,6 +14,7 @@ from moriio_fsm.adapters.zmq import (
     CurveConfig,
     HandshakeFailedError,
     HandshakeReply,
+    PeerPolicy,
     Role,
     TransportConfig,
     WriteDone,
@@ -121,3 +122,18 @@ def test_zap_handler_refuses_anything_but_an_authorised_curve_key():
 def test_malformed_keys_are_named():
     with pytest.raises(ValueError, match="public_key"):
         CurveConfig(b"short", zmq.curve_keypair()[1])
+
+
+def test_server_keys_are_found_by_any_spelling_of_the_host():
+    public, secret = zmq.curve_keypair()
+    ipv6_key, name_key = zmq.curve_keypair()[0], zmq.curve_keypair()[0]
+    config = CurveConfig(public, secret, server_keys={"[0:0::1]": ipv6_key, "Node-A.": name_key})
+    # The transport looks keys up by the canonical text PeerPolicy.check returns.
+    policy = PeerPolicy(["::1", "node-a"])
+    assert config.server_key_for(policy.check("::1")) == ipv6_key
+    assert config.server_key_for(policy.check("NODE-A")) == name_key
+    assert config.server_key_for(policy.check("::0:1")) == ipv6_key
+    with pytest.raises(ValueError, match=r"server_keys\['no such host!'\]"):
+        CurveConfig(public, secret, server_keys={"no such host!": ipv6_key})
+    with pytest.raises(ValueError, match="same host '::1' with a different key"):
+        CurveConfig(public, secret, server_keys={"::1": ipv6_key, "[::1]": name_key})
