@@ -2,8 +2,15 @@
 
 Hosts arrive in client-controlled request parameters, so each one is canonicalised
 (IPv4/IPv6 literals, IPv4-mapped IPv6, brackets, case, trailing dot) and matched
-against configured host names, addresses and CIDR ranges.  Names are never resolved
-here (no DNS rebinding); with nothing configured only loopback is trusted.
+against configured host names, addresses and CIDR ranges; with nothing configured only
+loopback is trusted.
+
+What the check guarantees, precisely: an address literal is dialled exactly as checked.
+A host *name* is trusted as a name and never resolved here; libzmq resolves it when it
+connects and again at every reconnect, so the name's DNS decides which address is
+reached, and whoever controls that DNS can point a trusted name anywhere (DNS
+rebinding is not prevented for names).  Where that matters, trust addresses or CIDR
+ranges rather than names, or turn on CURVE so an impostor cannot authenticate.
 """
 
 from __future__ import annotations
