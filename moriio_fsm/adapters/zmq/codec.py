@@ -115,6 +115,9 @@ class WireLimits:
     # Derived once: the unpacker options are needed for every received message.
     _notify_options: dict = field(init=False, repr=False, compare=False)
     _handshake_options: dict = field(init=False, repr=False, compare=False)
+    # Per-frame notify options for small frames, by frame size (at most
+    # _PREPASS_FROM_BYTES + 1 entries): most messages are a few dozen bytes.
+    _notify_small: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -148,6 +151,7 @@ class WireLimits:
         }
         object.__setattr__(self, "_notify_options", notify)
         object.__setattr__(self, "_handshake_options", handshake)
+        object.__setattr__(self, "_notify_small", {})
 
     def notify_unpack_options(self, frame_size: int | None = None) -> dict[str, Any]:
         """msgpack unpacker options for a notify frame (of ``frame_size`` bytes, if given)."""
@@ -167,7 +171,7 @@ class WireLimits:
 _PREPASS_FROM_BYTES = 256
 
 
-def _unpack_bounded(frame: bytes, options: dict) -> Any:
+def _unpack_bounded(frame: bytes, options: dict, small: dict | None = None) -> Any:
     """``msgpack.unpackb`` whose allocations are bounded by the frame's size.
 
     Per-frame limits stop any single header from claiming more entries than the
@@ -176,8 +180,14 @@ def _unpack_bounded(frame: bytes, options: dict) -> Any:
     frame is first skipped through without building anything, which proves its
     first object complete; in a complete object every declared entry is present
     and takes at least one byte, so what is then allocated is O(frame size).
+    ``small`` caches the per-frame options of small frames by size.
     """
     size = len(frame)
+    if size <= _PREPASS_FROM_BYTES and small is not None:
+        tight = small.get(size)
+        if tight is None:
+            tight = small[size] = _per_frame(options, size)
+        return msgpack.unpackb(frame, **tight)
     if size > _PREPASS_FROM_BYTES:
         scan = msgpack.Unpacker(max_buffer_size=size)
         scan.feed(frame)
@@ -432,7 +442,7 @@ def decode_notify(
             # It is never unpacked, so array headers in it allocate nothing.
             return _decode_bare(frame, role, limits)
         try:
-            data = _unpack_bounded(frame, limits._notify_options)
+            data = _unpack_bounded(frame, limits._notify_options, limits._notify_small)
         except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
             raise WireDecodeError(_WHOLE, f"invalid msgpack map ({_type_name(exc)}: {exc})") from None
         return _decode_structured(data, role, limits)
