@@ -2,8 +2,10 @@
 
 Both paths do the same work on the same kinds of sockets on 127.0.0.1: the main
 thread encodes and sends through a DEALER, a receiving thread reads a ROUTER,
-decodes and delivers to a callback.  The adapter adds validation, its I/O threads
-and the trust check.  Rounds alternate between the two and the medians are compared.
+decodes and delivers to a callback.  Like with like: both use sockets connected
+and warmed before any round is timed, and the same high-water marks.  The adapter
+adds validation, its I/O threads and the trust check.  Rounds alternate between
+the two and the medians are compared.
 """
 
 from __future__ import annotations
@@ -34,37 +36,51 @@ def adapter_round(sender: ZmqTransport, destination: tuple[str, int], box: dict,
     return count / (time.perf_counter() - start)
 
 
-def raw_round(ctx: zmq.Context, count: int) -> float:
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port(f"tcp://{HOST}")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(f"tcp://{HOST}:{port}")
-    delivered: list = []
-    ready = threading.Event()
+class RawPath:
+    """The baseline: one DEALER -> ROUTER pair, bound, connected and warmed once.
 
-    def receive() -> None:
-        ready.set()
-        for _ in range(count):
-            _identity, payload = router.recv_multipart()
-            data = msgpack.unpackb(payload)
-            delivered.append((data["transfer_id"], data.get("num_writers", 1)))
+    Built with the same high-water marks and linger as the adapter's sockets, and
+    connected before any timing starts, as the adapter's cached sender is.
+    """
 
-    receiver = threading.Thread(target=receive)
-    receiver.start()
-    ready.wait()
-    ids = [f"tx-{i:08d}" for i in range(count)]
-    start = time.perf_counter()
-    for transfer_id in ids:
-        dealer.send(msgpack.packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": 1}))
-    receiver.join(60)
-    elapsed = time.perf_counter() - start
-    dealer.close()
-    router.close()
-    if len(delivered) != count:
-        raise RuntimeError(f"raw round delivered {len(delivered)}/{count} messages")
-    return count / elapsed
+    def __init__(self, ctx: zmq.Context, send_hwm: int, recv_hwm: int) -> None:
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.RCVHWM, recv_hwm)
+        port = self.router.bind_to_random_port(f"tcp://{HOST}")
+        self.dealer = ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.setsockopt(zmq.SNDHWM, send_hwm)
+        self.dealer.connect(f"tcp://{HOST}:{port}")
+
+    def round(self, count: int) -> float:
+        router, dealer = self.router, self.dealer
+        delivered: list = []
+        ready = threading.Event()
+
+        def receive() -> None:
+            ready.set()
+            for _ in range(count):
+                _identity, payload = router.recv_multipart()
+                data = msgpack.unpackb(payload)
+                delivered.append((data["transfer_id"], data.get("num_writers", 1)))
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        ready.wait()
+        ids = [f"tx-{i:08d}" for i in range(count)]
+        start = time.perf_counter()
+        for transfer_id in ids:
+            dealer.send(msgpack.packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": 1}))
+        receiver.join(60)
+        elapsed = time.perf_counter() - start
+        if len(delivered) != count:
+            raise RuntimeError(f"raw round delivered {len(delivered)}/{count} messages")
+        return count / elapsed
+
+    def close(self) -> None:
+        self.dealer.close()
+        self.router.close()
 
 
 def main() -> None:
@@ -80,32 +96,37 @@ def main() -> None:
         if box["seen"] == box["target"]:
             box["done"].set()
 
-    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, recv_hwm=4 * args.messages), on_message)
-    # A round is a burst of --messages sends: the send queue must hold one burst,
-    # as the raw DEALER's blocking send would simply wait instead.
+    # A round is a burst of --messages sends: the adapter's send queue must hold
+    # one burst (its send() never blocks, where the raw DEALER's send would wait),
+    # and both paths get the same high-water marks.
+    hwm = 4 * args.messages
+    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, recv_hwm=hwm), on_message)
     sender = ZmqTransport(
-        TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, send_hwm=4 * args.messages),
+        TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, send_hwm=hwm, max_queued_sends=hwm),
         lambda d: None,
     )
     destination = (HOST, receiver.notify_port)
     box["stats"] = lambda: (sender.stats, receiver.stats)
     ctx = zmq.Context()
+    raw = RawPath(ctx, send_hwm=hwm, recv_hwm=hwm)
     try:
-        adapter_round(sender, destination, box, 2_000)  # connect and warm up both paths
-        raw_round(ctx, 2_000)
+        # Connect and warm up both paths before anything is timed.
+        adapter_round(sender, destination, box, 2_000)
+        raw.round(2_000)
         adapter_rates, raw_rates = [], []
         for _ in range(args.rounds):
             adapter_rates.append(adapter_round(sender, destination, box, args.messages))
-            raw_rates.append(raw_round(ctx, args.messages))
+            raw_rates.append(raw.round(args.messages))
     finally:
         sender.close()
         receiver.close()
+        raw.close()
         ctx.term()
-    adapter = statistics.median(adapter_rates)
-    raw = statistics.median(raw_rates)
-    print(f"adapter: median {adapter:,.0f} msg/s over {args.rounds} rounds of {args.messages}")
-    print(f"raw pyzmq + msgpack: median {raw:,.0f} msg/s")
-    print(f"zmq_throughput_ratio: {adapter / raw:.3f}")
+    adapter_rate = statistics.median(adapter_rates)
+    raw_rate = statistics.median(raw_rates)
+    print(f"adapter: median {adapter_rate:,.0f} msg/s over {args.rounds} rounds of {args.messages}")
+    print(f"raw pyzmq + msgpack: median {raw_rate:,.0f} msg/s")
+    print(f"zmq_throughput_ratio: {adapter_rate / raw_rate:.3f}")
 
 
 if __name__ == "__main__":
