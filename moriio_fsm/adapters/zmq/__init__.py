@@ -1,4 +1,9 @@
-"""ZeroMQ control plane: wire codec, listener, senders and the peer trust policy."""
+"""ZeroMQ control plane: wire codec, listener, senders and the peer trust policy.
+
+Re-exports the public names of ``codec``, ``transport``, ``policy``, ``ports``, ``curve``
+and ``errors``; every error raised here derives from ``ZmqAdapterError``.  Nothing a peer
+sends may crash a caller or the I/O thread, and every outbound host passes ``PeerPolicy``.
+"""
 
 from .codec import (
     DEFAULT_LIMITS,

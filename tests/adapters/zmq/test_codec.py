@@ -1,4 +1,9 @@
-"""Wire codec: upstream's exact bytes round-trip, strict validation, clear errors."""
+"""Wire codec: upstream's exact bytes round-trip, strict validation, clear errors.
+
+Rules: frames are written here exactly as upstream peers write them; a bad frame must
+raise ``WireDecodeError`` naming the field, and hostile lengths are checked by what the
+decoder allocates (tracemalloc), never by how long it takes.
+"""
 
 from __future__ import annotations
 

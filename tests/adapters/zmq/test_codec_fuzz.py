@@ -1,4 +1,9 @@
-"""Fuzzing the decoder: whatever arrives, only WireDecodeError escapes."""
+"""Fuzzing the decoder: whatever arrives, only WireDecodeError escapes.
+
+Hypothesis feeds random bytes and random msgpack structures to every decoder, under
+both roles and none; any other exception is a failure, and valid messages must
+round-trip through the encoder unchanged.
+"""
 
 from __future__ import annotations
 
