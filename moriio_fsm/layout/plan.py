@@ -300,12 +300,60 @@ def _plan_transfer(
         remote_sections = (0, geometry.remote_kv_stride(remote_num_blocks) * element)
     else:
         local_sections = remote_sections = (0,)
+    if merge and piece_offsets == [0] and piece_elements * element == block_span:
+        return _merge_whole_blocks(local, remote, block_span, local_sections, remote_sections)
     local_offsets = _offsets(local * block_span, local_sections, pieces)
     remote_offsets = _offsets(remote * block_span, remote_sections, pieces)
     sizes = torch.full((local_offsets.numel(),), piece_elements * element, dtype=torch.int64)
     if merge:
         return _merge_ranges(local_offsets, remote_offsets, sizes)
     return TransferPlan(local_offsets, remote_offsets, sizes)
+
+
+def _merge_whole_blocks(
+    local: torch.Tensor,
+    remote: torch.Tensor,
+    block_span: int,
+    local_sections: tuple[int, ...],
+    remote_sections: tuple[int, ...],
+) -> TransferPlan:
+    """The merged plan when one range covers a whole block's span in each section.
+
+    Two blocks' ranges in a section are then contiguous on both sides exactly when the
+    next local and remote ids are both one higher, so runs are found on the ids alone,
+    once for all sections; only a section's last and the next one's first range need
+    a check of their own.
+    """
+    count = local.numel()
+    starts = torch.ones(count, dtype=torch.bool)
+    if count > 1:
+        continues = torch.eq(local[1:], local[:-1] + 1)
+        continues &= torch.eq(remote[1:], remote[:-1] + 1)
+        torch.logical_not(continues, out=starts[1:])
+    first = starts.nonzero().reshape(-1)
+    bounds = torch.empty(first.numel() + 1, dtype=torch.int64)
+    bounds[:-1] = first
+    bounds[-1] = count
+    sizes = (bounds[1:] - bounds[:-1]) * block_span
+    local_starts = torch.index_select(local, 0, first) * block_span
+    remote_starts = torch.index_select(remote, 0, first) * block_span
+    if len(local_sections) == 1 or count == 0:
+        return TransferPlan(local_starts, remote_starts, sizes)
+    local_gap, remote_gap = local_sections[1], remote_sections[1]
+    k_local_end = int(local_starts[-1]) + int(sizes[-1])
+    k_remote_end = int(remote_starts[-1]) + int(sizes[-1])
+    if k_local_end == int(local_starts[0]) + local_gap and k_remote_end == int(remote_starts[0]) + remote_gap:
+        # The K half's last range runs straight on into the V half's first one.
+        return _merge_ranges(
+            torch.cat((local_starts, local_starts + local_gap)),
+            torch.cat((remote_starts, remote_starts + remote_gap)),
+            torch.cat((sizes, sizes)),
+        )
+    return TransferPlan(
+        torch.cat((local_starts, local_starts + local_gap)),
+        torch.cat((remote_starts, remote_starts + remote_gap)),
+        torch.cat((sizes, sizes)),
+    )
 
 
 def plan_layer(
