@@ -472,8 +472,8 @@ class LoopbackEngine(TransferEngine):
     Memory from ``allocate_shared_tensor`` can be reached by engines in other
     processes; any other CPU tensor only by engines in this process. Engine keys
     must be unique among live engines of a process. ``close`` fails every
-    transfer still queued, stalled or held with ERR_BAD_STATE, stops the worker thread
-    and releases shared regions this engine allocated.
+    transfer still queued, stalled or held with ERR_BAD_STATE, stops the worker thread,
+    drops every fault rule and releases shared regions this engine allocated.
     """
 
     # Below this many bytes a batch is copied by the worker alone: handing work
@@ -801,6 +801,8 @@ class LoopbackEngine(TransferEngine):
             region.close()
         if self._copy_helpers is not None:
             self._copy_helpers.shutdown(wait=True)
+        # Predicates may capture sessions and tensors; no transfer can use them now.
+        self.faults.clear()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
