@@ -14,9 +14,11 @@ import threading
 
 import torch
 
-__all__ = ["SharedRegion", "PeerMapping", "process_is_alive", "RegionUnavailable"]
+__all__ = ["SharedRegion", "PeerMapping", "process_is_alive", "RegionUnavailable", "REGION_NAME_PREFIX"]
 
-_NAME_PREFIX = "moriio-loopback-"
+# Every region is a memfd named with this prefix: /proc/<pid>/fd links read
+# "/memfd:moriio-loopback-<token> (deleted)", and so do its lines in /proc/<pid>/maps.
+REGION_NAME_PREFIX = "moriio-loopback-"
 
 
 class RegionUnavailable(OSError):
@@ -55,7 +57,7 @@ class SharedRegion:
         self.token = secrets.token_hex(8)
         self.pid = os.getpid()
         self._lock = threading.Lock()
-        self._fd: int | None = os.memfd_create(_NAME_PREFIX + self.token, os.MFD_CLOEXEC)
+        self._fd: int | None = os.memfd_create(REGION_NAME_PREFIX + self.token, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, size)
             self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
@@ -99,7 +101,7 @@ class PeerMapping:
             raise RegionUnavailable(
                 f"cannot open shared region {token} of process {pid}: {exc.strerror}"
             ) from None
-        if _NAME_PREFIX + token not in target:
+        if REGION_NAME_PREFIX + token not in target:
             raise RegionUnavailable(
                 f"process {pid} no longer holds shared region {token} at fd {fd}"
             )

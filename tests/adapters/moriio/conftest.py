@@ -1,9 +1,11 @@
 """Fixtures for the engine tests: every engine that imports, wired as a P/D pair.
 
 Each fixture closes what it opens; a check after every test fails it if an
-engine worker thread outlived its test or a shared-memory file appeared.
+engine worker thread outlived its test, or if a shared region's memfd is still
+open or still mapped in this process (regions are memfds, never /dev/shm files).
 """
 
+import gc
 import os
 import threading
 
@@ -11,24 +13,59 @@ import pytest
 import torch
 
 from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
+from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
 
 ENGINE_KINDS = ["loopback", "mori"]
 
+_REGION_MARK = "memfd:" + REGION_NAME_PREFIX
 
-def _shm_entries() -> set[str]:
-    try:
-        return {name for name in os.listdir("/dev/shm") if "moriio" in name}
-    except FileNotFoundError:
-        return set()
+
+def region_handles() -> set[str]:
+    """Open fds and memory mappings of loopback shared regions in this process."""
+    handles = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed while listing (the listing's own fd, for one)
+        if _REGION_MARK in target:
+            handles.add(f"fd {name} -> {target}")
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if _REGION_MARK in line:
+                fields = line.split(maxsplit=5)
+                handles.add(f"mapping {fields[0]} {fields[-1].strip()}")
+    return handles
+
+
+class RegionLeakCheck:
+    """Region handles that appeared since this check was made."""
+
+    def __init__(self) -> None:
+        self.before = region_handles()
+
+    def leaked(self) -> list[str]:
+        new = region_handles() - self.before
+        if new:
+            gc.collect()  # a region that only a reference cycle keeps mapped is not a leak
+            new = region_handles() - self.before
+        return sorted(new)
+
+
+@pytest.fixture
+def region_leak_check():
+    """The check every test gets, for tests that prove it can fail."""
+    return RegionLeakCheck
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_threads_or_shm():
-    shm_before = _shm_entries()
+def no_leaked_threads_or_regions():
+    check = RegionLeakCheck()
     yield
     leaked_threads = [t.name for t in threading.enumerate() if t.name.startswith("loopback-")]
     assert not leaked_threads, f"engine threads still running after the test: {leaked_threads}"
-    assert _shm_entries() <= shm_before, "the test left shared-memory files in /dev/shm"
+    leaked = check.leaked()
+    assert not leaked, f"the test left shared regions open or mapped: {leaked}"
 
 
 def make_engine(kind: str, key: str):
@@ -73,6 +110,9 @@ class Pair:
     def close(self):
         self.producer.close()
         self.consumer.close()
+        # Tensors and sessions map the regions; the leak check runs while pytest
+        # still holds this object, so let go of them here.
+        del self.session, self.source, self.target
 
 
 @pytest.fixture(params=ENGINE_KINDS)
