@@ -19,6 +19,7 @@ from moriio_fsm.layout import (
     LayerKVSpec,
     TransferPlanner,
     describe_layer,
+    merge_ranges,
     plan_layer,
     registration_region,
 )
@@ -381,3 +382,11 @@ def test_shared_plans_cannot_be_changed_through_their_lists_or_tensors():
         plan.sizes[0] = 0
     shared = planner.plan("layers.1", tensor.clone(), spec)
     assert shared is plan and shared.lists == expected
+
+
+def test_separated_k_half_running_on_into_the_v_half_merges_across():
+    tensor, spec = build_cache("separated_nhd", 3, torch.float16)
+    merged = plan_layer("l", tensor, spec, [0, 2], [0, 3], remote_num_blocks=4)
+    fine = plan_layer("l", tensor, spec, [0, 2], [0, 3], remote_num_blocks=4, merge=False)
+    assert merged.lists == merge_ranges(fine.local_offsets, fine.remote_offsets, fine.sizes).lists
+    assert len(merged) == 3  # K of block 0, K of block 2 + V of block 0, V of block 2
