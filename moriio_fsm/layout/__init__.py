@@ -1,4 +1,9 @@
-"""KV-cache geometry and transfer offsets: pure functions over torch tensors, no I/O."""
+"""KV-cache geometry and transfer offsets: which bytes of each layer's cache move where.
+
+Rules: pure functions over torch tensors (shape, strides and dtype only; no I/O); plans
+are computed per layer geometry, never reused across geometries; anything that cannot be
+planned exactly raises ``KVLayoutError`` naming the layer, the shape and what was expected.
+"""
 
 from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, describe_layer
 from moriio_fsm.layout.plan import TransferPlan, as_block_ids, merge_ranges, plan_layer, plan_transfer

@@ -1,4 +1,8 @@
-"""``LayerKVSpec.from_vllm`` against the real vLLM spec classes (skipped without vLLM)."""
+"""``LayerKVSpec.from_vllm`` against the real vLLM spec classes.
+
+Rules: only vLLM's own spec objects are used (no stand-ins), so the module is skipped
+when vLLM is not installed; each converted spec must describe a cache of vLLM's shape.
+"""
 
 from __future__ import annotations
 
