@@ -44,8 +44,9 @@ _probe_result: MoriAvailability | None = None
 def probe_mori(*, isolated: bool = False, timeout_s: float = 60.0) -> MoriAvailability:
     """Whether ``mori.io`` imports here; the answer is cached for the process.
 
-    A missing package raises ``ImportError`` but a wheel whose native libraries
-    (ROCm, ibverbs) are absent raises ``OSError``; both become a reason string.
+    A missing package raises ``ImportError``, a wheel whose native libraries
+    (ROCm, ibverbs) are absent raises ``OSError``, and a broken install may raise
+    anything else while importing; every such exception becomes a reason string.
     With ``isolated=True`` the import is first tried in a child interpreter, so a
     native crash there cannot take this process down.
     """
@@ -70,6 +71,9 @@ def probe_mori(*, isolated: bool = False, timeout_s: float = 60.0) -> MoriAvaila
             _probe_result = MoriAvailability(False, f"mori.io is not installed: {exc}")
         except OSError as exc:
             _probe_result = MoriAvailability(False, f"mori.io native libraries failed to load: {exc}")
+        except Exception as exc:  # a broken install can raise anything while importing
+            _probe_result = MoriAvailability(
+                False, f"mori.io failed while importing: {type(exc).__name__}: {exc}")
         else:
             _probe_result = MoriAvailability(True, "mori.io imported")
         return _probe_result

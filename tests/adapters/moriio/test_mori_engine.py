@@ -153,6 +153,21 @@ def test_a_failed_native_load_is_reported_not_raised(monkeypatch, fresh_probe):
     assert "native libraries" in availability.reason and "libhsa" in availability.reason
 
 
+@pytest.mark.parametrize("error", [RuntimeError("HIP runtime version mismatch"),
+                                   AttributeError("module 'torch' has no attribute 'hip'"),
+                                   SystemError("initialization of _mori failed")])
+def test_any_exception_while_importing_is_reported_not_raised(monkeypatch, fresh_probe, error):
+    def broken_import(name):
+        raise error
+
+    monkeypatch.setattr(mori_engine.importlib, "import_module", broken_import)
+    availability = probe_mori()
+    assert not availability.available
+    assert type(error).__name__ in availability.reason and str(error) in availability.reason
+    with pytest.raises(MoriUnavailableError, match=type(error).__name__):
+        MoriEngine("prefill")
+
+
 def test_configuration_reaches_mori_as_an_rdma_backend(fake_io):
     MoriEngine("prefill", "10.0.0.1", 7000, qp_per_transfer=2, poll_cq_mode="event")
     assert fake_io.calls[0] == ("IOEngine", ("prefill", ("config", "10.0.0.1", 7000)))
