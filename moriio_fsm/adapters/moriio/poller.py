@@ -2,7 +2,8 @@
 
 ``submit`` only appends to a queue, so the thread that posted (the model's
 forward thread) never waits. The poller sweeps pending statuses in batches with
-non-blocking queries and delivers exactly one event per status, when it is final.
+non-blocking queries and delivers exactly one event per status, when it is final,
+unless the transfer was ``forget``-ten first.
 """
 
 from __future__ import annotations
@@ -29,19 +30,20 @@ OPS: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
     status: TransferStatus
     transfer_id: str
     layer: int
     op: str
+    forgotten: bool = False
 
 
 class CompletionPoller:
     """Watches statuses and calls ``deliver(event)`` from the poller thread.
 
     Guarantees: one event per submitted status, delivered after the status is
-    final; a ``deliver`` that raises is logged and counted, never fatal to the
+    final, except for statuses dropped by ``forget``; a ``deliver`` that raises is logged and counted, never fatal to the
     thread. ``poll_interval_s`` is the sleep between sweeps while statuses are
     pending; ``batch_size`` bounds how many are queried per sweep so a flood of
     submissions cannot starve delivery. ``deliver`` must be thread-safe.
@@ -64,6 +66,7 @@ class CompletionPoller:
         self._wake = threading.Condition()
         self._stopping = False
         self._pending: deque[_Pending] = deque()
+        self._sweeping: list[_Pending] = []  # taken off _pending by the current sweep
         self._undelivered = 0
         self.delivered = 0
         self.delivery_errors = 0
@@ -88,6 +91,31 @@ class CompletionPoller:
             self._incoming.append(_Pending(status, transfer_id, layer, op))
             self._undelivered += 1
             self._wake.notify()
+
+    def forget(self, transfer_id: str) -> int:
+        """Stop watching every status of ``transfer_id``; returns how many were dropped.
+
+        For a transfer that was abandoned: its statuses will never produce an
+        event, even if they become final later, and no longer cost a query per
+        sweep. An event already being handed to ``deliver`` is not recalled.
+        Dropping the poller's reference is safe for mori.io statuses, which
+        ``MoriEngine`` keeps referenced until they are final.
+        """
+        if not isinstance(transfer_id, str) or not transfer_id:
+            raise TypeError(f"transfer_id must be a non-empty string, got {transfer_id!r}")
+        with self._wake:
+            dropped = 0
+            for name in ("_incoming", "_pending"):
+                entries = getattr(self, name)
+                kept = deque(e for e in entries if e.transfer_id != transfer_id)
+                dropped += len(entries) - len(kept)
+                setattr(self, name, kept)
+            for entry in self._sweeping:
+                if entry.transfer_id == transfer_id and not entry.forgotten:
+                    entry.forgotten = True
+                    dropped += 1
+            self._undelivered -= dropped
+            return dropped
 
     @property
     def pending(self) -> int:
@@ -121,7 +149,10 @@ class CompletionPoller:
                     return
                 self._pending.extend(self._incoming)
                 self._incoming.clear()
-            finished = self._sweep()
+                pending = self._pending
+                batch = [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
+                self._sweeping = batch
+            finished = self._sweep(batch)
             for event in finished:
                 self._emit(event)
             if not finished:
@@ -129,20 +160,23 @@ class CompletionPoller:
                     if not self._stopping and not self._incoming:
                         self._wake.wait(self._interval)
 
-    def _sweep(self) -> list[Event]:
-        """Query up to ``batch_size`` pending statuses; rotate the unfinished ones."""
-        events = []
-        now = None
-        for _ in range(min(self._batch_size, len(self._pending))):
-            entry = self._pending.popleft()
+    def _sweep(self, batch: list[_Pending]) -> list[Event]:
+        """Query one batch without the lock; requeue the unfinished, skip the forgotten."""
+        final, unfinished = [], []
+        for entry in batch:
             status = entry.status
             if status.init() or status.in_progress():
-                self._pending.append(entry)
-                continue
-            if now is None:
-                now = self._clock()
-            events.append(self._event(entry, now))
-        return events
+                unfinished.append(entry)
+            else:
+                final.append(entry)
+        with self._wake:
+            self._sweeping = []
+            self._pending.extend(e for e in unfinished if not e.forgotten)
+            final = [e for e in final if not e.forgotten]
+        if not final:
+            return []
+        now = self._clock()
+        return [self._event(entry, now) for entry in final]
 
     @staticmethod
     def _event(entry: _Pending, now: float) -> Event:

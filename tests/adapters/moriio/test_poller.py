@@ -1,8 +1,11 @@
-"""CompletionPoller: one runtime Event per status, delivered off the posting thread."""
+"""CompletionPoller: one runtime Event per status, delivered off the posting thread.
+
+Events are read from a queue with bounded waits, never by sleeping; event times come
+from an injected clock, so no test depends on how fast the poller thread runs.
+"""
 
 import queue
 import threading
-import time
 
 import pytest
 
@@ -64,20 +67,72 @@ def test_a_status_is_reported_only_once_it_is_final(poller, delivered):
         delivered.get(timeout=0.1)
 
 
-def test_events_are_delivered_from_the_poller_thread_with_a_monotonic_time(delivered):
+class FakeClock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_events_are_delivered_from_the_poller_thread_stamped_by_its_clock(delivered):
     threads = []
+    clock = FakeClock(1234.5)
 
     def deliver(event):
         threads.append(threading.current_thread())
         delivered.put(event)
 
-    with CompletionPoller(deliver, name="completion-test") as poller:
-        before = time.monotonic()
+    with CompletionPoller(deliver, name="completion-test", clock=clock) as poller:
         poller.submit(succeeded(), "tx-4", 0)
-        event = delivered.get(timeout=WAIT_S)
-        after = time.monotonic()
+        first = delivered.get(timeout=WAIT_S)
+        clock.now = 1300.0
+        poller.submit(succeeded(), "tx-5", 0)
+        second = delivered.get(timeout=WAIT_S)
     assert threads[0].name == "completion-test" and threads[0] is not threading.current_thread()
-    assert before <= event.time <= after
+    assert (first.time, second.time) == (1234.5, 1300.0)
+
+
+def in_progress():
+    status = LocalTransferStatus()
+    status.mark_in_progress()
+    return status
+
+
+def test_forget_drops_a_transfers_statuses_and_no_event_ever_follows(poller, delivered):
+    abandoned = [in_progress() for _ in range(3)]
+    for layer, status in enumerate(abandoned):
+        poller.submit(status, "tx-abandoned", layer)
+    kept = in_progress()
+    poller.submit(kept, "tx-kept", 0)
+    assert poller.forget("tx-abandoned") == 3
+    assert poller.pending == 1
+    assert poller.forget("tx-abandoned") == 0 and poller.forget("tx-unknown") == 0
+    for status in abandoned:
+        status.settle(StatusCode.SUCCESS)
+    kept.settle(StatusCode.SUCCESS)
+    assert delivered.get(timeout=WAIT_S).transfer_id == "tx-kept"
+    assert poller.close() == 0
+    assert delivered.empty()
+
+
+def test_forget_finds_statuses_wherever_the_sweep_has_them(delivered):
+    statuses = [in_progress() for _ in range(2000)]
+    with CompletionPoller(delivered.put, batch_size=7, poll_interval_s=0.0005) as poller:
+        for index, status in enumerate(statuses):
+            poller.submit(status, "tx-x" if index % 2 else "tx-y", index)
+        # Queued, pending or in the batch being swept right now: each is dropped once.
+        assert poller.forget("tx-x") == 1000
+        for status in statuses:
+            status.settle(StatusCode.SUCCESS)
+        events = [delivered.get(timeout=WAIT_S) for _ in range(1000)]
+        assert poller.close() == 0
+    assert {e.transfer_id for e in events} == {"tx-y"} and delivered.empty()
+
+
+def test_forget_needs_a_transfer_id_string(poller):
+    with pytest.raises(TypeError, match="transfer_id"):
+        poller.forget(7)
 
 
 def test_every_status_of_a_flood_is_delivered_exactly_once(delivered):
