@@ -38,7 +38,7 @@ from .engine import (
     check_transfer_batch,
     require_bytes,
 )
-from .shared_memory import PeerMapping, RegionUnavailable, SharedRegion
+from .shared_memory import PeerMapping, RegionUnavailable, SharedRegion, peer_region_problem
 from .status import LocalTransferStatus, StatusCode, failed_status
 
 __all__ = [
@@ -542,8 +542,9 @@ class LoopbackEngine(TransferEngine):
     def allocate_shared_tensor(self, shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A zeroed CPU tensor in shared memory that peer processes can write into.
 
-        The memory stays valid while the tensor lives; peers can open it until
-        this engine closes.
+        The memory stays valid while the tensor, a view of it or a registration
+        of it lives; peers can open it until this engine closes. Once all of
+        those are gone the region is released, without waiting for ``close``.
         """
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
@@ -555,10 +556,11 @@ class LoopbackEngine(TransferEngine):
             numel *= d
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         self._require_open("allocate_shared_tensor")
-        region = SharedRegion(max(nbytes, 1))
+        region, flat = SharedRegion.allocate(max(nbytes, 1))
         with self._lock:
+            self._regions = [r for r in self._regions if not r.closed]
             self._regions.append(region)
-        return region.tensor[:nbytes].view(dtype).view(shape)
+        return flat[:nbytes].view(dtype).view(shape)
 
     def register_torch_tensor(self, tensor: torch.Tensor) -> LoopbackMemoryDesc:
         """Register a contiguous CPU tensor; shared only if it came from allocate_shared_tensor.
@@ -585,7 +587,7 @@ class LoopbackEngine(TransferEngine):
                 engine_key=self.key, mem_id=mem_id, size=nbytes, pid=self._desc.pid,
                 region_fd=region.fd if region else _NOT_SHARED,
                 region_token=region.token if region else "",
-                region_offset=address - region.tensor.data_ptr() if region else 0,
+                region_offset=address - region.base_address if region else 0,
                 dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
             )
             self._memory[mem_id] = (desc, flat)
@@ -594,6 +596,11 @@ class LoopbackEngine(TransferEngine):
         return desc
 
     def deregister_memory(self, mem: LoopbackMemoryDesc) -> None:
+        """Forget a registration; sessions already open keep their view of the memory.
+
+        Memory from ``allocate_shared_tensor`` is released here if nothing else
+        (the caller's tensor, a session) still holds it.
+        """
         if not isinstance(mem, LoopbackMemoryDesc):
             raise TypeError(f"mem must be a LoopbackMemoryDesc, got {type(mem).__name__}")
         if mem.engine_key != self.key:
@@ -602,6 +609,8 @@ class LoopbackEngine(TransferEngine):
             self._memory.pop(mem.mem_id, None)
         with _process_lock:
             _process_memory.pop((self.key, mem.mem_id), None)
+        with self._lock:
+            self._regions = [r for r in self._regions if not r.closed]
 
     def allocate_transfer_uid(self) -> int:
         with self._lock:
@@ -646,6 +655,7 @@ class LoopbackEngine(TransferEngine):
                          "tensors from allocate_shared_tensor can be reached across processes",
                          remote.mem_id, remote.engine_key)
             return None
+        self._drop_dead_peer_maps()
         cache_key = (remote.pid, remote.region_token)
         with self._lock:
             mapping = self._peer_maps.get(cache_key)
@@ -665,19 +675,30 @@ class LoopbackEngine(TransferEngine):
                 self._peer_maps[cache_key] = mapping
         return mapping.tensor[remote.region_offset: remote.region_offset + remote.size]
 
+    def _drop_dead_peer_maps(self) -> None:
+        """Forget mappings of regions whose owner died or closed them.
+
+        Sessions still using such a mapping keep it until they are collected.
+        """
+        with self._lock:
+            cached = list(self._peer_maps.items())
+        dead = [key for key, m in cached if peer_region_problem(m.pid, m.fd, m.token) is not None]
+        if dead:
+            with self._lock:
+                for key in dead:
+                    self._peer_maps.pop(key, None)
+
     def _remote_gone(self, remote: LoopbackMemoryDesc) -> str | None:
         """Why the remote region can no longer take transfers, or None."""
         if remote.pid == self._desc.pid:
             with _process_lock:
                 registered = (remote.engine_key, remote.mem_id) in _process_memory
             return None if registered else f"remote memory {remote.mem_id} was deregistered"
-        try:
-            target = os.readlink(f"/proc/{remote.pid}/fd/{remote.region_fd}")
-        except OSError:
-            return f"peer process {remote.pid} is gone"
-        if remote.region_token not in target:
-            return f"peer process {remote.pid} closed its shared region"
-        return None
+        problem = peer_region_problem(remote.pid, remote.region_fd, remote.region_token)
+        if problem is not None:
+            with self._lock:
+                self._peer_maps.pop((remote.pid, remote.region_token), None)
+        return problem
 
     # -- posting and completing ----------------------------------------------
     def _submit(self, session: LoopbackSession, op: str, plan: TransferPlan) -> LocalTransferStatus:
@@ -727,23 +748,28 @@ class LoopbackEngine(TransferEngine):
                         self._wake.wait(wait_s)
                     else:
                         self._wake.wait()
-            self._complete(job)
+            status = job.status
+            code, message = self._outcome(job)
+            # Let go of the job (its session and their mappings) before anyone
+            # woken by the status can look for them.
+            del job
+            status.settle(code, message)
+            del status
 
-    def _complete(self, job: _Job) -> None:
+    def _outcome(self, job: _Job) -> tuple[int, str]:
+        """Carry out one transfer; (final code, message) for its status."""
         label = f"batch_{job.op} uid {job.plan.transfer_uid}"
         try:
             if job.failure is not None:
-                job.status.settle(job.failure.code, f"{label}: {job.failure.message}")
-                return
+                return job.failure.code, f"{label}: {job.failure.message}"
             reason = job.session._why_dead()
             if reason is not None:
-                job.status.settle(StatusCode.ERR_RDMA_OP, f"{label}: {reason}")
-                return
+                return StatusCode.ERR_RDMA_OP, f"{label}: {reason}"
             job.session._execute(job)
-            job.status.settle(StatusCode.SUCCESS)
+            return StatusCode.SUCCESS, ""
         except Exception as exc:  # never let one transfer kill the worker thread
             _log.exception("loopback transfer failed unexpectedly")
-            job.status.settle(StatusCode.ERR_BAD_STATE, f"{label}: {exc}")
+            return StatusCode.ERR_BAD_STATE, f"{label}: {exc}"
 
     def _copy(self, dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
               sizes: list[int], total_bytes: int) -> None:

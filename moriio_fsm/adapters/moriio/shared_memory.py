@@ -7,14 +7,17 @@ owner keeps the fd open; the peer's mapping then stays valid on its own.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
 import threading
+import weakref
 
 import torch
 
-__all__ = ["SharedRegion", "PeerMapping", "process_is_alive", "RegionUnavailable", "REGION_NAME_PREFIX"]
+__all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREFIX",
+           "peer_region_problem"]
 
 # Every region is a memfd named with this prefix: /proc/<pid>/fd links read
 # "/memfd:moriio-loopback-<token> (deleted)", and so do its lines in /proc/<pid>/maps.
@@ -25,59 +28,73 @@ class RegionUnavailable(OSError):
     """A peer's region cannot be opened: the owner is gone or closed it."""
 
 
-def process_is_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+def peer_region_problem(pid: int, fd: int, token: str) -> str | None:
+    """Why process ``pid`` no longer offers region ``token`` at ``fd``, or None if it does."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # The state letter follows the parenthesised command name.
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError as exc:
+        if not os.path.isdir(f"/proc/{pid}"):
+            return f"peer process {pid} is gone"
+        if exc.errno == errno.ENOENT:
+            return f"peer process {pid} closed shared region {token}"
+        return f"cannot reach shared region {token} of process {pid}: {exc.strerror}"
+    # The fd number may have been reused since the descriptor was packed; the
+    # memfd name carries the region's token.
+    if REGION_NAME_PREFIX + token not in target:
+        return f"peer process {pid} closed shared region {token} (fd {fd} now holds {target})"
+    return None
 
 
 class SharedRegion:
     """A block of shared memory owned by this process.
 
-    ``tensor`` is a flat uint8 view of the whole region. ``close`` stops new
-    peers from opening it; memory already mapped (here or by peers) stays valid
-    until the last mapping is dropped.
+    Made by ``allocate``, which also returns the one flat uint8 tensor over the
+    whole region. The memory lives while that tensor or any view of it lives;
+    when the last one is collected the mapping is unmapped and the fd closed,
+    and ``closed`` becomes True. ``close`` closes the fd earlier, which only
+    stops new peers from opening the region; memory already mapped (here or by
+    peers) stays valid until its last mapping is dropped.
     """
 
-    def __init__(self, size: int) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"shared region size must be a positive number of bytes, got {size!r}")
+    def __init__(self, fd: int, token: str, size: int, mapping: mmap.mmap, base_address: int) -> None:
         self.size = size
-        self.token = secrets.token_hex(8)
+        self.token = token
         self.pid = os.getpid()
+        self.base_address = base_address
         self._lock = threading.Lock()
-        self._fd: int | None = os.memfd_create(REGION_NAME_PREFIX + self.token, os.MFD_CLOEXEC)
+        self._fd: int | None = fd
+        # Not a strong reference: the tensors handed out decide how long the memory lives.
+        weakref.finalize(mapping, self.close)
+
+    @classmethod
+    def allocate(cls, size: int) -> tuple["SharedRegion", torch.Tensor]:
+        """A new zeroed region of ``size`` bytes and the flat uint8 tensor over it."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"shared region size must be a positive number of bytes, got {size!r}")
+        token = secrets.token_hex(8)
+        fd = os.memfd_create(REGION_NAME_PREFIX + token, os.MFD_CLOEXEC)
         try:
-            os.ftruncate(self._fd, size)
-            self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         except BaseException:
-            os.close(self._fd)
+            os.close(fd)
             raise
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        tensor = torch.frombuffer(mapping, dtype=torch.uint8)
+        return cls(fd, token, size, mapping, tensor.data_ptr()), tensor
 
     @property
     def fd(self) -> int:
-        if self._fd is None:
+        fd = self._fd
+        if fd is None:
             raise RegionUnavailable(f"shared region {self.token} is closed")
-        return self._fd
+        return fd
 
     @property
     def closed(self) -> bool:
         return self._fd is None
 
     def contains(self, address: int, nbytes: int) -> bool:
-        base = self.tensor.data_ptr()
+        base = self.base_address
         return base <= address and address + nbytes <= base + self.size
 
     def close(self) -> None:
@@ -89,22 +106,13 @@ class SharedRegion:
 
 
 class PeerMapping:
-    """This process's mapping of a region owned by another process."""
+    """This process's mapping of a region owned by another process (``fd`` is the owner's)."""
 
     def __init__(self, pid: int, fd: int, token: str, size: int) -> None:
+        problem = peer_region_problem(pid, fd, token)
+        if problem is not None:
+            raise RegionUnavailable(problem)
         path = f"/proc/{pid}/fd/{fd}"
-        try:
-            # The fd number may have been reused for something else since the
-            # descriptor was packed; the memfd name carries the region's token.
-            target = os.readlink(path)
-        except OSError as exc:
-            raise RegionUnavailable(
-                f"cannot open shared region {token} of process {pid}: {exc.strerror}"
-            ) from None
-        if REGION_NAME_PREFIX + token not in target:
-            raise RegionUnavailable(
-                f"process {pid} no longer holds shared region {token} at fd {fd}"
-            )
         try:
             peer_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
@@ -121,6 +129,7 @@ class PeerMapping:
         finally:
             os.close(peer_fd)
         self.pid = pid
+        self.fd = fd
         self.token = token
         self.size = size
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)

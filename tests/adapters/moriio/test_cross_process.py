@@ -122,3 +122,23 @@ def test_transfers_to_a_dead_peer_fail_with_an_rdma_error():
             assert after.code() == StatusCode.ERR_RDMA_OP and "gone" in after.message()
     finally:
         peer.stop()
+
+
+def test_a_dead_peers_mapping_is_released_while_the_engine_is_open(region_leak_check):
+    peer = Peer("vanishing-decode")
+    check = region_leak_check()
+    try:
+        with LoopbackEngine("surviving-prefill") as engine:
+            engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
+            source = torch.ones(REGION, dtype=torch.uint8)
+            session = engine.create_session(engine.register_torch_tensor(source),
+                                            engine.unpack_memory_desc(peer.shared_mem))
+            status = session.write(0, 0, 64, session.allocate_transfer_uid())
+            assert status.wait_for(WAIT_MS) and status.succeeded()
+            assert check.leaked(), "the peer's region should be mapped here"
+            peer.stop()
+            assert not session.alive()
+            del session, status
+            assert check.leaked() == []
+    finally:
+        peer.stop()
