@@ -68,6 +68,16 @@ class TransferPlan:
         return sum(self.sizes)
 
 
+def _integer(name: str, value: Any, expected: str = "an integer") -> int:
+    """``value`` as an int; anything else, bool included, raises ``TypeError`` naming ``name``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}")
+
+
 def _int_list(name: str, values: Any) -> list[int]:
     if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
@@ -75,33 +85,11 @@ def _int_list(name: str, values: Any) -> list[int]:
     try:
         return list(map(operator.index, values))
     except TypeError:
-        bad = next((v for v in values if not _is_int(v)), None)
-        raise TypeError(
-            f"{name} must hold only integers; found {bad!r} of type {type(bad).__name__}"
-        ) from None
-
-
-def _is_int(value: Any) -> bool:
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return not isinstance(value, bool)
-
-
-def _uid(transfer_uid: Any) -> int:
-    if isinstance(transfer_uid, bool) or not _is_int(transfer_uid):
-        raise TypeError(
-            f"transfer_uid must be an integer from allocate_transfer_uid(), "
-            f"got {type(transfer_uid).__name__}"
-        )
-    return operator.index(transfer_uid)
-
-
-def _single_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not _is_int(value):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    return operator.index(value)
+        # Only on failure: name the first element that is not an integer.
+        for index, value in enumerate(values):
+            if not isinstance(value, bool):
+                _integer(f"{name}[{index}]", value)
+        raise
 
 
 def check_transfer_batch(
@@ -119,7 +107,7 @@ def check_transfer_batch(
     ``ArgumentProblem`` (ERR_INVALID_ARGS) for lengths that differ, an empty
     batch, negative offsets or uid, sizes below 1, or a range past either region.
     """
-    uid = _uid(transfer_uid)
+    uid = _integer("transfer_uid", transfer_uid, "an integer from allocate_transfer_uid()")
     lo = _int_list("local_offsets", local_offsets)
     ro = _int_list("remote_offsets", remote_offsets)
     sz = _int_list("sizes", sizes)
@@ -200,17 +188,17 @@ class TransferSession(abc.ABC):
 
     def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
         return self.batch_write(
-            [_single_int("local_offset", local_offset)],
-            [_single_int("remote_offset", remote_offset)],
-            [_single_int("size", size)],
+            [_integer("local_offset", local_offset)],
+            [_integer("remote_offset", remote_offset)],
+            [_integer("size", size)],
             transfer_uid,
         )
 
     def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
         return self.batch_read(
-            [_single_int("local_offset", local_offset)],
-            [_single_int("remote_offset", remote_offset)],
-            [_single_int("size", size)],
+            [_integer("local_offset", local_offset)],
+            [_integer("remote_offset", remote_offset)],
+            [_integer("size", size)],
             transfer_uid,
         )
 

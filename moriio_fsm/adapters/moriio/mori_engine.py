@@ -22,7 +22,7 @@ from .engine import (
     check_transfer_batch,
     require_bytes,
 )
-from .status import StatusCode, TransferStatus, code_is_failure, failed_status, wait_all
+from .status import StatusCode, TransferStatus, code_is_failure, failed_status
 
 __all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "probe_mori"]
 
@@ -295,9 +295,6 @@ class MoriEngine(TransferEngine):
         if raw is None:
             return None
         return MoriSession(self, raw, int(local_mem.size), int(remote_mem.size))
-
-    def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
-        return wait_all(statuses, timeout_ms)
 
     def close(self) -> None:
         """Mark the engine closed; mori frees its native state when it is collected.

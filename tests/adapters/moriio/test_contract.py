@@ -102,11 +102,20 @@ def test_bad_argument_values_come_back_as_failed_status_and_move_nothing(
         (([0], "0", [8], 1), "remote_offsets"),
         (([0], [0], None, 1), "sizes"),
         (([0], [0], [8], "uid"), "transfer_uid"),
+        (([0], [0], [8], True), "transfer_uid"),
+        (([0, 8], [0, "8"], [8, 8], 1), r"remote_offsets\[1\]"),
     ],
 )
 def test_arguments_of_the_wrong_type_raise_type_error_naming_them(pair, args, named):
     with pytest.raises(TypeError, match=named):
         pair.session.batch_write(*args)
+
+
+def test_single_transfers_name_the_argument_that_is_not_an_integer(pair):
+    with pytest.raises(TypeError, match="size must be an integer"):
+        pair.session.write(0, 0, 8.0, pair.session.allocate_transfer_uid())
+    with pytest.raises(TypeError, match="remote_offset must be an integer"):
+        pair.session.read(0, False, 8, pair.session.allocate_transfer_uid())
 
 
 def test_registering_a_non_contiguous_tensor_is_refused(pair):
