@@ -1,4 +1,10 @@
-"""Transfer engines: the mori.io binding, a loopback stand-in and the completion poller."""
+"""Transfer engines: the mori.io binding, a loopback stand-in and the completion poller.
+
+The state machines post RDMA writes and reads through ``TransferEngine`` and learn of
+their completion from ``CompletionPoller`` events. Every engine keeps mori.io's rules:
+posting never blocks, bad argument values come back as already-failed statuses, and a
+status is final once it succeeded or failed. mori.io itself is imported only on demand.
+"""
 
 from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
 from .loopback import (
