@@ -294,7 +294,10 @@ class LoopbackFaults:
             self._dead_peers.add(engine_key)
 
     def clear(self) -> None:
-        """Remove every rule, latency and killed session or peer."""
+        """Remove every rule, latency and killed session or peer.
+
+        Transfers already held stay held until their ``HeldTransfers`` is released.
+        """
         with self._lock:
             self._failures.clear()
             self._stalls.clear()
