@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from .engine import (
     ArgumentProblem,
