@@ -93,9 +93,11 @@ class ProducerDriver:
         elif effect.kind == "send_write_failed":
             self.transport.send(self.d_endpoint, WriteFailed(self.transfer_id))
         elif effect.kind == "abandon_writes":
-            # Tear the stalled writes down; once no byte can still move, say so.
+            # Tear the stalled writes down and stop polling them; once no byte can
+            # still move, say so.
             for layer in effect.data["layers"]:
                 self.sessions[layer].kill()
+            self.poller.forget(self.transfer_id)
             self.dispatch(Event(self.transfer_id, "writes_abandoned", time.monotonic()))
         elif effect.kind == "free_blocks":
             self.freed.set()
