@@ -94,15 +94,21 @@ def read_block_ids(block_ids: BlockIds) -> torch.Tensor | str:
     return f"given as {type(block_ids).__name__} that does not convert to int64"
 
 
+def _integer_or_none(value: object) -> int | None:
+    """``value`` as an ``int`` when it is a true integer (bools and bool tensors are not)."""
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _not_an_id(item: object) -> str:
     """Why ``item`` is no block id, or ``""`` when it is one."""
-    kind = type(item).__name__
-    if isinstance(item, bool) or "bool" in str(getattr(item, "dtype", "")):
-        return f"containing {item!r} ({kind})"
-    try:
-        value = operator.index(item)
-    except TypeError:
-        return f"containing {item!r} ({kind})"
+    value = _integer_or_none(item)
+    if value is None:
+        return f"containing {item!r} ({type(item).__name__})"
     if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
         return f"containing {value}, which does not fit in int64"
     return ""
@@ -110,13 +116,9 @@ def _not_an_id(item: object) -> str:
 
 def read_block_count(value: object) -> int | str:
     """A block count as a non-negative ``int``, or what is wrong with it."""
-    kind = type(value).__name__
-    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
-        return f"got remote_num_blocks={value!r} ({kind})"
-    try:
-        count = operator.index(value)
-    except TypeError:
-        return f"got remote_num_blocks={value!r} ({kind})"
+    count = _integer_or_none(value)
+    if count is None:
+        return f"got remote_num_blocks={value!r} ({type(value).__name__})"
     if count < 0:
         return f"got remote_num_blocks={count}"
     return count
