@@ -17,7 +17,7 @@ import torch
 from moriio_fsm.layout import (
     KVLayout,
     LayerGeometry,
-    LayerKVSpec,
+    LayerKVFormat,
     TransferPlanner,
     as_block_ids,
     describe_layer,
@@ -32,25 +32,25 @@ ROUNDS = 11
 LOOKUPS_PER_ROUND = 200
 
 
-def build_model() -> list[tuple[str, torch.Tensor, LayerKVSpec]]:
+def build_model() -> list[tuple[str, torch.Tensor, LayerKVFormat]]:
     """Meta tensors: real geometry (shape, strides, dtype) without allocating the cache."""
     n = LOCAL_CACHE_BLOCKS
-    dense = LayerKVSpec(block_size=16, num_kv_heads=8, head_size=128)
-    kernel = LayerKVSpec(block_size=64, num_kv_heads=8, head_size=128)
-    mla = LayerKVSpec(block_size=64, head_size=576, use_mla=True)
+    dense = LayerKVFormat(block_size=16, num_kv_heads=8, head_size=128)
+    kernel = LayerKVFormat(block_size=64, num_kv_heads=8, head_size=128)
+    mla = LayerKVFormat(block_size=64, head_size=576, use_mla=True)
     layers = []
     for index in range(NUM_LAYERS):
         kind = index % 4
         if kind == 0:
-            tensor, spec = torch.empty(2, n, 16, 8, 128, dtype=torch.bfloat16, device="meta"), dense
+            tensor, kv_format = torch.empty(2, n, 16, 8, 128, dtype=torch.bfloat16, device="meta"), dense
         elif kind == 1:
             hnd = torch.empty(2, n, 8, 16, 128, dtype=torch.float16, device="meta")
-            tensor, spec = hnd.permute(0, 1, 3, 2, 4), dense
+            tensor, kv_format = hnd.permute(0, 1, 3, 2, 4), dense
         elif kind == 2:
-            tensor, spec = torch.empty(n * 4, 2, 16, 8, 128, dtype=torch.bfloat16, device="meta"), kernel
+            tensor, kv_format = torch.empty(n * 4, 2, 16, 8, 128, dtype=torch.bfloat16, device="meta"), kernel
         else:
-            tensor, spec = torch.empty(n, 64, 576, dtype=torch.bfloat16, device="meta"), mla
-        layers.append((f"model.layers.{index}", tensor, spec))
+            tensor, kv_format = torch.empty(n, 64, 576, dtype=torch.bfloat16, device="meta"), mla
+        layers.append((f"model.layers.{index}", tensor, kv_format))
     return layers
 
 
@@ -116,21 +116,21 @@ def main() -> None:
         # baseline's lists are.
         local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
         return [
-            plan_transfer(describe_layer(name, tensor, spec), local, remote, REMOTE_CACHE_BLOCKS).lists
-            for name, tensor, spec in layers
+            plan_transfer(describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS).lists
+            for name, tensor, kv_format in layers
         ]
 
     def project_plans_only():
         # The same planning without the conversion to Python lists: reported for
         # information, to show how much of the project's time is the list boundary.
         local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
-        return [plan_transfer(describe_layer(name, tensor, spec), local, remote, REMOTE_CACHE_BLOCKS)
-                for name, tensor, spec in layers]
+        return [plan_transfer(describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS)
+                for name, tensor, kv_format in layers]
 
     def baseline():
         return [
-            loop_plan(describe_layer(name, tensor, spec), local_ids, remote_ids, REMOTE_CACHE_BLOCKS)
-            for name, tensor, spec in layers
+            loop_plan(describe_layer(name, tensor, kv_format), local_ids, remote_ids, REMOTE_CACHE_BLOCKS)
+            for name, tensor, kv_format in layers
         ]
 
     for vectorized, looped in zip(project(), baseline()):
@@ -144,7 +144,7 @@ def main() -> None:
 
     # Misses: fresh planners (one per lookup, built outside the timed region) each
     # compute a plan; hits: one planner answers a layer whose geometry it has seen.
-    name, tensor, spec = layers[0]
+    name, tensor, kv_format = layers[0]
     local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
     miss_times, hit_times = [], []
     for _ in range(ROUNDS):
@@ -152,14 +152,14 @@ def main() -> None:
 
         def misses():
             for planner in fresh:
-                planner.plan(name, tensor, spec)
+                planner.plan(name, tensor, kv_format)
 
         warm = TransferPlanner(local, remote, REMOTE_CACHE_BLOCKS)
-        warm.plan(name, tensor, spec)
+        warm.plan(name, tensor, kv_format)
 
         def hits():
             for _ in range(LOOKUPS_PER_ROUND):
-                warm.plan(name, tensor, spec)
+                warm.plan(name, tensor, kv_format)
 
         miss_times.append(time_once(misses) / LOOKUPS_PER_ROUND)
         hit_times.append(time_once(hits) / LOOKUPS_PER_ROUND)

@@ -22,17 +22,17 @@ import torch
 from moriio_fsm.adapters.moriio import CompletionPoller, LoopbackEngine
 from moriio_fsm.adapters.zmq import (RemoteBlocks, Role, TransportConfig, WriteDone,
                                      WriteFailed, ZmqTransport)
-from moriio_fsm.layout import LayerKVSpec, TransferPlanner
+from moriio_fsm.layout import LayerKVFormat, TransferPlanner
 from moriio_fsm.machines import build_table
 from moriio_fsm.runtime.events import Event
 
-SPEC = LayerKVSpec(block_size=4, num_kv_heads=2, head_size=8)
+KV_FORMAT = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=8)
 LAYERS = [f"model.layers.{i}.self_attn" for i in range(4)]
 P_NUM_BLOCKS, D_NUM_BLOCKS = 8, 16      # D's block count reaches P in the handshake
 
 
 def kv_cache(num_blocks: int, fill: bool) -> dict[str, torch.Tensor]:
-    shape = (2, num_blocks, SPEC.block_size, SPEC.num_kv_heads, SPEC.head_size)
+    shape = (2, num_blocks, KV_FORMAT.block_size, KV_FORMAT.num_kv_heads, KV_FORMAT.head_size)
     make = torch.randn if fill else torch.zeros
     return {name: make(shape, dtype=torch.float16) for name in LAYERS}
 
@@ -82,7 +82,7 @@ class ProducerDriver:
             for layer in effect.data["layers"]:
                 name = LAYERS[layer]
                 with self.planner_lock:
-                    plan = self.planner.plan(name, self.caches[name], SPEC)
+                    plan = self.planner.plan(name, self.caches[name], KV_FORMAT)
                 local, remote, sizes = plan.lists
                 session = self.sessions[layer]
                 status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())

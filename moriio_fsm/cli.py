@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .spec.errors import SpecError
+from .lang.errors import SpecError
 
 
 def _validate(args: argparse.Namespace) -> int:
     from .machines import MACHINE_MODULES, load_bindings
-    from .spec.loader import load_spec
+    from .lang.loader import load_spec
 
     failed = 0
     for path in args.specs:

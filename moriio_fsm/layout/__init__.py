@@ -9,13 +9,13 @@ from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, d
 from moriio_fsm.layout.plan import TransferPlan, as_block_ids, merge_ranges, plan_layer, plan_transfer
 from moriio_fsm.layout.planner import TransferPlanner, geometry_key
 from moriio_fsm.layout.regions import RegistrationRegion, registration_region, registration_regions
-from moriio_fsm.layout.spec import LayerKVSpec
+from moriio_fsm.layout.kv_format import LayerKVFormat
 
 __all__ = [
     "KVLayout",
     "KVLayoutError",
     "LayerGeometry",
-    "LayerKVSpec",
+    "LayerKVFormat",
     "RegistrationRegion",
     "TransferPlan",
     "TransferPlanner",

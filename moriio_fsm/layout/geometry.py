@@ -1,4 +1,4 @@
-"""Reads a layer's KV cache tensor and its spec into a ``LayerGeometry``.
+"""Reads a layer's KV cache tensor and its format into a ``LayerGeometry``.
 
 Rules: only shape, strides and dtype are read (never the data, so meta tensors work);
 every shape this module cannot place exactly is rejected with a ``KVLayoutError``
@@ -10,7 +10,7 @@ Supported layouts (N blocks, B tokens per block, H heads, D head size, L latent 
 - interleaved K/V ``[N, 2, B, H, D]`` or ``[N, 2, H, B, D]``
 - MLA / index-only ``[N, B, L]``
 
-In every family the kernel may use blocks of ``kbs`` tokens smaller than the spec's
+In every family the kernel may use blocks of ``kbs`` tokens smaller than the format's
 ``block_size``; the tensor then holds ``block_size / kbs`` physical blocks per
 scheduler block, consecutive in the block axis. Whether the strides put K and V in two
 halves or side by side decides the family used for planning, not the axis order.
@@ -18,17 +18,19 @@ halves or side by side decides the family used for planning, not the axis order.
 
 from __future__ import annotations
 
+from ..errors import MoriioFsmError
+
 import enum
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from moriio_fsm.layout.spec import LayerKVSpec
+from moriio_fsm.layout.kv_format import LayerKVFormat
 
 
-class KVLayoutError(ValueError):
-    """A KV cache tensor, spec or block list that cannot be planned exactly."""
+class KVLayoutError(MoriioFsmError, ValueError):
+    """A KV cache tensor, format or block list that cannot be planned exactly."""
 
 
 def layout_error(layer_name: str, shape: Sequence[int], problem: str, expected: str) -> KVLayoutError:
@@ -132,26 +134,26 @@ def _dense_elements(shape: Sequence[int], stride: Sequence[int]) -> int | None:
     return expected
 
 
-def _token_axis(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec) -> int:
+def _token_axis(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFormat) -> int:
     """Pick axis 2 or 3 of a 5-D cache as the tokens-per-physical-block axis."""
-    if spec.num_kv_heads is not None:
-        heads_axes = [axis for axis in (2, 3) if shape[axis] == spec.num_kv_heads]
+    if kv_format.num_kv_heads is not None:
+        heads_axes = [axis for axis in (2, 3) if shape[axis] == kv_format.num_kv_heads]
         if not heads_axes:
             raise layout_error(
                 layer_name,
                 shape,
-                f"has no axis 2 or 3 of size num_kv_heads={spec.num_kv_heads}",
-                "[.., B, H, D] or [.., H, B, D] with H equal to the spec's num_kv_heads",
+                f"has no axis 2 or 3 of size num_kv_heads={kv_format.num_kv_heads}",
+                "[.., B, H, D] or [.., H, B, D] with H equal to the format's num_kv_heads",
             )
         # When both axes equal the head count they also equal each other, so either
         # choice gives the same kernel block size.
         return 3 if heads_axes[0] == 2 else 2
-    candidates = [axis for axis in (2, 3) if spec.block_size % shape[axis] == 0]
+    candidates = [axis for axis in (2, 3) if kv_format.block_size % shape[axis] == 0]
     if not candidates:
         raise layout_error(
             layer_name,
             shape,
-            f"has no axis 2 or 3 whose size divides block_size={spec.block_size}",
+            f"has no axis 2 or 3 whose size divides block_size={kv_format.block_size}",
             "a block axis of block_size tokens or a kernel block size dividing it",
         )
     if len({shape[axis] for axis in candidates}) > 1:
@@ -159,23 +161,23 @@ def _token_axis(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec) -> i
             layer_name,
             shape,
             f"is ambiguous: axes 2 and 3 ({shape[2]}, {shape[3]}) both divide block_size="
-            f"{spec.block_size} and the spec gives no num_kv_heads to tell the heads axis",
-            "a spec with num_kv_heads (and head_size) set",
+            f"{kv_format.block_size} and the format gives no num_kv_heads to tell the heads axis",
+            "a format with num_kv_heads (and head_size) set",
         )
     return candidates[0]
 
 
-def _kernel_ratio(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec, token_axis: int, block_axis: int) -> int:
+def _kernel_ratio(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFormat, token_axis: int, block_axis: int) -> int:
     kernel_block_size = shape[token_axis]
-    if kernel_block_size == 0 or spec.block_size % kernel_block_size:
+    if kernel_block_size == 0 or kv_format.block_size % kernel_block_size:
         raise layout_error(
             layer_name,
             shape,
             f"has {kernel_block_size} tokens per block on axis {token_axis}, which does not divide "
-            f"block_size={spec.block_size}",
+            f"block_size={kv_format.block_size}",
             "block_size itself or a kernel block size dividing it",
         )
-    ratio = spec.block_size // kernel_block_size
+    ratio = kv_format.block_size // kernel_block_size
     if shape[block_axis] % ratio:
         raise layout_error(
             layer_name,
@@ -186,7 +188,7 @@ def _kernel_ratio(layer_name: str, shape: tuple[int, ...], spec: LayerKVSpec, to
     return ratio
 
 
-def describe_layer(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> LayerGeometry:
+def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat) -> LayerGeometry:
     """Detect ``tensor``'s layout and geometry, or raise ``KVLayoutError`` saying why not.
 
     Guarantees of a returned geometry: the K (V, latent) data of every physical block is
@@ -208,18 +210,18 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> 
             "at least one token, head and element per block; only the block axis may be empty",
         )
     if tensor.dim() == 3:
-        if not spec.use_mla:
+        if not kv_format.use_mla:
             raise layout_error(
                 layer_name,
                 shape,
-                "has 3 axes but the spec is not MLA",
+                "has 3 axes but the kv_format is not MLA",
                 "5 axes [2, N, B, H, D] / [N, 2, B, H, D] for a K/V layer, or use_mla=True for [N, B, L]",
             )
-        return _describe_mla(layer_name, tensor, spec, shape, stride)
+        return _describe_mla(layer_name, tensor, kv_format, shape, stride)
     if tensor.dim() == 5:
-        if spec.use_mla:
-            raise layout_error(layer_name, shape, "has 5 axes but the spec is MLA", "3 axes [N, B, L] for an MLA layer")
-        return _describe_kv(layer_name, tensor, spec, shape, stride)
+        if kv_format.use_mla:
+            raise layout_error(layer_name, shape, "has 5 axes but the kv_format is MLA", "3 axes [N, B, L] for an MLA layer")
+        return _describe_kv(layer_name, tensor, kv_format, shape, stride)
     raise layout_error(
         layer_name,
         shape,
@@ -229,11 +231,11 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> 
 
 
 def _describe_mla(
-    layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, shape: tuple[int, ...], stride: tuple[int, ...]
+    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
 ) -> LayerGeometry:
     # head_size is not checked here: quantised MLA caches store a packed latent whose
     # byte length differs from the model's latent size.
-    ratio = _kernel_ratio(layer_name, shape, spec, token_axis=1, block_axis=0)
+    ratio = _kernel_ratio(layer_name, shape, kv_format, token_axis=1, block_axis=0)
     piece = _dense_elements(shape[1:], stride[1:])
     if piece is None:
         raise layout_error(
@@ -262,16 +264,16 @@ def _describe_mla(
 
 
 def _describe_kv(
-    layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, shape: tuple[int, ...], stride: tuple[int, ...]
+    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
 ) -> LayerGeometry:
-    kv_axis = spec.kv_axis
+    kv_axis = kv_format.kv_axis
     if kv_axis is None:
         if shape[0] == 2 and shape[1] == 2:
             raise layout_error(
                 layer_name,
                 shape,
                 "is ambiguous: both axis 0 and axis 1 have size 2, so either could split K from V",
-                "a spec with kv_axis=0 ([2, N, ...]) or kv_axis=1 ([N, 2, ...])",
+                "a format with kv_axis=0 ([2, N, ...]) or kv_axis=1 ([N, 2, ...])",
             )
         if shape[0] == 2:
             kv_axis = 0
@@ -286,16 +288,16 @@ def _describe_kv(
             )
     elif shape[kv_axis] != 2:
         raise layout_error(
-            layer_name, shape, f"has size {shape[kv_axis]} on the spec's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
+            layer_name, shape, f"has size {shape[kv_axis]} on the format's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
         )
     block_axis = 1 - kv_axis
-    if spec.head_size is not None and shape[4] != spec.head_size:
+    if kv_format.head_size is not None and shape[4] != kv_format.head_size:
         raise layout_error(
-            layer_name, shape, f"has last axis {shape[4]}, not the spec's head_size={spec.head_size}",
-            f"[.., {spec.head_size}] as the last axis",
+            layer_name, shape, f"has last axis {shape[4]}, not the format's head_size={kv_format.head_size}",
+            f"[.., {kv_format.head_size}] as the last axis",
         )
-    token_axis = _token_axis(layer_name, shape, spec)
-    ratio = _kernel_ratio(layer_name, shape, spec, token_axis, block_axis)
+    token_axis = _token_axis(layer_name, shape, kv_format)
+    ratio = _kernel_ratio(layer_name, shape, kv_format, token_axis, block_axis)
     piece = _dense_elements(shape[2:], stride[2:])
     if piece is None:
         raise layout_error(

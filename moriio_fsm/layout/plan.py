@@ -16,7 +16,7 @@ from typing import Sequence, Union
 import torch
 
 from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, describe_layer, layout_error
-from moriio_fsm.layout.spec import LayerKVSpec
+from moriio_fsm.layout.kv_format import LayerKVFormat
 
 BlockIds = Union[Sequence[int], torch.Tensor]
 
@@ -361,7 +361,7 @@ def _merge_whole_blocks(
 def plan_layer(
     layer_name: str,
     tensor: torch.Tensor,
-    spec: LayerKVSpec,
+    kv_format: LayerKVFormat,
     local_block_ids: BlockIds,
     remote_block_ids: BlockIds,
     remote_num_blocks: int,
@@ -369,5 +369,5 @@ def plan_layer(
     merge: bool = True,
 ) -> TransferPlan:
     """``describe_layer`` then ``plan_transfer``, uncached; see both for the guarantees."""
-    geometry = describe_layer(layer_name, tensor, spec)
+    geometry = describe_layer(layer_name, tensor, kv_format)
     return plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge)

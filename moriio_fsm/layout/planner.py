@@ -1,6 +1,6 @@
 """Per-transfer plan cache: layers of equal geometry share one computed plan.
 
-Rules: a plan is looked up by (KV cache group, shape, strides, dtype, spec, remote block
+Rules: a plan is looked up by (KV cache group, shape, strides, dtype, kv_format, remote block
 count); the block ids are fixed when the planner is built for one transfer, so a plan
 can never be served for other block ids or another geometry. Memory is bounded.
 """
@@ -21,7 +21,7 @@ from moriio_fsm.layout.plan import (
     read_block_count,
     read_block_ids,
 )
-from moriio_fsm.layout.spec import LayerKVSpec
+from moriio_fsm.layout.kv_format import LayerKVFormat
 
 
 def _per_group(block_ids: BlockIds | Sequence[BlockIds]) -> list[BlockIds]:
@@ -38,13 +38,13 @@ def _owned(ids: torch.Tensor | str) -> torch.Tensor | str:
     return ids.clone() if isinstance(ids, torch.Tensor) else ids
 
 
-def geometry_key(tensor: torch.Tensor, spec: LayerKVSpec) -> tuple[Hashable, ...]:
-    """What decides a layer's byte ranges apart from block ids: shape, strides, dtype, spec.
+def geometry_key(tensor: torch.Tensor, kv_format: LayerKVFormat) -> tuple[Hashable, ...]:
+    """What decides a layer's byte ranges apart from block ids: shape, strides, dtype, kv_format.
 
     The storage offset is left out on purpose: offsets are measured from each tensor's
     own first byte, so two views at different places with equal geometry plan alike.
     """
-    return (tensor.shape, tensor.stride(), tensor.dtype, spec)
+    return (tensor.shape, tensor.stride(), tensor.dtype, kv_format)
 
 
 class TransferPlanner:
@@ -94,9 +94,9 @@ class TransferPlanner:
     def num_groups(self) -> int:
         return len(self._local)
 
-    def plan(self, layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec, group: int = 0) -> TransferPlan:
+    def plan(self, layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, group: int = 0) -> TransferPlan:
         """The merged plan for ``layer_name``'s cache ``tensor`` in KV cache ``group``."""
-        key = (group, geometry_key(tensor, spec), self._count_problem or self.remote_num_blocks)
+        key = (group, geometry_key(tensor, kv_format), self._count_problem or self.remote_num_blocks)
         plan = self._plans.get(key)
         if plan is not None:
             self.hits += 1
@@ -106,7 +106,7 @@ class TransferPlanner:
                 f"layer {layer_name!r}: KV cache group {group} is not in this transfer; "
                 f"expected a group in [0, {len(self._local)})"
             )
-        geometry = describe_layer(layer_name, tensor, spec)
+        geometry = describe_layer(layer_name, tensor, kv_format)
         if self._count_problem is not None:
             raise block_count_error(geometry, self._count_problem)
         local, remote = self._local[group], self._remote[group]

@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 
 from moriio_fsm.layout.geometry import LayerGeometry, describe_layer, layout_error
-from moriio_fsm.layout.spec import LayerKVSpec
+from moriio_fsm.layout.kv_format import LayerKVFormat
 
 
 @dataclass(frozen=True)
@@ -49,28 +49,28 @@ class RegistrationRegion:
         return flat.view(torch.uint8)
 
 
-def registration_region(layer_name: str, tensor: torch.Tensor, spec: LayerKVSpec) -> RegistrationRegion:
+def registration_region(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat) -> RegistrationRegion:
     """The region ``layer_name`` registers; raises ``KVLayoutError`` as ``describe_layer`` does."""
-    geometry = describe_layer(layer_name, tensor, spec)
+    geometry = describe_layer(layer_name, tensor, kv_format)
     return RegistrationRegion(layer_name, geometry.extent_bytes(), geometry)
 
 
 def registration_regions(
-    kv_caches: Mapping[str, torch.Tensor], specs: LayerKVSpec | Mapping[str, LayerKVSpec]
+    kv_caches: Mapping[str, torch.Tensor], formats: LayerKVFormat | Mapping[str, LayerKVFormat]
 ) -> dict[str, RegistrationRegion]:
     """Regions for every layer of ``kv_caches`` (as vLLM's ``register_kv_caches`` passes them).
 
-    ``specs`` is one spec for all layers or one per layer name; a layer without a spec
+    ``formats`` is one kv_format for all layers or one per layer name; a layer without a kv_format
     raises ``KeyError`` naming it.
     """
     regions = {}
     for layer_name, tensor in kv_caches.items():
-        if isinstance(specs, LayerKVSpec):
-            spec = specs
+        if isinstance(formats, LayerKVFormat):
+            kv_format = formats
         else:
             try:
-                spec = specs[layer_name]
+                kv_format = formats[layer_name]
             except KeyError:
-                raise KeyError(f"layer {layer_name!r} has a KV cache tensor but no LayerKVSpec") from None
-        regions[layer_name] = registration_region(layer_name, tensor, spec)
+                raise KeyError(f"layer {layer_name!r} has a KV cache tensor but no LayerKVFormat") from None
+        regions[layer_name] = registration_region(layer_name, tensor, kv_format)
     return regions

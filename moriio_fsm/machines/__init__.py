@@ -12,8 +12,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ..spec.loader import load_spec
-from ..spec.model import Spec
+from ..lang.loader import load_spec
+from ..lang.model import Spec
 
 #: Specs that ship with the project, by name, and the module that binds each.
 MACHINE_MODULES = {

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..spec.errors import Problem, SpecError
-from ..spec.model import Spec
+from ..lang.errors import Problem, SpecError
+from ..lang.model import Spec
 
 Guard = Callable[[Any, Any], bool]
 EffectFn = Callable[[Any, Any, list], None]

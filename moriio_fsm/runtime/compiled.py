@@ -9,10 +9,12 @@ no clock and does no I/O; the caller gets the outcome and the list of state hops
 
 from __future__ import annotations
 
+from ..errors import MoriioFsmError
+
 from typing import Any, Callable
 
-from ..spec.expr import compile_predicate
-from ..spec.model import Spec
+from ..lang.expr import compile_predicate
+from ..lang.model import Spec
 from .events import Event, Outcome
 
 _OUTCOMES = {"applied": Outcome.APPLIED, "duplicate": Outcome.DUPLICATE,
@@ -21,11 +23,11 @@ _APPLIED = Outcome.APPLIED
 _REJECTED = Outcome.REJECTED
 
 
-class TransitionError(RuntimeError):
+class TransitionError(MoriioFsmError, RuntimeError):
     """A guard or effect binding raised: a bug in a machine module, never a peer's fault."""
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(MoriioFsmError, AssertionError):
     """A spec invariant stopped holding after a step (raised only when checking is on)."""
 
 

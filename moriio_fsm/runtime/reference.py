@@ -12,7 +12,7 @@ from typing import Any
 
 from transitions import Machine, State
 
-from ..spec.model import Spec
+from ..lang.model import Spec
 from .compiled import CompiledMachine, TransitionError
 from .events import Event, Outcome
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from ..spec.model import PAYLOAD_TYPES
+from ..lang.model import PAYLOAD_TYPES
 from .codegen import generate_steps
 from .compiled import CompiledMachine
 from .events import Effect, Event, Outcome

@@ -1,4 +1,4 @@
-"""Every shape, spec or block list the layout code refuses, and what the refusal says.
+"""Every shape, kv_format or block list the layout code refuses, and what the refusal says.
 
 A refusal must name the layer and the shape and say what was expected, so that an
 operator can fix the configuration from the message alone.
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from moriio_fsm.layout import (
     KVLayout,
     KVLayoutError,
-    LayerKVSpec,
+    LayerKVFormat,
     TransferPlanner,
     describe_layer,
     plan_layer,
@@ -24,12 +24,12 @@ from moriio_fsm.layout import (
     registration_regions,
 )
 
-SPEC = LayerKVSpec(block_size=8, num_kv_heads=2, head_size=4)
+SPEC = LayerKVFormat(block_size=8, num_kv_heads=2, head_size=4)
 
 
-def refusal(tensor, spec, layer="model.layers.4.self_attn"):
+def refusal(tensor, kv_format, layer="model.layers.4.self_attn"):
     with pytest.raises(KVLayoutError) as caught:
-        describe_layer(layer, tensor, spec)
+        describe_layer(layer, tensor, kv_format)
     message = str(caught.value)
     assert repr(layer) in message, message
     assert str(tuple(tensor.shape)) in message, message
@@ -55,27 +55,27 @@ def test_both_leading_axes_two_is_ambiguous_without_kv_axis():
     message = refusal(torch.empty(2, 2, 8, 2, 4), SPEC)
     assert "ambiguous" in message and "kv_axis=0" in message and "kv_axis=1" in message
     # ...and the hint resolves it either way
-    assert describe_layer("l", torch.empty(2, 2, 8, 2, 4), LayerKVSpec(8, 2, 4, kv_axis=1)).kv_axis == 1
+    assert describe_layer("l", torch.empty(2, 2, 8, 2, 4), LayerKVFormat(8, 2, 4, kv_axis=1)).kv_axis == 1
 
 
 def test_kv_axis_hint_that_does_not_have_size_two():
-    message = refusal(torch.empty(2, 5, 8, 2, 4), LayerKVSpec(8, 2, 4, kv_axis=1))
+    message = refusal(torch.empty(2, 5, 8, 2, 4), LayerKVFormat(8, 2, 4, kv_axis=1))
     assert "kv_axis=1" in message and "size 2 on axis 1" in message
 
 
 def test_kernel_block_axis_ambiguous_without_heads():
     # Axes 2 and 3 (4 and 2) both divide block_size 8: tokens could be either.
-    message = refusal(torch.empty(2, 6, 4, 2, 16), LayerKVSpec(block_size=8))
+    message = refusal(torch.empty(2, 6, 4, 2, 16), LayerKVFormat(block_size=8))
     assert "ambiguous" in message and "num_kv_heads" in message
 
 
 def test_without_heads_a_single_dividing_axis_is_read_as_the_block_axis():
-    geometry = describe_layer("l", torch.empty(2, 6, 4, 3, 16), LayerKVSpec(block_size=8))
+    geometry = describe_layer("l", torch.empty(2, 6, 4, 3, 16), LayerKVFormat(block_size=8))
     assert geometry.kernel_blocks_per_block == 2 and geometry.token_axis == 2
 
 
 def test_no_axis_divides_block_size_without_heads():
-    message = refusal(torch.empty(2, 6, 3, 5, 16), LayerKVSpec(block_size=8))
+    message = refusal(torch.empty(2, 6, 3, 5, 16), LayerKVFormat(block_size=8))
     assert "divides block_size=8" in message
 
 
@@ -105,8 +105,8 @@ def test_three_axes_with_a_non_mla_spec():
 
 
 def test_five_axes_with_an_mla_spec():
-    message = refusal(torch.empty(2, 6, 8, 2, 4), LayerKVSpec(8, use_mla=True))
-    assert "spec is MLA" in message
+    message = refusal(torch.empty(2, 6, 8, 2, 4), LayerKVFormat(8, use_mla=True))
+    assert "kv_format is MLA" in message
 
 
 def test_block_data_split_by_strides():
@@ -117,7 +117,7 @@ def test_block_data_split_by_strides():
 
 
 def test_mla_block_data_split_by_strides():
-    message = refusal(torch.empty(6, 8, 20)[:, :, :16], LayerKVSpec(8, use_mla=True))
+    message = refusal(torch.empty(6, 8, 20)[:, :, :16], LayerKVFormat(8, use_mla=True))
     assert "contiguous" in message
 
 
@@ -126,27 +126,27 @@ def test_overlapping_blocks():
     overlapping = base.as_strided((2, 6, 8, 2, 4), (64, 32, 8, 4, 1))
     assert "overlap" in refusal(overlapping, SPEC)
     overlapping_mla = base.as_strided((6, 8, 4), (16, 4, 1))
-    assert "overlap" in refusal(overlapping_mla, LayerKVSpec(8, use_mla=True))
+    assert "overlap" in refusal(overlapping_mla, LayerKVFormat(8, use_mla=True))
 
 
 @pytest.mark.parametrize(
-    "shape, spec",
-    [((2, 4, 0, 2, 3), LayerKVSpec(4)),
-     ((2, 4, 2, 0, 3), LayerKVSpec(4)),
-     ((2, 4, 4, 2, 0), LayerKVSpec(4, num_kv_heads=2)),
-     ((4, 2, 0, 2, 3), LayerKVSpec(4, num_kv_heads=2)),
-     ((4, 0, 3), LayerKVSpec(4, use_mla=True)),
-     ((4, 4, 0), LayerKVSpec(4, use_mla=True))],
+    "shape, kv_format",
+    [((2, 4, 0, 2, 3), LayerKVFormat(4)),
+     ((2, 4, 2, 0, 3), LayerKVFormat(4)),
+     ((2, 4, 4, 2, 0), LayerKVFormat(4, num_kv_heads=2)),
+     ((4, 2, 0, 2, 3), LayerKVFormat(4, num_kv_heads=2)),
+     ((4, 0, 3), LayerKVFormat(4, use_mla=True)),
+     ((4, 4, 0), LayerKVFormat(4, use_mla=True))],
 )
-def test_empty_token_head_or_latent_axes_are_refused(shape, spec):
-    assert "empty" in refusal(torch.empty(shape), spec)
+def test_empty_token_head_or_latent_axes_are_refused(shape, kv_format):
+    assert "empty" in refusal(torch.empty(shape), kv_format)
 
 
 def test_a_cache_without_blocks_is_described_and_plans_nothing():
-    for shape, spec in [((2, 0, 4, 2, 3), LayerKVSpec(4, 2)), ((0, 2, 4, 2, 3), LayerKVSpec(4, 2)),
-                        ((0, 4, 3), LayerKVSpec(4, use_mla=True))]:
-        assert describe_layer("l", torch.empty(shape), spec).num_blocks == 0
-        assert len(plan_layer("l", torch.empty(shape), spec, [], [], remote_num_blocks=0)) == 0
+    for shape, kv_format in [((2, 0, 4, 2, 3), LayerKVFormat(4, 2)), ((0, 2, 4, 2, 3), LayerKVFormat(4, 2)),
+                        ((0, 4, 3), LayerKVFormat(4, use_mla=True))]:
+        assert describe_layer("l", torch.empty(shape), kv_format).num_blocks == 0
+        assert len(plan_layer("l", torch.empty(shape), kv_format, [], [], remote_num_blocks=0)) == 0
 
 
 def test_unequal_block_lists_name_layer_shape_and_counts():
@@ -261,7 +261,7 @@ def test_planner_refuses_mismatched_group_counts_and_unknown_groups():
 )
 def test_spec_fields_out_of_range(fields, phrase):
     with pytest.raises(ValueError, match=phrase):
-        LayerKVSpec(**fields)
+        LayerKVFormat(**fields)
 
 
 def test_byte_view_refuses_a_tensor_of_another_geometry():
@@ -272,7 +272,7 @@ def test_byte_view_refuses_a_tensor_of_another_geometry():
 
 
 def test_registration_regions_name_a_layer_without_spec():
-    with pytest.raises(KeyError, match="'layers.1' has a KV cache tensor but no LayerKVSpec"):
+    with pytest.raises(KeyError, match="'layers.1' has a KV cache tensor but no LayerKVFormat"):
         registration_regions({"layers.0": torch.empty(2, 6, 8, 2, 4), "layers.1": torch.empty(2, 6, 8, 2, 4)},
                              {"layers.0": SPEC})
 
@@ -296,10 +296,10 @@ def test_property_any_shape_is_planned_exactly_or_refused_with_layer_and_shape(
 ):
     shape = tuple(shape)
     tensor = torch.empty(shape, dtype=torch.float16)
-    use_mla = (len(shape) == 3) == bool(spec_matches_rank)  # mostly the right kind of spec
-    spec = LayerKVSpec(block_size=block_size, num_kv_heads=heads, use_mla=use_mla)
+    use_mla = (len(shape) == 3) == bool(spec_matches_rank)  # mostly the right kind of kv_format
+    kv_format = LayerKVFormat(block_size=block_size, num_kv_heads=heads, use_mla=use_mla)
     try:
-        geometry = describe_layer("layers.x", tensor, spec)
+        geometry = describe_layer("layers.x", tensor, kv_format)
     except KVLayoutError as error:
         assert "'layers.x'" in str(error) and str(tuple(shape)) in str(error) and "expected" in str(error)
         return
@@ -307,7 +307,7 @@ def test_property_any_shape_is_planned_exactly_or_refused_with_layer_and_shape(
     # indexing puts it.
     physical = range(geometry.num_physical_blocks)
     ids = list(range(geometry.num_blocks))
-    offsets = plan_layer("layers.x", tensor, spec, ids, ids, geometry.num_blocks, merge=False).local_offsets.tolist()
+    offsets = plan_layer("layers.x", tensor, kv_format, ids, ids, geometry.num_blocks, merge=False).local_offsets.tolist()
     if geometry.layout is KVLayout.INTERLEAVED:
         k_offsets = offsets[0::2]
     else:
@@ -323,6 +323,6 @@ def test_property_any_shape_is_planned_exactly_or_refused_with_layer_and_shape(
 
 def test_from_vllm_without_vllm_says_what_to_install():
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed; the conversion itself is tested in test_vllm_spec.py")
+        pytest.skip("vLLM is installed; the conversion itself is tested in test_vllm_format.py")
     with pytest.raises(ImportError, match="needs the vllm package"):
-        LayerKVSpec.from_vllm(object())
+        LayerKVFormat.from_vllm(object())

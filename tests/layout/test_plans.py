@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from moriio_fsm.layout import (
     KVLayout,
-    LayerKVSpec,
+    LayerKVFormat,
     TransferPlanner,
     describe_layer,
     merge_ranges,
@@ -43,7 +43,7 @@ ARRANGEMENTS = [
 
 
 def build_cache(arrangement, num_blocks, dtype, *, block_size=8, kernel_ratio=1, heads=2, head_size=4, latent=6):
-    """A layer cache of ``num_blocks`` scheduler blocks and the spec describing it."""
+    """A layer cache of ``num_blocks`` scheduler blocks and the format describing it."""
     tokens = block_size // kernel_ratio
     physical = num_blocks * kernel_ratio
     shapes = {
@@ -61,11 +61,11 @@ def build_cache(arrangement, num_blocks, dtype, *, block_size=8, kernel_ratio=1,
     }
     tensor = shapes[arrangement]()
     if arrangement == "mla":
-        return tensor, LayerKVSpec(block_size=block_size, head_size=latent, use_mla=True)
+        return tensor, LayerKVFormat(block_size=block_size, head_size=latent, use_mla=True)
     kv_axis = 1 if arrangement.startswith("interleaved") else 0
-    # Two physical blocks make [2, 2, ...]: only the spec can say which axis is K/V.
+    # Two physical blocks make [2, 2, ...]: only the format can say which axis is K/V.
     hint = kv_axis if tensor.shape[0] == tensor.shape[1] == 2 else None
-    return tensor, LayerKVSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, kv_axis=hint)
+    return tensor, LayerKVFormat(block_size=block_size, num_kv_heads=heads, head_size=head_size, kv_axis=hint)
 
 
 def pieces(tensor, arrangement, physical_block):
@@ -145,37 +145,37 @@ def random_mapping(rng, local_blocks, remote_blocks, count):
 
 def test_reference_worked_example_separated_bf16():
     tensor = torch.empty(2, 8, 4, 2, 3, dtype=torch.bfloat16)
-    spec = LayerKVSpec(block_size=4, num_kv_heads=2, head_size=3)
-    plan = plan_layer("layers.0", tensor, spec, [1, 3], [4, 5], remote_num_blocks=16, merge=False)
+    kv_format = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=3)
+    plan = plan_layer("layers.0", tensor, kv_format, [1, 3], [4, 5], remote_num_blocks=16, merge=False)
     assert plan.lists == ([48, 144, 432, 528], [192, 240, 960, 1008], [48, 48, 48, 48])
 
 
 def test_contiguous_runs_merge_and_others_stay_apart():
     tensor = torch.empty(2, 8, 4, 2, 3, dtype=torch.bfloat16)
-    spec = LayerKVSpec(block_size=4, num_kv_heads=2, head_size=3)
+    kv_format = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=3)
     # Blocks 1,2 -> 4,5 are adjacent on both sides; 5 -> 9 is not adjacent remotely.
-    plan = plan_layer("layers.0", tensor, spec, [1, 2, 3], [4, 5, 9], remote_num_blocks=16)
+    plan = plan_layer("layers.0", tensor, kv_format, [1, 2, 3], [4, 5, 9], remote_num_blocks=16)
     assert plan.lists == ([48, 144, 432, 528], [192, 432, 960, 1200], [96, 48, 96, 48])
     assert plan.total_bytes == 6 * 48
 
 
 def test_interleaved_blocks_merge_k_and_v_into_one_range_per_block():
     tensor = torch.empty(6, 2, 4, 2, 3, dtype=torch.float16)
-    spec = LayerKVSpec(block_size=4, num_kv_heads=2, head_size=3)
-    plan = plan_layer("layers.0", tensor, spec, [0, 4], [3, 1], remote_num_blocks=5)
+    kv_format = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=3)
+    plan = plan_layer("layers.0", tensor, kv_format, [0, 4], [3, 1], remote_num_blocks=5)
     assert plan.lists == ([0, 4 * 96], [3 * 96, 96], [96, 96])
 
 
 def test_interleaved_kernel_blocks_form_one_chunk_per_scheduler_block():
-    tensor, spec = build_cache("interleaved_hnd", 4, torch.float16, block_size=8, kernel_ratio=4)
-    plan = plan_layer("layers.0", tensor, spec, [2, 0], [1, 3], remote_num_blocks=6)
+    tensor, kv_format = build_cache("interleaved_hnd", 4, torch.float16, block_size=8, kernel_ratio=4)
+    plan = plan_layer("layers.0", tensor, kv_format, [2, 0], [1, 3], remote_num_blocks=6)
     chunk = 4 * tensor.stride(0) * tensor.element_size()
     assert plan.lists == ([2 * chunk, 0], [chunk, 3 * chunk], [chunk, chunk])
 
 
 def test_a_transfer_without_blocks_moves_nothing():
-    tensor, spec = build_cache("separated_nhd", 4, torch.float16)
-    plan = plan_layer("layers.0", tensor, spec, [], [], remote_num_blocks=4)
+    tensor, kv_format = build_cache("separated_nhd", 4, torch.float16)
+    plan = plan_layer("layers.0", tensor, kv_format, [], [], remote_num_blocks=4)
     assert len(plan) == 0 and plan.total_bytes == 0 and plan.lists == ([], [], [])
 
 
@@ -183,8 +183,8 @@ def test_a_transfer_without_blocks_moves_nothing():
 @pytest.mark.parametrize("kernel_ratio", [1, 4])
 def test_detected_family_follows_the_strides(arrangement, kernel_ratio):
     # three heads: never equal to a kernel block size, so the axis order is observable
-    tensor, spec = build_cache(arrangement, 5, torch.float16, kernel_ratio=kernel_ratio, heads=3)
-    geometry = describe_layer("layers.3", tensor, spec)
+    tensor, kv_format = build_cache(arrangement, 5, torch.float16, kernel_ratio=kernel_ratio, heads=3)
+    geometry = describe_layer("layers.3", tensor, kv_format)
     expected = {
         "mla": KVLayout.MLA,
         "separated_on_interleaved_storage": KVLayout.INTERLEAVED,
@@ -204,10 +204,10 @@ def test_detected_family_follows_the_strides(arrangement, kernel_ratio):
 @pytest.mark.parametrize("kernel_ratio", [1, 2, 4])
 def test_every_offset_matches_the_tensor(arrangement, dtype, kernel_ratio):
     rng = random.Random(f"{arrangement}-{dtype}-{kernel_ratio}")
-    local, spec = build_cache(arrangement, 9, dtype, kernel_ratio=kernel_ratio)
+    local, kv_format = build_cache(arrangement, 9, dtype, kernel_ratio=kernel_ratio)
     remote, _ = build_cache(arrangement, 13, dtype, kernel_ratio=kernel_ratio)
     local_ids, remote_ids = random_mapping(rng, 9, 13, 6)
-    plan = plan_layer("layers.7", local, spec, local_ids, remote_ids, remote_num_blocks=13, merge=False)
+    plan = plan_layer("layers.7", local, kv_format, local_ids, remote_ids, remote_num_blocks=13, merge=False)
     assert plan_ranges(plan) == oracle_ranges(local, remote, arrangement, local_ids, remote_ids, kernel_ratio)
 
 
@@ -231,12 +231,12 @@ def test_copy_moves_every_mapped_block_of_a_mixed_model():
     local_ids, remote_ids = random_mapping(rng, prefill_blocks, decode_blocks, 7)
     planner = TransferPlanner(local_ids, remote_ids, remote_num_blocks=decode_blocks)
     for index, (name, arrangement, ratio, dtype) in enumerate(MIXED_MODEL):
-        prefill, spec = build_cache(arrangement, prefill_blocks, dtype, kernel_ratio=ratio)
-        decode, decode_spec = build_cache(arrangement, decode_blocks, dtype, kernel_ratio=ratio)
+        prefill, kv_format = build_cache(arrangement, prefill_blocks, dtype, kernel_ratio=ratio)
+        decode, decode_kv_format = build_cache(arrangement, decode_blocks, dtype, kernel_ratio=ratio)
         fill(prefill, seed=index)
         fill(decode, seed=100 + index)
         decode_before = decode.clone()
-        apply_plan(planner.plan(name, prefill, spec), prefill, spec, decode, decode_spec)
+        apply_plan(planner.plan(name, prefill, kv_format), prefill, kv_format, decode, decode_kv_format)
         for local_block, remote_block in zip(local_ids, remote_ids):
             assert torch.equal(
                 block_data(decode, arrangement, remote_block, ratio),
@@ -263,27 +263,27 @@ def test_dense_and_index_only_layers_of_one_request_get_their_own_plans():
 
 
 def test_groups_with_equal_geometry_use_their_own_block_ids():
-    tensor, spec = build_cache("interleaved_nhd", 8, torch.float16)
+    tensor, kv_format = build_cache("interleaved_nhd", 8, torch.float16)
     planner = TransferPlanner([[0, 1], [5, 6]], [[2, 3], [0, 7]], remote_num_blocks=8)
-    first = planner.plan("group0.layer", tensor, spec, group=0)
-    second = planner.plan("group1.layer", tensor, spec, group=1)
-    assert first.lists == plan_layer("x", tensor, spec, [0, 1], [2, 3], 8).lists
-    assert second.lists == plan_layer("x", tensor, spec, [5, 6], [0, 7], 8).lists
+    first = planner.plan("group0.layer", tensor, kv_format, group=0)
+    second = planner.plan("group1.layer", tensor, kv_format, group=1)
+    assert first.lists == plan_layer("x", tensor, kv_format, [0, 1], [2, 3], 8).lists
+    assert second.lists == plan_layer("x", tensor, kv_format, [5, 6], [0, 7], 8).lists
 
 
 def test_planner_keeps_at_most_max_plans_and_recomputes_evicted_ones():
     planner = TransferPlanner([0, 1], [1, 0], remote_num_blocks=3, max_plans=2)
     caches = [build_cache("separated_nhd", 3, dtype) for dtype in (torch.float16, torch.float32, torch.bfloat16)]
-    for index, (tensor, spec) in enumerate(caches):
-        planner.plan(f"layers.{index}", tensor, spec)
+    for index, (tensor, kv_format) in enumerate(caches):
+        planner.plan(f"layers.{index}", tensor, kv_format)
     again = planner.plan("layers.0", *caches[0])
     assert planner.misses == 4 and planner.hits == 0
     assert again.lists == plan_layer("layers.0", *caches[0], [0, 1], [1, 0], 3).lists
 
 
 def test_registration_region_aliases_the_cache_and_spans_it():
-    tensor, spec = build_cache("separated_nhd", 5, torch.float16)
-    region = registration_region("layers.0", tensor, spec)
+    tensor, kv_format = build_cache("separated_nhd", 5, torch.float16)
+    region = registration_region("layers.0", tensor, kv_format)
     assert region.size_bytes == tensor.untyped_storage().nbytes()
     region.byte_view(tensor)[:2] = torch.tensor([0, 0x3C], dtype=torch.uint8)  # 1.0 in float16
     assert tensor[0, 0, 0, 0, 0].item() == 1.0
@@ -291,9 +291,9 @@ def test_registration_region_aliases_the_cache_and_spans_it():
 
 def test_remote_extent_matches_a_peer_cache_of_that_size():
     for arrangement in ARRANGEMENTS:
-        local, spec = build_cache(arrangement, 5, torch.float16, kernel_ratio=2)
-        remote, remote_spec = build_cache(arrangement, 9, torch.float16, kernel_ratio=2)
-        assert describe_layer("l", local, spec).extent_bytes(9) == registration_region("r", remote, remote_spec).size_bytes
+        local, kv_format = build_cache(arrangement, 5, torch.float16, kernel_ratio=2)
+        remote, remote_kv_format = build_cache(arrangement, 9, torch.float16, kernel_ratio=2)
+        assert describe_layer("l", local, kv_format).extent_bytes(9) == registration_region("r", remote, remote_kv_format).size_bytes
 
 
 # --- properties -------------------------------------------------------------------
@@ -329,11 +329,11 @@ def scenarios(draw):
 def test_property_plans_match_oracle_merge_losslessly_and_copy_exactly(scenario):
     arrangement, dtype, shape, local_blocks, remote_blocks, local_ids, remote_ids = scenario
     ratio = shape["kernel_ratio"]
-    local, spec = build_cache(arrangement, local_blocks, dtype, **shape)
-    remote, remote_spec = build_cache(arrangement, remote_blocks, dtype, **shape)
+    local, kv_format = build_cache(arrangement, local_blocks, dtype, **shape)
+    remote, remote_kv_format = build_cache(arrangement, remote_blocks, dtype, **shape)
 
-    unmerged = plan_layer("layers.9", local, spec, local_ids, remote_ids, remote_blocks, merge=False)
-    merged = plan_layer("layers.9", local, spec, local_ids, remote_ids, remote_blocks)
+    unmerged = plan_layer("layers.9", local, kv_format, local_ids, remote_ids, remote_blocks, merge=False)
+    merged = plan_layer("layers.9", local, kv_format, local_ids, remote_ids, remote_blocks)
     assert plan_ranges(unmerged) == oracle_ranges(local, remote, arrangement, local_ids, remote_ids, ratio)
 
     # Merging moves exactly the same byte pairs, and leaves no mergeable neighbours.
@@ -344,7 +344,7 @@ def test_property_plans_match_oracle_merge_losslessly_and_copy_exactly(scenario)
 
     fill(local, seed=1)
     fill(remote, seed=2)
-    apply_plan(merged, local, spec, remote, remote_spec)
+    apply_plan(merged, local, kv_format, remote, remote_kv_format)
     for local_block, remote_block in zip(local_ids, remote_ids):
         assert torch.equal(
             block_data(remote, arrangement, remote_block, ratio), block_data(local, arrangement, local_block, ratio)
@@ -368,10 +368,10 @@ def test_planner_keeps_its_own_copy_of_the_block_ids():
 
 
 def test_shared_plans_cannot_be_changed_through_their_lists_or_tensors():
-    tensor, spec = build_cache("separated_nhd", 6, torch.float16)
+    tensor, kv_format = build_cache("separated_nhd", 6, torch.float16)
     planner = TransferPlanner([1, 3], [0, 2], remote_num_blocks=4)
-    plan = planner.plan("layers.0", tensor, spec)
-    expected = plan_layer("x", tensor, spec, [1, 3], [0, 2], 4).lists
+    plan = planner.plan("layers.0", tensor, kv_format)
+    expected = plan_layer("x", tensor, kv_format, [1, 3], [0, 2], 4).lists
     local, remote, sizes = plan.lists
     local[0] = -1
     remote.append(7)
@@ -380,13 +380,13 @@ def test_shared_plans_cannot_be_changed_through_their_lists_or_tensors():
         plan.local_offsets.add_(1)
     with pytest.raises(RuntimeError):
         plan.sizes[0] = 0
-    shared = planner.plan("layers.1", tensor.clone(), spec)
+    shared = planner.plan("layers.1", tensor.clone(), kv_format)
     assert shared is plan and shared.lists == expected
 
 
 def test_separated_k_half_running_on_into_the_v_half_merges_across():
-    tensor, spec = build_cache("separated_nhd", 3, torch.float16)
-    merged = plan_layer("l", tensor, spec, [0, 2], [0, 3], remote_num_blocks=4)
-    fine = plan_layer("l", tensor, spec, [0, 2], [0, 3], remote_num_blocks=4, merge=False)
+    tensor, kv_format = build_cache("separated_nhd", 3, torch.float16)
+    merged = plan_layer("l", tensor, kv_format, [0, 2], [0, 3], remote_num_blocks=4)
+    fine = plan_layer("l", tensor, kv_format, [0, 2], [0, 3], remote_num_blocks=4, merge=False)
     assert merged.lists == merge_ranges(fine.local_offsets, fine.remote_offsets, fine.sizes).lists
     assert len(merged) == 3  # K of block 0, K of block 2 + V of block 0, V of block 2

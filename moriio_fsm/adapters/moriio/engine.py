@@ -21,7 +21,7 @@ __all__ = [
     "MemoryDescriptor",
     "TransferEngine",
     "TransferSession",
-    "TransferPlan",
+    "CheckedBatch",
     "ArgumentProblem",
     "check_transfer_batch",
 ]
@@ -55,7 +55,7 @@ class ArgumentProblem:
 
 
 @dataclass(frozen=True, slots=True)
-class TransferPlan:
+class CheckedBatch:
     """A checked batch: equal-length lists of non-negative ints within both regions."""
 
     local_offsets: list[int]
@@ -100,7 +100,7 @@ def check_transfer_batch(
     *,
     local_size: int,
     remote_size: int,
-) -> TransferPlan | ArgumentProblem:
+) -> CheckedBatch | ArgumentProblem:
     """Check one batch against the two regions' sizes (bytes).
 
     Raises ``TypeError`` when an argument is not an integer (sequence); returns an
@@ -126,7 +126,7 @@ def check_transfer_batch(
     )
     if problem is not None:
         return problem
-    return TransferPlan(lo, ro, sz, uid)
+    return CheckedBatch(lo, ro, sz, uid)
 
 
 def _range_problem(side: str, offsets: list[int], sizes: list[int], region_size: int):

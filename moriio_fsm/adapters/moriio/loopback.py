@@ -33,7 +33,7 @@ import torch
 from .engine import (
     ArgumentProblem,
     TransferEngine,
-    TransferPlan,
+    CheckedBatch,
     TransferSession,
     check_transfer_batch,
     require_bytes,
@@ -381,7 +381,7 @@ class _Job:
     status: LocalTransferStatus = field(compare=False)
     session: "LoopbackSession" = field(compare=False)
     op: str = field(compare=False)
-    plan: TransferPlan = field(compare=False)
+    plan: CheckedBatch = field(compare=False)
     failure: _Rule | None = field(compare=False)
 
 
@@ -704,7 +704,7 @@ class LoopbackEngine(TransferEngine):
         return problem
 
     # -- posting and completing ----------------------------------------------
-    def _submit(self, session: LoopbackSession, op: str, plan: TransferPlan) -> LocalTransferStatus:
+    def _submit(self, session: LoopbackSession, op: str, plan: CheckedBatch) -> LocalTransferStatus:
         status = LocalTransferStatus()
         with self._lock:
             if self._closed:

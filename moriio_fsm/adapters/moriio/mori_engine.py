@@ -8,6 +8,8 @@ in-flight status is kept referenced until it is final, as mori requires.
 
 from __future__ import annotations
 
+from ...errors import MoriioFsmError
+
 import importlib
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from .status import StatusCode, TransferStatus, code_is_failure, failed_status
 __all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "probe_mori"]
 
 
-class MoriUnavailableError(RuntimeError):
+class MoriUnavailableError(MoriioFsmError, RuntimeError):
     """mori.io cannot be used in this process; the message says why."""
 
 

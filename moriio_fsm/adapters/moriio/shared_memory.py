@@ -7,6 +7,8 @@ owner keeps the fd open; the peer's mapping then stays valid on its own.
 
 from __future__ import annotations
 
+from ...errors import MoriioFsmError
+
 import errno
 import mmap
 import os
@@ -24,7 +26,7 @@ __all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREF
 REGION_NAME_PREFIX = "moriio-loopback-"
 
 
-class RegionUnavailable(OSError):
+class RegionUnavailable(MoriioFsmError, OSError):
     """A peer's region cannot be opened: the owner is gone or closed it."""
 
 

@@ -6,8 +6,10 @@ field, peer or setting involved and what was expected, so logs explain themselve
 
 from __future__ import annotations
 
+from ...errors import MoriioFsmError
 
-class ZmqAdapterError(Exception):
+
+class ZmqAdapterError(MoriioFsmError):
     """Base class of every error raised by ``moriio_fsm.adapters.zmq``."""
 
 

@@ -1,7 +1,7 @@
 """What the layout code needs to know about one layer's KV cache, independent of vLLM.
 
-``LayerKVSpec`` is plain, frozen and hashable so it can be part of a plan cache key.
-vLLM is optional: ``LayerKVSpec.from_vllm`` imports it only when called.
+``LayerKVFormat`` is plain, frozen and hashable so it can be part of a plan cache key.
+vLLM is optional: ``LayerKVFormat.from_vllm`` imports it only when called.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class LayerKVSpec:
+class LayerKVFormat:
     """The scheduler-level description of one layer's KV cache.
 
     ``block_size`` is the scheduler's block size in tokens; the attention kernel may
@@ -33,17 +33,17 @@ class LayerKVSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size <= 0:
-            raise ValueError(f"LayerKVSpec.block_size must be a positive int, got {self.block_size!r}")
+            raise ValueError(f"LayerKVFormat.block_size must be a positive int, got {self.block_size!r}")
         for name in ("num_kv_heads", "head_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"LayerKVSpec.{name} must be a positive int or None, got {value!r}")
+                raise ValueError(f"LayerKVFormat.{name} must be a positive int or None, got {value!r}")
         if self.kv_axis not in (None, 0, 1):
-            raise ValueError(f"LayerKVSpec.kv_axis must be 0, 1 or None, got {self.kv_axis!r}")
+            raise ValueError(f"LayerKVFormat.kv_axis must be 0, 1 or None, got {self.kv_axis!r}")
 
     @classmethod
-    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None) -> "LayerKVSpec":
-        """Build the spec from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
+    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None) -> "LayerKVFormat":
+        """Build the format from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
 
         MLA is recognised by the ``MLAAttentionSpec`` class, or by the ``use_mla`` flag
         that older vLLM releases carried on every attention spec.
@@ -54,10 +54,10 @@ class LayerKVSpec:
         try:
             import vllm.v1.kv_cache_interface as kv_cache_interface
         except ImportError as exc:
-            raise ImportError("LayerKVSpec.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')") from exc
+            raise ImportError("LayerKVFormat.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')") from exc
         if not isinstance(vllm_spec, kv_cache_interface.AttentionSpec):
             raise TypeError(
-                f"LayerKVSpec.from_vllm expected a vLLM AttentionSpec, got {type(vllm_spec).__name__}"
+                f"LayerKVFormat.from_vllm expected a vLLM AttentionSpec, got {type(vllm_spec).__name__}"
             )
         # Older releases flag MLA with ``use_mla`` on every spec instead of a subclass.
         mla_class = getattr(kv_cache_interface, "MLAAttentionSpec", None)

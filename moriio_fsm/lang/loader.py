@@ -1,4 +1,4 @@
-"""Load a spec from YAML into ``moriio_fsm.spec.model.Spec`` with precise errors.
+"""Load a spec from YAML into ``moriio_fsm.lang.model.Spec`` with precise errors.
 
 The loader keeps the line of every mapping key and list item, so each problem it
 or the validator reports points at ``file:line``. It collects all problems of a
@@ -140,7 +140,7 @@ def load_spec(path: str | Path) -> Spec:
     """Read and validate one spec file.
 
     Raises ``SpecError`` listing every problem with its ``file:line``; the spec is
-    returned only when it passed every check in ``moriio_fsm.spec.validate``.
+    returned only when it passed every check in ``moriio_fsm.lang.validate``.
     """
     path = Path(path)
     try:

@@ -8,6 +8,8 @@ anything else is refused at load time with the offending construct named.
 
 from __future__ import annotations
 
+from ..errors import MoriioFsmError
+
 import ast
 from typing import Any, Callable, Iterable
 
@@ -26,7 +28,7 @@ _ALLOWED_NODES = (
 )
 
 
-class ExpressionError(ValueError):
+class ExpressionError(MoriioFsmError, ValueError):
     """The expression is not valid Python or uses a construct or name not allowed."""
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from moriio_fsm.machines.binding import Bindings
-from moriio_fsm.spec.errors import Problem, SpecError
-from moriio_fsm.spec.loader import load_spec, parse_spec
+from moriio_fsm.lang.errors import Problem, SpecError
+from moriio_fsm.lang.loader import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

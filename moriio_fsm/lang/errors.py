@@ -6,6 +6,8 @@ compiler diagnostic: ``specs/x.yaml:12: unknown state 'sealedd' ...``.
 
 from __future__ import annotations
 
+from ..errors import MoriioFsmError
+
 from dataclasses import dataclass
 
 
@@ -21,7 +23,7 @@ class Problem:
         return f"{self.path}:{self.line}: {self.message}"
 
 
-class SpecError(ValueError):
+class SpecError(MoriioFsmError, ValueError):
     """A spec is malformed or unsafe; ``problems`` lists every defect found."""
 
     def __init__(self, problems: list[Problem]):

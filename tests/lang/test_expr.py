@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from moriio_fsm.spec.expr import FUNCTIONS, ExpressionError, compile_predicate
+from moriio_fsm.lang.expr import FUNCTIONS, ExpressionError, compile_predicate
 
 FIELDS = ("scheduled", "posted", "num_posted", "flag", "items", "delta")
 
