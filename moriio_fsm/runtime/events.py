@@ -24,13 +24,16 @@ class Event(msgspec.Struct, frozen=True, gc=False):
 
     ``kind`` is an event name declared by the transfer's spec; ``time`` is the
     caller's monotonic clock reading in seconds (the core reads no clock);
-    ``data`` carries the payload fields the spec declares for ``kind``.
+    ``data`` carries the payload fields the spec declares for ``kind``; ``source``
+    names the peer a remote event came from (its host and connection), so that the
+    table can keep one flooding peer from crowding out the others ("" when local).
     """
 
     transfer_id: str
     kind: str
     time: float = 0.0
     data: Mapping[str, Any] = _EMPTY
+    source: str = ""
 
 
 class Effect(msgspec.Struct, frozen=True, gc=False):
