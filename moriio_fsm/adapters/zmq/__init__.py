@@ -36,7 +36,8 @@ from .errors import (
 )
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
-from .transport import Delivery, Peer, SendFailure, TransportConfig, ZmqTransport, default_bind_host
+from .hosts import default_bind_host
+from .transport import Delivery, Peer, SendFailure, TransportConfig, ZmqTransport
 
 __all__ = [
     "AgentMetadata",

@@ -1,24 +1,23 @@
-"""Optional CURVE encryption and authentication for every control-plane socket.
+"""Optional CURVE encryption for every control-plane socket: keys, trust and socket options.
 
-When a ``CurveConfig`` is given, listeners are CURVE servers and senders CURVE
-clients; a ZAP handler (run by the transport's I/O thread) admits only clients
-whose public key is authorised.  A peer without CURVE cannot complete the handshake.
+Rules: with a ``CurveConfig`` listeners are CURVE servers and senders CURVE clients; only
+authorised client keys are admitted (by ``zap.ZapHandler``); keys are checked at construction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 import zmq
 from zmq.utils import z85
 
 from .policy import canonical_host
 
-__all__ = ["CurveConfig", "ZAP_ENDPOINT", "zap_reply"]
+__all__ = ["CurveConfig", "ZAP_DOMAIN"]
 
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+# The ZAP domain every CURVE server socket puts in its authentication requests.
 ZAP_DOMAIN = b"moriio"
 
 
@@ -95,22 +94,3 @@ class CurveConfig:
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
 
-
-def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes]) -> tuple[list[bytes], str | None]:
-    """Answer one ZAP request (RFC 27): ``(reply frames, refusal reason or None)``.
-
-    Only the CURVE mechanism with an authorised client key is admitted; any
-    malformed request is refused rather than raised.
-    """
-    if len(frames) < 6:
-        request_id = frames[1] if len(frames) > 1 else b""
-        return [b"1.0", request_id, b"400", b"malformed ZAP request", b"", b""], "malformed ZAP request"
-    version, request_id, _domain, _address, _identity, mechanism = frames[:6]
-    credentials = frames[6:]
-    if version != b"1.0":
-        return [b"1.0", request_id, b"400", b"unsupported ZAP version", b"", b""], "unsupported ZAP version"
-    if mechanism != b"CURVE" or len(credentials) != 1:
-        return [b"1.0", request_id, b"400", b"CURVE required", b"", b""], f"mechanism {mechanism!r} refused"
-    if credentials[0] not in authorized:
-        return [b"1.0", request_id, b"400", b"client key not authorised", b"", b""], "client key not authorised"
-    return [b"1.0", request_id, b"200", b"OK", b"", b""], None

@@ -1,19 +1,7 @@
-"""The ZeroMQ transport: one I/O thread owns every socket; any thread may send.
+"""The ZeroMQ transport: the public ``ZmqTransport`` API and the one I/O thread that owns every socket.
 
-Rules: sockets are created, used and closed only on the I/O thread (ZeroMQ sockets
-are not thread-safe); other threads hand it work through a lock-free deque and a
-wake-up pipe.  Every outbound host passes the ``PeerPolicy`` before a socket exists.
-A bad inbound message is counted, logged and dropped; nothing a peer sends, and no
-exception a callback raises, stops the I/O thread.  An error while serving one
-command or one message fails that command's future or reports that send, and the
-thread goes on; if the thread ever stops, for any reason, the transport is closed
-and everything still queued is failed, never silently kept.
-
-Every queue and cache is bounded by a ``TransportConfig`` setting: queued sends
-(``max_queued_sends``), queued commands (``max_queued_commands``), handshakes in
-flight (``max_pending_handshakes``), sender sockets (``max_peers``) and each
-sender's backlog (``send_hwm``).  Work beyond a bound is refused at once with
-``TransportBusyError`` or reported through ``on_send_failure``.
+Rules: sockets live on the I/O thread only; other threads hand it bounded work through
+deques and a wake-up pipe; nothing a peer sends and no callback error stops that thread.
 """
 
 from __future__ import annotations
@@ -22,10 +10,9 @@ import collections
 import concurrent.futures
 import ipaddress
 import os
-import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Union
 
 import structlog
@@ -33,20 +20,24 @@ import zmq
 
 from .codec import (
     DEFAULT_LIMITS,
-    HANDSHAKE_REQUEST,
     HandshakeReply,
     NotifyMessage,
     Role,
     WireLimits,
-    decode_handshake_reply,
     decode_notify,
     encode_handshake_reply,
     encode_notify,
 )
-from .curve import ZAP_ENDPOINT, CurveConfig, zap_reply
+from .curve import CurveConfig
 from .errors import HandshakeFailedError, TransportBusyError, TransportClosedError, WireDecodeError
+from .handshake import HandshakeRequests, HandshakeServers
+from .hosts import default_bind_host
+from .outbox import Outboxes
 from .policy import PeerPolicy
 from .ports import RankEndpoint, listener_port
+from .reporting import LogLimiter, TransportCounts
+from .sockets import bind, server_socket
+from .zap import ZapHandler
 
 if TYPE_CHECKING:
     from moriio_fsm.runtime.events import Event
@@ -57,65 +48,11 @@ __all__ = [
     "SendFailure",
     "TransportConfig",
     "ZmqTransport",
-    "default_bind_host",
 ]
 
 log = structlog.get_logger("moriio_fsm.adapters.zmq")
 
 Destination = Union[RankEndpoint, "tuple[str, int]"]
-
-
-# Documentation-only destinations (RFC 5737, RFC 3849): routed, never contacted.
-_ROUTE_PROBES = ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1"))
-
-
-def _route_address(family: int, target: str) -> str | None:
-    """The local address the kernel would send from towards ``target``, or None.
-
-    A UDP ``connect`` only picks a route; no packet leaves the host.
-    """
-    try:
-        probe = socket.socket(family, socket.SOCK_DGRAM)
-    except OSError:
-        return None  # this address family is not available here
-    try:
-        probe.connect((target, 9))
-        address = probe.getsockname()[0]
-    except OSError:
-        return None
-    finally:
-        probe.close()
-    if not address or ipaddress.ip_address(address.split("%", 1)[0]).is_unspecified:
-        return None
-    if address.lower().startswith("fe80"):
-        return None  # link-local: not reachable by peers without a scope id
-    return address
-
-
-def default_bind_host() -> str:
-    """This host's own routable address, never the wildcard.
-
-    Tries the IPv4 route first, then the IPv6 one, so an IPv6-only host gets its
-    global IPv6 address; then the host name's addresses (either family); then
-    loopback (``127.0.0.1``, or ``::1`` where IPv4 is unavailable).
-    """
-    for family, target in _ROUTE_PROBES:
-        address = _route_address(family, target)
-        if address is not None:
-            return address
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
-    except OSError:
-        infos = []
-    for _family, _type, _proto, _name, sockaddr in infos:
-        address = sockaddr[0]
-        if not address.lower().startswith("fe80"):
-            return address
-    return "127.0.0.1" if _route_address(socket.AF_INET, "127.0.0.1") is not None else "::1"
-
-
-def _tcp_url(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -214,61 +151,19 @@ class SendFailure:
     reason: str
 
 
-@dataclass
-class _Outbox:
-    sock: zmq.Socket
-    backlog: collections.deque = field(default_factory=collections.deque)  # (payload, deadline, tid, kind)
-    polling: bool = False  # registered for POLLOUT while the backlog is non-empty
-
-
-@dataclass
-class _PendingHandshake:
-    future: concurrent.futures.Future
-    host: str
-    port: int
-    deadline: float
-    frames: list = field(default_factory=list)
-
-
-class _Counts:
-    """Event counters, written only by the I/O thread (plain ints: cheap on the hot path)."""
-
-    __slots__ = (
-        "received", "delivered", "rejected", "callback_errors", "sent", "send_failed",
-        "senders_opened", "auth_refused", "handshake_failed", "handshakes_served", "io_errors",
-    )
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-class _LogLimiter:
-    """At most ``per_second`` warnings a second; the rest are counted and summarised."""
-
-    def __init__(self, per_second: int = 20) -> None:
-        self.per_second = per_second
-        self.window = 0.0
-        self.count = 0
-        self.suppressed = 0
-
-    def allow(self, now: float) -> bool:
-        if now - self.window >= 1.0:
-            if self.suppressed:
-                log.warning("zmq.messages_suppressed", count=self.suppressed)
-            self.window, self.count, self.suppressed = now, 0, 0
-        self.count += 1
-        if self.count <= self.per_second:
-            return True
-        self.suppressed += 1
-        return False
-
-
 class ZmqTransport:
     """Listener, senders and handshake endpoints of one rank, served by one thread.
+
+    Any thread may call ``send``, ``request_handshake``, ``serve_handshake`` and
+    ``close``; the I/O thread alone creates, uses and closes sockets (ZeroMQ
+    sockets are not thread-safe).  Every outbound host passes the ``PeerPolicy``
+    before a socket exists.  A bad inbound message is counted, logged and dropped.
+    An error while serving one command or one message fails that command's future
+    or reports that send, and the thread goes on; if the thread ever stops, for any
+    reason, the transport is closed and everything still queued is failed, never
+    silently kept.  Every queue and cache is bounded by a ``TransportConfig``
+    setting; work beyond a bound is refused at once with ``TransportBusyError`` or
+    reported through ``on_send_failure``.
 
     ``on_message(delivery)`` runs on the I/O thread for every accepted message:
     keep it short (enqueue and return).  ``on_send_failure(failure)`` runs there
@@ -300,16 +195,17 @@ class ZmqTransport:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
-        self.counts = _Counts()
-        self._log_limiter = _LogLimiter()
+        self.counts = TransportCounts()
+        self._log_limiter = LogLimiter()
         self._peers: dict[bytes, Peer] = {}
-        self._outboxes: collections.OrderedDict[tuple[str, int], _Outbox] = collections.OrderedDict()
-        self._handshakes: dict[zmq.Socket, _PendingHandshake] = {}
-        self._handshake_servers: dict[zmq.Socket, tuple[bytes, bytes]] = {}
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
+        self._outboxes = Outboxes(self._ctx, self._poller, config, self.counts, self._fail)
+        self._handshakes = HandshakeRequests(self._ctx, self._poller, config, self.counts)
+        self._handshake_servers = HandshakeServers(self._ctx, self._poller, config, self.counts,
+                                                   self._reject_handshake_request)
         self._listener: zmq.Socket | None = None
-        self._zap: zmq.Socket | None = None
+        self._zap: ZapHandler | None = None
         self._authorized = config.curve.authorized_raw_keys() if config.curve else frozenset()
         self.notify_port: int | None = None
         self.bind_host = config.bind_host or default_bind_host()
@@ -502,80 +398,52 @@ class ZmqTransport:
             self._closed = True
             self._close_sockets()
 
-    def _keepalive(self, sock: zmq.Socket) -> None:
-        cfg = self.config
-        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, cfg.tcp_keepalive_idle_s)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, cfg.tcp_keepalive_interval_s)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, cfg.tcp_keepalive_count)
-        sock.setsockopt(zmq.IPV6, 1)
-
     def _open_sockets(self) -> None:
         cfg = self.config
         self._poller.register(self._wake_read, zmq.POLLIN)
         if cfg.curve is not None:
-            self._zap = self._ctx.socket(zmq.REP)
-            self._zap.setsockopt(zmq.LINGER, 0)
-            self._zap.bind(ZAP_ENDPOINT)
-            self._poller.register(self._zap, zmq.POLLIN)
+            # Bound before any server socket, so no CURVE client is ever let in unchecked.
+            self._zap = ZapHandler(self._ctx, self._poller, self._authorized, self.counts, self._log_limiter)
         if cfg.listen:
-            sock = self._server_socket(zmq.ROUTER, cfg.limits.max_message_bytes)
-            self.notify_port = self._bind(sock, self.bind_host, cfg.notify_port)
+            sock = server_socket(self._ctx, cfg, zmq.ROUTER, cfg.limits.max_message_bytes)
+            self.notify_port = bind(sock, self.bind_host, cfg.notify_port)
             self._listener = sock
             self._poller.register(sock, zmq.POLLIN)
             log.info("zmq.listening", host=self.bind_host, port=self.notify_port, role=cfg.role.value,
                      curve=cfg.curve is not None)
 
-    def _server_socket(self, kind: int, max_bytes: int) -> zmq.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, self.config.recv_hwm)
-        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-        # libzmq drops the connection of a peer that sends a larger frame before
-        # allocating it: the first line of defence against memory floods.
-        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-        self._keepalive(sock)
-        if self.config.curve is not None:
-            self.config.curve.apply_server(sock)
-        return sock
-
-    def _bind(self, sock: zmq.Socket, host: str, port: int) -> int:
-        if host in ("*", "0.0.0.0", "::"):
-            log.warning("zmq.bind_all_interfaces", host=host,
-                        hint="any host that can reach this port can send control messages")
-        if port == 0:
-            return sock.bind_to_random_port(_tcp_url(host, 0).rsplit(":", 1)[0])
-        sock.bind(_tcp_url(host, port))
-        return port
-
     def _loop(self) -> None:
         poller = self._poller
+        listener = self._listener
+        zap = self._zap.socket if self._zap is not None else None
+        outboxes, handshakes, servers = self._outboxes, self._handshakes, self._handshake_servers
         next_expiry_check = 0.0
         while True:
-            busy = self._handshakes or any(o.polling for o in self._outboxes.values())
-            timeout_ms = 25 if busy else 1000
+            # Poll briefly while something waits on a deadline, so it is checked in time.
+            timeout_ms = 25 if handshakes or outboxes.polling else 1000
             for target, flags in poller.poll(timeout_ms):
                 try:
-                    if target is self._listener:
+                    if target is listener:
                         self._drain_listener()
                     elif target == self._wake_read:
                         if self._drain_commands():
                             return
-                    elif target is self._zap:
-                        self._serve_zap()
-                    elif target in self._handshakes:
-                        self._collect_handshake(target)
-                    elif target in self._handshake_servers:
-                        self._answer_handshakes(target)
+                    elif target is zap:
+                        self._zap.serve()
+                    elif target in handshakes:
+                        handshakes.collect(target)
+                    elif target in servers:
+                        servers.answer(target)
                     elif flags & zmq.POLLOUT:
-                        self._flush_outbox_socket(target)
+                        outboxes.flush(target)
                 except Exception as exc:
                     self._io_error(target, exc)
             now = time.monotonic()
             if now >= next_expiry_check:
                 next_expiry_check = now + 0.025
                 try:
-                    self._expire(now)
+                    outboxes.expire(now)
+                    handshakes.expire(now)
                 except Exception as exc:
                     self._io_error(None, exc)
 
@@ -583,7 +451,7 @@ class ZmqTransport:
         """An unexpected error while serving one socket: contain it to that socket."""
         self.counts.io_errors += 1
         if target is not None and target in self._handshakes:
-            self._finish_handshake(target, HandshakeFailedError(f"handshake socket error: {exc}"))
+            self._handshakes.fail(target, HandshakeFailedError(f"handshake socket error: {exc}"))
         if self._log_limiter.allow(time.monotonic()):
             log.error("zmq.io_error", error=f"{_type_name(exc)}: {exc}", exc_info=exc)
 
@@ -600,7 +468,7 @@ class ZmqTransport:
             pass
         self._wake_pending = False
         if self._sends:
-            self._drain_sends()
+            self._outboxes.send_queued(self._sends)
         commands = self._commands
         while commands:
             command = commands.popleft()
@@ -609,9 +477,9 @@ class ZmqTransport:
                 return True  # whatever is still queued is failed by _close_sockets
             try:
                 if op == "handshake":
-                    self._start_handshake(*command[1:])
+                    self._handshakes.start(*command[1:])
                 elif op == "serve":
-                    self._start_handshake_server(*command[1:])
+                    self._handshake_servers.start(*command[1:])
             except Exception as exc:
                 self.counts.io_errors += 1
                 log.error("zmq.command_failed", command=op, error=f"{_type_name(exc)}: {exc}")
@@ -635,103 +503,7 @@ class ZmqTransport:
         if future.running() or future.set_running_or_notify_cancel():
             future.set_exception(exc)
 
-    # sending ----------------------------------------------------------------
-
-    def _outbox(self, host: str, port: int) -> _Outbox:
-        key = (host, port)
-        outbox = self._outboxes.get(key)
-        if outbox is not None:
-            self._outboxes.move_to_end(key)
-            return outbox
-        while len(self._outboxes) >= self.config.max_peers:
-            (old_host, old_port), old = self._outboxes.popitem(last=False)
-            self._discard_outbox(old_host, old_port, old, "sender evicted from the peer cache (least recently used)")
-        sock = self._ctx.socket(zmq.DEALER)  # raises ZMQError, e.g. at libzmq's socket limit
-        try:
-            sock.setsockopt(zmq.LINGER, self.config.linger_ms)
-            sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-            sock.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
-            # Queue only on completed connections: a dead peer surfaces as a send
-            # timeout instead of messages silently piling up inside libzmq.
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            self._keepalive(sock)
-            if self.config.curve is not None:
-                self.config.curve.apply_client(sock, host)
-            sock.connect(_tcp_url(host, port))
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        outbox = _Outbox(sock)
-        self._outboxes[key] = outbox
-        self.counts.senders_opened += 1
-        return outbox
-
-    def _drain_sends(self) -> None:
-        sends = self._sends
-        popleft = sends.popleft
-        noblock = zmq.NOBLOCK
-        outbox: _Outbox | None = None
-        last_host, last_port = None, None
-        sent = 0
-        try:
-            while sends:
-                host, port, payload, transfer_id, kind = popleft()
-                # Consecutive messages usually share a peer: skip the LRU update then.
-                if outbox is None or port != last_port or host != last_host:
-                    try:
-                        outbox = self._outbox(host, port)
-                    except Exception as exc:
-                        outbox, last_host = None, None
-                        self._fail(host, port, transfer_id, kind, f"could not open a sender socket: {exc}")
-                        continue
-                    last_host, last_port = host, port
-                if not outbox.backlog:
-                    try:
-                        outbox.sock.send(payload, noblock)
-                        sent += 1
-                        continue
-                    except zmq.Again:
-                        self._poller.register(outbox.sock, zmq.POLLOUT)
-                        outbox.polling = True
-                    except zmq.ZMQError as exc:
-                        self._fail(host, port, transfer_id, kind, f"send error: {exc}")
-                        continue
-                if len(outbox.backlog) >= self.config.send_hwm:
-                    self._fail(host, port, transfer_id, kind, "send queue to this peer is full")
-                    continue
-                outbox.backlog.append((payload, time.monotonic() + self.config.send_timeout_s, transfer_id, kind))
-        finally:
-            self.counts.sent += sent
-
-    def _flush_outbox_socket(self, sock: zmq.Socket) -> None:
-        for (host, port), outbox in self._outboxes.items():
-            if outbox.sock is sock:
-                break
-        else:
-            return
-        backlog = outbox.backlog
-        while backlog:
-            payload, _deadline, transfer_id, kind = backlog[0]
-            try:
-                sock.send(payload, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                self._fail(host, port, transfer_id, kind, f"send error: {exc}")
-            else:
-                self.counts.sent += 1
-            backlog.popleft()
-        self._poller.unregister(sock)
-        outbox.polling = False
-
-    def _discard_outbox(self, host: str, port: int, outbox: _Outbox, reason: str) -> None:
-        while outbox.backlog:
-            _payload, _deadline, transfer_id, kind = outbox.backlog.popleft()
-            self._fail(host, port, transfer_id, kind, reason)
-        if outbox.polling:
-            self._poller.unregister(outbox.sock)
-            outbox.polling = False
-        outbox.sock.close(linger=self.config.linger_ms)
+    # send failures ----------------------------------------------------------
 
     def _fail(self, host: str, port: int, transfer_id: str | None, kind: str, reason: str) -> None:
         self.counts.send_failed += 1
@@ -742,21 +514,6 @@ class ZmqTransport:
             except Exception:
                 self.counts.callback_errors += 1
                 log.exception("zmq.send_failure_callback_raised")
-
-    def _expire(self, now: float) -> None:
-        for (host, port), outbox in self._outboxes.items():
-            backlog = outbox.backlog
-            while backlog and backlog[0][1] <= now:
-                _payload, _deadline, transfer_id, kind = backlog.popleft()
-                self._fail(host, port, transfer_id, kind,
-                           f"peer not reachable within send timeout ({self.config.send_timeout_s}s)")
-            if not backlog and outbox.polling:
-                self._poller.unregister(outbox.sock)
-                outbox.polling = False
-        for sock, pending in list(self._handshakes.items()):
-            if pending.deadline <= now:
-                self._finish_handshake(sock, HandshakeFailedError(
-                    f"no handshake reply from {pending.host}:{pending.port} in time"))
 
     # receiving --------------------------------------------------------------
 
@@ -823,139 +580,28 @@ class ZmqTransport:
             log.warning("zmq.message_rejected", peer=peer.address, identity=peer.identity.hex(),
                         field=error.field, reason=error.reason)
 
-    def _serve_zap(self) -> None:
-        try:
-            frames = self._zap.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        reply, refusal = zap_reply(frames, self._authorized)
-        if refusal is not None:
-            self.counts.auth_refused += 1
-            address = frames[3].decode("ascii", "replace") if len(frames) > 3 else None
-            if self._log_limiter.allow(time.monotonic()):
-                log.warning("zmq.peer_refused", peer=address, reason=refusal)
-        self._zap.send_multipart(reply)
-
-    # handshake --------------------------------------------------------------
-
-    def _start_handshake(self, host: str, port: int, future: concurrent.futures.Future, deadline: float) -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        sock = None
-        try:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_handshake_bytes)
-            self._keepalive(sock)
-            if self.config.curve is not None:
-                self.config.curve.apply_client(sock, host)
-            sock.connect(_tcp_url(host, port))
-            sock.send(HANDSHAKE_REQUEST, zmq.NOBLOCK)  # a fresh DEALER queues it until connected
-        except Exception as exc:
-            if sock is not None:
-                sock.close(linger=0)
-            self.counts.handshake_failed += 1
-            future.set_exception(HandshakeFailedError(
-                f"could not start a handshake with {host}:{port}: {_type_name(exc)}: {exc}"))
-            return
-        self._handshakes[sock] = _PendingHandshake(future, host, port, deadline)
-        self._poller.register(sock, zmq.POLLIN)
-
-    def _collect_handshake(self, sock: zmq.Socket) -> None:
-        pending = self._handshakes[sock]
-        while len(pending.frames) < 2:
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(parts) != 2 or parts[0] != b"":
-                self._finish_handshake(sock, HandshakeFailedError(
-                    f"bad handshake reply from {pending.host}:{pending.port}: expected [b'', payload]"))
-                return
-            pending.frames.append(parts[1])
-        try:
-            reply = decode_handshake_reply(*pending.frames, limits=self.config.limits)
-        except WireDecodeError as exc:
-            self._finish_handshake(sock, HandshakeFailedError(
-                f"bad handshake reply from {pending.host}:{pending.port}: {exc}"))
-            return
-        self._finish_handshake(sock, reply)
-
-    def _finish_handshake(self, sock: zmq.Socket, outcome: object) -> None:
-        pending = self._handshakes.pop(sock)
-        self._poller.unregister(sock)
-        sock.close(linger=0)
-        if isinstance(outcome, BaseException):
-            self.counts.handshake_failed += 1
-            pending.future.set_exception(outcome)
-        else:
-            pending.future.set_result(outcome)
-
-    def _start_handshake_server(self, host: str, port: int, frames: tuple[bytes, bytes],
-                                future: concurrent.futures.Future) -> None:
-        if not future.set_running_or_notify_cancel():
-            return  # the caller gave up waiting; do not bind a port nobody knows about
-        try:
-            sock = self._server_socket(zmq.ROUTER, 4096)
-            try:
-                bound = self._bind(sock, host, port)
-            except BaseException:
-                sock.close(linger=0)
-                raise
-        except Exception as exc:
-            future.set_exception(exc)
-            return
-        self._handshake_servers[sock] = frames
-        self._poller.register(sock, zmq.POLLIN)
-        future.set_result(bound)
-
-    def _answer_handshakes(self, sock: zmq.Socket) -> None:
-        metadata, layers = self._handshake_servers[sock]
-        for _ in range(self.config.max_batch):
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(parts) != 2 or parts[1] != HANDSHAKE_REQUEST:
-                self._reject(Peer(parts[0], None), WireDecodeError(
-                    "<frame>", f"expected the handshake request {HANDSHAKE_REQUEST!r}"))
-                continue
-            try:
-                sock.send_multipart([parts[0], b"", metadata], zmq.NOBLOCK)
-                sock.send_multipart([parts[0], b"", layers], zmq.NOBLOCK)
-                self.counts.handshakes_served += 1
-            except zmq.ZMQError as exc:
-                log.warning("zmq.handshake_reply_failed", reason=str(exc))
+    def _reject_handshake_request(self, identity: bytes, error: WireDecodeError) -> None:
+        self._reject(Peer(identity, None), error)
 
     # shutdown ---------------------------------------------------------------
 
     def _close_sockets(self) -> None:
         """Close every socket, then fail everything still queued; each step runs
         even if an earlier one raised, so no caller is left waiting."""
-        steps = (self._close_outboxes, self._close_handshakes, self._close_servers, self._destroy_context,
+        steps = (self._outboxes.close, self._handshakes.close, self._close_servers, self._destroy_context,
                  self._fail_queued)
         for step in steps:
             try:
                 step()
             except Exception:
-                log.exception("zmq.shutdown_step_failed", step=step.__name__)
-
-    def _close_outboxes(self) -> None:
-        while self._outboxes:
-            (host, port), outbox = self._outboxes.popitem(last=False)
-            self._discard_outbox(host, port, outbox, "transport closed before the message was sent")
-
-    def _close_handshakes(self) -> None:
-        for sock in list(self._handshakes):
-            self._finish_handshake(sock, HandshakeFailedError("transport closed"))
+                log.exception("zmq.shutdown_step_failed", step=step.__qualname__)
 
     def _close_servers(self) -> None:
-        for sock in list(self._handshake_servers):
-            sock.close(linger=0)
-        self._handshake_servers.clear()
-        for sock in (self._listener, self._zap):
-            if sock is not None:
-                sock.close(linger=0)
+        self._handshake_servers.close()
+        if self._listener is not None:
+            self._listener.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
 
     def _destroy_context(self) -> None:
         # Outboxes were closed with a linger, so this waits at most that long for

@@ -25,7 +25,7 @@ from moriio_fsm.adapters.zmq import (
     WriteDone,
     ZmqTransport,
 )
-from moriio_fsm.adapters.zmq.curve import zap_reply
+from moriio_fsm.adapters.zmq.zap import zap_reply
 
 pytestmark = [
     pytest.mark.timeout(60),

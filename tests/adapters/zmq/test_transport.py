@@ -487,11 +487,11 @@ def test_a_late_wake_up_never_writes_to_a_closed_and_reused_descriptor(monkeypat
 def test_default_bind_host_finds_an_ipv6_address_when_ipv4_has_no_route(monkeypatch):
     import socket
 
-    from moriio_fsm.adapters.zmq import transport as transport_module
+    from moriio_fsm.adapters.zmq import hosts
 
     routes = {socket.AF_INET: None, socket.AF_INET6: "2001:db8::5"}
-    monkeypatch.setattr(transport_module, "_route_address", lambda family, target: routes.get(family))
-    assert transport_module.default_bind_host() == "2001:db8::5"
+    monkeypatch.setattr(hosts, "_route_address", lambda family, target: routes.get(family))
+    assert hosts.default_bind_host() == "2001:db8::5"
 
 
 def test_default_bind_host_is_a_concrete_address():

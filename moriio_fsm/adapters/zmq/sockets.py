@@ -1,0 +1,59 @@
+"""Options and endpoints shared by every TCP socket the transport's I/O thread opens.
+
+Rules: every socket gets TCP keepalive and IPv6; every server socket caps its frame
+size before anything is allocated and, with CURVE on, authenticates through ZAP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+import zmq
+
+if TYPE_CHECKING:
+    from .transport import TransportConfig
+
+__all__ = ["bind", "server_socket", "set_keepalive", "tcp_url"]
+
+log = structlog.get_logger("moriio_fsm.adapters.zmq")
+
+
+def tcp_url(host: str, port: int) -> str:
+    """The ZeroMQ endpoint of ``host:port``; an IPv6 literal goes in brackets."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def set_keepalive(sock: zmq.Socket, config: "TransportConfig") -> None:
+    """TCP keepalive, so a peer that vanished without a FIN is noticed; IPv6 allowed."""
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, config.tcp_keepalive_idle_s)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, config.tcp_keepalive_interval_s)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, config.tcp_keepalive_count)
+    sock.setsockopt(zmq.IPV6, 1)
+
+
+def server_socket(ctx: zmq.Context, config: "TransportConfig", kind: int, max_bytes: int) -> zmq.Socket:
+    """An unbound server socket of ``kind`` that refuses frames above ``max_bytes``."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, config.recv_hwm)
+    sock.setsockopt(zmq.SNDHWM, config.send_hwm)
+    # libzmq drops the connection of a peer that sends a larger frame before
+    # allocating it: the first line of defence against memory floods.
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    set_keepalive(sock, config)
+    if config.curve is not None:
+        config.curve.apply_server(sock)
+    return sock
+
+
+def bind(sock: zmq.Socket, host: str, port: int) -> int:
+    """Bind ``sock`` to ``host:port`` (0: an ephemeral port); returns the port bound."""
+    if host in ("*", "0.0.0.0", "::"):
+        log.warning("zmq.bind_all_interfaces", host=host,
+                    hint="any host that can reach this port can send control messages")
+    if port == 0:
+        return sock.bind_to_random_port(tcp_url(host, 0).rsplit(":", 1)[0])
+    sock.bind(tcp_url(host, port))
+    return port
