@@ -1,8 +1,7 @@
-"""ZeroMQ control plane: wire codec, listener, senders and the peer trust policy.
+"""ZeroMQ control plane: wire codec, transport, peer trust policy, and the events messages become.
 
-Re-exports the public names of ``codec``, ``transport``, ``policy``, ``ports``, ``curve``
-and ``errors``; every error raised here derives from ``ZmqAdapterError``.  Nothing a peer
-sends may crash a caller or the I/O thread, and every outbound host passes ``PeerPolicy``.
+Rules: nothing a peer sends may crash a caller or the I/O thread; every outbound host passes
+``PeerPolicy``; every error about the wire, a peer or the transport derives from ``ZmqAdapterError``.
 """
 
 from .codec import (
@@ -36,6 +35,7 @@ from .errors import (
 )
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
+from .events import event_for
 from .hosts import default_bind_host
 from .transport import Delivery, Peer, SendFailure, TransportConfig, ZmqTransport
 
@@ -74,5 +74,6 @@ __all__ = [
     "default_bind_host",
     "encode_handshake_reply",
     "encode_notify",
+    "event_for",
     "listener_port",
 ]

@@ -29,14 +29,11 @@ import enum
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import Any, Mapping, Union
 
 import msgpack
 
 from .errors import WireDecodeError, ZmqAdapterError
-
-if TYPE_CHECKING:
-    from moriio_fsm.runtime.events import Event as RuntimeEvent
 
 __all__ = [
     "AgentMetadata",
@@ -220,20 +217,6 @@ DEFAULT_LIMITS = WireLimits()
 BlockIds = Union[tuple[int, ...], tuple[tuple[int, ...], ...]]
 
 
-def _frozen(data: dict[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(data)
-
-
-def _runtime_event(transfer_id: str, kind: str, time: float, data: Mapping[str, Any] | None = None) -> Any:
-    """Build the runtime's ``Event``; imported on first use so the codec does not
-    depend on the runtime package at import time."""
-    from moriio_fsm.runtime.events import Event as RuntimeEvent
-
-    if data is None:
-        return RuntimeEvent(transfer_id, kind, time)
-    return RuntimeEvent(transfer_id, kind, time, data)
-
-
 @dataclass(frozen=True, slots=True)
 class RemoteBlocks:
     """D tells P where its blocks are (WRITE mode), so P can write into them.
@@ -253,16 +236,6 @@ class RemoteBlocks:
     def per_group(self) -> bool:
         return bool(self.block_ids) and isinstance(self.block_ids[0], tuple)
 
-    def to_event(self, now: float) -> "RuntimeEvent":
-        return _runtime_event(
-            self.transfer_id,
-            "remote_blocks",
-            now,
-            _frozen(
-                {"block_ids": self.block_ids, "decode_rank": self.decode_rank, "req_id": self.req_id}
-            ),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class WriteDone:
@@ -278,10 +251,6 @@ class WriteDone:
 
     kind = "write_done"
 
-    def to_event(self, now: float) -> "RuntimeEvent":
-        writers = 1 if self.num_writers is None else self.num_writers
-        return _runtime_event(self.transfer_id, "write_done", now, _frozen({"num_writers": writers}))
-
 
 @dataclass(frozen=True, slots=True)
 class WriteFailed:
@@ -291,9 +260,6 @@ class WriteFailed:
     form: WireForm = field(default=WireForm.TYPED, compare=False)
 
     kind = "write_failed"
-
-    def to_event(self, now: float) -> "RuntimeEvent":
-        return _runtime_event(self.transfer_id, "write_failed", now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,11 +277,9 @@ class Release:
 
     kind = "release"
 
-    def to_event(self, now: float) -> "RuntimeEvent":
-        size = 1 if self.consumer_tp_size is None else self.consumer_tp_size
-        return _runtime_event(self.transfer_id, "release", now, _frozen({"consumer_tp_size": size}))
 
-
+# A message's ``kind`` is its wire ``type``; which runtime event it becomes is decided
+# in ``events.py``, so the wire format never depends on the machines' event names.
 NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release]
 
 _RECEIVER: dict[str, Role] = {

@@ -12,8 +12,8 @@ import ipaddress
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, NamedTuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Union
 
 import structlog
 import zmq
@@ -33,14 +33,11 @@ from .errors import HandshakeFailedError, TransportBusyError, TransportClosedErr
 from .handshake import HandshakeRequests, HandshakeServers
 from .hosts import default_bind_host
 from .outbox import Outboxes
-from .policy import PeerPolicy
+from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
 from .reporting import LogLimiter, TransportCounts
 from .sockets import bind, server_socket
 from .zap import ZapHandler
-
-if TYPE_CHECKING:
-    from moriio_fsm.runtime.events import Event
 
 __all__ = [
     "Delivery",
@@ -118,17 +115,36 @@ class TransportConfig:
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who sent a message: the ROUTER identity and, when known, ``ip:port``."""
+    """Who sent a message: the ROUTER identity of its connection and, when known, its IP address.
+
+    ``source`` names the connection: the canonical host, ``#``, the identity in hex
+    (``"127.0.0.1#0080000001"``); the host is ``unknown`` when libzmq did not say.
+    """
 
     identity: bytes
     address: str | None
+    # Derived once per connection (peers are cached by identity), not once per message.
+    source: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", f"{_source_host(self.address)}#{self.identity.hex()}")
+
+
+def _source_host(address: str | None) -> str:
+    if not address:
+        return "unknown"
+    try:
+        return str(canonical_host(address))
+    except ValueError:
+        return address  # not an IP literal: keep libzmq's text rather than lose the host
 
 
 class Delivery(NamedTuple):
     """One accepted message, handed to the ``on_message`` callback.
 
     A named tuple rather than a dataclass: one is built per message on the
-    listener's hot path.
+    listener's hot path.  The transport delivers messages, not events: turn one
+    into the machines' event with ``events.event_for(message, received_at, source)``.
     """
 
     message: NotifyMessage
@@ -136,8 +152,10 @@ class Delivery(NamedTuple):
     received_at: float  # time.monotonic() when it was decoded
 
     @property
-    def event(self) -> "Event":
-        return self.message.to_event(self.received_at)
+    def source(self) -> str:
+        """The sending connection (``Peer.source``): the same for every message over one
+        connection, different for two connections."""
+        return self.peer.source
 
 
 @dataclass(frozen=True, slots=True)

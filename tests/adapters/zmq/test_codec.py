@@ -31,7 +31,9 @@ from moriio_fsm.adapters.zmq import (
     decode_notify,
     encode_handshake_reply,
     encode_notify,
+    event_for,
 )
+from moriio_fsm.runtime.events import Event
 
 # Frames exactly as upstream MoRIIO peers write them: msgpack.dumps (packb with
 # default options) of dicts in upstream's key order, or a bare UTF-8 id.
@@ -100,16 +102,34 @@ def test_unknown_extra_fields_from_newer_peers_are_ignored():
     assert decode_notify(frame, role=Role.CONSUMER) == WriteDone("tx")
 
 
-def test_messages_become_runtime_events():
-    blocks = decode_notify(UPSTREAM_FRAMES[1][1], role=Role.PRODUCER).to_event(12.5)
-    assert (blocks.transfer_id, blocks.kind, blocks.time) == ("tx-2", "remote_blocks", 12.5)
+def test_decoded_messages_become_the_machines_events():
+    blocks = event_for(decode_notify(UPSTREAM_FRAMES[1][1], role=Role.PRODUCER), 12.5)
+    assert type(blocks) is Event
+    assert (blocks.transfer_id, blocks.kind, blocks.time, blocks.source) == ("tx-2", "remote_blocks", 12.5, "")
     assert dict(blocks.data) == {"block_ids": ((1, 2), (300, 70000)), "decode_rank": 3, "req_id": "req-2"}
-    assert dict(WriteDone("a", 2).to_event(0).data) == {"num_writers": 2}
-    assert dict(WriteDone("a").to_event(0).data) == {"num_writers": 1}
-    assert WriteFailed("a").to_event(0).kind == "write_failed"
-    assert dict(Release("a", 4).to_event(0).data) == {"consumer_tp_size": 4}
+    assert dict(event_for(WriteDone("a", 2), 0).data) == {"num_writers": 2}
+    assert dict(event_for(WriteDone("a"), 0).data) == {"num_writers": 1}  # absent on the wire: one writer
+    failed = event_for(WriteFailed("a"), 0)
+    assert (failed.kind, dict(failed.data)) == ("write_failed", {})
+    assert dict(event_for(Release("a", 4), 0).data) == {"consumer_tp_size": 4}
+    assert dict(event_for(Release("a"), 0).data) == {"consumer_tp_size": 1}  # absent on the wire: one D rank
     with pytest.raises(TypeError):
         blocks.data["req_id"] = "other"  # events are read-only
+
+
+@pytest.mark.parametrize("message", [
+    RemoteBlocks("tx", "req", (1,)), WriteDone("tx"), WriteFailed("tx"), Release("tx", 2, 0, WireForm.BARE_ID),
+])
+def test_every_event_names_its_source_and_the_codec_knows_no_events(message):
+    event = event_for(message, 3.0, source="10.0.0.7#00deadbeef")
+    assert (event.transfer_id, event.kind, event.time, event.source) == ("tx", message.kind, 3.0,
+                                                                          "10.0.0.7#00deadbeef")
+    assert not hasattr(message, "to_event")
+
+
+def test_event_for_refuses_what_is_not_a_notify_message():
+    with pytest.raises(TypeError, match="got dict"):
+        event_for({"type": "write_done", "transfer_id": "tx"}, 0.0)
 
 
 BAD_FRAMES = [

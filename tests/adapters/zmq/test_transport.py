@@ -27,6 +27,8 @@ from moriio_fsm.adapters.zmq import (
     WriteDone,
     WriteFailed,
     ZmqTransport,
+    encode_notify,
+    event_for,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,7 +97,7 @@ def test_listener_binds_the_configured_address_only(consumer):
     assert transport.notify_port and transport.notify_port > 0
 
 
-def test_message_is_delivered_as_an_event_with_its_peer(consumer, producer):
+def test_message_is_delivered_with_its_peer_and_becomes_an_event_from_that_peer(consumer, producer):
     receiver, inbox = consumer
     sender, _ = producer
     sender.send((HOST, receiver.notify_port), WriteDone("tx-1", num_writers=2))
@@ -103,8 +105,25 @@ def test_message_is_delivered_as_an_event_with_its_peer(consumer, producer):
     assert delivery.message == WriteDone("tx-1", 2)
     assert delivery.peer.address == HOST
     assert delivery.peer.identity
-    event = delivery.event
+    assert delivery.source == f"{HOST}#{delivery.peer.identity.hex()}"
+    event = event_for(delivery.message, delivery.received_at, delivery.source)
     assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_done", {"num_writers": 2})
+    assert (event.time, event.source) == (delivery.received_at, delivery.source)
+
+
+def test_source_is_stable_over_one_connection_and_differs_between_connections(consumer, raw_dealer):
+    receiver, inbox = consumer
+    first, second = raw_dealer(receiver.notify_port), raw_dealer(receiver.notify_port)
+    first.send(encode_notify(WriteDone("tx-a")))
+    [a] = inbox.take(1)  # in order: the first connection is known before the second sends
+    second.send(encode_notify(WriteDone("tx-b")))
+    [b] = inbox.take(1)
+    first.send(encode_notify(WriteFailed("tx-a")))
+    [again] = inbox.take(1)
+    assert [d.message.transfer_id for d in (a, b, again)] == ["tx-a", "tx-b", "tx-a"]
+    assert a.source == again.source
+    assert a.source != b.source
+    assert a.source.startswith(f"{HOST}#") and b.source.startswith(f"{HOST}#")
 
 
 def test_listener_survives_a_run_of_malformed_messages(consumer, raw_dealer):
