@@ -7,15 +7,8 @@ status is final once it succeeded or failed. mori.io itself is imported only on 
 """
 
 from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
-from .loopback import (
-    HeldTransfers,
-    LoopbackEngine,
-    LoopbackEngineDesc,
-    LoopbackFaults,
-    LoopbackMemoryDesc,
-    LoopbackSession,
-    PostedTransfer,
-)
+from .faults import HeldTransfers, LoopbackFaults, PostedTransfer
+from .loopback import LoopbackEngine, LoopbackEngineDesc, LoopbackMemoryDesc, LoopbackSession
 from .mori_engine import MoriAvailability, MoriEngine, MoriSession, MoriUnavailableError, probe_mori
 from .poller import CompletionPoller
 from .status import StatusCode, TransferStatus, wait_all

@@ -1,31 +1,26 @@
-"""LoopbackEngine: a transfer engine that moves real bytes between processes on one host.
+"""LoopbackEngine: mori.io's stand-in, moving real bytes in one process or one-sidedly into a peer's shared memory.
 
-It stands in for mori.io where RDMA hardware is absent and keeps mori's rules:
-posting returns at once; a worker thread completes statuses INIT -> IN_PROGRESS ->
-SUCCESS or an error above 10; bad argument values come back as already-failed
-statuses. Writes into a peer's shared region are one-sided: the peer runs no code.
-Faults (failures, latency, stalls, holds released on demand, dead sessions or
-peers) are injected through ``engine.faults``.
+Rules: mori's status semantics (posting returns at once, a worker thread settles each status, bad values give
+failed statuses); faults come from ``engine.faults`` (``faults.py``), asked only through its public methods.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import heapq
 import itertools
 from itertools import repeat
 import logging
 import operator
 import os
-import random
 import socket
 import threading
 import time
-import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import torch
@@ -38,6 +33,7 @@ from .engine import (
     check_transfer_batch,
     require_bytes,
 )
+from .faults import InjectedFailure, LoopbackFaults, PostedTransfer
 from .shared_memory import PeerMapping, RegionUnavailable, SharedRegion, peer_region_problem
 from .status import LocalTransferStatus, StatusCode, failed_status
 
@@ -46,9 +42,6 @@ __all__ = [
     "LoopbackSession",
     "LoopbackEngineDesc",
     "LoopbackMemoryDesc",
-    "LoopbackFaults",
-    "HeldTransfers",
-    "PostedTransfer",
 ]
 
 _log = logging.getLogger(__name__)
@@ -145,235 +138,6 @@ class LoopbackMemoryDesc:
         return cls(**values)
 
 
-@dataclass(frozen=True, slots=True)
-class PostedTransfer:
-    """What fault predicates see about one posted batch."""
-
-    sequence: int            # 1-based count of batches posted on this engine
-    op: str                  # "write" or "read"
-    transfer_uid: int
-    remote_engine_key: str
-    count: int               # ranges in the batch
-    total_bytes: int
-
-
-class HeldTransfers:
-    """Transfers that ``hold_nth`` / ``hold_when`` keep IN_PROGRESS until ``release``.
-
-    A held transfer has been posted and does nothing else: it moves no bytes and
-    its status stays IN_PROGRESS, for as long as the test needs, without any
-    timing. ``release`` lets every held transfer complete as it would have
-    (checks, copy, injected failure) and stops holding later matches. Closing the
-    engine fails held transfers with ERR_BAD_STATE, as it does queued ones.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._released = False
-        self._jobs: list[tuple["_Job", Callable[["_Job"], None]]] = []
-
-    @property
-    def held(self) -> int:
-        """How many transfers are held right now."""
-        with self._lock:
-            return len(self._jobs)
-
-    @property
-    def released(self) -> bool:
-        with self._lock:
-            return self._released
-
-    def release(self) -> int:
-        """Let the held transfers complete; returns how many were held. Idempotent."""
-        with self._lock:
-            self._released = True
-            jobs, self._jobs = self._jobs, []
-        for job, resume in jobs:
-            resume(job)
-        return len(jobs)
-
-    def _take(self, job: "_Job", resume: Callable[["_Job"], None]) -> bool:
-        """Hold ``job`` until release; False if already released (run it now)."""
-        with self._lock:
-            if self._released:
-                return False
-            self._jobs.append((job, resume))
-            return True
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else f"holding {self.held}"
-        return f"<HeldTransfers {state}>"
-
-
-@dataclass(slots=True, eq=False)
-class _Rule:
-    matches: Callable[[PostedTransfer], bool]
-    code: int
-    message: str
-    once: bool
-    hold: HeldTransfers | None = None
-
-
-class LoopbackFaults:
-    """Faults to inject into one engine's transfers; every method is thread-safe.
-
-    Failure rules are checked in the order added; the first that matches decides
-    the transfer's error (a failed transfer moves no bytes). A stalled transfer
-    stays IN_PROGRESS until the engine closes; a held one until its
-    ``HeldTransfers`` is released. Predicates run on the posting thread outside
-    every lock, so they may call back into the engine and into this object; an
-    exception they raise propagates out of the ``batch_*`` call.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._failures: list[_Rule] = []
-        self._stalls: list[_Rule] = []
-        self._holds: list[_Rule] = []
-        self._latency_s = 0.0
-        self._jitter_s = 0.0
-        self._random = random.Random(0)
-        # Weak, so a killed session leaves no trace once collected and a later
-        # session that happens to reuse its address is not taken for dead.
-        self._dead_sessions: weakref.WeakSet[LoopbackSession] = weakref.WeakSet()
-        self._dead_peers: set[str] = set()
-
-    def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
-        """Fail the ``n``-th batch posted on this engine (1-based)."""
-        n = _positive("n", n)
-        self._add(self._failures, lambda t: t.sequence == n, code,
-                  message or f"injected RDMA failure of transfer #{n}", once=True)
-
-    def fail_when(self, predicate: Callable[[PostedTransfer], bool],
-                  code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
-        """Fail every posted batch for which ``predicate`` returns True."""
-        if not callable(predicate):
-            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
-        self._add(self._failures, predicate, code, message or "injected RDMA failure", once=False)
-
-    def stall_nth(self, n: int) -> None:
-        """Leave the ``n``-th posted batch in progress forever (until close)."""
-        n = _positive("n", n)
-        self._add(self._stalls, lambda t: t.sequence == n, StatusCode.IN_PROGRESS, "", once=True)
-
-    def stall_when(self, predicate: Callable[[PostedTransfer], bool]) -> None:
-        if not callable(predicate):
-            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
-        self._add(self._stalls, predicate, StatusCode.IN_PROGRESS, "", once=False)
-
-    def hold_nth(self, n: int) -> HeldTransfers:
-        """Hold the ``n``-th batch posted on this engine (1-based) IN_PROGRESS until released."""
-        n = _positive("n", n)
-        return self._add_hold(lambda t: t.sequence == n, once=True)
-
-    def hold_when(self, predicate: Callable[[PostedTransfer], bool]) -> HeldTransfers:
-        """Hold every posted batch for which ``predicate`` returns True, until released."""
-        if not callable(predicate):
-            raise TypeError(f"predicate must be callable, got {type(predicate).__name__}")
-        return self._add_hold(predicate, once=False)
-
-    def set_latency(self, latency_s: float, jitter_s: float = 0.0, seed: int | None = 0) -> None:
-        """Delay each completion by ``latency_s`` plus uniform [0, ``jitter_s``) seconds."""
-        if latency_s < 0 or jitter_s < 0:
-            raise ValueError(
-                f"latency_s and jitter_s must be >= 0 seconds, got {latency_s} and {jitter_s}"
-            )
-        with self._lock:
-            self._latency_s = float(latency_s)
-            self._jitter_s = float(jitter_s)
-            self._random = random.Random(seed)
-
-    def kill_session(self, session: "LoopbackSession") -> None:
-        """Break one session: its queued and future transfers fail with ERR_RDMA_OP."""
-        with self._lock:
-            self._dead_sessions.add(session)
-
-    def kill_peer(self, engine_key: str) -> None:
-        """Make a remote engine unreachable: every session to it fails with ERR_RDMA_OP."""
-        with self._lock:
-            self._dead_peers.add(engine_key)
-
-    def clear(self) -> None:
-        """Remove every rule, latency and killed session or peer.
-
-        Transfers already held stay held until their ``HeldTransfers`` is released.
-        """
-        with self._lock:
-            self._failures.clear()
-            self._stalls.clear()
-            self._holds.clear()
-            self._latency_s = self._jitter_s = 0.0
-            self._dead_sessions.clear()
-            self._dead_peers.clear()
-
-    # -- engine side ----------------------------------------------------------
-    def _add(self, rules: list[_Rule], matches, code: int, message: str, once: bool) -> None:
-        code = int(code)
-        if rules is self._failures and code <= 10:
-            raise ValueError(f"an injected failure needs an error code above 10, got {code}")
-        with self._lock:
-            rules.append(_Rule(matches, code, message, once))
-
-    def _add_hold(self, matches, once: bool) -> HeldTransfers:
-        hold = HeldTransfers()
-        with self._lock:
-            self._holds.append(_Rule(matches, StatusCode.IN_PROGRESS, "", once, hold))
-        return hold
-
-    def _first_match(self, rules: list[_Rule], posted: PostedTransfer) -> _Rule | None:
-        """The first rule matching ``posted``; a one-shot rule is used up by it.
-
-        Predicates are called outside the lock, on a snapshot of the rules.
-        """
-        if not rules:
-            return None
-        with self._lock:
-            candidates = list(rules)
-        for rule in candidates:
-            if rule.hold is not None and rule.hold.released:
-                with self._lock:
-                    if rule in rules:
-                        rules.remove(rule)
-                continue
-            if not rule.matches(posted):
-                continue
-            if rule.once:
-                with self._lock:
-                    if rule not in rules:
-                        continue  # another thread's post used it up meanwhile
-                    rules.remove(rule)
-            return rule
-        return None
-
-    def _decide(self, posted: PostedTransfer) -> tuple[_Rule | None, bool, HeldTransfers | None, float]:
-        """(failure rule or None, stall?, hold or None, completion delay in seconds)."""
-        failure = self._first_match(self._failures, posted)
-        stall = failure is None and self._first_match(self._stalls, posted) is not None
-        hold = None
-        if not stall:
-            held_by = self._first_match(self._holds, posted)
-            hold = held_by.hold if held_by is not None else None
-        with self._lock:
-            delay = self._latency_s
-            if self._jitter_s:
-                delay += self._random.uniform(0.0, self._jitter_s)
-        return failure, stall, hold, delay
-
-    def _session_dead(self, session: "LoopbackSession") -> str | None:
-        with self._lock:
-            if session in self._dead_sessions:
-                return "session was killed"
-            if session.remote_engine_key in self._dead_peers:
-                return f"peer engine {session.remote_engine_key!r} is unreachable"
-        return None
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer (1-based), got {value!r}")
-    return value
-
-
 @dataclass(order=True, slots=True)
 class _Job:
     due: float
@@ -382,7 +146,7 @@ class _Job:
     session: "LoopbackSession" = field(compare=False)
     op: str = field(compare=False)
     plan: CheckedBatch = field(compare=False)
-    failure: _Rule | None = field(compare=False)
+    failure: InjectedFailure | None = field(compare=False)
 
 
 class LoopbackSession(TransferSession):
@@ -420,7 +184,7 @@ class LoopbackSession(TransferSession):
     def _why_dead(self) -> str | None:
         if self._engine.closed:
             return "engine is closed"
-        reason = self._engine.faults._session_dead(self)
+        reason = self._engine.faults.session_fault(self)
         if reason is not None:
             return reason
         return self._engine._remote_gone(self.remote_mem)
@@ -714,15 +478,16 @@ class LoopbackEngine(TransferEngine):
             sequence = self._sequence
         posted = PostedTransfer(sequence, op, plan.transfer_uid, session.remote_engine_key,
                                 len(plan.sizes), plan.total_bytes)
-        failure, stall, hold, delay = self.faults._decide(posted)
-        job = _Job(time.monotonic() + delay, sequence, status, session, op, plan, failure)
+        verdict = self.faults.decide(posted)
+        job = _Job(time.monotonic() + verdict.delay_s, sequence, status, session, op, plan, verdict.failure)
         status.mark_in_progress()
         with self._wake:
             if self._closed:
                 status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
-            elif stall:
+            elif verdict.stall:
                 self._stalled.append(job)
-            elif hold is not None and hold._take(job, self._resume_held):
+            elif verdict.hold is not None and verdict.hold.keep(functools.partial(self._resume_held, job)):
+                # Registered before the lock is let go, so a release cannot resume it first.
                 self._held[sequence] = job
             else:
                 heapq.heappush(self._queue, job)

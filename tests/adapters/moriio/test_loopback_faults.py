@@ -248,3 +248,22 @@ def test_a_shared_tensor_keeps_its_dtype_and_shape():
         mem = engine.register_torch_tensor(tensor[1])
         assert mem.shared and mem.size == 24 and mem.region_offset == 24
         assert mem.dtype == "bfloat16" and mem.shape == (3, 4)
+
+
+def test_the_faults_answer_the_engine_through_decide_alone():
+    from moriio_fsm.adapters.moriio.faults import NO_FAULT, InjectedFailure, LoopbackFaults, PostedTransfer
+
+    faults = LoopbackFaults()
+    posted = [PostedTransfer(n, "write", n, "peer", 1, 8) for n in (1, 2, 3)]
+    assert faults.decide(posted[0]) is NO_FAULT
+    faults.fail_nth(2, message="flap")
+    hold = faults.hold_when(lambda p: p.sequence == 3)
+    assert faults.decide(posted[1]).failure == InjectedFailure(StatusCode.ERR_RDMA_OP, "flap")
+    assert faults.decide(posted[1]).failure is None  # fail_nth is used up by its match
+    verdict = faults.decide(posted[2])
+    assert verdict.hold is hold and verdict.failure is None and not verdict.stall
+    resumed = []
+    assert hold.keep(lambda: resumed.append(3)) and hold.held == 1
+    assert hold.release() == 1 and resumed == [3]
+    assert not hold.keep(lambda: resumed.append(4))  # released: the engine runs it at once
+    assert faults.decide(posted[2]) is NO_FAULT and resumed == [3]
