@@ -145,7 +145,7 @@ class _Job:
     status: LocalTransferStatus = field(compare=False)
     session: "LoopbackSession" = field(compare=False)
     op: str = field(compare=False)
-    plan: CheckedBatch = field(compare=False)
+    batch: CheckedBatch = field(compare=False)
     failure: InjectedFailure | None = field(compare=False)
 
 
@@ -199,14 +199,14 @@ class LoopbackSession(TransferSession):
         return self._engine._submit(self, op, checked)
 
     def _execute(self, job: _Job) -> None:
-        plan = job.plan
+        batch = job.batch
         if job.op == "write":
             src, dst = self._local_address, self._remote_address
-            src_offsets, dst_offsets = plan.local_offsets, plan.remote_offsets
+            src_offsets, dst_offsets = batch.local_offsets, batch.remote_offsets
         else:
             src, dst = self._remote_address, self._local_address
-            src_offsets, dst_offsets = plan.remote_offsets, plan.local_offsets
-        self._engine._copy(dst, src, dst_offsets, src_offsets, plan.sizes, plan.total_bytes)
+            src_offsets, dst_offsets = batch.remote_offsets, batch.local_offsets
+        self._engine._copy(dst, src, dst_offsets, src_offsets, batch.sizes, batch.total_bytes)
 
 
 def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
@@ -468,7 +468,7 @@ class LoopbackEngine(TransferEngine):
         return problem
 
     # -- posting and completing ----------------------------------------------
-    def _submit(self, session: LoopbackSession, op: str, plan: CheckedBatch) -> LocalTransferStatus:
+    def _submit(self, session: LoopbackSession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
         status = LocalTransferStatus()
         with self._lock:
             if self._closed:
@@ -476,10 +476,10 @@ class LoopbackEngine(TransferEngine):
                 return status
             self._sequence += 1
             sequence = self._sequence
-        posted = PostedTransfer(sequence, op, plan.transfer_uid, session.remote_engine_key,
-                                len(plan.sizes), plan.total_bytes)
+        posted = PostedTransfer(sequence, op, batch.transfer_uid, session.remote_engine_key,
+                                len(batch.sizes), batch.total_bytes)
         verdict = self.faults.decide(posted)
-        job = _Job(time.monotonic() + verdict.delay_s, sequence, status, session, op, plan, verdict.failure)
+        job = _Job(time.monotonic() + verdict.delay_s, sequence, status, session, op, batch, verdict.failure)
         status.mark_in_progress()
         with self._wake:
             if self._closed:
@@ -526,7 +526,7 @@ class LoopbackEngine(TransferEngine):
 
     def _outcome(self, job: _Job) -> tuple[int, str]:
         """Carry out one transfer; (final code, message) for its status."""
-        label = f"batch_{job.op} uid {job.plan.transfer_uid}"
+        label = f"batch_{job.op} uid {job.batch.transfer_uid}"
         try:
             if job.failure is not None:
                 return job.failure.code, f"{label}: {job.failure.message}"
@@ -579,7 +579,7 @@ class LoopbackEngine(TransferEngine):
             self._wake.notify_all()
         for job in abandoned:
             job.status.settle(StatusCode.ERR_BAD_STATE,
-                              f"batch_{job.op} uid {job.plan.transfer_uid}: engine "
+                              f"batch_{job.op} uid {job.batch.transfer_uid}: engine "
                               f"{self.key!r} closed before the transfer completed")
         if threading.current_thread() is not self._worker:
             self._worker.join()
