@@ -1,9 +1,7 @@
 """Throughput of LoopbackEngine.batch_write across two processes against a plain torch copy.
 
-Process D owns a 256 MiB shared tensor; this process (P) writes 256 MiB into it in
-64 KiB and in 1 MiB chunks (scattered destination offsets, so no two chunks merge)
-and, in the same rounds, copies the same bytes with one ``Tensor.copy_`` between
-the same shared-memory tensors. Ratios are medians of interleaved rounds.
+Rules: process D owns a 256 MiB shared tensor; P writes it in 64 KiB and 1 MiB chunks at scattered offsets
+(no two merge) and, in the same rounds, with one ``Tensor.copy_``; ratios are medians of interleaved rounds.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Throughput of write_done messages through the ZMQ adapter versus raw pyzmq + msgpack.
 
-Both paths do the same work on the same kinds of sockets on 127.0.0.1: the main
-thread encodes and sends through a DEALER, a receiving thread reads a ROUTER,
-decodes and delivers to a callback.  Like with like: both use sockets connected
-and warmed before any round is timed, and the same high-water marks.  The adapter
-adds validation, its I/O threads and the trust check.  Rounds alternate between
-the two and the medians are compared.
+Rules: like with like (same socket kinds on 127.0.0.1, connected and warmed before timing, same high-water
+marks); the adapter adds validation, its I/O threads and the trust check; medians of alternating rounds.
 """
 
 from __future__ import annotations
@@ -39,8 +35,10 @@ def adapter_round(sender: ZmqTransport, destination: tuple[str, int], box: dict,
 class RawPath:
     """The baseline: one DEALER -> ROUTER pair, bound, connected and warmed once.
 
-    Built with the same high-water marks and linger as the adapter's sockets, and
-    connected before any timing starts, as the adapter's cached sender is.
+    The same work as the adapter's path: the main thread encodes and sends through
+    the DEALER, a receiving thread reads the ROUTER, decodes and delivers to a
+    callback.  Built with the same high-water marks and linger as the adapter's
+    sockets, and connected before any timing starts, as the adapter's cached sender is.
     """
 
     def __init__(self, ctx: zmq.Context, send_hwm: int, recv_hwm: int) -> None:

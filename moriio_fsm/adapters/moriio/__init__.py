@@ -1,9 +1,7 @@
-"""Transfer engines: the mori.io binding, a loopback stand-in and the completion poller.
+"""Transfer engines (mori.io, a loopback stand-in with fault injection) and the poller turning completions into events.
 
-The state machines post RDMA writes and reads through ``TransferEngine`` and learn of
-their completion from ``CompletionPoller`` events. Every engine keeps mori.io's rules:
-posting never blocks, bad argument values come back as already-failed statuses, and a
-status is final once it succeeded or failed. mori.io itself is imported only on demand.
+Rules, mori.io's: posting never blocks, bad argument values come back as already-failed statuses, a status is
+final once it succeeded or failed; mori.io itself is imported only on demand.
 """
 
 from .engine import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession

@@ -1,10 +1,7 @@
-"""The transfer-engine interface the state machines post RDMA writes and reads through.
+"""The transfer-engine interface, mirroring mori.io's surface: packed descriptors, sessions, uids, one status a batch.
 
-It mirrors mori.io's surface (engine and memory descriptors that pack to bytes,
-sessions, transfer uids, one status per batch). Rules every engine keeps: posting
-never blocks on the transfer; argument *values* that are wrong come back as an
-already-failed status (ERR_INVALID_ARGS), argument *types* that are wrong raise
-``TypeError``; nothing malformed ever reaches native code.
+Rules: posting never blocks; wrong argument *values* come back as an already-failed status (ERR_INVALID_ARGS),
+wrong *types* raise ``TypeError``; nothing malformed ever reaches native code.
 """
 
 from __future__ import annotations

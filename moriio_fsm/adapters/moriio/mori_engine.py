@@ -1,9 +1,7 @@
-"""MoriEngine: the TransferEngine interface over AMD's mori.io (RDMA), imported lazily.
+"""MoriEngine: the TransferEngine interface over AMD's mori.io (RDMA), an optional extra (``mori``) imported lazily.
 
-mori.io is optional (extra ``mori``); ``probe_mori`` says whether it loads without
-ever crashing this process. Every argument is checked here before it reaches
-native code, because some bad values abort the process inside mori, and every
-in-flight status is kept referenced until it is final, as mori requires.
+Rules: ``probe_mori`` never crashes this process; every argument is checked before native code (some bad values
+abort inside mori); every in-flight status stays referenced until it is final, as mori requires.
 """
 
 from __future__ import annotations

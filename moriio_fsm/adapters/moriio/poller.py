@@ -1,9 +1,7 @@
 """CompletionPoller: turns transfer statuses into runtime events on its own thread.
 
-``submit`` only appends to a queue, so the thread that posted (the model's
-forward thread) never waits. The poller sweeps pending statuses in batches with
-non-blocking queries and delivers exactly one event per status, when it is final,
-unless the transfer was ``forget``-ten first.
+Rules: ``submit`` only appends, so the posting (forward) thread never waits; non-blocking batched sweeps deliver
+exactly one event per status, once final, unless its transfer was ``forget``-ten first.
 """
 
 from __future__ import annotations

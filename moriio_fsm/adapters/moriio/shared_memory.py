@@ -1,8 +1,7 @@
-"""Anonymous shared-memory regions that a peer process on the same host can map.
+"""Anonymous shared-memory regions (memfds) that a peer process on the same host can map.
 
-A region is a memfd: it has no name in /dev/shm, so nothing leaks when its owner
-dies. A peer opens it through ``/proc/<owner pid>/fd/<fd>`` for as long as the
-owner keeps the fd open; the peer's mapping then stays valid on its own.
+Rules: no name in /dev/shm, so nothing leaks when the owner dies; a peer opens a region through
+``/proc/<owner pid>/fd/<fd>`` while the owner keeps the fd open, and its mapping then stands on its own.
 """
 
 from __future__ import annotations

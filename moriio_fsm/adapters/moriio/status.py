@@ -1,8 +1,7 @@
-"""Transfer status codes and the status object every engine hands back.
+"""Transfer status codes and the status object every engine hands back, with mori.io's codes and rules.
 
-The codes and the rules are mori.io's: a status starts at INIT, moves to
-IN_PROGRESS when posted and ends at SUCCESS or at an error code above 10; once
-final it never changes again, so the first error wins.
+Rules: INIT, then IN_PROGRESS when posted, then SUCCESS or an error code above 10; once final a status never
+changes again, so the first error wins.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""Wire codec for the control messages P and D exchange over ZeroMQ (msgpack).
+"""Wire codec for the control messages P and D exchange over ZeroMQ (msgpack), byte-for-byte upstream's.
 
-Rules: only ``WireDecodeError`` (naming field and reason) escapes the decoder, sizes are
-capped by msgpack's unpacker limits first (tightened per frame to what its bytes can
-hold), and the encoder writes upstream's bytes exactly.
-
-Notify port (DEALER -> ROUTER, one frame per message):
-
-====================  =======================================================  =========
-message               wire form                                                receiver
-====================  =======================================================  =========
-remote_blocks         {req_id, transfer_id, block_notify_list, decode_rank,     producer
-                      type}; older senders omit ``type``
-write_done            {type, transfer_id[, num_writers]}                       consumer
-write_failed          {type, transfer_id}                                      consumer
-release               {type, transfer_id[, consumer_tp_size]}                  producer
-bare UTF-8 id         ``<transfer_id>`` or ``<transfer_id>:tp<rank>``; release  either
-                      on the producer, write_done on the consumer
-====================  =======================================================  =========
-
-Handshake port: the request is the single frame ``b"get_meta_msg"``; the reply is two
-messages, each ``[b"", payload]``: the agent metadata map, then a map of layer name to
-packed memory descriptors.
+Rules: only ``WireDecodeError`` (naming field and reason) escapes the decoder; sizes are capped by msgpack's
+unpacker limits, tightened per frame to what its bytes can hold; the encoder writes upstream's bytes exactly.
 """
 
 from __future__ import annotations
@@ -56,6 +37,22 @@ __all__ = [
     "encode_notify",
 ]
 
+# The wire forms, as upstream peers write them.
+#
+# Notify port (DEALER -> ROUTER, one frame per message):
+#
+#   message         wire form                                             receiver
+#   remote_blocks   {req_id, transfer_id, block_notify_list, decode_rank,  producer
+#                   type}; older senders omit ``type``
+#   write_done      {type, transfer_id[, num_writers]}                    consumer
+#   write_failed    {type, transfer_id}                                   consumer
+#   release         {type, transfer_id[, consumer_tp_size]}               producer
+#   bare UTF-8 id   ``<transfer_id>`` or ``<transfer_id>:tp<rank>``:      either
+#                   release on the producer, write_done on the consumer
+#
+# Handshake port: the request is the single frame ``b"get_meta_msg"``; the reply is two
+# messages, each ``[b"", payload]``: the agent metadata map, then a map of layer name to
+# packed memory descriptors.
 HANDSHAKE_REQUEST = b"get_meta_msg"
 _WHOLE = "<frame>"
 

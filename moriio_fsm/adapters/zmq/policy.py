@@ -1,16 +1,7 @@
 """Which peers this process may dial: one check for every outbound connection.
 
-Hosts arrive in client-controlled request parameters, so each one is canonicalised
-(IPv4/IPv6 literals, IPv4-mapped IPv6, brackets, case, trailing dot) and matched
-against configured host names, addresses and CIDR ranges; with nothing configured only
-loopback is trusted.
-
-What the check guarantees, precisely: an address literal is dialled exactly as checked.
-A host *name* is trusted as a name and never resolved here; libzmq resolves it when it
-connects and again at every reconnect, so the name's DNS decides which address is
-reached, and whoever controls that DNS can point a trusted name anywhere (DNS
-rebinding is not prevented for names).  Where that matters, trust addresses or CIDR
-ranges rather than names, or turn on CURVE so an impostor cannot authenticate.
+Rules: every host is canonicalised, then matched against trusted names, addresses and CIDR ranges (only loopback
+when none are configured); an address is dialled exactly as checked, and a name is never resolved here.
 """
 
 from __future__ import annotations
@@ -79,9 +70,19 @@ def canonical_host(host: str) -> str | IPAddress:
 class PeerPolicy:
     """Trusted peers: host names, IP addresses and CIDR ranges (IPv4 and IPv6).
 
-    ``check`` is the single gate every outbound connection passes.  Construction
-    raises ``ValueError`` naming the first entry that is not a valid name,
-    address or network.
+    ``check`` is the single gate every outbound connection passes.  Hosts arrive in
+    client-controlled request parameters, so each one is canonicalised (IPv4/IPv6
+    literals, IPv4-mapped IPv6, brackets, case, trailing dot) before it is matched.
+    Construction raises ``ValueError`` naming the first entry that is not a valid
+    name, address or network.
+
+    What the check guarantees, precisely: an address literal is dialled exactly as
+    checked.  A host *name* is trusted as a name and never resolved here; libzmq
+    resolves it when it connects and again at every reconnect, so the name's DNS
+    decides which address is reached, and whoever controls that DNS can point a
+    trusted name anywhere (DNS rebinding is not prevented for names).  Where that
+    matters, trust addresses or CIDR ranges rather than names, or turn on CURVE so
+    an impostor cannot authenticate.
     """
 
     def __init__(self, trusted: Iterable[str] = ()) -> None:

@@ -1,8 +1,7 @@
-"""The one rule that maps a rank to its listener port.
+"""The one rule that maps a rank to its listener port: ``base + dp_rank * tp_size + tp_rank``.
 
-Every listener binds, and every sender dials, ``base + dp_rank * tp_size + tp_rank``.
-Upstream sometimes drops ``tp_size`` (treating it as 1), so (dp0, tp1) and (dp1, tp0)
-collide; here ``tp_size`` is required and every argument is range-checked.
+Rules: every listener binds and every sender dials it; ``tp_size`` is required (upstream sometimes drops it, so
+(dp0, tp1) and (dp1, tp0) collide) and every argument is range-checked.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Fixtures for the engine tests: every engine that imports, wired as a P/D pair.
 
-Each fixture closes what it opens; a check after every test fails it if an
-engine worker thread outlived its test, or if a shared region's memfd is still
-open or still mapped in this process (regions are memfds, never /dev/shm files).
+Rules: each fixture closes what it opens; a test fails if an engine worker thread outlives it, or if a shared
+region's memfd is still open or mapped in this process after it (regions are memfds, never /dev/shm files).
 """
 
 import gc

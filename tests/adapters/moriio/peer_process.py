@@ -1,9 +1,7 @@
 """A decode-side peer for cross-process tests: owns registered memory and does nothing else.
 
-Run as a script. It prints one JSON line with its packed engine and memory
-descriptors, then answers JSON-line commands on stdin (dump, fill, exit). While
-it waits for a command it runs no transfer code, so bytes that show up in its
-tensors were written one-sidedly by the other process.
+Run as a script: prints one JSON line of packed descriptors, then answers JSON-line commands (dump, fill, exit);
+while waiting it runs no transfer code, so bytes that show up in its tensors were written one-sidedly.
 """
 
 import json

@@ -1,8 +1,7 @@
 """MoriEngine's own promises, checked against a recording stand-in for the mori.io module.
 
-The stand-in imitates only mori.io's Python surface (names and call shapes), so
-these tests show what MoriEngine sends to mori and what it refuses to send; the
-contract suite covers real transfers where mori.io imports.
+Rules: the stand-in imitates only mori.io's Python surface, so these tests show what MoriEngine sends to mori
+and what it refuses to send; the contract suite covers real transfers where mori.io imports.
 """
 
 import gc

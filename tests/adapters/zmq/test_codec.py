@@ -1,8 +1,7 @@
-"""Wire codec: upstream's exact bytes round-trip, strict validation, clear errors.
+"""Wire codec: upstream's exact bytes round-trip, strict validation, clear errors; decoded messages become events.
 
-Rules: frames are written here exactly as upstream peers write them; a bad frame must
-raise ``WireDecodeError`` naming the field, and hostile lengths are checked by what the
-decoder allocates (tracemalloc), never by how long it takes.
+Rules: frames are written exactly as upstream peers write them; a bad frame raises ``WireDecodeError`` naming the
+field; hostile lengths are checked by what the decoder allocates (tracemalloc), never by how long it takes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Fuzzing the decoder: whatever arrives, only WireDecodeError escapes.
 
-Hypothesis feeds random bytes and random msgpack structures to every decoder, under
-both roles and none; any other exception is a failure, and valid messages must
-round-trip through the encoder unchanged.
+Rules: hypothesis feeds random bytes and msgpack structures to every decoder, under both roles and none; any
+other exception is a failure, and valid messages must round-trip through the encoder unchanged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""CURVE on: keyless and unauthorised peers are refused, keyed peers talk.
+"""CURVE on: keyless and unauthorised peers are refused, keyed peers talk; ZAP verdicts are also tested directly.
 
-Live sockets on 127.0.0.1 only, every wait bounded; skipped where libzmq lacks CURVE.
-A refusal is shown by the ZAP handler's counted verdict and an inbox that stays empty,
-and the handler's verdicts are also tested directly.
+Rules: live sockets on 127.0.0.1 only, every wait bounded, skipped where libzmq lacks CURVE; a refusal shows as
+the ZAP handler's counted verdict and an inbox that stays empty.
 """
 
 from __future__ import annotations

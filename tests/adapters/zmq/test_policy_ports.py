@@ -1,8 +1,7 @@
-"""Peer trust policy and the rank-to-port rule.
+"""Peer trust policy and the rank-to-port rule, as pure functions: no sockets.
 
-Pure functions, no sockets: each refused host is checked for the reason given, each
-accepted one for its canonical form, and ports for the base + dp_rank * tp_size + tp_rank
-rule without collisions.
+Rules: each refused host is checked for the reason given, each accepted one for its canonical form, and ports
+for the base + dp_rank * tp_size + tp_rank rule without collisions.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Live transport on 127.0.0.1: the listener survives junk, sends are thread-safe,
-untrusted peers are refused before dialling, failures are reported, handshakes work."""
+"""Live transport on 127.0.0.1: the listener survives junk, sends are thread-safe, untrusted peers are refused
+before dialling, failures are reported, handshakes work, and each delivery names the connection it came over.
+"""
 
 from __future__ import annotations
 
