@@ -1,8 +1,10 @@
-"""The ``moriio-fsm demo`` scenarios: WRITE producer transfers driven through the runtime.
+"""The ``moriio-fsm demo`` scenarios: WRITE producer transfers driven through a driver.
 
-Each scenario is a list of events (the time is part of each event, so runs are
-exact and repeatable); the demo dispatches them, fires due timers, and reports each
-transfer's path of states with the effects every step emitted.
+Each scenario is a list of events (the time is part of each event, so runs are exact
+and repeatable); a ``Driver`` dispatches them, fires due timers and carries out every
+effect through handlers that only note what they were asked to do (the abandon handler
+also answers, as an engine adapter would). The demo reports each transfer's path of
+states with the effects every step emitted.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .machines import build_table
-from .runtime.events import Event
-from .runtime.table import TransferTable
+from .runtime.declared import events
+from .runtime.driver import Driver
+from .runtime.events import Effect, Event
 
 NUM_LAYERS = 4
+BLOCKS = [7, 8, 9]
 
 
 @dataclass
@@ -34,6 +38,7 @@ class Scenario:
     description: str
     events: list[Event]
     advance_to: float = 0.0          # fire timers up to this time after the events
+    adapter_answers: bool = True     # the engine adapter confirms torn-down writes
     steps: list[Step] = field(default_factory=list)
 
     @property
@@ -48,78 +53,97 @@ class Scenario:
         return states
 
 
-def _describe(effect) -> str:
-    data = dict(effect.data)
-    data.pop("block_ids", None)
+def _describe(effect: Effect) -> str:
+    data = {k: v for k, v in effect.data.items() if k != "block_ids"}
     args = ", ".join(f"{k}={v}" for k, v in data.items())
     return f"{effect.kind}({args})"
 
 
-def _layers(tid: str, kind: str, start: float) -> list[Event]:
-    return [Event(tid, kind, start + i * 0.001, {"layer": i}) for i in range(NUM_LAYERS)]
+def _layers(tid: str, make, start: float) -> list[Event]:
+    return [make(tid, start + i * 0.001, i) for i in range(NUM_LAYERS)]
 
 
 def scenarios() -> list[Scenario]:
-    """The demo's five transfers, one per lifecycle path worth seeing."""
-    blocks = {"block_ids": [7, 8, 9], "decode_rank": 0}
-    created = {"num_writers": 1}
+    """The demo's transfers, one per lifecycle path worth seeing."""
+    create, blocks, seal = events.create, events.remote_blocks, events.seal
+    scheduled, completed = events.layer_scheduled, events.layer_write_completed
+    failed, finished = events.layer_write_failed, events.request_finished
 
     def make(name: str, description: str, build: Callable[[str], list[Event]],
-             advance_to: float = 0.0) -> Scenario:
+             advance_to: float = 0.0, adapter_answers: bool = True) -> Scenario:
         tid = f"tx-demo-{name}"
-        return Scenario(name, tid, description, build(tid), advance_to)
+        return Scenario(name, tid, description, build(tid), advance_to, adapter_answers)
 
     return [
         make("clean", "D's allocation first, every write lands, the request finishes",
-             lambda t: [Event(t, "create", 0.0, created), Event(t, "remote_blocks", 0.01, blocks),
-                        *_layers(t, "layer_scheduled", 0.1), Event(t, "seal", 0.2),
-                        *_layers(t, "write_completed", 0.3), Event(t, "request_finished", 0.4)]),
+             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
+                        *_layers(t, scheduled, 0.1), seal(t, 0.2),
+                        *_layers(t, completed, 0.3), finished(t, 0.4)]),
         make("late_allocation", "layers scheduled and sealed before D's allocation arrives",
-             lambda t: [Event(t, "create", 0.0, created), *_layers(t, "layer_scheduled", 0.1),
-                        Event(t, "seal", 0.2), Event(t, "request_finished", 0.25),
-                        Event(t, "remote_blocks", 0.5, blocks),
-                        Event(t, "remote_blocks", 0.51, blocks),
-                        *_layers(t, "write_completed", 0.6)]),
+             lambda t: [create(t, 0.0, 1), *_layers(t, scheduled, 0.1), seal(t, 0.2),
+                        finished(t, 0.25), blocks(t, 0.5, BLOCKS, 0), blocks(t, 0.51, BLOCKS, 0),
+                        *_layers(t, completed, 0.6)]),
         make("failed_write", "one layer's RDMA write fails; D is told; in-flight writes drain",
-             lambda t: [Event(t, "create", 0.0, created), Event(t, "remote_blocks", 0.01, blocks),
-                        *_layers(t, "layer_scheduled", 0.1), Event(t, "seal", 0.2),
-                        Event(t, "write_completed", 0.3, {"layer": 0}),
-                        Event(t, "write_failed", 0.31, {"layer": 1, "code": 13}),
-                        Event(t, "write_completed", 0.32, {"layer": 2}),
-                        Event(t, "write_completed", 0.33, {"layer": 3}),
-                        Event(t, "request_finished", 0.4)]),
+             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
+                        *_layers(t, scheduled, 0.1), seal(t, 0.2),
+                        completed(t, 0.3, 0), failed(t, 0.31, 1, 13),
+                        completed(t, 0.32, 2), completed(t, 0.33, 3), finished(t, 0.4)]),
         make("aborted", "the local request is aborted mid-forward with writes in flight",
-             lambda t: [Event(t, "create", 0.0, created), Event(t, "remote_blocks", 0.01, blocks),
-                        Event(t, "layer_scheduled", 0.1, {"layer": 0}),
-                        Event(t, "layer_scheduled", 0.101, {"layer": 1}),
-                        Event(t, "abort", 0.15), Event(t, "write_completed", 0.2, {"layer": 0}),
-                        Event(t, "write_completed", 0.21, {"layer": 1})]),
+             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
+                        scheduled(t, 0.1, 0), scheduled(t, 0.101, 1), events.abort(t, 0.15),
+                        completed(t, 0.2, 0), completed(t, 0.21, 1)]),
         make("defer_timeout", "D's allocation never arrives: the defer timer expires the transfer",
-             lambda t: [Event(t, "create", 0.0, created), *_layers(t, "layer_scheduled", 0.1),
-                        Event(t, "seal", 0.2), Event(t, "request_finished", 0.3)],
+             lambda t: [create(t, 0.0, 1), *_layers(t, scheduled, 0.1), seal(t, 0.2),
+                        finished(t, 0.3)],
              advance_to=61.0),
+        make("stalled_write", "a write never reports back: it is torn down, then D is told",
+             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
+                        scheduled(t, 0.1, 0), scheduled(t, 0.101, 1), seal(t, 0.2),
+                        completed(t, 0.3, 0), finished(t, 0.4)],
+             advance_to=31.0),
+        make("unconfirmed_teardown", "the engine never confirms the torn-down write: quarantined",
+             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0), scheduled(t, 0.1, 0),
+                        scheduled(t, 0.101, 1), seal(t, 0.2), completed(t, 0.3, 0),
+                        events.abort(t, 0.35)],
+             advance_to=45.0, adapter_answers=False),
     ]
 
 
-def run(make_table: Callable[[], TransferTable] | None = None) -> list[Scenario]:
+def _driver(scenario: Scenario, make_table: Callable) -> Driver:
+    table = make_table()
+
+    def note(effect: Effect) -> None:
+        return None
+
+    def abandon(effect: Effect):
+        # A real adapter tears the sessions down; the demo's answers at once, or never.
+        if scenario.adapter_answers:
+            return events.writes_abandoned(effect.transfer_id, scenario.advance_to)
+        return None
+
+    handlers = {kind: note for kind in table.spec.emits}
+    handlers["abandon_writes"] = abandon
+    return Driver(table, handlers, clock=lambda: scenario.advance_to)
+
+
+def run(make_table: Callable | None = None) -> list[Scenario]:
     """Drive every scenario through a table of its own (each starts its clock at 0),
     checking every spec invariant after every step."""
     make_table = make_table or (lambda: build_table("write_producer", check_invariants=True))
     done = scenarios()
     for scenario in done:
-        table = make_table()
+        driver = _driver(scenario, make_table)
         for ev in scenario.events:
-            for timer_ev, timer_result in table.advance(ev.time):
-                _record(scenario, timer_ev, timer_result)
-            _record(scenario, ev, table.dispatch(ev))
-        for timer_ev, timer_result in table.advance(scenario.advance_to):
-            _record(scenario, timer_ev, timer_result)
+            _record(scenario, driver.advance(ev.time))
+            _record(scenario, driver.dispatch(ev))
+        _record(scenario, driver.advance(scenario.advance_to))
     return done
 
 
-def _record(scenario: Scenario, ev: Event, result) -> None:
-    scenario.steps.append(Step(ev.time, ev.kind, result.outcome.value, result.state,
-                               [_describe(e) for e in result.effects], result.hops or ()))
+def _record(scenario: Scenario, steps) -> None:
+    for ev, result in steps:
+        scenario.steps.append(Step(ev.time, ev.kind, result.outcome.value, result.state,
+                                   [_describe(e) for e in result.effects], result.hops or ()))
 
 
 def render(done: list[Scenario]) -> str:
@@ -129,8 +153,8 @@ def render(done: list[Scenario]) -> str:
         lines.append(f"   transfer {scenario.transfer_id}")
         for step in scenario.steps:
             effects = ("  -> " + "; ".join(step.effects)) if step.effects else ""
-            lines.append(f"   t={step.time:7.3f}s {step.event:<17} {step.outcome:<9} "
-                         f"{step.state or '-':<11}{effects}")
+            lines.append(f"   t={step.time:7.3f}s {step.event:<22} {step.outcome:<9} "
+                         f"{step.state or '-':<12}{effects}")
         lines.append("   path: " + " -> ".join(scenario.path))
         lines.append("")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Guards and effects bound to each spec, one module per spec, and the factory that
+"""Guards and actions bound to each spec, one module per spec, and the factory that
 joins a spec file with its bindings into a runnable machine and transfer table.
 
 ``build_machine("write_producer")`` loads ``specs/write_producer.yaml``, imports
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ MACHINE_MODULES = {
     "write_producer": "moriio_fsm.machines.write_producer",
 }
 
-ENGINES = ("compiled", "transitions")
 
 
 def specs_dir() -> Path:
@@ -52,33 +52,31 @@ def load_bindings(spec: Spec):
 
 
 def resolve_config(spec: Spec, overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """The spec's config defaults updated with ``overrides``; unknown keys are refused."""
+    """The spec's config defaults updated with ``overrides``.
+
+    Every config value is a duration or a limit: it must be a positive, finite number
+    (an integer where the default is one). Unknown keys and anything else raise
+    ``ValueError`` naming the key and the value.
+    """
     config = spec.default_config()
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ValueError(f"config overrides for machine {spec.name!r} must be a dict, got "
+                         f"{type(overrides).__name__}")
     for key, value in (overrides or {}).items():
         if key not in config:
             raise ValueError(f"unknown config key {key!r} for machine {spec.name!r}; "
                              f"known keys: {', '.join(sorted(config))}")
-        default = config[key]
-        if isinstance(default, (int, float)) and not isinstance(default, bool):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"config key {key!r} of machine {spec.name!r} must be a positive "
-                                 f"number, got {value!r}")
+        wants_int = isinstance(config[key], int)
+        if (isinstance(value, bool) or not isinstance(value, int if wants_int else (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"config key {key!r} of machine {spec.name!r} must be a positive, "
+                             f"finite {'integer' if wants_int else 'number'}, got {value!r}")
         config[key] = value
     return config
 
 
-def build_machine(name_or_path: str | Path, *, engine: str = "compiled",
-                  config: dict[str, Any] | None = None):
-    """Load a spec (by shipped name or file path) and compile it with its bindings.
-
-    ``engine`` is ``"compiled"`` (the table-driven hot path) or ``"transitions"``
-    (pytransitions, the reference semantics, for debugging).
-    """
-    from ..runtime.compiled import CompiledMachine
-    from ..runtime.reference import TransitionsMachine
-
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+def load_machine_spec(name_or_path: str | Path) -> Spec:
+    """The spec of a shipped machine (by name) or of a spec file (by path), cached."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = spec_path(str(name_or_path))
@@ -86,15 +84,32 @@ def build_machine(name_or_path: str | Path, *, engine: str = "compiled",
         mtime_ns = path.stat().st_mtime_ns
     except OSError:
         mtime_ns = -1          # load_spec reports the unreadable file with its path
-    spec = _load_spec_cached(str(path), mtime_ns)
-    bindings = load_bindings(spec)
-    cls = CompiledMachine if engine == "compiled" else TransitionsMachine
-    return cls(spec, bindings, resolve_config(spec, config))
+    return _load_spec_cached(str(path), mtime_ns)
 
 
-def build_table(name_or_path: str | Path = "write_producer", *, engine: str = "compiled",
+def register_shipped_kinds() -> None:
+    """Make the event and effect classes of every shipped spec (``events.<kind>`` and
+    ``emits.<kind>`` then know them before any machine is built)."""
+    from ..runtime.declared import register_spec
+
+    for name in MACHINE_MODULES:
+        register_spec(load_machine_spec(name))
+
+
+def build_machine(name_or_path: str | Path, *, config: dict[str, Any] | None = None):
+    """Load a spec (by shipped name or file path) and bind it to its guards and actions."""
+    from ..runtime.machine import Machine
+
+    spec = load_machine_spec(name_or_path)
+    return Machine(spec, load_bindings(spec), resolve_config(spec, config))
+
+
+def build_table(name_or_path: str | Path = "write_producer", *, executor: str = "compiled",
                 config: dict[str, Any] | None = None, **table_options):
-    """A ``TransferTable`` for one machine; ``table_options`` go to ``TransferTable``."""
+    """A ``TransferTable`` for one machine. ``executor`` is ``"compiled"`` (generated
+    steps, the hot path) or ``"transitions"`` (pytransitions, the reference semantics,
+    for debugging); ``table_options`` go to ``TransferTable``."""
     from ..runtime.table import TransferTable
 
-    return TransferTable(build_machine(name_or_path, engine=engine, config=config), **table_options)
+    return TransferTable(build_machine(name_or_path, config=config), executor=executor,
+                         **table_options)

@@ -1,39 +1,106 @@
-"""Binding a spec's named guards and effects to Python functions.
+"""Binding a spec's named guards and actions to Python functions, and checking that the
+two agree: every name bound and declared, every field a binding touches declared.
 
 A machine module creates one ``Bindings`` and decorates its functions with
-``@bindings.guard`` and ``@bindings.effect``. ``check`` then proves the bindings and
-the spec agree name for name, so a typo on either side fails at load time.
+``@bindings.guard`` and ``@bindings.action``. Signatures: ``guard(transfer, event) ->
+bool`` reads the context (only the fields its spec entry ``reads``) and changes nothing;
+``action(transfer, event, out)`` changes only the fields its entry ``writes`` and emits
+effects with ``out.append(emits.<kind>(transfer.transfer_id, field=value, ...))``.
+Neither performs I/O.
 
-Signatures: ``guard(transfer, event) -> bool`` reads the context and must not change
-it; ``effect(transfer, event, out)`` may update the context and appends ``Effect``
-values to ``out``. Neither performs I/O: effects are returned, not executed.
+``check`` reads each binding's bytecode: the attributes a guard loads, the attributes an
+action stores and the ``emits.<kind>`` it builds must all be declared, and every row
+running an action must list that action's emits. Check mode (``check_invariants=True``)
+verifies the same at run time, value by value (``checked_guard``/``checked_action``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dis
+import types
+from typing import Any, Callable, Iterator
 
 from ..lang.errors import Problem, SpecError
-from ..lang.model import Spec
+from ..lang.model import FIELD_TYPES, Spec
+from ..runtime.declared import emits
+from ..runtime.events import Effect
+
+__all__ = ["Bindings", "emits", "attribute_loads", "attribute_stores", "emitted_kinds",
+           "checked_guard", "checked_action", "effect_problem"]
 
 Guard = Callable[[Any, Any], bool]
-EffectFn = Callable[[Any, Any, list], None]
+Action = Callable[[Any, Any, list], None]
+
+_LOADS = {"LOAD_ATTR", "LOAD_METHOD"}
+
+
+def _code_objects(fn: Callable) -> Iterator[types.CodeType]:
+    """The code of ``fn`` and of every function nested in it."""
+    stack = [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is None:
+            continue
+        yield code
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def attribute_loads(fn: Callable) -> set[str]:
+    """Names of every attribute ``fn`` reads off its first parameter (the transfer),
+    in its own code and in functions nested in it (off their first parameter)."""
+    names: set[str] = set()
+    for code in _code_objects(fn):
+        if not code.co_argcount:
+            continue
+        record = code.co_varnames[0]
+        on_record = False
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("CACHE", "EXTENDED_ARG", "PRECALL"):
+                continue
+            if ins.opname in _LOADS and on_record:
+                names.add(ins.argval)
+            if ins.opname == "LOAD_FAST" and ins.argval == record:
+                on_record = True
+            elif ins.opname != "COPY":      # 'tx.x |= y' loads tx, copies it, loads x
+                on_record = False
+    return names
+
+
+def attribute_stores(fn: Callable) -> set[str]:
+    """Names of every attribute ``fn`` (or a function nested in it) assigns."""
+    return {ins.argval for code in _code_objects(fn) for ins in dis.get_instructions(code)
+            if ins.opname in ("STORE_ATTR", "DELETE_ATTR")}
+
+
+def emitted_kinds(fn: Callable) -> set[str]:
+    """The ``<kind>`` of every ``emits.<kind>(...)`` written in ``fn``."""
+    kinds: set[str] = set()
+    for code in _code_objects(fn):
+        previous = None
+        for ins in dis.get_instructions(code):
+            if (previous is not None and ins.opname in _LOADS
+                    and previous.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST")
+                    and previous.argval == "emits"):
+                kinds.add(ins.argval)
+            if ins.opname not in ("CACHE", "EXTENDED_ARG", "PRECALL"):
+                previous = ins
+    return kinds
 
 
 class Bindings:
-    """The Python half of one spec: its guard and effect functions by name."""
+    """The Python half of one spec: its guard and action functions by name."""
 
     def __init__(self, spec_name: str):
         self.spec_name = spec_name
         self.guards: dict[str, Guard] = {}
-        self.effects: dict[str, EffectFn] = {}
+        self.actions: dict[str, Action] = {}
 
     def guard(self, fn: Guard) -> Guard:
         self._add(self.guards, fn, "guard")
         return fn
 
-    def effect(self, fn: EffectFn) -> EffectFn:
-        self._add(self.effects, fn, "effect")
+    def action(self, fn: Action) -> Action:
+        self._add(self.actions, fn, "action")
         return fn
 
     def _add(self, table: dict, fn: Callable, kind: str) -> None:
@@ -41,24 +108,148 @@ class Bindings:
             raise ValueError(f"{kind} {fn.__name__!r} is bound twice for spec {self.spec_name!r}")
         table[fn.__name__] = fn
 
+    def action_emits(self, name: str) -> set[str]:
+        """The effect kinds the bound action ``name`` may emit, read from its bytecode."""
+        return emitted_kinds(self.actions[name])
+
     def check(self, spec: Spec) -> None:
-        """Raise ``SpecError`` unless every declared name is bound and every binding declared."""
+        """Raise ``SpecError`` unless the bindings and ``spec`` agree in every name and
+        field, as far as the bindings' bytecode shows (see the module docstring)."""
         problems: list[Problem] = []
+
+        def add(line: int, message: str) -> None:
+            problems.append(Problem(spec.path, line, message))
+
+        if spec.name != self.spec_name:
+            add(spec.line, f"spec is named {spec.name!r} but the bindings are for {self.spec_name!r}")
         for kind, declared, bound in (("guard", spec.guards, self.guards),
-                                      ("effect", spec.effects, self.effects)):
-            for name, (_, line) in declared.items():
+                                      ("action", spec.actions, self.actions)):
+            for name, item in declared.items():
                 if name not in bound:
-                    problems.append(Problem(spec.path, line,
-                                            f"{kind} {name!r} is declared in the spec but has no "
-                                            f"Python binding in the {self.spec_name!r} machine module"))
+                    add(item.line, f"{kind} {name!r} is declared in the spec but has no Python "
+                                   f"binding in the {self.spec_name!r} machine module")
             for name in bound:
                 if name not in declared:
-                    problems.append(Problem(spec.path, spec.line,
-                                            f"{kind} {name!r} is bound in Python but not declared "
-                                            f"under '{kind}s' in the spec"))
-        if spec.name != self.spec_name:
-            problems.append(Problem(spec.path, spec.line,
-                                    f"spec is named {spec.name!r} but the bindings are for "
-                                    f"{self.spec_name!r}"))
+                    add(spec.line, f"{kind} {name!r} is bound in Python but not declared under "
+                                   f"'{kind}s' in the spec")
+        fields = set(spec.context)
+        readable = fields | set(spec.config)
+        for name, item in spec.guards.items():
+            fn = self.guards.get(name)
+            if fn is None:
+                continue
+            undeclared = sorted((attribute_loads(fn) & readable) - set(item.reads))
+            if undeclared:
+                add(item.line, f"guard {name!r} reads {', '.join(undeclared)} but its spec entry "
+                               f"declares reads: [{', '.join(item.reads)}]")
+            stored = sorted(attribute_stores(fn))
+            if stored:
+                add(item.line, f"guard {name!r} assigns {', '.join(stored)}; a guard only reads")
+        for name, item in spec.actions.items():
+            fn = self.actions.get(name)
+            if fn is None:
+                continue
+            undeclared = sorted((attribute_stores(fn) & fields) - set(item.writes))
+            if undeclared:
+                add(item.line, f"action {name!r} writes {', '.join(undeclared)} but its spec entry "
+                               f"declares writes: [{', '.join(item.writes)}]")
+            for kind in sorted(emitted_kinds(fn) - set(spec.emits)):
+                add(item.line, f"action {name!r} emits {kind!r}, which is not declared under 'emits'")
+        for row in spec.transitions:
+            may_emit: set[str] = set()
+            for name in row.actions:
+                if name in self.actions:
+                    may_emit |= emitted_kinds(self.actions[name]) & set(spec.emits)
+            for kind in sorted(may_emit - set(row.emits)):
+                add(row.line, f"{row.label()} runs an action that emits {kind!r}, but the row "
+                              f"does not list it under emits")
+            for kind in sorted(set(row.emits) - may_emit):
+                add(row.line, f"{row.label()} lists emit {kind!r}, but none of its actions "
+                              f"({', '.join(row.actions) or 'none'}) emits it")
         if problems:
             raise SpecError(problems)
+
+
+# -- check mode: bindings wrapped so that every run proves what the spec declares ----------
+
+class _ReadRecorder:
+    """Stands in for a transfer record while a guard runs: records what it reads and
+    refuses writes."""
+
+    __slots__ = ("_record", "_reads")
+
+    def __init__(self, record: Any) -> None:
+        object.__setattr__(self, "_record", record)
+        object.__setattr__(self, "_reads", set())
+
+    def __getattr__(self, name: str) -> Any:
+        self._reads.add(name)
+        return getattr(self._record, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a guard assigned {name!r}; guards only read the context")
+
+
+def checked_guard(spec: Spec, name: str, fn: Guard) -> Guard:
+    """``fn`` run on a read recorder: reading an undeclared field raises ``AssertionError``."""
+    allowed = set(spec.guards[name].reads) | {"transfer_id", "state"}
+    fields = set(spec.context) | set(spec.config)
+
+    def guard(transfer: Any, ev: Any) -> bool:
+        recorder = _ReadRecorder(transfer)
+        verdict = fn(recorder, ev)
+        undeclared = sorted((recorder._reads & fields) - allowed)
+        if undeclared:
+            raise AssertionError(f"guard {name!r} read {', '.join(undeclared)}, which its spec "
+                                 f"entry does not declare under reads")
+        return verdict
+
+    guard.__name__ = guard.__qualname__ = name
+    return guard
+
+
+def checked_action(spec: Spec, name: str, fn: Action, allowed_emits: set[str]) -> Action:
+    """``fn`` followed by proofs: only declared fields changed, only ``allowed_emits``
+    kinds emitted, each with exactly the declared fields and types."""
+    writes = set(spec.actions[name].writes)
+    fields = tuple(spec.context)
+
+    def action(transfer: Any, ev: Any, out: list) -> None:
+        before = [getattr(transfer, f) for f in fields]
+        start = len(out)
+        fn(transfer, ev, out)
+        changed = [f for f, old in zip(fields, before) if getattr(transfer, f) is not old
+                   and getattr(transfer, f) != old]
+        undeclared = sorted(set(changed) - writes)
+        if undeclared:
+            raise AssertionError(f"action {name!r} changed {', '.join(undeclared)}, which its "
+                                 "spec entry does not declare under writes")
+        for effect in out[start:]:
+            problem = effect_problem(spec, effect, allowed_emits)
+            if problem:
+                raise AssertionError(f"action {name!r}: {problem}")
+
+    action.__name__ = action.__qualname__ = name
+    return action
+
+
+def effect_problem(spec: Spec, effect: Effect, allowed: set[str]) -> str | None:
+    """Why ``effect`` does not match the spec's declaration of its kind, or None."""
+    declared = spec.emits.get(effect.kind)
+    if declared is None:
+        return f"emitted {effect.kind!r}, which the spec does not declare under emits"
+    if effect.kind not in allowed:
+        return f"emitted {effect.kind!r} from a row that does not list it under emits"
+    got, want = set(effect.data), set(declared.fields)
+    if got != want:
+        missing, extra = sorted(want - got), sorted(got - want)
+        return (f"emitted {effect.kind!r} with fields {sorted(got)}; declared {sorted(want)}"
+                + (f" (missing {missing})" if missing else "") + (f" (extra {extra})" if extra else ""))
+    for field_name, type_name in declared.fields.items():
+        value = effect.data[field_name]
+        types_ = FIELD_TYPES[type_name]
+        if not isinstance(value, types_) or (isinstance(value, bool) and bool not in types_
+                                             and type_name != "any"):
+            return (f"emitted {effect.kind!r} with {field_name}={value!r}, which is not of the "
+                    f"declared type {type_name}")
+    return None

@@ -1,15 +1,15 @@
-"""Guards and effects of ``specs/write_producer.yaml`` (the WRITE-mode prefill side).
+"""Guards and actions of ``specs/write_producer.yaml`` (the WRITE-mode prefill side).
 
 Every function here is a small, pure step over the transfer's context: layer sets
 are bitmaps and counters, never sets of names. Which function runs when is decided
-by the spec alone; these functions only say what a named step means. The per-layer
-guards inline their range checks because they run once per layer per transfer.
+by the spec alone; these functions only say what a named step means, touching only
+the fields the spec declares for them. The per-layer guards inline their range checks
+because they run once per layer per transfer.
 """
 
 from __future__ import annotations
 
-from ..runtime.events import Effect
-from .binding import Bindings
+from .binding import Bindings, emits
 
 bindings = Bindings("write_producer")
 
@@ -24,195 +24,218 @@ def _layers(bitmap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _post(t, layers: tuple[int, ...], bitmap: int, out: list) -> None:
-    t.posted |= bitmap
-    t.num_posted += len(layers)
-    out.append(Effect(t.transfer_id, "post_writes",
-                      {"layers": layers, "block_ids": t.remote_block_ids,
-                       "decode_rank": t.decode_rank}))
-
-
 # -- guards -------------------------------------------------------------------------------
 
 @bindings.guard
-def valid_writer_count(t, ev) -> bool:
-    count = ev.data.get("num_writers", 1)
+def valid_writer_count(tx, ev) -> bool:
+    count = ev.num_writers
     return type(count) is int and count >= 1
 
 
 @bindings.guard
-def new_layer_allocation_known(t, ev) -> bool:
-    layer = ev.data.get("layer")
-    return (t.has_allocation and type(layer) is int and 0 <= layer < t.max_layers
-            and not (t.scheduled >> layer) & 1)
+def new_layer_allocation_known(tx, ev) -> bool:
+    layer = ev.layer
+    return (tx.has_allocation and type(layer) is int and 0 <= layer < tx.max_layers
+            and not (tx.scheduled >> layer) & 1)
 
 
 @bindings.guard
-def layer_is_new(t, ev) -> bool:
-    layer = ev.data.get("layer")
-    return (type(layer) is int and 0 <= layer < t.max_layers
-            and not (t.scheduled >> layer) & 1)
+def layer_is_new(tx, ev) -> bool:
+    layer = ev.layer
+    return (type(layer) is int and 0 <= layer < tx.max_layers
+            and not (tx.scheduled >> layer) & 1)
 
 
 @bindings.guard
-def layer_already_scheduled(t, ev) -> bool:
-    layer = ev.data.get("layer")
-    return (type(layer) is int and 0 <= layer < t.max_layers
-            and (t.scheduled >> layer) & 1 == 1)
+def layer_already_scheduled(tx, ev) -> bool:
+    layer = ev.layer
+    return (type(layer) is int and 0 <= layer < tx.max_layers
+            and (tx.scheduled >> layer) & 1 == 1)
 
 
 @bindings.guard
-def layer_in_flight(t, ev) -> bool:
-    layer = ev.data.get("layer")
-    return (type(layer) is int and 0 <= layer < t.max_layers
-            and ((t.posted & ~t.settled) >> layer) & 1 == 1)
+def layer_in_flight(tx, ev) -> bool:
+    layer = ev.layer
+    return (type(layer) is int and 0 <= layer < tx.max_layers
+            and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
 
 
 @bindings.guard
-def layer_already_settled(t, ev) -> bool:
-    layer = ev.data.get("layer")
-    return (type(layer) is int and 0 <= layer < t.max_layers
-            and (t.settled >> layer) & 1 == 1)
+def layer_already_settled(tx, ev) -> bool:
+    layer = ev.layer
+    return (type(layer) is int and 0 <= layer < tx.max_layers
+            and (tx.settled >> layer) & 1 == 1)
 
 
 @bindings.guard
-def allocation_known(t, ev) -> bool:
-    return t.has_allocation
+def allocation_known(tx, ev) -> bool:
+    return tx.has_allocation
 
 
 @bindings.guard
-def awaiting_allocation(t, ev) -> bool:
-    return not t.has_allocation
+def awaiting_allocation(tx, ev) -> bool:
+    return not tx.has_allocation
 
 
 @bindings.guard
-def all_writes_succeeded(t, ev) -> bool:
-    return (t.has_allocation and t.num_failed == 0
-            and t.num_completed == t.writes_expected)
+def all_writes_succeeded(tx, ev) -> bool:
+    # In 'sealed' no layer is added any more: every scheduled layer settled, none failed.
+    return tx.has_allocation and tx.failed == 0 and tx.settled == tx.scheduled
 
 
 @bindings.guard
-def local_request_finished(t, ev) -> bool:
-    return t.request_finished
+def local_request_finished(tx, ev) -> bool:
+    return tx.request_finished
 
 
 @bindings.guard
-def quiet_after_release(t, ev) -> bool:
-    return t.end_reason == "released" and t.settled == t.posted
+def nothing_in_flight(tx, ev) -> bool:
+    return tx.settled == tx.posted
 
 
-@bindings.guard
-def nothing_in_flight(t, ev) -> bool:
-    return t.settled == t.posted
+# -- actions ------------------------------------------------------------------------------
+
+@bindings.action
+def init_transfer(tx, ev, out) -> None:
+    tx.num_writers = ev.num_writers
 
 
-# -- effects ------------------------------------------------------------------------------
-
-@bindings.effect
-def init_transfer(t, ev, out) -> None:
-    t.num_writers = ev.data.get("num_writers", 1)
-
-
-@bindings.effect
-def store_allocation(t, ev, out) -> None:
-    t.remote_block_ids = ev.data["block_ids"]
-    t.decode_rank = ev.data["decode_rank"]
-    t.has_allocation = True
-    waiting = t.scheduled & ~t.posted
-    if waiting:
-        _post(t, _layers(waiting), waiting, out)
+@bindings.action
+def store_allocation(tx, ev, out) -> None:
+    tx.remote_block_ids = ev.block_ids
+    tx.decode_rank = ev.decode_rank
+    tx.has_allocation = True
+    waiting = tx.scheduled & ~tx.posted
+    tx.posted |= waiting
+    for layer in _layers(waiting):
+        out.append(emits.post_write(tx.transfer_id, layer=layer,
+                                    block_ids=tx.remote_block_ids, decode_rank=tx.decode_rank))
 
 
-@bindings.effect
-def schedule_layer(t, ev, out) -> None:
-    t.scheduled |= 1 << ev.data["layer"]
-    t.num_scheduled += 1
+@bindings.action
+def schedule_layer(tx, ev, out) -> None:
+    tx.scheduled |= 1 << ev.layer
 
 
-@bindings.effect
-def post_layer(t, ev, out) -> None:
-    layer = ev.data["layer"]
-    _post(t, (layer,), 1 << layer, out)
+@bindings.action
+def post_layer(tx, ev, out) -> None:
+    layer = ev.layer
+    tx.posted |= 1 << layer
+    out.append(emits.post_write(tx.transfer_id, layer=layer, block_ids=tx.remote_block_ids,
+                                decode_rank=tx.decode_rank))
 
 
-@bindings.effect
-def fix_expected(t, ev, out) -> None:
-    t.writes_expected = t.num_scheduled
+@bindings.action
+def fix_expected(tx, ev, out) -> None:
+    tx.writes_expected = tx.scheduled.bit_count()
 
 
-@bindings.effect
-def count_completion(t, ev, out) -> None:
-    t.settled |= 1 << ev.data["layer"]
-    t.num_completed += 1
+@bindings.action
+def count_completion(tx, ev, out) -> None:
+    tx.settled |= 1 << ev.layer
 
 
-@bindings.effect
-def count_failure(t, ev, out) -> None:
-    t.settled |= 1 << ev.data["layer"]
-    t.num_failed += 1
+@bindings.action
+def count_failure(tx, ev, out) -> None:
+    bit = 1 << ev.layer
+    tx.settled |= bit
+    tx.failed |= bit
 
 
-@bindings.effect
-def abandon_in_flight(t, ev, out) -> None:
-    in_flight = t.posted & ~t.settled
+@bindings.action
+def abandon_in_flight(tx, ev, out) -> None:
+    in_flight = tx.posted & ~tx.settled
     if in_flight:
-        out.append(Effect(t.transfer_id, "abandon_writes", {"layers": _layers(in_flight)}))
+        out.append(emits.abandon_writes(tx.transfer_id, layers=_layers(in_flight)))
 
 
-@bindings.effect
-def settle_abandoned(t, ev, out) -> None:
-    in_flight = t.posted & ~t.settled
-    t.settled |= in_flight
-    t.num_failed += in_flight.bit_count()
+@bindings.action
+def settle_abandoned(tx, ev, out) -> None:
+    in_flight = tx.posted & ~tx.settled
+    tx.settled |= in_flight
+    tx.failed |= in_flight
 
 
-@bindings.effect
-def mark_request_finished(t, ev, out) -> None:
-    t.request_finished = True
+@bindings.action
+def mark_request_finished(tx, ev, out) -> None:
+    tx.request_finished = True
 
 
-@bindings.effect
-def send_write_done(t, ev, out) -> None:
-    t.write_done_sent += 1
-    out.append(Effect(t.transfer_id, "send_write_done",
-                      {"num_writers": t.num_writers, "decode_rank": t.decode_rank}))
+@bindings.action
+def tell_write_done(tx, ev, out) -> None:
+    tx.write_done_sent += 1
+    out.append(emits.send_write_done(tx.transfer_id, num_writers=tx.num_writers,
+                                     decode_rank=tx.decode_rank))
 
 
-@bindings.effect
-def send_write_failed(t, ev, out) -> None:
+@bindings.action
+def tell_write_failed(tx, ev, out) -> None:
     # decode_rank is -1 when D's allocation never arrived: the driver then tells every
     # D rank of the transfer, as D's release goes to every P rank.
-    t.write_failed_sent += 1
-    out.append(Effect(t.transfer_id, "send_write_failed",
-                      {"reason": t.end_reason, "decode_rank": t.decode_rank}))
+    tx.write_failed_sent += 1
+    out.append(emits.send_write_failed(tx.transfer_id, reason=tx.end_reason,
+                                       decode_rank=tx.decode_rank, writes_stopped=True))
 
 
-@bindings.effect
-def free_blocks(t, ev, out) -> None:
-    t.blocks_freed += 1
-    out.append(Effect(t.transfer_id, "free_blocks", {"reason": t.end_reason or "completed"}))
+@bindings.action
+def count_notify_failure(tx, ev, out) -> None:
+    tx.notify_failures += 1
 
 
-#: How a transfer may end: end reason -> (guard that the local request finished while
-#: ending for that reason, effect that records the reason). One factory builds each pair.
-_ENDINGS = {"failed": ("finished_after_failure", "end_failed"),
-            "aborted": ("finished_after_abort", "end_aborted"),
-            "expired": ("finished_after_expiry", "end_expired"),
-            "released": ("finished_after_release", "end_released")}
+@bindings.action
+def quarantine(tx, ev, out) -> None:
+    # The writes were asked to stop and nobody confirmed it: they may still land in D's
+    # blocks and read from P's. Both sides must keep those blocks out of circulation.
+    tx.write_failed_sent += 1
+    tx.blocks_quarantined += 1
+    out.append(emits.send_write_failed(tx.transfer_id, reason=tx.end_reason,
+                                       decode_rank=tx.decode_rank, writes_stopped=False))
+    out.append(emits.quarantine_blocks(tx.transfer_id, reason="writes_unconfirmed"))
 
 
-def _bind_ending(reason: str, guard_name: str, effect_name: str) -> None:
-    def finished(t, ev) -> bool:
-        return t.end_reason == reason and t.request_finished
-
-    def record_reason(t, ev, out) -> None:
-        t.end_reason = reason
-
-    finished.__name__ = finished.__qualname__ = guard_name
-    record_reason.__name__ = record_reason.__qualname__ = effect_name
-    bindings.guard(finished)
-    bindings.effect(record_reason)
+@bindings.action
+def free_blocks(tx, ev, out) -> None:
+    tx.blocks_freed += 1
+    out.append(emits.free_blocks(tx.transfer_id, reason=tx.end_reason or "completed"))
 
 
-for _reason, (_guard_name, _effect_name) in _ENDINGS.items():
-    _bind_ending(_reason, _guard_name, _effect_name)
+# -- how an ending transfer records its reason, and knows it may hand the blocks back ----
+
+@bindings.action
+def end_failed(tx, ev, out) -> None:
+    tx.end_reason = "failed"
+
+
+@bindings.action
+def end_aborted(tx, ev, out) -> None:
+    tx.end_reason = "aborted"
+
+
+@bindings.action
+def end_expired(tx, ev, out) -> None:
+    tx.end_reason = "expired"
+
+
+@bindings.action
+def end_released(tx, ev, out) -> None:
+    tx.end_reason = "released"
+
+
+@bindings.guard
+def finished_after_failure(tx, ev) -> bool:
+    return tx.end_reason == "failed" and tx.request_finished
+
+
+@bindings.guard
+def finished_after_abort(tx, ev) -> bool:
+    return tx.end_reason == "aborted" and tx.request_finished
+
+
+@bindings.guard
+def finished_after_expiry(tx, ev) -> bool:
+    return tx.end_reason == "expired" and tx.request_finished
+
+
+@bindings.guard
+def finished_after_release(tx, ev) -> bool:
+    return tx.end_reason == "released" and tx.request_finished

@@ -1,107 +1,323 @@
-"""Generate one Python function per (state, event) pair of a compiled machine.
+"""Generate the step functions of a machine: one Python function per (state, event).
 
-The hot path of ``TransferTable.dispatch`` calls the generated function for the
-transfer's state and the event's kind. Each function tries that pair's rows in spec
-order, calls the bound guards and effects directly (no loops over tuples), and returns
-a ready ``Result`` after counting its outcome in ``shard.counts``; rows whose outcome
-needs no follow-up (no state change, no eventless transition enabled) return at once,
-with timer restarts done inline; every other row hands over to ``finish``.
+Theory of operation: ``GeneratedSteps`` writes one readable Python module per machine
+(registered with ``linecache``, so tracebacks and debuggers show its lines) holding
+``step_<state>__<event>(shard, tx, ev) -> Result`` for every pair the spec handles and
+``eventless_<state>(tx, ev, out) -> bool`` for every state with eventless rows. A step
+tries its rows in spec order. Guards and actions are inlined where ``inline.py`` can do
+so exactly, and called otherwise; each inlined line carries a comment naming its
+binding. Rows that keep the state restart timers inline and return a ready ``Result``;
+rows that change state (or may enable an eventless row) hand over to the table's
+``finish``, which applies the timer rules to the hops and retires final transfers.
+
+Rules: a step is atomic. Once a row's guard holds, the step saves every context field
+that row and the eventless rows it can lead to may write (as the spec declares), and
+if anything raises before the step's result exists it restores them and the state;
+timers, counters and the table change only after that point. The error names the
+binding and the spec row, read off the generated line the traceback stopped at. Check
+mode writes the same module plus a snapshot and one ``verify`` call per row.
 """
 
 from __future__ import annotations
 
+import hashlib
+import linecache
+import types
 from typing import Any, Callable
 
+from .errors import InvariantViolation, TransitionError
 from .events import Outcome
+from .inline import inline_action, inline_guard
+from .machine import Machine, Row
+from .timers import TimerPlan
 
 
-def generate_steps(machine, result_cls, finish: Callable, arm: Callable,
-                   restarts: dict[str, tuple[tuple[int, float, frozenset], ...]],
-                   special_kinds: frozenset, no_effects: tuple) -> dict[str, dict[str, Callable]]:
-    """Return ``steps[state][kind] -> fn(shard, t, ev) -> Result`` for ``machine``.
+class NoEffects(list):
+    """The ``out`` handed to actions of rows that declare no emits: emitting raises."""
 
-    ``finish(shard, t, ev, outcome, dest, out)`` completes rows that change state or
-    enable an eventless transition. ``restarts[kind]`` lists ``(timer index, duration,
-    armed states)`` for the timers an applied ``kind`` (re)arms while the transfer is in
-    one of those states; the generated code does that inline, calling ``arm(t, index,
-    now)`` when the timer is not armed. ``special_kinds`` are left out: the table
-    handles them on its general path. ``no_effects`` is the table's shared empty tuple.
-    """
-    namespace: dict[str, Any] = {"Result": result_cls, "finish": finish, "arm": arm,
-                                 "NO_EFFECTS": no_effects}
-    names: dict[int, str] = {}
+    __slots__ = ()
 
-    def bind(obj: Any, prefix: str) -> str:
+    def append(self, effect: Any) -> None:
+        raise TransitionError(f"an action emitted {getattr(effect, 'kind', effect)!r} from a "
+                              "row that declares no emits")
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _restore(tx: Any, frame_locals: dict, state: str) -> None:
+    """Put back every field the failed step saved (its ``saved_<field>`` locals)."""
+    for field in tx.field_names:
+        key = "saved_" + field
+        if key in frame_locals:
+            setattr(tx, field, frame_locals[key])
+    tx.state = state
+
+
+class GeneratedSteps:
+    """The generated module of one machine: its steps, eventless functions and the map
+    from generated lines back to bindings and spec rows."""
+
+    def __init__(self, machine: Machine, plan: TimerPlan, *, result_cls: type,
+                 finish: Callable, arm: Callable, settle: Callable,
+                 verify: Callable | None, no_effects: tuple):
+        self.machine = machine
+        spec = machine.spec
+        self._ns: dict[str, Any] = {
+            "Result": result_cls, "finish": finish, "arm": arm, "settle": settle,
+            "verify": verify, "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(),
+            "failure": self._failure, "restore": _restore,
+        }
+        self._names: dict[int, str] = {}
+        self._results: dict[tuple[Outcome, str], Any] = {}
+        self._line_info: dict[int, tuple[str, str, Row]] = {}
+        self._lines: list[str] = [f"# Steps generated from {spec.path} ({spec.name}); "
+                                  "do not edit: regenerated at every build."]
+        self._plan = plan
+        self._verify = verify is not None
+        self._eventless_reads = {s: machine.reads_of(rows) for s, rows in machine.eventless.items()}
+        self._inlined: dict[tuple, Any] = {}
+        self._hoisted: frozenset = frozenset()     # event fields the current step read up front
+        self.inlined_bindings: set[str] = set()
+        self.called_bindings: set[str] = set()
+
+        eventless_names: dict[str, str] = {}
+        for state, rows in machine.eventless.items():
+            if rows:
+                eventless_names[state] = self._emit_eventless(state, rows)
+        step_names: dict[tuple[str, str], str] = {}
+        for state, by_kind in machine.rows.items():
+            for kind, rows in by_kind.items():
+                step_names[(state, kind)] = self._emit_step(state, kind, rows)
+
+        source = "\n".join(self._lines) + "\n"
+        digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+        self.filename = f"<moriio-fsm steps {spec.name} {digest}>"
+        linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
+        self.source = source
+        exec(compile(source, self.filename, "exec"), self._ns)   # noqa: S102 - built from the spec
+        self.eventless = {s: self._ns[n] for s, n in eventless_names.items()}
+        self.steps: dict[str, dict[str, Callable]] = {s: {} for s in spec.states}
+        for (state, kind), name in step_names.items():
+            self.steps[state][kind] = self._ns[name]
+
+    # -- writing the module ----------------------------------------------------------------
+
+    def _bind(self, obj: Any, name: str) -> str:
+        """The module-level name ``obj`` goes by in the generated source (``name``, made
+        unique if another object already took it)."""
         key = id(obj)
-        if key not in names:
-            names[key] = f"{prefix}{len(names)}"
-            namespace[names[key]] = obj
-        return names[key]
+        if key not in self._names:
+            unique, n = _ident(name), 1
+            while unique in self._ns:
+                n += 1
+                unique = f"{_ident(name)}_{n}"
+            self._names[key] = unique
+            self._ns[unique] = obj
+        return self._names[key]
 
-    steps: dict[str, dict[str, Callable]] = {}
-    for state, rows_by_kind in machine.table.items():
-        steps[state] = {}
-        eventless_guards = [row[0] for row in machine.eventless[state]]
-        for kind, rows in rows_by_kind.items():
-            if kind in special_kinds:
+    def _line(self, text: str, info: tuple[str, str, Row] | None = None) -> None:
+        self._lines.append(text)
+        if info is not None:
+            self._line_info[len(self._lines)] = info
+
+    def _where(self, row: Row) -> str:
+        return f"transition #{row.index}, {self.machine.spec.path}:{row.line}"
+
+    def _inline(self, kind: str, name: str, fn: Callable):
+        key = (kind, name, self._hoisted)
+        if key not in self._inlined:
+            inliner = inline_guard if kind == "guard" else inline_action
+            self._inlined[key] = inliner(fn, self._bind, self.machine.config,
+                                         self.machine.effect_classes, self._hoisted)
+            (self.inlined_bindings if self._inlined[key] else self.called_bindings).add(name)
+        return self._inlined[key]
+
+    def _guard(self, row: Row, indent: str) -> str:
+        """Write the guard's preparatory lines; return the test expression to branch on."""
+        info = ("guard", row.guard_name, row)
+        inlined = self._inline("guard", row.guard_name, row.guard)
+        if inlined is None:
+            return f"{self._bind(row.guard, 'guard_' + row.guard_name)}(tx, ev)"
+        for text in inlined.lines:
+            self._line(f"{indent}{text}  # guard {row.guard_name}", info)
+        return inlined.test
+
+    def _actions(self, row: Row, indent: str) -> None:
+        for name, fn in zip(row.action_names, row.actions):
+            info = ("action", name, row)
+            inlined = self._inline("action", name, fn)
+            if inlined is None:
+                self._line(f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  # action {name}",
+                           info)
                 continue
-            lines = ["def step(shard, t, ev):"]
-            for guard, dest, effects, outcome, index in rows:
-                indent = "    "
-                if guard is not None:
-                    lines.append(f"    if {bind(guard, 'g')}(t, ev):  # transition #{index}")
-                    indent = "        "
-                else:
-                    lines.append(f"    # transition #{index}")
-                outcome_name = bind(outcome, "o")
-                if dest == state:
-                    dest = None     # a self-loop is not a state change (no exit, no timers)
-                if effects:
-                    lines.append(f"{indent}out = []")
-                    for effect in effects:
-                        lines.append(f"{indent}{bind(effect, 'e')}(t, ev, out)")
-                else:
-                    lines.append(f"{indent}out = NO_EFFECTS")
-                if dest is not None:
-                    lines.append(f"{indent}return finish(shard, t, ev, {outcome_name}, "
-                                 f"{dest!r}, out)")
-                    if guard is None:
-                        break
-                    continue
-                if outcome is Outcome.APPLIED:
-                    if eventless_guards:
-                        # Any eventless row may now be enabled: let finish run them.
-                        test = " or ".join("True" if g is None else f"{bind(g, 'g')}(t, ev)"
-                                           for g in eventless_guards)
-                        lines.append(f"{indent}if {test}:")
-                        lines.append(f"{indent}    return finish(shard, t, ev, {outcome_name}, "
-                                     f"None, out)")
-                    for timer_index, duration, armed_in in restarts.get(kind, ()):
-                        if state not in armed_in:
-                            continue
-                        lines.append(f"{indent}if t.deadlines[{timer_index}] is None:")
-                        lines.append(f"{indent}    arm(t, {timer_index}, ev.time)")
-                        lines.append(f"{indent}else:")
-                        lines.append(f"{indent}    t.deadlines[{timer_index}] = ev.time + "
-                                     f"{duration!r}")
-                cached = bind(result_cls(outcome, state, ()), "r")
-                lines.append(f"{indent}shard.counts[{outcome.index}] += 1")
-                if effects:
-                    lines.append(f"{indent}return Result({outcome_name}, {state!r}, out) "
-                                 f"if out else {cached}")
-                else:
-                    lines.append(f"{indent}return {cached}")
-                if guard is None:
-                    break   # the validator guarantees nothing after an unguarded row
-            else:
-                lines.append(f"    shard.counts[{Outcome.REJECTED.index}] += 1")
-                lines.append(f"    return {bind(result_cls(Outcome.REJECTED, state, ()), 'r')}")
-            source = "\n".join(lines)
-            code = compile(source, f"<{machine.spec.name}:{state}:{kind}>", "exec")
-            local: dict[str, Any] = {}
-            exec(code, namespace, local)   # noqa: S102 - source built above from the spec
-            fn = local["step"]
-            fn.__qualname__ = f"{machine.spec.name}.{state}.{kind}"
-            fn.source = source
-            steps[state][kind] = fn
-    return steps
+            for text in inlined.lines:
+                self._line(f"{indent}{text}  # action {name}", info)
+
+    def _branch(self, row: Row, indent: str) -> str:
+        """Open the row's guard (if any); return the indentation of the row's body."""
+        if row.guard is None:
+            self._line(f"{indent}# unguarded row ({self._where(row)})")
+            return indent
+        test = self._guard(row, indent)
+        self._line(f"{indent}if {test}:  # {row.guard_name} ({self._where(row)})",
+                   ("guard", row.guard_name, row))
+        return indent + "    "
+
+    def _emit_eventless(self, state: str, rows: tuple[Row, ...]) -> str:
+        name = f"eventless_{_ident(state)}"
+        self._hoisted = frozenset()           # called from every kind's steps: read ev itself
+        self._line("")
+        self._line(f"def {name}(tx, ev, out):")
+        self._line(f"    # eventless rows of state {state!r}: the first whose guard holds fires")
+        for row in rows:
+            body = self._branch(row, "    ")
+            self._actions(row, body)
+            self._line(f"{body}tx.state = {row.dest!r}")
+            self._line(f"{body}return True")
+            if row.guard is None:
+                return name
+        self._line("    return False")
+        return name
+
+    def _emit_step(self, state: str, kind: str, rows: tuple[Row, ...]) -> str:
+        name = f"step_{_ident(state)}__{_ident(kind)}"
+        self._line("")
+        self._line(f"def {name}(shard, tx, ev):")
+        self._line(f"    # {self.machine.spec.name}: event {kind!r} in state {state!r}")
+        self._line("    try:")
+        # Events are immutable: their payload is read once, into ev_<field> locals.
+        payload = tuple(self.machine.spec.events[kind].payload)
+        self._hoisted = frozenset(payload)
+        for field in payload:
+            self._line(f"        ev_{field} = ev.{field}")
+        exhausted = False
+        for row in rows:
+            body = self._branch(row, "        ")
+            self._emit_row(state, kind, row, body)
+            if row.guard is None:
+                exhausted = True        # the validator refuses rows after an unguarded one
+                break
+        if not exhausted:
+            rejected = self._bind(self._result(Outcome.REJECTED, state),
+                                  f"REJECTED_IN_{_ident(state).upper()}")
+            self._line(f"        shard.counts[{Outcome.REJECTED.index}] += 1  # no row took it")
+            self._line(f"        return {rejected}")
+        self._line("    except BaseException as exc:")
+        self._line(f"        restore(tx, locals(), {state!r})")
+        self._line(f"        error = failure(exc, tx, ev, {state!r})")
+        self._line("        if error is exc:")
+        self._line("            raise")
+        self._line("        raise error from exc")
+        return name
+
+    def _emit_row(self, state: str, kind: str, row: Row, indent: str) -> None:
+        machine = self.machine
+        dest = None if row.dest in (None, state) else row.dest   # a self-loop keeps the state
+        writes = machine.writes_of([row])
+        may_settle = row.outcome is Outcome.APPLIED and (
+            (dest is not None and bool(machine.eventless[dest]))
+            or (dest is None and bool(writes & self._eventless_reads[state])))
+        closure = machine.eventless_closure({dest or state}) if may_settle else set()
+        closure_rows = [r for s in closure for r in machine.eventless[s]]
+        follow_writes = machine.writes_of(closure_rows) - writes
+        settle_emits = any(r.emits for r in closure_rows)
+        for field in sorted(writes if dest is None else writes | follow_writes):
+            self._line(f"{indent}saved_{field} = tx.{field}")
+        if self._verify:
+            self._line(f"{indent}before = tx.context()")
+        if row.emits or (dest is not None and settle_emits):
+            self._line(f"{indent}out = []")
+        elif row.actions or may_settle:
+            self._line(f"{indent}out = NO_OUT")
+        elif self._verify:
+            self._line(f"{indent}out = NO_EFFECTS")
+        self._actions(row, indent)
+        outcome = self._bind(row.outcome, row.outcome.name)
+        verify = f"verify(tx, ev, {row.index}, before, out)"
+        if dest is not None:
+            self._line(f"{indent}tx.state = {dest!r}")
+            self._line(f"{indent}hops = [({state!r}, {dest!r})]")
+            if machine.eventless[dest]:
+                self._line(f"{indent}settle(tx, ev, out, hops)")
+            if self._verify:
+                self._line(f"{indent}{verify}")
+            self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
+            return
+        if may_settle:
+            # The state's eventless guards, tested in place: only when one holds does the
+            # step pay for the follow-up (a list for its effects, the saves, the hops).
+            tests = []
+            for erow in machine.eventless[state]:
+                if erow.guard is None:
+                    tests = ["True"]
+                    break
+                tests.append(self._guard(erow, indent))
+            self._line(f"{indent}if {' or '.join(tests)}:  # an eventless row of {state!r} may fire")
+            inner = indent + "    "
+            for field in sorted(follow_writes):
+                self._line(f"{inner}saved_{field} = tx.{field}")
+            if settle_emits and not row.emits:
+                self._line(f"{inner}out = []")
+            self._line(f"{inner}hops = []")
+            self._line(f"{inner}settle(tx, ev, out, hops)")
+            if self._verify:
+                self._line(f"{inner}{verify}")
+            self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
+        if self._verify:
+            self._line(f"{indent}{verify}")
+        if row.outcome is Outcome.APPLIED:
+            restarts = self._plan.restarts(kind, state)
+            if restarts:
+                self._line(f"{indent}deadlines = tx.deadlines")
+            for index, duration in restarts:
+                # TimerPlan's restart rule, inlined: arm if it fired, else push it back.
+                self._line(f"{indent}if deadlines[{index}] is None:  "
+                           f"# restart timer {self._plan.names[index]!r}")
+                self._line(f"{indent}    arm(tx, {index}, ev.time)")
+                self._line(f"{indent}else:")
+                self._line(f"{indent}    deadlines[{index}] = ev.time + {duration!r}")
+        cached = self._bind(self._result(row.outcome, state),
+                            f"{row.outcome.name}_IN_{_ident(state).upper()}")
+        self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")
+        if row.emits:
+            self._line(f"{indent}return Result({outcome}, {state!r}, out) if out else {cached}")
+        else:
+            self._line(f"{indent}return {cached}")
+
+    def _result(self, outcome: Outcome, state: str):
+        """The one shared effect-free ``Result`` of ``outcome`` in ``state``."""
+        key = (outcome, state)
+        cached = self._results.get(key)
+        if cached is None:
+            cached = self._results[key] = self._ns["Result"](outcome, state, self._ns["NO_EFFECTS"])
+        return cached
+
+    # -- errors --------------------------------------------------------------------------
+
+    def _failure(self, exc: BaseException, tx: Any, ev: Any, state: str) -> BaseException:
+        """The error to raise for ``exc`` raised inside a step: ours pass through; others
+        become a ``TransitionError`` naming the binding and the row it belongs to."""
+        if isinstance(exc, (TransitionError, InvariantViolation)) or not isinstance(exc, Exception):
+            return exc
+        spec = self.machine.spec
+        where, binding = "", ""
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self.filename:
+                info = self._line_info.get(tb.tb_lineno)
+                if info is not None:
+                    what, binding, row = info
+                    where = (f" {what} {binding!r} of transition #{row.index} "
+                             f"({spec.path}:{row.line})")
+            tb = tb.tb_next
+        return TransitionError(
+            f"{spec.name}:{where or ' a binding'} raised {type(exc).__name__}: {exc} for "
+            f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step was "
+            "rolled back", transfer_id=tx.transfer_id, event=ev.kind, binding=binding)
+
+
+def is_generated(code: types.CodeType) -> bool:
+    """True for code objects of generated steps (for debuggers and tests)."""
+    return code.co_filename.startswith("<moriio-fsm steps ")

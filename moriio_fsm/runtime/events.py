@@ -8,44 +8,58 @@ are immutable plain data so that a trace of them can be replayed exactly.
 from __future__ import annotations
 
 import enum
-from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, ClassVar
 
 import msgspec
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+class _EventHead(msgspec.Struct, frozen=True, gc=False):
+    transfer_id: str
+    time: float
 
 
 # msgspec Structs rather than dataclasses or NamedTuples: one event is built per layer
 # per transfer on the hot path, and a frozen Struct is built in C (about a third of a
-# NamedTuple's cost here) while staying immutable, hashable and comparable.
-class Event(msgspec.Struct, frozen=True, gc=False):
+# NamedTuple's cost here) while staying immutable, comparable and cheap to serialize.
+class Event(_EventHead, kw_only=True, frozen=True, gc=False):
     """One fact about one transfer.
 
-    ``kind`` is an event name declared by the transfer's spec; ``time`` is the
-    caller's monotonic clock reading in seconds (the core reads no clock);
-    ``data`` carries the payload fields the spec declares for ``kind``; ``source``
-    names the peer a remote event came from (its host and connection), so that the
-    table can keep one flooding peer from crowding out the others ("" when local).
+    Every kind a spec declares under ``events`` is a subclass of this one, made by
+    ``moriio_fsm.runtime.declared``: ``transfer_id``, ``time``, then the declared payload
+    fields in order, and ``source`` by keyword only
+    (``events.layer_scheduled("tx-1", now, layer=3)``); ``kind`` is the declared name.
+    ``time`` is the caller's monotonic clock reading in seconds (the core reads no
+    clock); ``source`` names the peer a remote event came from (its host and
+    connection), so that the table can keep one flooding peer from crowding out the
+    others ("" when local). A plain ``Event`` has no kind and is rejected by every table.
     """
 
-    transfer_id: str
-    kind: str
-    time: float = 0.0
-    data: Mapping[str, Any] = _EMPTY
     source: str = ""
+    kind: ClassVar[str] = ""
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The payload fields (all but ``transfer_id``, ``time`` and ``source``)."""
+        return {name: getattr(self, name) for name in self.__struct_fields__[2:-1]}
 
 
 class Effect(msgspec.Struct, frozen=True, gc=False):
     """Something the outside world must do because of a transition.
 
-    ``kind`` names the effect (``post_writes``, ``send_write_done``,
-    ``free_blocks`` ...); ``data`` holds what the adapter needs to carry it out.
+    Every kind a spec declares under ``emits`` is a subclass of this one, made by
+    ``moriio_fsm.runtime.effects`` with the declared fields after ``transfer_id``
+    (``PostWrite(transfer_id, layer, block_ids, decode_rank)``); ``kind`` is the declared
+    name. Effects are immutable, compare by value and are built in C, one per posted
+    layer on the hot path.
     """
 
     transfer_id: str
-    kind: str
-    data: Mapping[str, Any] = _EMPTY
+    kind: ClassVar[str] = ""
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The declared fields (everything but ``transfer_id``) as a plain dict."""
+        return {name: getattr(self, name) for name in self.__struct_fields__[1:]}
 
 
 class Outcome(enum.Enum):

@@ -1,100 +1,134 @@
-"""The reference engine: the same spec run by a class-level ``transitions.Machine``.
+"""The reference executor: the same spec run by a class-level ``transitions.Machine``.
 
 pytransitions is the reference semantics: one ``Machine`` per spec is built with no
 models, and each step triggers an event on a transfer record passed as the model
-(``Event.trigger(model, ...)``), so records are never added to the machine. It is 20-30x
-slower than ``CompiledMachine`` and exists for debugging and differential tests.
+(``Event.trigger(model, ...)``), so records are never added to the machine. Its steps
+have the same contract as the generated ones (atomic, counted, timers through the
+table's ``finish``) and are 10-20x slower; they exist for debugging and for the
+differential tests that demand identical results from both executors.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from transitions import Machine, State
+from transitions import Machine as PyTransitionsMachine, State
 
-from ..lang.model import Spec
-from .compiled import CompiledMachine, TransitionError
-from .events import Event, Outcome
+from .errors import InvariantViolation, TransitionError
+from .events import Outcome
+from ..machines.binding import checked_action, checked_guard
+from .machine import Machine
 
-_EVENTLESS = "__eventless__"
+#: The trigger name eventless rows get inside pytransitions; the loader refuses it as a
+#: spec event name.
+EVENTLESS_TRIGGER = "__eventless__"
 
 
-class _Step:
-    """Per-step scratch passed to callbacks: the event, the effect list, what fired."""
+class _Scratch:
+    """Per-step data the callbacks share: the event, the effect list, what fired."""
 
-    __slots__ = ("event", "out", "outcome")
+    __slots__ = ("event", "out", "outcome", "row")
 
-    def __init__(self, event: Event, out: list):
+    def __init__(self, event: Any, out: list):
         self.event = event
         self.out = out
         self.outcome = None
+        self.row = None
 
 
-class TransitionsMachine(CompiledMachine):
-    """Same interface as ``CompiledMachine``; transitions fire through pytransitions."""
+class ReferenceSteps:
+    """``steps[state][kind] -> fn(shard, tx, ev) -> Result`` backed by pytransitions."""
 
-    name = "transitions"
-
-    def __init__(self, spec: Spec, bindings, config: dict[str, Any]):
-        super().__init__(spec, bindings, config)   # record class, invariants, checks
-        self.machine = Machine(
+    def __init__(self, machine: Machine, *, result_cls: type, finish: Callable,
+                 verify: Callable | None, no_effects: tuple):
+        # In check mode every guard runs on a read recorder and every action is followed
+        # by proofs of its declared writes and emits (moriio_fsm.machines.binding).
+        self.machine = machine
+        spec = machine.spec
+        self._result = result_cls
+        self._finish = finish
+        self._verify = verify
+        self._no_effects = no_effects
+        self._fields = tuple(spec.context)
+        self.engine = PyTransitionsMachine(
             model=None,
             states=[State(name, final=s.final) for name, s in spec.states.items()],
             initial=spec.initial, auto_transitions=False, send_event=True,
             ignore_invalid_triggers=True, model_attribute="state")
-        outcomes = {"applied": Outcome.APPLIED, "duplicate": Outcome.DUPLICATE,
-                    "ignored": Outcome.IGNORED}
+        rows = machine.rows_by_index()
+        allowed = machine.allowed_emits()
         for t in spec.transitions:
-            guard = bindings.guards[t.guard] if t.guard else None
-            effects = tuple(bindings.effects[e] for e in t.effects)
-            outcome = outcomes[t.outcome]
+            row = rows[t.index]
+            guard = row.guard
+            actions = row.actions
+            if verify is not None:
+                guard = guard and checked_guard(spec, row.guard_name, guard)
+                actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
+                                for name, fn in zip(row.action_names, actions))
             conditions = [self._condition(guard)] if guard else []
-            self.machine.add_transition(
-                trigger=t.event or _EVENTLESS, source=list(t.sources), dest=t.dest,
-                conditions=conditions, after=[self._after(effects, outcome)])
-        self._triggers = {name: self.machine.events[name] for name in self.machine.events}
+            self.engine.add_transition(
+                trigger=t.event or EVENTLESS_TRIGGER, source=list(t.sources), dest=t.dest,
+                conditions=conditions, after=[self._after(row, actions)])
+        self._triggers = dict(self.engine.events)
+        self._max_hops = len(spec.states) + 1
+        self.steps: dict[str, dict[str, Callable]] = {
+            state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()}
 
     @staticmethod
     def _condition(guard):
         def check(event_data) -> bool:
-            step = event_data.kwargs["step"]
-            return bool(guard(event_data.model, step.event))
+            scratch = event_data.kwargs["scratch"]
+            return bool(guard(event_data.model, scratch.event))
         return check
 
     @staticmethod
-    def _after(effects, outcome):
-        # pytransitions runs 'after' callbacks once the state is set; effects of a
-        # transition see the destination state, exactly as in CompiledMachine where
-        # effects run before the state is written but never read it.
+    def _after(row, actions):
+        # pytransitions runs 'after' callbacks once the state is set; actions never read
+        # the state, so running them after it changed is the same as before.
         def run(event_data) -> None:
-            step = event_data.kwargs["step"]
-            for effect in effects:
-                effect(event_data.model, step.event, step.out)
-            step.outcome = outcome
+            scratch = event_data.kwargs["scratch"]
+            for action in actions:
+                action(event_data.model, scratch.event, scratch.out)
+            scratch.outcome = row.outcome
+            scratch.row = row
         return run
 
-    def step(self, t, ev: Event, out: list) -> tuple[Outcome, list | None]:
-        trigger = self._triggers.get(ev.kind)
-        if trigger is None:
-            return Outcome.REJECTED, None
-        step = _Step(ev, out)
-        before = t.state
+    def _step(self, shard, tx, ev):
+        state = tx.state
+        saved = [getattr(tx, f) for f in self._fields]
+        out: list = []
         try:
-            trigger.trigger(t, step=step)
-            if step.outcome is None:
-                return Outcome.REJECTED, None
-            hops = [(before, t.state)] if t.state != before else None
-            if step.outcome is Outcome.APPLIED and _EVENTLESS in self._triggers:
-                eventless = self._triggers[_EVENTLESS]
+            scratch = _Scratch(ev, out)
+            self._triggers[ev.kind].trigger(tx, scratch=scratch)
+            outcome = scratch.outcome
+            if outcome is None:
+                shard.counts[Outcome.REJECTED.index] += 1
+                return self._result(Outcome.REJECTED, state, self._no_effects)
+            hops = [(state, tx.state)] if tx.state != state else []
+            if outcome is Outcome.APPLIED and EVENTLESS_TRIGGER in self._triggers:
                 for _ in range(self._max_hops):
-                    here = t.state
-                    probe = _Step(ev, out)
-                    eventless.trigger(t, step=probe)
+                    here = tx.state
+                    probe = _Scratch(ev, out)
+                    self._triggers[EVENTLESS_TRIGGER].trigger(tx, scratch=probe)
                     if probe.outcome is None:
                         break
-                    hops = (hops or []) + [(here, t.state)]
+                    hops.append((here, tx.state))
                 else:
-                    raise TransitionError(f"{self.spec.name}: eventless transitions did not settle")
-            return step.outcome, hops
-        except Exception as exc:
-            raise self.binding_error(t, ev, exc) from exc
+                    raise TransitionError(f"{self.machine.spec.name}: eventless rows did not settle "
+                                          f"for transfer {tx.transfer_id!r}")
+            if self._verify is not None:
+                self._verify(tx, ev, scratch.row.index, dict(zip(self._fields, saved)), out)
+        except BaseException as exc:
+            for field, value in zip(self._fields, saved):
+                setattr(tx, field, value)
+            tx.state = state
+            if isinstance(exc, (TransitionError, InvariantViolation)) or not isinstance(exc, Exception):
+                raise
+            raise TransitionError(
+                f"{self.machine.spec.name}: a binding raised {type(exc).__name__}: {exc} for "
+                f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step "
+                "was rolled back", transfer_id=tx.transfer_id, event=ev.kind) from exc
+        if outcome is not Outcome.APPLIED:
+            shard.counts[outcome.index] += 1
+            return self._result(outcome, state, self._no_effects)
+        return self._finish(shard, tx, ev, outcome, hops, out)

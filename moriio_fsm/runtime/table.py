@@ -3,42 +3,52 @@
 Rules of this file:
 - ``dispatch(event)`` returns ``Result(outcome, state, effects, hops)``; it performs no
   I/O, reads no clock (time comes in the event) and starts no thread.
+- A malformed event (an id that is not a string, a time that is not a finite number,
+  data that is not a mapping, a peer's payload missing a declared field) is REJECTED
+  and counted before anything else; it never raises and never fires a timer.
 - Only a local event declared ``creates`` starts a transfer. A peer's message for an
-  unknown transfer waits in a bounded, time-limited buffer and is applied when the
-  local side creates the transfer; it never creates one itself. A peer's message whose
-  payload does not match the spec's declared fields is REJECTED before anything else.
+  unknown transfer waits in a bounded, fair, time-limited buffer (``pending.py``) and is
+  applied when the local side creates the transfer; it never creates one itself.
 - A transfer that reached a final state is retired and remembered in a bounded
   per-shard record of ended ids: events for it are LATE. Because peers cannot create
   transfers, even an id that fell out of that record can never come back to life.
-- Transfers live in shards, each with its own lock, held only while one pure
-  transition runs (and the recorder, which must be quick); callers execute the
-  returned effects with no lock held.
-- Timers live in one deadline heap. A timer is armed on entry into its states and
-  (re)armed by an applied ``restart_on`` event while the transfer is in them; firing
-  or leaving its states clears it. ``advance(now)`` fires what is due; a deadline that
-  moved later since it was pushed is re-pushed, not fired.
+  Reaching a final state the spec marks ``anomaly`` is counted and logged.
+- A step is atomic: when a binding raises, the record is restored and nothing else
+  (timers, counters, buffers) changed. A recorder that raises never loses a step: its
+  errors are counted and logged and the result is returned.
+- Every event is counted once, under its final fate: a held fact counts as buffered
+  while held and moves to its outcome (or to dropped) when it leaves the buffer.
+- Transfers live in shards, each with its own lock, held only while one step runs
+  (and the recorder, which must be quick); callers execute the returned effects with no
+  lock held. Timers live in one ``DeadlineHeap`` (``timers.py``).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import functools
+import logging
 import threading
 from typing import Any, Callable, Sequence
 
 import msgspec
 
-from ..lang.model import PAYLOAD_TYPES
-from .codegen import generate_steps
-from .compiled import CompiledMachine
+from ..lang.model import FIELD_TYPES
+from ..machines.binding import effect_problem
+from .codegen import GeneratedSteps
+from .errors import InvariantViolation, TransitionError
 from .events import Effect, Event, Outcome
+from .machine import Machine
+from .pending import EarlyFacts
+from .reference import ReferenceSteps
+from .timers import ENTER, LEAVE, DeadlineHeap, TimerPlan, check_time
+
+log = logging.getLogger("moriio_fsm.runtime")
 
 _APPLIED = Outcome.APPLIED
-_DUPLICATE = Outcome.DUPLICATE
-_IGNORED = Outcome.IGNORED
 _REJECTED = Outcome.REJECTED
 _NO_EFFECTS: tuple = ()
 
+EXECUTORS = ("compiled", "transitions")
 
 
 class Result(msgspec.Struct, frozen=True, gc=False):
@@ -60,15 +70,15 @@ class Result(msgspec.Struct, frozen=True, gc=False):
 
 
 class _Shard:
-    __slots__ = ("lock", "live", "ended", "pending", "pending_count", "counts")
+    __slots__ = ("lock", "live", "ended", "early", "counts", "ended_in")
 
-    def __init__(self) -> None:
+    def __init__(self, early: EarlyFacts) -> None:
         self.lock = threading.Lock()
         self.live: dict[str, Any] = {}
         self.ended: dict[str, str] = {}          # insertion-ordered: oldest first
-        self.pending: dict[str, list[Event]] = {}
-        self.pending_count = 0
+        self.early = early
         self.counts = [0] * len(Outcome)         # indexed by Outcome.index
+        self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
 
 
 Recorder = Callable[[Event, Result], None]
@@ -77,137 +87,280 @@ Recorder = Callable[[Event, Result], None]
 class TransferTable:
     """All live transfers of one machine kind, and the rules for unknown and ended ones.
 
-    ``machine`` is a ``CompiledMachine`` (or the reference ``TransitionsMachine``).
-    ``check_invariants`` evaluates every spec invariant after every step and raises
-    ``InvariantViolation`` on the first that fails (for tests and debugging).
-    ``recorder(event, result)`` is called once per dispatched or fired event, under the
-    transfer's shard lock, so per transfer it sees events in the order applied; it must
-    be quick and must not dispatch.
+    ``machine`` is a ``Machine``. ``executor`` is ``"compiled"`` (generated steps, the hot
+    path) or ``"transitions"`` (pytransitions, the reference semantics).
+    ``check_invariants`` runs the same steps with every binding checked against its
+    declarations and every spec invariant evaluated after every step; a violation raises
+    ``InvariantViolation`` and the step is rolled back. ``recorder(event, result)`` is
+    called once per dispatched or fired event, under the transfer's shard lock, so per
+    transfer it sees events in the order applied; it must be quick and must not dispatch.
     """
 
-    def __init__(self, machine: CompiledMachine, *, shards: int = 16,
+    def __init__(self, machine: Machine, *, executor: str = "compiled", shards: int = 1,
                  ended_capacity: int = 65536, pending_capacity: int = 4096,
-                 pending_per_transfer: int = 8, pending_ttl_s: float = 30.0,
-                 check_invariants: bool = False, recorder: Recorder | None = None):
-        if shards < 1 or shards & (shards - 1):
-            raise ValueError(f"shards must be a power of two >= 1, got {shards}")
+                 pending_per_transfer: int = 8, pending_per_source: int | None = None,
+                 pending_ttl_s: float = 30.0, check_invariants: bool = False,
+                 recorder: Recorder | None = None, timer_compaction_threshold: int = 4096):
+        if executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
+        if type(shards) is not int or shards < 1 or shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two >= 1, got {shards!r}")
         for name, value in (("ended_capacity", ended_capacity), ("pending_capacity", pending_capacity),
-                            ("pending_per_transfer", pending_per_transfer)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not pending_ttl_s > 0:
-            raise ValueError(f"pending_ttl_s must be > 0, got {pending_ttl_s}")
+                            ("pending_per_transfer", pending_per_transfer),
+                            ("timer_compaction_threshold", timer_compaction_threshold)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_time(pending_ttl_s, "pending_ttl_s")
+        if pending_ttl_s <= 0:
+            raise ValueError(f"pending_ttl_s must be > 0, got {pending_ttl_s!r}")
         self.machine = machine
         self.spec = spec = machine.spec
-        self._shards = tuple(_Shard() for _ in range(shards))
+        self.executor = executor
+        per_shard = max(1, pending_capacity // shards)
+        per_source = (max(1, per_shard // 4) if pending_per_source is None
+                      else max(1, pending_per_source // shards))
+        self._shards = tuple(_Shard(EarlyFacts(per_shard, pending_per_transfer, per_source,
+                                               pending_ttl_s)) for _ in range(shards))
         self._mask = shards - 1
         self._ended_cap = max(1, ended_capacity // shards)
-        self._pending_cap = max(1, pending_capacity // shards)
-        self._pending_per_transfer = pending_per_transfer
-        self._pending_ttl = pending_ttl_s
         self._check = check_invariants
-        self.recorder = recorder
+        self.recorder_errors = 0
         self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
         self._remote_payloads = {
-            n: tuple((field, PAYLOAD_TYPES[type_name]) for field, type_name in e.payload.items())
+            n: tuple((field, FIELD_TYPES[type_name]) for field, type_name in e.payload.items())
             for n, e in spec.events.items() if e.origin == "remote"}
         self._final = machine.final
-        self._eventless = machine.eventless
-        config = machine.record_class.config
-        timers = list(spec.timers.values())
-        self._timer_names = tuple(t.name for t in timers)
-        self._timer_event = {t.event: i for i, t in enumerate(timers)}
-        self._timer_event_names = tuple(t.event for t in timers)
-        self._timer_duration = tuple(float(config[t.duration_key]) for t in timers)
-        self._timer_states = tuple(frozenset(t.states) for t in timers)
-        restart: dict[str, tuple[int, ...]] = {}
-        for i, t in enumerate(timers):
-            for kind in t.restart_on:
-                restart[kind] = restart.get(kind, ()) + (i,)
-        self._restart = restart
-        # Creating, timer and peer events take the general path (creation, stale-timer
-        # and payload checks); everything else may run a generated step.
-        self._special = self._creators | frozenset(self._timer_event) | frozenset(self._remote_payloads)
-        self._heap: list[tuple[float, int, str, int]] = []
-        self._heap_lock = threading.Lock()
-        self._seq = itertools.count()
-        self._compact_at = 4096
-        # The compiled engine runs generated per-(state, event) steps; the reference
-        # engine, and any table checking invariants, always take the general path.
-        self._steps: dict[str, dict] = {state: {} for state in spec.states}
-        if type(machine) is CompiledMachine and not check_invariants:
-            restarts = {kind: tuple((i, self._timer_duration[i], self._timer_states[i])
-                                    for i in indices)
-                        for kind, indices in self._restart.items()}
-            self._steps = generate_steps(machine, Result, self._finish_generated, self._arm,
-                                         restarts, self._special, _NO_EFFECTS)
+        self._anomaly = machine.anomaly
+        self._plan = TimerPlan(spec, machine.config)
+        self._timer_events = tuple(machine.event_classes[kind] for kind in self._plan.events)
+        self._initial_timers = tuple(index for index, op in self._plan.hop(None, spec.initial)
+                                     if op == ENTER)
+        self._no_deadlines = (None,) * len(self._plan.events)
+        self._heap = DeadlineHeap(timer_compaction_threshold)
+        self._max_hops = len(spec.states) + 1
+        verify = self._verify if check_invariants else None
+        # What each row, with the eventless rows it can lead to, may write and emit.
+        self._declared_after: dict[int, tuple[frozenset, set]] = {}
+        for row in machine.rows_by_index().values():
+            sources = spec.transitions[row.index].sources
+            reach = machine.eventless_closure({row.dest} if row.dest else set(sources))
+            follow = [r for s in reach for r in machine.eventless[s]]
+            self._declared_after[row.index] = (
+                frozenset(machine.writes_of([row, *follow])),
+                set(row.emits) | {e for r in follow for e in r.emits})
+        if executor == "compiled":
+            generated = GeneratedSteps(machine, self._plan, result_cls=Result, finish=self._finish,
+                                       arm=self._arm, settle=self._settle, verify=verify,
+                                       no_effects=_NO_EFFECTS)
+            self._fire_eventless = generated.eventless
+            self.generated = generated
+            self._steps = generated.steps
+        else:
+            self.generated = None
+            self._fire_eventless = {}
+            self._steps = ReferenceSteps(machine, result_cls=Result, finish=self._finish,
+                                         verify=verify, no_effects=_NO_EFFECTS).steps
+        self._guard_special_kinds()
+        self.recorder = recorder        # builds the dispatch function
 
     # -- public API -------------------------------------------------------------------
 
     def dispatch(self, ev: Event) -> Result:
-        """Apply one event. Never raises for late, duplicate, unknown, malformed-peer
-        or unexpected events: those are outcomes. Raises ``TransitionError`` only for a
-        bug in a binding and ``InvariantViolation`` only when invariant checking is on."""
-        shard = self._shards[hash(ev.transfer_id) & self._mask]
-        # acquire/release rather than 'with': half the cost on this hot path, and the
-        # try/finally still releases on any exception.
-        shard.lock.acquire()
-        try:
-            t = shard.live.get(ev.transfer_id)
-            if t is None:
-                result = self._dispatch_absent(shard, ev)
-                shard.counts[result.outcome.index] += 1
+        """Apply one event. Never raises for late, duplicate, unknown, malformed or
+        unexpected events: those are outcomes. Raises ``TransitionError`` only for a bug
+        in a binding and ``InvariantViolation`` only when invariant checking is on; the
+        transfer is then exactly as it was before the event.
+
+        (Each table replaces this method by a closure built for it, ``_make_dispatch``.)"""
+        return self._make_dispatch()(ev)
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return self._recorder
+
+    @recorder.setter
+    def recorder(self, recorder: Recorder | None) -> None:
+        self._recorder = recorder
+        self.dispatch = self._make_dispatch()
+
+    def _make_dispatch(self) -> Callable[[Event], Result]:
+        """The dispatch function, with everything it touches bound as locals: it runs
+        once per layer per transfer, where every attribute lookup shows. Events of the
+        kinds that need checks first (creating, timer, peer) reach their step through
+        the wrappers ``_guard_special_kinds`` put in the step table."""
+        shards, mask, steps = self._shards, self._mask, self._steps
+        absent, malformed = self._dispatch_absent, self._malformed
+        record = self._record if self._recorder is not None else None
+        rejected_in = {state: Result(_REJECTED, state, _NO_EFFECTS) for state in self.spec.states}
+        rejected_index = _REJECTED.index
+
+        def run(shard, ev, tx):
+            """The part under the shard lock, shared by both dispatch variants."""
+            if tx is None:
+                result = absent(shard, ev)
             else:
-                step = self._steps[t.state].get(ev.kind)
-                if step is not None:
-                    try:
-                        result = step(shard, t, ev)   # counts its own outcome
-                    except Exception as exc:
-                        raise self.machine.binding_error(t, ev, exc) from exc
+                step = steps[tx.state].get(ev.kind)
+                if step is None:
+                    shard.counts[rejected_index] += 1
+                    result = rejected_in[tx.state]
                 else:
-                    result = self._dispatch_live(shard, t, ev)
-                    shard.counts[result.outcome.index] += 1
-            if self.recorder is not None:
-                self.recorder(ev, result)
-        finally:
-            shard.lock.release()
-        return result
+                    result = step(shard, tx, ev)    # counts its own outcome
+            if record is not None:
+                record(ev, result)
+            return result
+
+        def ill_formed(shard, tx) -> Result:
+            # An unhashable id or source: nothing changed, since steps turn their own
+            # errors into TransitionError before they reach this point.
+            shard.counts[rejected_index] += 1
+            return Result(_REJECTED, None if tx is None else tx.state, _NO_EFFECTS)
+
+        if len(shards) == 1:
+            # One shard (the default): its lock and dict are bound once, no id is hashed.
+            only = shards[0]
+            acquire, release, live_get = only.lock.acquire, only.lock.release, only.live.get
+
+            def dispatch(ev: Event) -> Result:
+                try:
+                    time = ev.time
+                    if time - time != 0.0:        # NaN or infinite
+                        return malformed()
+                except (TypeError, AttributeError):   # not a number, or not an event at all
+                    return malformed()
+                tx = None
+                acquire()
+                try:
+                    tx = live_get(ev.transfer_id)
+                    if tx is None:
+                        return absent(only, ev)
+                    step = steps[tx.state].get(ev.kind)
+                    if step is None:
+                        only.counts[rejected_index] += 1
+                        return rejected_in[tx.state]
+                    return step(only, tx, ev)    # counts its own outcome
+                except TypeError:
+                    return ill_formed(only, tx)
+                finally:
+                    release()
+
+            if record is None:
+                return dispatch
+
+            def recorded_dispatch(ev: Event) -> Result:
+                # The recorder runs under the lock, so per transfer it sees steps in order.
+                try:
+                    time = ev.time
+                    if time - time != 0.0:
+                        return malformed()
+                except (TypeError, AttributeError):
+                    return malformed()
+                acquire()
+                try:
+                    result = run(only, ev, live_get(ev.transfer_id))
+                except TypeError:
+                    result = ill_formed(only, None)
+                finally:
+                    release()
+                return result
+
+            return recorded_dispatch
+
+        def dispatch(ev: Event) -> Result:
+            try:
+                time = ev.time
+                if time - time != 0.0:        # NaN or infinite
+                    return malformed()
+                shard = shards[hash(ev.transfer_id) & mask]
+            except (TypeError, AttributeError):   # not a number, an unhashable id, not an event
+                return malformed()
+            tx = None
+            lock = shard.lock
+            lock.acquire()
+            try:
+                tx = shard.live.get(ev.transfer_id)
+                result = run(shard, ev, tx)
+            except TypeError:
+                result = ill_formed(shard, tx)
+            finally:
+                lock.release()
+            return result
+
+        return dispatch
+
+    def _guard_special_kinds(self) -> None:
+        """Put a checking wrapper in front of the steps of creating, timer and peer
+        events, in every state: a second create is a duplicate, a timer event counts only
+        when its deadline is due, a peer's payload must match its declaration. The
+        creating steps themselves stay reachable through ``_create``."""
+        initial = self._steps[self.spec.initial]
+        self._creating_steps = {kind: initial.get(kind) for kind in self._creators}
+        for state, by_kind in self._steps.items():
+            for kind in self._creators:
+                by_kind[kind] = self._duplicate_create
+            for kind in self._remote_payloads:
+                step = by_kind.get(kind)
+                if step is not None:
+                    by_kind[kind] = functools.partial(self._checked_payload, step)
+            for kind, index in self._plan.index_of_event.items():
+                by_kind[kind] = functools.partial(self._timer_step, index, by_kind.get(kind))
+
+    def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
+        shard.counts[Outcome.DUPLICATE.index] += 1
+        return Result(Outcome.DUPLICATE, tx.state, _NO_EFFECTS)
+
+    def _checked_payload(self, step, shard: _Shard, tx, ev: Event) -> Result:
+        if not self._payload_ok(ev):
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, tx.state, _NO_EFFECTS)
+        return step(shard, tx, ev)
+
+    def _timer_step(self, index: int, step, shard: _Shard, tx, ev: Event) -> Result:
+        deadline = tx.deadlines[index]
+        if deadline is None or deadline > ev.time:
+            shard.counts[Outcome.IGNORED.index] += 1
+            return Result(Outcome.IGNORED, tx.state, _NO_EFFECTS)   # stale or early timer
+        if step is None:
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, tx.state, _NO_EFFECTS)
+        # The slot is cleared before the step runs and comes back if the step fails.
+        tx.deadlines[index] = None
+        try:
+            return step(shard, tx, ev)
+        except BaseException:
+            tx.deadlines[index] = deadline
+            raise
 
     def advance(self, now: float) -> list[tuple[Event, Result]]:
         """Fire every timer whose deadline is <= ``now``, earliest first; return the
         fired events with their results. Deadlines pushed back by progress are
-        re-queued, not fired. Checking and firing happen under one shard lock, so a
-        concurrent restart either lands before (and the timer is re-queued) or after."""
+        re-queued, not fired. ``now`` must be a finite number (``ValueError``)."""
+        check_time(now, "advance(now)")
         fired = []
         while True:
-            with self._heap_lock:
-                if not self._heap or self._heap[0][0] > now:
-                    return fired
-                deadline, _, transfer_id, index = heapq.heappop(self._heap)
-            shard = self._shards[hash(transfer_id) & self._mask]
+            due = self._heap.pop_due(now)
+            if due is None:
+                return fired
+            deadline, tx, index = due
+            shard = self._shards[hash(tx.transfer_id) & self._mask]
             shard.lock.acquire()
             try:
-                t = shard.live.get(transfer_id)
-                current = t.deadlines[index] if t is not None else None
-                if current is None:
+                current = tx.deadlines[index]
+                if current is None or shard.live.get(tx.transfer_id) is not tx:
                     continue                                  # disarmed or retired
                 if current > deadline:
-                    self._push(current, transfer_id, index)   # restarted since pushed
+                    self._heap.push(current, tx, index)       # restarted since pushed
                     continue
-                ev = Event(transfer_id, self._timer_event_names[index], current,
-                           {"timer": self._timer_names[index]})
-                result = self._dispatch_live(shard, t, ev)
-                shard.counts[result.outcome.index] += 1
-                if self.recorder is not None:
-                    self.recorder(ev, result)
+                ev = self._timer_events[index](tx.transfer_id, current)
+                result = self._run_step(shard, tx, ev)
+                if self._recorder is not None:
+                    self._record(ev, result)
             finally:
                 shard.lock.release()
             fired.append((ev, result))
 
     def next_deadline(self) -> float | None:
         """The earliest pending deadline (possibly stale), for a driver's sleep."""
-        with self._heap_lock:
-            return self._heap[0][0] if self._heap else None
+        return self._heap.earliest()
 
     def get(self, transfer_id: str):
         """The live record of ``transfer_id`` or None. Read it only for inspection."""
@@ -217,39 +370,87 @@ class TransferTable:
         """The live state, the final state if remembered as ended, else None."""
         shard = self._shards[hash(transfer_id) & self._mask]
         with shard.lock:
-            t = shard.live.get(transfer_id)
-            if t is not None:
-                return t.state
+            tx = shard.live.get(transfer_id)
+            if tx is not None:
+                return tx.state
             return shard.ended.get(transfer_id)
+
+    def live_ids(self) -> list[str]:
+        """Ids of every live transfer (a snapshot)."""
+        ids: list[str] = []
+        for shard in self._shards:
+            with shard.lock:
+                ids.extend(shard.live)
+        return ids
 
     def __len__(self) -> int:
         return sum(len(s.live) for s in self._shards)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of every outcome plus live, ended, pending and timer sizes."""
+        """Counters of every outcome (each event once, by its final fate), transfers
+        ended per final state and in anomaly states, and live, ended, pending and timer
+        sizes."""
         counts = [0] * len(Outcome)
+        ended_in: dict[str, int] = {}
         for s in self._shards:
             with s.lock:
                 for index, n in enumerate(s.counts):
                     counts[index] += n
+                for state, n in s.ended_in.items():
+                    ended_in[state] = ended_in.get(state, 0) + n
         return {
             "outcomes": {o.value: counts[o.index] for o in Outcome},
+            "ended": ended_in,
+            "anomalies": sum(n for state, n in ended_in.items() if state in self._anomaly),
             "live": len(self),
             "ended_remembered": sum(len(s.ended) for s in self._shards),
-            "pending_events": sum(s.pending_count for s in self._shards),
+            "pending_events": sum(len(s.early) for s in self._shards),
             "timer_entries": len(self._heap),
+            "recorder_errors": self.recorder_errors,
         }
+
+    def audit(self) -> list[str]:
+        """Problems with the timers of live transfers: an armed slot whose heap entry is
+        missing or later than its deadline would never fire. Empty when sound."""
+        entries = self._heap.entries_for()
+        problems = []
+        for shard in self._shards:
+            with shard.lock:
+                for tx in shard.live.values():
+                    for index, deadline in enumerate(tx.deadlines):
+                        if deadline is None:
+                            continue
+                        pushed = entries.get((id(tx), index))
+                        if pushed is None or pushed > deadline:
+                            problems.append(f"transfer {tx.transfer_id!r} in state {tx.state!r}: "
+                                            f"timer {self._plan.names[index]!r} is armed for "
+                                            f"{deadline} but the heap holds "
+                                            f"{'no entry' if pushed is None else pushed}")
+        return problems
 
     # -- internals (shard lock held) ---------------------------------------------------
 
+    def _malformed(self) -> Result:
+        # Counted on shard 0: the id may not even be hashable, so no shard owns it.
+        shard = self._shards[0]
+        with shard.lock:
+            shard.counts[_REJECTED.index] += 1
+        return Result(_REJECTED, None, _NO_EFFECTS)
+
+    def _record(self, ev: Event, result: Result) -> None:
+        try:
+            self._recorder(ev, result)
+        except Exception as exc:        # the step stands; a broken recorder is reported
+            self.recorder_errors += 1
+            if self.recorder_errors <= 10 or self.recorder_errors % 1000 == 0:
+                log.error("trace recorder failed (%d so far) on event %r of transfer %r: %s: %s",
+                          self.recorder_errors, ev.kind, ev.transfer_id, type(exc).__name__, exc)
+
     def _payload_ok(self, ev: Event) -> bool:
-        """True unless ``ev`` is a peer's event missing a declared field or mistyped."""
-        fields = self._remote_payloads.get(ev.kind)
-        if not fields:
-            return True
-        data = ev.data
-        for name, types in fields:
-            value = data.get(name)
+        """True unless ``ev`` is a peer's event whose payload field is not of its
+        declared type (a peer's message is checked before anything else)."""
+        for name, types in self._remote_payloads.get(ev.kind, ()):
+            value = getattr(ev, name, None)
             if value is None or not isinstance(value, types) or (
                     isinstance(value, bool) and bool not in types):
                 return False
@@ -257,183 +458,152 @@ class TransferTable:
 
     def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
         tid = ev.transfer_id
+        counts = shard.counts
         if tid in shard.ended:
+            counts[Outcome.LATE.index] += 1
             return Result(Outcome.LATE, shard.ended[tid], _NO_EFFECTS)
         if ev.kind in self._creators:
             return self._create(shard, ev)
         if ev.kind in self._remote_payloads:
             if not self._payload_ok(ev):
+                counts[_REJECTED.index] += 1
                 return Result(_REJECTED, None, _NO_EFFECTS)
-            return self._buffer(shard, ev)
+            kept, evicted = shard.early.hold(ev)
+            counts[Outcome.BUFFERED.index] -= evicted
+            counts[Outcome.DROPPED.index] += evicted
+            outcome = Outcome.BUFFERED if kept else Outcome.DROPPED
+            counts[outcome.index] += 1
+            return Result(outcome, None, _NO_EFFECTS)
+        counts[Outcome.UNKNOWN.index] += 1
         return Result(Outcome.UNKNOWN, None, _NO_EFFECTS)
 
+    def _run_step(self, shard: _Shard, tx, ev: Event) -> Result:
+        step = self._steps[tx.state].get(ev.kind)
+        if step is None:
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, tx.state, _NO_EFFECTS)
+        return step(shard, tx, ev)
+
     def _create(self, shard: _Shard, ev: Event) -> Result:
-        t = self.machine.record_class(ev.transfer_id)
-        out: list[Effect] = []
-        outcome, hops = self.machine.step(t, ev, out)
-        if outcome is not _APPLIED:
-            # The spec refused the creating event itself (a guard on its payload):
-            # nothing is created, armed or remembered.
-            return Result(_REJECTED, None, out or _NO_EFFECTS)
-        for index, armed_in in enumerate(self._timer_states):
-            if self.spec.initial in armed_in:
-                self._arm(t, index, ev.time)
-        self._after_step(t, ev, _APPLIED, hops)
-        all_hops = list(hops or ())
-        shard.live[ev.transfer_id] = t
-        for held in self._take_pending(shard, ev):
-            if t.state in self._final:
-                shard.counts[Outcome.LATE.index] += 1
+        tx = self.machine.record_class(ev.transfer_id)
+        for index in self._initial_timers:
+            self._arm(tx, index, ev.time)
+        step = self._creating_steps.get(ev.kind)
+        try:
+            if step is None:
+                shard.counts[_REJECTED.index] += 1
+                result = Result(_REJECTED, None, _NO_EFFECTS)
+            else:
+                result = step(shard, tx, ev)
+        except BaseException:
+            tx.deadlines[:] = [None] * len(tx.deadlines)
+            raise
+        if result.outcome is not _APPLIED:
+            # The spec refused the creating event itself (a guard on its payload): nothing
+            # is created, armed or remembered. The step counted it already.
+            tx.deadlines[:] = [None] * len(tx.deadlines)
+            shard.counts[result.outcome.index] -= 1
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, None, _NO_EFFECTS)
+        shard.counts[_APPLIED.index] -= 1
+        shard.counts[Outcome.CREATED.index] += 1
+        fresh, expired = shard.early.take(ev.transfer_id, ev.time) if len(shard.early) else ((), 0)
+        if not fresh and not expired:
+            if tx.state not in self._final:     # else: ended in its creating step, retired
+                shard.live[ev.transfer_id] = tx
+            return Result(Outcome.CREATED, tx.state, result.effects, result.hops)
+        effects = list(result.effects)
+        hops = list(result.hops or ())
+        shard.counts[Outcome.BUFFERED.index] -= len(fresh) + expired
+        shard.counts[Outcome.DROPPED.index] += expired
+        if tx.state in self._final:            # ended in its creating step: retired already
+            shard.counts[Outcome.LATE.index] += len(fresh)
+            return Result(Outcome.CREATED, tx.state, effects or _NO_EFFECTS, tuple(hops) or None)
+        shard.live[ev.transfer_id] = tx
+        for held in fresh:
+            if shard.live.get(ev.transfer_id) is not tx:
+                shard.counts[Outcome.LATE.index] += 1     # an earlier held fact ended it
                 continue
-            held_result = self._dispatch_live(shard, t, held, retire=False)
-            shard.counts[held_result.outcome.index] += 1
-            out.extend(held_result.effects)
-            all_hops.extend(held_result.hops or ())
-        if t.state in self._final:
-            self._retire(shard, t)
-        return Result(Outcome.CREATED, t.state, out or _NO_EFFECTS,
-                      tuple(all_hops) if all_hops else None)
+            held_result = self._run_step(shard, tx, held)
+            effects.extend(held_result.effects)
+            hops.extend(held_result.hops or ())
+        return Result(Outcome.CREATED, tx.state, effects or _NO_EFFECTS, tuple(hops) or None)
 
-    def _dispatch_live(self, shard: _Shard, t, ev: Event, retire: bool = True) -> Result:
-        kind = ev.kind
-        if kind in self._creators:
-            return Result(_DUPLICATE, t.state, _NO_EFFECTS)
-        if not self._payload_ok(ev):
-            return Result(_REJECTED, t.state, _NO_EFFECTS)
-        timer = self._timer_event.get(kind)
-        if timer is not None:
-            deadline = t.deadlines[timer]
-            if deadline is None or deadline > ev.time:
-                return Result(_IGNORED, t.state, _NO_EFFECTS)   # stale or early timer
-            t.deadlines[timer] = None
-        out: list[Effect] = []
-        outcome, hops = self.machine.step(t, ev, out)
-        return self._finish(shard, t, ev, outcome, hops, out, retire)
+    def _settle(self, tx, ev: Event, out: list, hops: list) -> None:
+        """Run eventless rows until none fires (bounded: the validator refuses cycles)."""
+        fire_eventless = self._fire_eventless
+        for _ in range(self._max_hops):
+            here = tx.state
+            fire = fire_eventless.get(here)
+            if fire is None or not fire(tx, ev, out):
+                return
+            hops.append((here, tx.state))
+        raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
+                              f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
 
-    def _finish_generated(self, shard: _Shard, t, ev: Event, outcome: Outcome,
-                          dest: str | None, out) -> Result:
-        """Follow-up of a generated step whose row changes state or may enable an
-        eventless transition; counts the outcome like every generated step does."""
+    def _verify(self, tx, ev: Event, row_index: int, before: dict, out) -> None:
+        """Check mode, after row ``row_index`` ran (and the eventless rows it led to):
+        every invariant holds, only declared fields changed, every effect is declared
+        with exactly its declared fields and types. Raises ``InvariantViolation``; the
+        step is then rolled back."""
+        broken = self.machine.broken_invariant(tx)
+        if broken is not None:
+            name, why = broken
+            raise InvariantViolation(
+                f"{self.spec.name}: invariant {name!r} {why} for transfer {tx.transfer_id!r} in "
+                f"state {tx.state!r} after event {ev.kind!r} (the step was rolled back): {tx!r}")
+        writes, emits = self._declared_after[row_index]
+        changed = sorted(f for f, old in before.items()
+                         if getattr(tx, f) is not old and getattr(tx, f) != old)
+        undeclared = [f for f in changed if f not in writes]
+        if undeclared:
+            raise InvariantViolation(
+                f"{self.spec.name}: transition #{row_index} changed {', '.join(undeclared)} of "
+                f"transfer {tx.transfer_id!r}, which none of its actions (nor the eventless rows "
+                "it can lead to) declares under writes; the step was rolled back")
+        for effect in out:
+            problem = effect_problem(self.spec, effect, emits)
+            if problem:
+                raise InvariantViolation(f"{self.spec.name}: transition #{row_index} {problem} "
+                                         f"(transfer {tx.transfer_id!r}); the step was rolled back")
+
+    def _finish(self, shard: _Shard, tx, ev: Event, outcome: Outcome, hops: list, out) -> Result:
+        """The tail of an applied step that changed state (or may have): timers by the
+        hops, retirement when final, the outcome counted."""
+        deadlines = tx.deadlines
+        plan = self._plan
+        now = ev.time
+        for src, dst in hops:
+            for index, op in plan.hop(src, dst):
+                if op == LEAVE:
+                    deadlines[index] = None
+                elif op == ENTER or deadlines[index] is None:
+                    self._arm(tx, index, now)
+        state = tx.state
+        for index, duration in plan.restarts(ev.kind, state):
+            if deadlines[index] is None:
+                self._arm(tx, index, now)
+            else:
+                deadlines[index] = now + duration
+        if state in self._final:
+            self._retire(shard, tx)
         shard.counts[outcome.index] += 1
-        hops = None
-        if dest is not None and dest != t.state:
-            hops = [(t.state, dest)]
-            t.state = dest
-        if outcome is _APPLIED and self._eventless[t.state]:
-            if out is _NO_EFFECTS:
-                out = []
-            hops = self.machine._settle(t, ev, out, hops)
-        return self._finish(shard, t, ev, outcome, hops, out)
+        return Result(outcome, state, out or _NO_EFFECTS, tuple(hops) if hops else None)
 
-    def _finish(self, shard: _Shard, t, ev: Event, outcome: Outcome, hops, out,
-                retire: bool = True) -> Result:
-        if outcome is _APPLIED:
-            self._after_step(t, ev, outcome, hops)
-            if retire and hops is not None and t.state in self._final:
-                self._retire(shard, t)
-        elif self._check:
-            self.machine.check_invariants(t, ev)
-        return Result(outcome, t.state, out or _NO_EFFECTS, tuple(hops) if hops else None)
+    def _arm(self, tx, index: int, now: float) -> None:
+        deadline = now + self._plan.durations[index]
+        tx.deadlines[index] = deadline
+        self._heap.push(deadline, tx, index)
 
-    def _after_step(self, t, ev: Event, outcome: Outcome, hops) -> None:
-        deadlines = t.deadlines
-        if hops:
-            for src, dst in hops:
-                for index, armed_in in enumerate(self._timer_states):
-                    if dst in armed_in:
-                        if src not in armed_in or deadlines[index] is None:
-                            self._arm(t, index, ev.time)
-                    else:
-                        deadlines[index] = None
-        if outcome is _APPLIED:
-            for index in self._restart.get(ev.kind, ()):
-                if t.state in self._timer_states[index]:
-                    if deadlines[index] is None:
-                        self._arm(t, index, ev.time)
-                    else:
-                        deadlines[index] = ev.time + self._timer_duration[index]
-        if self._check:
-            self.machine.check_invariants(t, ev)
-
-    def _arm(self, t, index: int, now: float) -> None:
-        deadline = now + self._timer_duration[index]
-        t.deadlines[index] = deadline
-        self._push(deadline, t.transfer_id, index)
-
-    def _push(self, deadline: float, transfer_id: str, index: int) -> None:
-        with self._heap_lock:
-            heapq.heappush(self._heap, (deadline, next(self._seq), transfer_id, index))
-            if len(self._heap) > self._compact_at:
-                self._compact_heap()
-
-    def _compact_heap(self) -> None:
-        """Drop entries of retired transfers and disarmed timers (heap lock held).
-
-        Retired transfers leave their entries behind until the deadline; compaction
-        keeps the heap proportional to armed timers. Reading another shard's dict
-        without its lock is safe under the GIL: an entry is only dropped when its
-        transfer is gone (it never returns) or its slot is empty (a re-arm pushes a
-        new entry).
-        """
-        mask = self._mask
-        shards = self._shards
-        kept = []
-        for entry in self._heap:
-            t = shards[hash(entry[2]) & mask].live.get(entry[2])
-            if t is not None and t.deadlines[entry[3]] is not None:
-                kept.append(entry)
-        heapq.heapify(kept)
-        self._heap = kept
-        self._compact_at = max(4096, 2 * len(kept))
-
-    def _retire(self, shard: _Shard, t) -> None:
-        del shard.live[t.transfer_id]
-        if t.deadlines:
-            for index in range(len(t.deadlines)):
-                t.deadlines[index] = None
+    def _retire(self, shard: _Shard, tx) -> None:
+        shard.live.pop(tx.transfer_id, None)
+        tx.deadlines[:] = self._no_deadlines
+        state = tx.state
+        shard.ended_in[state] = shard.ended_in.get(state, 0) + 1
+        if state in self._anomaly:
+            log.warning("%s: transfer %r ended in anomaly state %r: %r",
+                        self.spec.name, tx.transfer_id, state, tx)
         ended = shard.ended
-        ended[t.transfer_id] = t.state
+        ended[tx.transfer_id] = state
         if len(ended) > self._ended_cap:
             del ended[next(iter(ended))]
-
-    def _buffer(self, shard: _Shard, ev: Event) -> Result:
-        held = shard.pending.get(ev.transfer_id)
-        if held is not None and len(held) >= self._pending_per_transfer:
-            return Result(Outcome.DROPPED, None, _NO_EFFECTS)
-        if shard.pending_count >= self._pending_cap:
-            self._expire_pending(shard, ev.time)
-            if shard.pending_count >= self._pending_cap:
-                return Result(Outcome.DROPPED, None, _NO_EFFECTS)
-            held = shard.pending.get(ev.transfer_id)
-        if held is None:
-            held = shard.pending[ev.transfer_id] = []
-        held.append(ev)
-        shard.pending_count += 1
-        return Result(Outcome.BUFFERED, None, _NO_EFFECTS)
-
-    def _expire_pending(self, shard: _Shard, now: float) -> None:
-        """Drop every held fact older than the TTL (runs only when the buffer is full,
-        so its cost is bounded by the buffer's size)."""
-        horizon = now - self._pending_ttl
-        for tid in list(shard.pending):
-            held = shard.pending[tid]
-            fresh = [h for h in held if h.time >= horizon]
-            dropped = len(held) - len(fresh)
-            if not dropped:
-                continue
-            shard.pending_count -= dropped
-            shard.counts[Outcome.DROPPED.index] += dropped
-            if fresh:
-                shard.pending[tid] = fresh
-            else:
-                del shard.pending[tid]
-
-    def _take_pending(self, shard: _Shard, ev: Event) -> list[Event]:
-        held = shard.pending.pop(ev.transfer_id, None)
-        if not held:
-            return []
-        shard.pending_count -= len(held)
-        horizon = ev.time - self._pending_ttl
-        fresh = [h for h in held if h.time >= horizon]
-        shard.counts[Outcome.DROPPED.index] += len(held) - len(fresh)
-        return fresh

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from moriio_fsm.runtime.declared import make_event
 from moriio_fsm.runtime.events import Event
 
 from .status import StatusCode, TransferStatus
@@ -23,8 +24,8 @@ _log = logging.getLogger(__name__)
 
 # op -> (event kind on success, event kind on failure)
 OPS: dict[str, tuple[str, str]] = {
-    "write": ("write_completed", "write_failed"),
-    "read": ("read_completed", "read_failed"),
+    "write": ("layer_write_completed", "layer_write_failed"),
+    "read": ("layer_read_completed", "layer_read_failed"),
 }
 
 
@@ -182,9 +183,9 @@ class CompletionPoller:
         status = entry.status
         code = status.code()
         if code == StatusCode.SUCCESS:
-            return Event(entry.transfer_id, completed, now, {"layer": entry.layer})
-        return Event(entry.transfer_id, failed, now,
-                     {"layer": entry.layer, "code": int(code), "message": status.message()})
+            return make_event(completed, entry.transfer_id, now, {"layer": entry.layer})
+        return make_event(failed, entry.transfer_id, now,
+                          {"layer": entry.layer, "code": int(code), "message": status.message()})
 
     def _emit(self, event: Event) -> None:
         try:

@@ -33,17 +33,17 @@ def poller(delivered):
         yield started
 
 
-def test_a_successful_write_becomes_write_completed(poller, delivered):
+def test_a_successful_write_becomes_layer_write_completed(poller, delivered):
     poller.submit(succeeded(), "tx-1", 3, "write")
     event = delivered.get(timeout=WAIT_S)
     assert isinstance(event, Event)
-    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_completed", {"layer": 3})
+    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "layer_write_completed", {"layer": 3})
 
 
 def test_a_failed_write_carries_its_code_and_message(poller, delivered):
     poller.submit(failed_status(StatusCode.ERR_RDMA_OP, "link down"), "tx-2", 0)
     event = delivered.get(timeout=WAIT_S)
-    assert event.kind == "write_failed"
+    assert event.kind == "layer_write_failed"
     assert dict(event.data) == {"layer": 0, "code": 13, "message": "link down"}
 
 
@@ -62,7 +62,7 @@ def test_a_status_is_reported_only_once_it_is_final(poller, delivered):
         delivered.get(timeout=0.1)
     assert poller.pending == 1
     status.settle(StatusCode.SUCCESS)
-    assert delivered.get(timeout=WAIT_S).kind == "write_completed"
+    assert delivered.get(timeout=WAIT_S).kind == "layer_write_completed"
     with pytest.raises(queue.Empty):
         delivered.get(timeout=0.1)
 
@@ -145,7 +145,7 @@ def test_every_status_of_a_flood_is_delivered_exactly_once(delivered):
         events = [delivered.get(timeout=WAIT_S) for _ in statuses]
         assert poller.pending == 0
     assert sorted(e.data["layer"] for e in events) == list(range(1000))
-    assert sum(e.kind == "write_failed" for e in events) == 334
+    assert sum(e.kind == "layer_write_failed" for e in events) == 334
     assert delivered.empty()
 
 
@@ -194,5 +194,5 @@ def test_poller_with_a_loopback_engine_reports_each_layer(loopback_pair, deliver
                 [layer * 512], [layer * 512], [512], loopback_pair.session.allocate_transfer_uid())
             poller.submit(status, "tx-engine", layer)
         events = sorted((delivered.get(timeout=WAIT_S) for _ in range(4)), key=lambda e: e.data["layer"])
-    assert [e.kind for e in events] == ["write_completed"] * 2 + ["write_failed", "write_completed"]
+    assert [e.kind for e in events] == ["layer_write_completed"] * 2 + ["layer_write_failed", "layer_write_completed"]
     assert events[2].data["code"] == StatusCode.ERR_RDMA_OP
