@@ -47,10 +47,22 @@ def test_any_section_of_the_shipped_spec_replaced_by_junk_is_a_spec_error(sectio
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, len(SHIPPED["transitions"]) - 1), st.sampled_from(
-    ["event", "source", "dest", "guard", "effects", "outcome", "internal"]), trees)
+    ["event", "source", "dest", "guard", "actions", "emits", "outcome", "internal"]), trees)
 def test_any_transition_field_replaced_by_junk_is_a_spec_error(index, field, junk):
     document = dict(SHIPPED)
     rows = [dict(row) for row in SHIPPED["transitions"]]
     rows[index][field] = junk
     document["transitions"] = rows
+    load(document)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["states", "events", "guards", "actions", "emits", "timers", "context",
+                        "config"]), st.data())
+def test_any_declaration_replaced_by_junk_is_a_spec_error(section, data):
+    entries = dict(SHIPPED[section])
+    name = data.draw(st.sampled_from(sorted(entries)))
+    entries[name] = data.draw(trees)
+    document = dict(SHIPPED)
+    document[section] = entries
     load(document)
