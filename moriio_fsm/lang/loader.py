@@ -15,9 +15,10 @@ import yaml
 
 from .errors import Problem, SpecError
 from .expr import FUNCTIONS
-from .model import (CONTEXT_TYPES, EVENT_ORIGINS, PAYLOAD_TYPES, RESERVED_NAMES,
-                    TRANSITION_OUTCOMES, ConfigKey, ContextField,
-                    EventSpec, InvariantSpec, Spec, StateSpec, TimerSpec, TransitionSpec)
+from .model import (CONTEXT_TYPES, EVENT_FIELDS, EVENT_ORIGINS, FIELD_TYPES, RESERVED_NAMES,
+                    TRANSITION_OUTCOMES, ActionSpec, ConfigKey, ContextField, EmitSpec,
+                    EventSpec, GuardSpec, InvariantSpec, Spec, StateSpec, TimerSpec,
+                    TransitionSpec)
 
 
 class _LineDict(dict):
@@ -184,9 +185,14 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         raise SpecError([Problem(path, 1, "a spec must be a YAML mapping at the top level")] + r.problems)
 
     known_top = {"name", "summary", "initial", "config", "context", "states", "events", "guards",
-                 "effects", "timers", "transitions", "invariants"}
+                 "actions", "emits", "timers", "transitions", "invariants"}
     for key in raw:
-        if key not in known_top:
+        if key == "effects":
+            r.problem(_line_of(raw, key, 1), "'effects' is not a section: updates of the context "
+                                             "are 'actions' (with the fields each 'writes') and "
+                                             "what the outside world must do are 'emits' (with "
+                                             "their 'fields')")
+        elif key not in known_top:
             r.problem(_line_of(raw, key, 1), f"unknown top-level key {key!r}; expected one of {', '.join(sorted(known_top))}")
 
     name = raw.get("name")
@@ -253,8 +259,16 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if not valid_name(key, line, "state"):
             continue
         entry = entry if isinstance(entry, dict) else {}
+        for extra in entry:
+            if extra not in ("doc", "final", "anomaly"):
+                r.problem(_line_of(entry, extra, line), f"state {key!r}: unknown key {extra!r}; "
+                                                        "expected doc, final, anomaly")
         final = r.flag(entry, "final", line, f"state {key!r}")
-        states[key] = StateSpec(key, r.text(entry.get("doc"), line, "doc"), final, line)
+        anomaly = r.flag(entry, "anomaly", line, f"state {key!r}")
+        if anomaly and not final:
+            r.problem(_line_of(entry, "anomaly", line), f"state {key!r} is marked anomaly but is "
+                                                        "not final; only a final state can be an anomaly")
+        states[key] = StateSpec(key, r.text(entry.get("doc"), line, "doc"), final, line, anomaly)
 
     events: dict[str, EventSpec] = {}
     raw_events = r.mapping(raw, "events", 1)
@@ -267,31 +281,123 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if origin not in EVENT_ORIGINS:
             r.problem(line, f"event {key!r}: origin must be one of {', '.join(EVENT_ORIGINS)}, got {origin!r}")
             origin = "local"
-        payload = entry.get("payload") or {}
-        if not isinstance(payload, dict) or not all(isinstance(v, str) for v in payload.values()):
-            r.problem(line, f"event {key!r}: payload must map field names to type names")
-            payload = {}
-        for field_name, type_name in payload.items():
-            if type_name not in PAYLOAD_TYPES:
-                r.problem(line, f"event {key!r}: payload field {field_name!r} has unknown type "
-                                f"{type_name!r}; expected one of {', '.join(PAYLOAD_TYPES)}")
+        raw_payload = entry.get("payload") or {}
+        payload: dict[str, str] = {}
+        defaults: dict[str, Any] = {}
+        if not isinstance(raw_payload, dict):
+            r.problem(line, f"event {key!r}: payload must map field names to types")
+            raw_payload = {}
+        for field_name, declared in raw_payload.items():
+            field_line = _line_of(raw_payload, field_name, line)
+            if not isinstance(field_name, str) or not field_name.isidentifier() \
+                    or field_name in EVENT_FIELDS or field_name.startswith("_"):
+                r.problem(field_line, f"event {key!r}: payload field name {field_name!r} must be an "
+                                      "identifier other than " + ", ".join(sorted(EVENT_FIELDS)))
+                continue
+            if isinstance(declared, dict):
+                type_name = declared.get("type")
+                if "default" in declared:
+                    defaults[field_name] = declared["default"]
+                extra = set(declared) - {"type", "default"}
+                if extra:
+                    r.problem(field_line, f"event {key!r}: payload field {field_name!r}: unknown "
+                                          f"key(s) {', '.join(sorted(map(str, extra)))}; expected "
+                                          "type and default")
+            else:
+                type_name = declared
+            if not isinstance(type_name, str) or type_name not in FIELD_TYPES:
+                r.problem(field_line, f"event {key!r}: payload field {field_name!r} has unknown "
+                                      f"type {type_name!r}; expected one of {', '.join(FIELD_TYPES)}")
+                continue
+            if field_name in defaults and not (
+                    isinstance(defaults[field_name], FIELD_TYPES[type_name])
+                    and not (isinstance(defaults[field_name], bool) and type_name in ("int", "float"))):
+                r.problem(field_line, f"event {key!r}: payload field {field_name!r}: default "
+                                      f"{defaults[field_name]!r} is not of type {type_name}")
+                continue
+            if defaults and field_name not in defaults:
+                r.problem(field_line, f"event {key!r}: payload field {field_name!r} has no default "
+                                      "but comes after one that has; list required fields first")
+                continue
+            payload[field_name] = type_name
         creates = r.flag(entry, "creates", line, f"event {key!r}")
         if creates and origin != "local":
             r.problem(line, f"event {key!r} creates transfers but its origin is {origin!r}; "
                             "only local events may create a transfer (a peer's message never does)")
-        events[key] = EventSpec(key, origin, r.text(entry.get("doc"), line, "doc"), dict(payload), creates, line)
+        events[key] = EventSpec(key, origin, r.text(entry.get("doc"), line, "doc"), payload, creates,
+                                line, defaults)
 
-    def named_docs(section: str) -> dict[str, tuple[str, int]]:
-        out: dict[str, tuple[str, int]] = {}
+    def declared(section: str, list_key: str, allowed: set[str], what: str):
+        """Entries of ``section``: ``name: doc`` (an empty ``list_key``) or a mapping with
+        ``doc`` and ``list_key`` (field names). Yields (name, doc, names, entry, line)."""
         raw_section = r.mapping(raw, section, 1, required=False)
-        for key, doc in raw_section.items():
+        for key, entry in raw_section.items():
             line = _line_of(raw_section, key, 1)
-            if valid_name(key, line, section[:-1]):
-                out[key] = (r.text(doc, line, f"{section[:-1]} {key!r} doc"), line)
-        return out
+            if not valid_name(key, line, what):
+                continue
+            if entry is None or isinstance(entry, str):
+                yield key, r.text(entry, line, f"{what} {key!r} doc"), (), _LineDict(), line
+                continue
+            if not isinstance(entry, dict):
+                r.problem(line, f"{what} {key!r} must be a doc string or a mapping with doc and "
+                                f"{list_key}, got {_kind(entry)}")
+                continue
+            for extra in entry:
+                if extra not in allowed:
+                    r.problem(_line_of(entry, extra, line), f"{what} {key!r}: unknown key "
+                                                            f"{extra!r}; expected {', '.join(sorted(allowed))}")
+            names: tuple[str, ...] = ()
+            if list_key in entry and entry[list_key] not in (None, []):
+                names = r.names(entry[list_key], _line_of(entry, list_key, line),
+                                f"{what} {key!r} {list_key}")
+            yield key, r.text(entry.get("doc"), line, f"{what} {key!r} doc"), names, entry, line
 
-    guards = named_docs("guards")
-    effects = named_docs("effects")
+    fields_known = set(context) | set(config)
+    guards: dict[str, GuardSpec] = {}
+    for key, doc, reads, entry, line in declared("guards", "reads", {"doc", "reads"}, "guard"):
+        for field_name in reads:
+            if field_name not in fields_known:
+                r.problem(_line_of(entry, "reads", line), f"guard {key!r} reads {field_name!r}, which is "
+                                                          "neither a context field nor a config key")
+        guards[key] = GuardSpec(key, doc, reads, line)
+    actions: dict[str, ActionSpec] = {}
+    for key, doc, writes, entry, line in declared("actions", "writes", {"doc", "writes"}, "action"):
+        for field_name in writes:
+            if field_name not in context:
+                r.problem(_line_of(entry, "writes", line), f"action {key!r} writes {field_name!r}, which "
+                                                           "is not a context field")
+        actions[key] = ActionSpec(key, doc, writes, line)
+    emits: dict[str, EmitSpec] = {}
+    raw_emits = r.mapping(raw, "emits", 1, required=False)
+    for key, entry in raw_emits.items():
+        line = _line_of(raw_emits, key, 1)
+        if not valid_name(key, line, "emit"):
+            continue
+        if not isinstance(entry, dict):
+            r.problem(line, f"emit {key!r} must be a mapping with doc, fields and on_failure")
+            continue
+        for extra in entry:
+            if extra not in ("doc", "fields", "on_failure"):
+                r.problem(_line_of(entry, extra, line), f"emit {key!r}: unknown key {extra!r}; "
+                                                        "expected doc, fields, on_failure")
+        fields = entry.get("fields") or {}
+        if not isinstance(fields, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                                   for k in fields):
+            r.problem(_line_of(entry, "fields", line), f"emit {key!r}: fields must map field "
+                                                       "names to type names")
+            fields = {}
+        for field_name, type_name in fields.items():
+            if type_name not in FIELD_TYPES:
+                r.problem(_line_of(fields, field_name, line),
+                          f"emit {key!r}: field {field_name!r} has unknown type {type_name!r}; "
+                          f"expected one of {', '.join(FIELD_TYPES)}")
+        on_failure = r.name(entry.get("on_failure"), _line_of(entry, "on_failure", line),
+                            f"emit {key!r} on_failure")
+        if on_failure is not None and on_failure not in events:
+            r.problem(_line_of(entry, "on_failure", line), f"emit {key!r}: on_failure names "
+                                                           f"unknown event {on_failure!r}")
+        emits[key] = EmitSpec(key, r.text(entry.get("doc"), line, f"emit {key!r} doc"),
+                              {k: str(v) for k, v in fields.items()}, on_failure, line)
 
     initial = raw.get("initial")
     initial_line = _line_of(raw, "initial", 1)
@@ -318,14 +424,18 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         r.problem(_line_of(raw, "transitions", 1),
                   f"'transitions' must be a list, got {_kind(raw_transitions)}")
         raw_transitions = []
-    allowed_keys = {"event", "source", "dest", "internal", "guard", "effects", "outcome"}
+    allowed_keys = {"event", "source", "dest", "internal", "guard", "actions", "emits", "outcome"}
     for index, entry in enumerate(raw_transitions):
         line = _line_of(raw_transitions, index, 1)
         if not isinstance(entry, dict):
             r.problem(line, f"transition #{index} must be a mapping")
             continue
         for key in entry:
-            if key not in allowed_keys:
+            if key == "effects":
+                r.problem(_line_of(entry, key, line), f"transition #{index}: 'effects' is split "
+                                                      "into 'actions' (context updates) and "
+                                                      "'emits' (effect kinds)")
+            elif key not in allowed_keys:
                 r.problem(_line_of(entry, key, line), f"transition #{index}: unknown key {key!r}; "
                                                       f"expected {', '.join(sorted(allowed_keys))}")
         event = r.name(entry.get("event"), _line_of(entry, "event", line), f"transition #{index} event")
@@ -350,23 +460,34 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         if guard is not None and guard not in guards:
             r.problem(_line_of(entry, "guard", line), f"unknown guard {guard!r} in transition #{index}; "
                                                       f"declare it under 'guards'")
-        raw_effects = entry.get("effects")
-        effects_line = _line_of(entry, "effects", line)
-        effect_names = (r.names(raw_effects, effects_line, f"transition #{index} effects")
-                        if raw_effects not in (None, []) else ())
-        for i, e in enumerate(effect_names):
-            if e not in effects:
-                r.problem(_line_of(raw_effects, i, effects_line), f"unknown effect {e!r} in transition "
-                                                                  f"#{index}; declare it under 'effects'")
+        def row_names(key: str, declared_names: dict, section: str) -> tuple[str, ...]:
+            raw_list = entry.get(key)
+            list_line = _line_of(entry, key, line)
+            names = (r.names(raw_list, list_line, f"transition #{index} {key}")
+                     if raw_list not in (None, []) else ())
+            for i, n in enumerate(names):
+                if n not in declared_names:
+                    r.problem(_line_of(raw_list, i, list_line), f"unknown {key[:-1]} {n!r} in "
+                                                                f"transition #{index}; declare it "
+                                                                f"under '{section}'")
+            if len(set(names)) != len(names):
+                r.problem(list_line, f"transition #{index} lists a {key[:-1]} twice in {key}")
+            return names
+
+        action_names = row_names("actions", actions, "actions")
+        emit_names = row_names("emits", emits, "emits")
         outcome = entry.get("outcome", "applied")
         if outcome not in TRANSITION_OUTCOMES:
             r.problem(_line_of(entry, "outcome", line), f"transition #{index}: outcome must be one of "
                                                         f"{', '.join(TRANSITION_OUTCOMES)}, got {outcome!r}")
-        if outcome != "applied" and (effect_names or not internal):
+        if outcome != "applied" and (action_names or emit_names or not internal):
             r.problem(line, f"transition #{index} declares outcome {outcome!r}, which is only for "
-                            "internal transitions without effects")
+                            "internal transitions without actions or emits")
+        if emit_names and not action_names:
+            r.problem(_line_of(entry, "emits", line), f"transition #{index} lists emits but no "
+                                                      "action: effects are emitted by actions")
         transitions.append(TransitionSpec(index, event, sources, dest if not internal else None, guard,
-                                          tuple(effect_names), outcome, line))
+                                          action_names, emit_names, outcome, line))
 
     timers: dict[str, TimerSpec] = {}
     raw_timers = r.mapping(raw, "timers", 1, required=False)
@@ -415,5 +536,6 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     if r.problems:
         raise SpecError(r.problems)
     return Spec(name=name, summary=summary, path=path, initial=initial, config=config,
-                context=context, states=states, events=events, guards=guards, effects=effects,
+                context=context, states=states, events=events, guards=guards, actions=actions,
+                emits=emits,
                 transitions=tuple(transitions), timers=timers, invariants=tuple(invariants))

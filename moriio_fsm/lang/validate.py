@@ -1,9 +1,10 @@
 """Structural checks of a parsed spec: the rules that make a lifecycle safe.
 
 Each check returns problems located at ``file:line``. A spec that passes has no
-unreachable state, no state without a way out, absorbing final states, no pair
-of transitions that no guard separates, no timer on a final state, and a way out
-of every live state that does not depend on the peer behaving.
+unreachable state, no state without a way out, absorbing final states, no pair of
+transitions that no guard separates, timers that always find a row when they fire,
+a backstop in every live state (a way out that needs neither the peer nor an adapter
+to answer), and emits whose handlers' failures come back as events the spec handles.
 """
 
 from __future__ import annotations
@@ -70,15 +71,11 @@ def validate_spec(spec: Spec) -> list[Problem]:
             continue
         if name not in reaches_final:
             add(state.line, f"non-final state {name!r} can never reach a final state")
-        # Only a transition that changes state is a way out; an internal one leaves the
-        # transfer where it was, however local its event.
-        exits = [t for t in spec.transitions
-                 if name in t.sources and t.dest is not None and t.dest != name]
-        peer_free = [t for t in exits
-                     if t.event is None or spec.events[t.event].origin != "remote"]
-        if not peer_free:
-            add(state.line, f"state {name!r} can only be left by peer messages; add a timer, a "
-                            "local failure or an abort so the transfer cannot hang")
+        if not _has_backstop(spec, name):
+            add(state.line, f"state {name!r} waits only on peers or adapters: no local event, no "
+                            "timer armed in it and no unguarded eventless step can take a transfer "
+                            "out of it; arm a timer in it whose firing leaves it (a backstop), so "
+                            "the transfer cannot hang when nobody answers")
 
     # Two transitions for one (event, source) must be separated by guards, tried in order.
     by_trigger: dict[tuple[str | None, str], list] = defaultdict(list)
@@ -123,17 +120,56 @@ def validate_spec(spec: Spec) -> list[Problem]:
             visit(s, [])
 
     # Timers only make sense on live states, and each armed state must say what its
-    # timer's firing means: an unhandled firing would be rejected and the timer lost.
+    # timer's firing means, whatever the guards say: a firing no row takes would be
+    # rejected, the timer would be gone and the transfer could wait forever.
     for timer in spec.timers.values():
         for s in timer.states:
             if s in spec.states and spec.states[s].final:
                 add(timer.line, f"timer {timer.name!r} is armed in final state {s!r}; a final state "
                                 "never leaves, so the timer could only fire into nothing")
-            elif s in spec.states and not any(t.event == timer.event and s in t.sources
-                                              for t in spec.transitions):
+                continue
+            rows = [t for t in spec.transitions if t.event == timer.event and s in t.sources]
+            if s in spec.states and not rows:
                 add(timer.line, f"timer {timer.name!r} is armed in state {s!r} but no transition "
                                 f"handles its event {timer.event!r} there; add one (it may be "
                                 "'outcome: ignored')")
+            elif rows and rows[-1].guard is not None:
+                add(rows[-1].line, f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
+                                   f"where every row has a guard ({', '.join(repr(t.guard) for t in rows)}); "
+                                   "when none holds the firing is rejected and the timer is lost: "
+                                   "end with an unguarded row (it may be 'outcome: ignored')")
+
+    # What a driver must do when the handler of an emitted effect fails: the emit names
+    # an event the transfer receives, which must be the adapter's and handled wherever
+    # the emitting rows leave the transfer alive.
+    emitting_rows: dict[str, list] = defaultdict(list)
+    for t in spec.transitions:
+        for e in t.emits:
+            emitting_rows[e].append(t)
+    for name, emit in spec.emits.items():
+        alive_after = sorted({t.dest or s for t in emitting_rows[name] for s in t.sources
+                              if (t.dest or s) in spec.states and not spec.states[t.dest or s].final})
+        if emit.on_failure is None:
+            if alive_after:
+                add(emit.line, f"emit {name!r} has no on_failure event, but rows emitting it leave "
+                               f"the transfer alive in {', '.join(alive_after)}; name the event a "
+                               "driver dispatches when its handler fails, so no transfer is lost")
+            continue
+        event = spec.events.get(emit.on_failure)
+        if event is None:
+            continue        # the loader reported the unknown name
+        if event.origin != "adapter":
+            add(emit.line, f"emit {name!r}: on_failure event {event.name!r} must have origin "
+                           f"'adapter' (the driver reports its own failure), not {event.origin!r}")
+        missing = sorted(set(event.payload) - set(emit.fields) - {"error"})
+        if missing:
+            add(emit.line, f"emit {name!r}: on_failure event {event.name!r} declares payload "
+                           f"field(s) {', '.join(missing)} that the effect does not carry; a "
+                           "driver can only fill fields of the effect, and 'error'")
+        for s in alive_after:
+            if not any(t.event == event.name and s in t.sources for t in spec.transitions):
+                add(emit.line, f"emit {name!r}: its on_failure event {event.name!r} is not handled "
+                               f"in state {s!r}, where rows emitting it leave the transfer")
 
     # Creation: exactly the local 'creates' events, each handled in the initial state.
     creators = [e for e in spec.events.values() if e.creates]
@@ -145,22 +181,55 @@ def validate_spec(spec: Spec) -> list[Problem]:
 
     # Declared names that nothing uses are dead text that drifts from the truth.
     used_guards = {t.guard for t in spec.transitions if t.guard}
-    used_effects = {e for t in spec.transitions for e in t.effects}
+    used_actions = {a for t in spec.transitions for a in t.actions}
+    used_emits = {e for t in spec.transitions for e in t.emits}
     used_events = ({t.event for t in spec.transitions if t.event}
                    | {tm.event for tm in spec.timers.values()})
-    for name, (_, line) in spec.guards.items():
-        if name not in used_guards:
-            add(line, f"guard {name!r} is declared but no transition uses it")
-    for name, (_, line) in spec.effects.items():
-        if name not in used_effects:
-            add(line, f"effect {name!r} is declared but no transition uses it")
+    for kind, declared, used in (("guard", spec.guards, used_guards),
+                                 ("action", spec.actions, used_actions),
+                                 ("emit", spec.emits, used_emits)):
+        for name, item in declared.items():
+            if name not in used:
+                add(item.line, f"{kind} {name!r} is declared but no transition uses it")
     for name, event in spec.events.items():
         if name not in used_events:
             add(event.line, f"event {name!r} is declared but no transition handles it")
 
     for inv in spec.invariants:
         try:
-            compile_predicate(inv.expr, spec.context)
+            compile_predicate(inv.expr, [*spec.context, "state"])
         except ExpressionError as exc:
             add(inv.line, f"invariant {inv.name!r}: {exc}")
     return problems
+
+
+def _has_backstop(spec: Spec, state: str) -> bool:
+    """True when a transfer in ``state`` can leave it without the peer or an adapter.
+
+    That is: an unguarded eventless row leaves it; or a row taken on a local event or
+    on a timer armed in the state leaves it; or such a row's actions write a field that
+    the guard of an eventless row leaving the state reads (the host's request lifecycle
+    or the clock can then enable that exit). Guards are opaque here, so this is the
+    structural half of the proof; the model checker explores the bindings themselves.
+    """
+    rows = [t for t in spec.transitions if state in t.sources]
+    exits = [t for t in rows if t.event is None and t.dest not in (None, state)]
+    if any(t.guard is None for t in exits):
+        return True
+    armed_timer_events = {tm.event for tm in spec.timers.values() if state in tm.states}
+    exit_reads = {name for t in exits if t.guard in spec.guards
+                  for name in spec.guards[t.guard].reads}
+    for t in rows:
+        if t.event is None:
+            continue
+        event = spec.events.get(t.event)
+        if event is None:
+            continue
+        if not (event.origin == "local" or t.event in armed_timer_events):
+            continue
+        if t.dest not in (None, state):
+            return True
+        writes = {w for a in t.actions if a in spec.actions for w in spec.actions[a].writes}
+        if writes & exit_reads:
+            return True
+    return False
