@@ -3,12 +3,12 @@
 P and D each own a ZeroMQ transport on 127.0.0.1 and a KV cache of real torch tensors
 (separated K/V, different block counts on each side). D tells P where its blocks are
 (``remote_blocks``); P's WRITE producer machine turns each scheduled layer into a
-``post_writes`` effect, which this driver executes as a layout plan posted through
-``LoopbackEngine.batch_write`` (the stand-in for mori.io); the completion poller turns
-the statuses into events; the machine's ``send_write_done`` effect goes back to D over
-ZeroMQ; D then checks every mapped block holds P's bytes.
+``post_write`` effect, which the driver hands to a handler that posts a layout plan
+through ``LoopbackEngine.batch_write`` (the stand-in for mori.io); the completion
+poller turns the statuses into events; the machine's ``send_write_done`` effect goes
+back to D over ZeroMQ; D then checks every mapped block holds P's bytes.
 
-Run: ``python examples/write_over_loopback.py [--fail-layer N]``.
+Run: ``python examples/write_over_loopback.py [--fail-layer N] [--stall-layer N]``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import torch
 
 from moriio_fsm.adapters.moriio import CompletionPoller, LoopbackEngine
 from moriio_fsm.adapters.zmq import (RemoteBlocks, Role, TransportConfig, WriteDone,
-                                     WriteFailed, ZmqTransport)
+                                     WriteFailed, ZmqTransport, event_for)
 from moriio_fsm.layout import LayerKVFormat, TransferPlanner
 from moriio_fsm.machines import build_table
-from moriio_fsm.runtime.events import Event
+from moriio_fsm.runtime.declared import events
+from moriio_fsm.runtime.driver import Driver
 
 KV_FORMAT = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=8)
 LAYERS = [f"model.layers.{i}.self_attn" for i in range(4)]
@@ -37,15 +38,19 @@ def kv_cache(num_blocks: int, fill: bool) -> dict[str, torch.Tensor]:
     return {name: make(shape, dtype=torch.float16) for name in LAYERS}
 
 
-class ProducerDriver:
-    """Executes the WRITE producer's effects: posts writes, tells D, frees blocks."""
+class Producer:
+    """P's side: the WRITE producer's table, a driver, and one handler per effect kind.
+
+    The handlers only carry out what the machine decided: post a layer's write (planned
+    from the block ids the effect carries), tear writes down, tell D, hand blocks back.
+    Which remote_blocks counts, when to tell D and when blocks go back is the spec's.
+    """
 
     def __init__(self, transfer_id: str, caches, local_block_ids, d_engine_desc, d_memory,
-                 d_endpoint, fail_layer: int | None = None):
+                 d_endpoint, fail_layer: int | None = None, stall_layer: int | None = None):
         self.transfer_id = transfer_id
         self.caches = caches
         self.local_block_ids = local_block_ids
-        self.table = build_table("write_producer", check_invariants=True)
         self.engine = LoopbackEngine("prefill")
         self.engine.register_remote_engine(d_engine_desc)
         self.sessions = {}
@@ -54,53 +59,65 @@ class ProducerDriver:
             self.sessions[index] = self.engine.create_session(local, d_memory[name])
         if fail_layer is not None:
             self.engine.faults.fail_nth(fail_layer + 1)
+        if stall_layer is not None:
+            self.engine.faults.stall_nth(stall_layer + 1)
         self.d_endpoint = d_endpoint
-        self.planner = None
-        self.planner_lock = threading.Lock()    # plans are made on the I/O and main threads
-        self.poller = CompletionPoller(self.dispatch)
-        self.transport = ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host="127.0.0.1"),
-                                      self.on_message)
+        self.planners: dict[int, TransferPlanner] = {}   # a cache keyed by D's block list
         self.freed = threading.Event()
         self.log: list[str] = []
         self.lock = threading.Lock()
+        # Short timeouts so that a stalled write is torn down while the example runs.
+        table = build_table("write_producer", check_invariants=True,
+                            config={"transfer_timeout_s": 0.5, "abandon_timeout_s": 0.5},
+                            recorder=self.note)
+        self.driver = Driver(table, {
+            "post_write": self.post_write, "abandon_writes": self.abandon_writes,
+            "send_write_done": self.send_write_done, "send_write_failed": self.send_write_failed,
+            "free_blocks": self.free_blocks, "quarantine_blocks": self.free_blocks})
+        self.poller = CompletionPoller(self.driver.dispatch)
+        self.transport = ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host="127.0.0.1"),
+                                      self.on_message)
+
+    def note(self, event, result) -> None:
+        with self.lock:
+            self.log.append(f"{event.kind:<22} {result.outcome.value:<9} {result.state}")
 
     def on_message(self, delivery) -> None:
-        if isinstance(delivery.message, RemoteBlocks) and self.planner is None:
-            self.planner = TransferPlanner(self.local_block_ids, list(delivery.message.block_ids),
-                                           remote_num_blocks=D_NUM_BLOCKS)
-        self.dispatch(delivery.event)
+        self.driver.dispatch(event_for(delivery.message, time.monotonic(), delivery.source))
 
-    def dispatch(self, event: Event) -> None:
-        result = self.table.dispatch(event)
-        with self.lock:
-            self.log.append(f"{event.kind:<16} {result.outcome.value:<9} {result.state}")
-        for effect in result.effects:
-            self.execute(effect)
+    # -- handlers: one per effect kind the spec declares ---------------------------------
 
-    def execute(self, effect) -> None:
-        if effect.kind == "post_writes":
-            for layer in effect.data["layers"]:
-                name = LAYERS[layer]
-                with self.planner_lock:
-                    plan = self.planner.plan(name, self.caches[name], KV_FORMAT)
-                local, remote, sizes = plan.lists
-                session = self.sessions[layer]
-                status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())
-                self.poller.submit(status, self.transfer_id, layer)
-        elif effect.kind == "send_write_done":
-            self.transport.send(self.d_endpoint, WriteDone(self.transfer_id,
-                                                           num_writers=effect.data["num_writers"]))
-        elif effect.kind == "send_write_failed":
-            self.transport.send(self.d_endpoint, WriteFailed(self.transfer_id))
-        elif effect.kind == "abandon_writes":
-            # Tear the stalled writes down and stop polling them; once no byte can
-            # still move, say so.
-            for layer in effect.data["layers"]:
-                self.sessions[layer].kill()
-            self.poller.forget(self.transfer_id)
-            self.dispatch(Event(self.transfer_id, "writes_abandoned", time.monotonic()))
-        elif effect.kind == "free_blocks":
-            self.freed.set()
+    def post_write(self, effect) -> None:
+        planner = self.planners.get(id(effect.block_ids))
+        if planner is None:
+            planner = self.planners[id(effect.block_ids)] = TransferPlanner(
+                self.local_block_ids, list(effect.block_ids), remote_num_blocks=D_NUM_BLOCKS)
+        name = LAYERS[effect.layer]
+        local, remote, sizes = planner.plan(name, self.caches[name], KV_FORMAT).lists
+        session = self.sessions[effect.layer]
+        status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())
+        self.poller.submit(status, effect.transfer_id, effect.layer)
+
+    def abandon_writes(self, effect):
+        # Tear the stalled writes down and stop polling them; once no byte can still
+        # move, say so: the machine goes on only after this answer.
+        for layer in effect.layers:
+            self.sessions[layer].kill()
+        self.poller.forget(effect.transfer_id)
+        return events.writes_abandoned(effect.transfer_id, time.monotonic())
+
+    def send_write_done(self, effect) -> None:
+        self.transport.send(self.d_endpoint, WriteDone(effect.transfer_id,
+                                                       num_writers=effect.num_writers))
+
+    def send_write_failed(self, effect) -> None:
+        self.transport.send(self.d_endpoint, WriteFailed(effect.transfer_id))
+
+    def free_blocks(self, effect) -> None:
+        self.freed.set()
+
+    def tick(self) -> None:
+        self.driver.advance(time.monotonic())
 
     def close(self) -> None:
         self.poller.close()
@@ -108,7 +125,8 @@ class ProducerDriver:
         self.engine.close()
 
 
-def run(fail_layer: int | None = None, timeout_s: float = 10.0) -> dict:
+def run(fail_layer: int | None = None, stall_layer: int | None = None,
+        timeout_s: float = 10.0) -> dict:
     """Run one transfer; return what D received and whether its blocks match P's."""
     tid = "tx-example-1"
     p_blocks, d_blocks = [1, 3, 4], [9, 2, 14]
@@ -125,24 +143,27 @@ def run(fail_layer: int | None = None, timeout_s: float = 10.0) -> dict:
 
     d_transport = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host="127.0.0.1"),
                                on_d_message)
-    producer = ProducerDriver(tid, p_caches, p_blocks, d_engine.get_engine_desc(), d_memory,
-                              ("127.0.0.1", d_transport.notify_port), fail_layer)
+    producer = Producer(tid, p_caches, p_blocks, d_engine.get_engine_desc(), d_memory,
+                        ("127.0.0.1", d_transport.notify_port), fail_layer, stall_layer)
     try:
         now = time.monotonic
-        producer.dispatch(Event(tid, "create", now(), {"num_writers": 1}))
+        dispatch = producer.driver.dispatch
+        dispatch(events.create(tid, now(), num_writers=1))
         # D allocated its blocks and tells P where they are, over ZeroMQ.
         d_transport.send(("127.0.0.1", producer.transport.notify_port),
                          RemoteBlocks(tid, "req-d-1", tuple(d_blocks), decode_rank=0))
         for index in range(len(LAYERS)):          # the forward pass, layer by layer
-            producer.dispatch(Event(tid, "layer_scheduled", now(), {"layer": index}))
-        producer.dispatch(Event(tid, "seal", now()))
-        producer.dispatch(Event(tid, "request_finished", now()))
-        got_verdict.wait(timeout_s)
-        producer.freed.wait(timeout_s)
+            dispatch(events.layer_scheduled(tid, now(), layer=index))
+        dispatch(events.seal(tid, now()))
+        dispatch(events.request_finished(tid, now()))
+        deadline = now() + timeout_s
+        while not (got_verdict.is_set() and producer.freed.is_set()) and now() < deadline:
+            producer.tick()                       # fires the machine's timers
+            got_verdict.wait(0.02)
         landed = all(torch.equal(d_caches[n][:, d], p_caches[n][:, p])
                      for n in LAYERS for p, d in zip(p_blocks, d_blocks))
         return {"verdict": verdict.get("message"), "landed": landed,
-                "freed": producer.freed.is_set(), "final_state": producer.table.state_of(tid),
+                "freed": producer.freed.is_set(), "final_state": producer.driver.table.state_of(tid),
                 "log": list(producer.log)}
     finally:
         producer.close()
@@ -154,8 +175,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fail-layer", type=int, default=None,
                         help="inject an RDMA error into this layer's write")
+    parser.add_argument("--stall-layer", type=int, default=None,
+                        help="make this layer's write never report back (it is torn down)")
     args = parser.parse_args()
-    outcome = run(args.fail_layer)
+    outcome = run(args.fail_layer, args.stall_layer)
     for line in outcome["log"]:
         print("P:", line)
     print("D received:", outcome["verdict"])

@@ -14,12 +14,12 @@ from moriio_fsm.machines import spec_path
 def test_validate_accepts_the_shipped_specs(capsys):
     assert main(["validate", str(spec_path("write_producer"))]) == 0
     out = capsys.readouterr().out
-    assert "write_producer.yaml: ok" in out and "10 states" in out
+    assert "write_producer.yaml: ok" in out and "12 states" in out
 
 
 def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
     text = spec_path("write_producer").read_text()
-    broken = text.replace("dest: sealed, effects: [fix_expected]", "dest: sealedd, effects: [fix_expected]")
+    broken = text.replace("dest: sealed, actions: [fix_expected]", "dest: sealedd, actions: [fix_expected]")
     assert broken != text
     path = tmp_path / "broken.yaml"
     path.write_text(broken)
@@ -33,14 +33,14 @@ def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
 
 def test_validate_catches_a_spec_whose_bindings_disagree(tmp_path, capsys):
     text = spec_path("write_producer").read_text()
-    broken = text.replace("  end_released: Record the end reason \"released\".\n",
-                          "  end_released: Record the end reason \"released\".\n"
-                          "  end_renamed: A declared effect with no Python binding.\n")
-    broken = broken.replace("effects: [end_released]}", "effects: [end_released, end_renamed]}")
+    broken = text.replace("actions:\n  init_transfer:", "actions:\n  end_renamed:\n"
+                          "    doc: A declared action with no Python binding.\n  init_transfer:")
+    broken = broken.replace("actions: [end_released]}", "actions: [end_released, end_renamed]}")
+    assert broken.count("end_renamed") == 2
     path = tmp_path / "write_producer.yaml"
     path.write_text(broken)
     assert main(["validate", str(path)]) == 1
-    assert "effect 'end_renamed' is declared in the spec but has no Python binding" in \
+    assert "action 'end_renamed' is declared in the spec but has no Python binding" in \
         capsys.readouterr().err
 
 
@@ -51,8 +51,11 @@ def test_demo_shows_each_scenario_path(capsys):
     assert "path: allocated -> scheduling -> sealed -> draining -> closing -> failed" in out
     assert "path: allocated -> scheduling -> draining -> closing -> aborted" in out
     assert "path: allocated -> scheduling -> sealed -> draining -> closing -> expired" in out
+    assert "path: allocated -> scheduling -> sealed -> abandoning -> closing -> failed" in out
+    assert "path: allocated -> scheduling -> sealed -> draining -> abandoning -> quarantined" in out
     assert "send_write_failed(reason=expired" in out
-    assert out.count("free_blocks(") == 5
+    assert "quarantine_blocks(reason=writes_unconfirmed)" in out
+    assert out.count("free_blocks(") == 6
     assert out.count("send_write_done(") == 2
 
 

@@ -47,7 +47,13 @@ def _ident(name: str) -> str:
 
 
 def _restore(tx: Any, frame_locals: dict, state: str) -> None:
-    """Put back every field the failed step saved (its ``saved_<field>`` locals)."""
+    """Put back every field the failed step saved (its ``saved_<field>`` locals), or in
+    check mode the whole context it saw before (``before``): a binding that wrote an
+    undeclared field is caught there and must not leave the write behind."""
+    before = frame_locals.get("before")
+    if before is not None:
+        for field, value in before.items():
+            setattr(tx, field, value)
     for field in tx.field_names:
         key = "saved_" + field
         if key in frame_locals:
@@ -55,19 +61,23 @@ def _restore(tx: Any, frame_locals: dict, state: str) -> None:
     tx.state = state
 
 
-class GeneratedSteps:
-    """The generated module of one machine: its steps, eventless functions and the map
-    from generated lines back to bindings and spec rows."""
+class GeneratedModule:
+    """The generated module of one machine in one mode (with or without check mode): its
+    source, compiled code and the map from generated lines back to bindings and rows.
+
+    It is written and compiled once per machine and mode (``generate_steps`` caches it
+    on the machine); every table then runs it in a namespace of its own, with its own
+    ``finish``, ``arm``, ``settle`` and ``verify``.
+    """
 
     def __init__(self, machine: Machine, plan: TimerPlan, *, result_cls: type,
-                 finish: Callable, arm: Callable, settle: Callable,
-                 verify: Callable | None, no_effects: tuple):
+                 no_effects: tuple, verify: bool):
         self.machine = machine
         spec = machine.spec
         self._ns: dict[str, Any] = {
-            "Result": result_cls, "finish": finish, "arm": arm, "settle": settle,
-            "verify": verify, "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(),
-            "failure": self._failure, "restore": _restore,
+            "Result": result_cls, "finish": None, "arm": None, "settle": None, "verify": None,
+            "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(), "failure": self._failure,
+            "restore": _restore,
         }
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
@@ -75,32 +85,39 @@ class GeneratedSteps:
         self._lines: list[str] = [f"# Steps generated from {spec.path} ({spec.name}); "
                                   "do not edit: regenerated at every build."]
         self._plan = plan
-        self._verify = verify is not None
+        self._verify = verify
         self._eventless_reads = {s: machine.reads_of(rows) for s, rows in machine.eventless.items()}
         self._inlined: dict[tuple, Any] = {}
         self._hoisted: frozenset = frozenset()     # event fields the current step read up front
         self.inlined_bindings: set[str] = set()
         self.called_bindings: set[str] = set()
 
-        eventless_names: dict[str, str] = {}
+        self._eventless_names: dict[str, str] = {}
         for state, rows in machine.eventless.items():
             if rows:
-                eventless_names[state] = self._emit_eventless(state, rows)
-        step_names: dict[tuple[str, str], str] = {}
+                self._eventless_names[state] = self._emit_eventless(state, rows)
+        self._step_names: dict[tuple[str, str], str] = {}
         for state, by_kind in machine.rows.items():
             for kind, rows in by_kind.items():
-                step_names[(state, kind)] = self._emit_step(state, kind, rows)
+                self._step_names[(state, kind)] = self._emit_step(state, kind, rows)
 
         source = "\n".join(self._lines) + "\n"
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
         self.filename = f"<moriio-fsm steps {spec.name} {digest}>"
         linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
         self.source = source
-        exec(compile(source, self.filename, "exec"), self._ns)   # noqa: S102 - built from the spec
-        self.eventless = {s: self._ns[n] for s, n in eventless_names.items()}
-        self.steps: dict[str, dict[str, Callable]] = {s: {} for s in spec.states}
-        for (state, kind), name in step_names.items():
-            self.steps[state][kind] = self._ns[name]
+        self.code = compile(source, self.filename, "exec")
+
+    def bind(self, *, finish: Callable, arm: Callable, settle: Callable,
+             verify: Callable | None) -> "GeneratedSteps":
+        """Run the module for one table; return its step functions."""
+        namespace = dict(self._ns, finish=finish, arm=arm, settle=settle, verify=verify)
+        exec(self.code, namespace)   # noqa: S102 - built from the spec above
+        eventless = {s: namespace[n] for s, n in self._eventless_names.items()}
+        steps: dict[str, dict[str, Callable]] = {s: {} for s in self.machine.spec.states}
+        for (state, kind), name in self._step_names.items():
+            steps[state][kind] = namespace[name]
+        return GeneratedSteps(self, steps, eventless)
 
     # -- writing the module ----------------------------------------------------------------
 
@@ -316,6 +333,34 @@ class GeneratedSteps:
             f"{spec.name}:{where or ' a binding'} raised {type(exc).__name__}: {exc} for "
             f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step was "
             "rolled back", transfer_id=tx.transfer_id, event=ev.kind, binding=binding)
+
+
+class GeneratedSteps:
+    """One table's step functions (``steps[state][kind]``) and eventless functions,
+    with the module they came from (``source``, ``filename``)."""
+
+    def __init__(self, module: GeneratedModule, steps: dict, eventless: dict):
+        self.module = module
+        self.steps = steps
+        self.eventless = eventless
+        self.source = module.source
+        self.filename = module.filename
+        self.inlined_bindings = module.inlined_bindings
+        self.called_bindings = module.called_bindings
+
+
+def generate_steps(machine: Machine, plan: TimerPlan, *, result_cls: type, no_effects: tuple,
+                   finish: Callable, arm: Callable, settle: Callable,
+                   verify: Callable | None) -> GeneratedSteps:
+    """The step functions of ``machine`` for one table (the module is written once per
+    machine and mode and kept on the machine)."""
+    cache = machine.__dict__.setdefault("_generated_modules", {})
+    key = (verify is not None, result_cls)
+    module = cache.get(key)
+    if module is None:
+        module = cache[key] = GeneratedModule(machine, plan, result_cls=result_cls,
+                                              no_effects=no_effects, verify=verify is not None)
+    return module.bind(finish=finish, arm=arm, settle=settle, verify=verify)
 
 
 def is_generated(code: types.CodeType) -> bool:

@@ -127,6 +127,21 @@ class Machine:
         found.update({row.index: row for rows in self.eventless.values() for row in rows})
         return found
 
+    def declared_after(self) -> dict[int, tuple[frozenset, frozenset]]:
+        """Per row, every field it and the eventless rows it can lead to may write, and
+        every effect kind they may emit (what check mode holds each step to)."""
+        cached = self.__dict__.get("_declared_after")
+        if cached is None:
+            cached = {}
+            for row in self.rows_by_index().values():
+                sources = self.spec.transitions[row.index].sources
+                reach = self.eventless_closure({row.dest} if row.dest else set(sources))
+                follow = [r for s in reach for r in self.eventless[s]]
+                cached[row.index] = (frozenset(self.writes_of([row, *follow])),
+                                     frozenset(row.emits) | {e for r in follow for e in r.emits})
+            self._declared_after = cached
+        return cached
+
     def writes_of(self, rows) -> set[str]:
         """Every context field the actions of ``rows`` may write."""
         return {w for row in rows for a in row.action_names for w in self.spec.actions[a].writes}

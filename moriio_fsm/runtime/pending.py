@@ -38,6 +38,9 @@ class EarlyFacts:
         self._sources_with: dict[int, set[str]] = {}  # live count -> sources holding that many
         self._most = 0                                # the largest live count of any source
         self._size = 0
+        #: Entries looked at by expiry and eviction, in total: the work a flood costs,
+        #: which stays proportional to the facts offered, never to the buffer's size.
+        self.examined = 0
 
     def __len__(self) -> int:
         return self._size
@@ -92,6 +95,7 @@ class EarlyFacts:
         dropped = 0
         horizon = now - self.ttl
         while queue and (not queue[0].alive or queue[0].event.time < horizon):
+            self.examined += 1
             entry = queue.popleft()
             if entry.alive:
                 self._forget(entry)
@@ -103,6 +107,7 @@ class EarlyFacts:
     def _evict_oldest(self, source: str) -> int:
         queue = self._by_source[source]
         while queue:
+            self.examined += 1
             entry = queue.popleft()
             if entry.alive:
                 self._forget(entry)
@@ -153,4 +158,5 @@ class EarlyFacts:
         if not queue:
             del self._by_source[source]
         elif len(queue) > 2 * live + 8:
+            self.examined += len(queue)
             self._by_source[source] = deque(e for e in queue if e.alive)

@@ -36,13 +36,55 @@ class _Scratch:
         self.row = None
 
 
+def _condition(guard):
+    def check(event_data) -> bool:
+        scratch = event_data.kwargs["scratch"]
+        return bool(guard(event_data.model, scratch.event))
+    return check
+
+
+def _after(row, actions):
+    # pytransitions runs 'after' callbacks once the state is set; actions never read the
+    # state, so running them after it changed is the same as before.
+    def run(event_data) -> None:
+        scratch = event_data.kwargs["scratch"]
+        for action in actions:
+            action(event_data.model, scratch.event, scratch.out)
+        scratch.outcome = row.outcome
+        scratch.row = row
+    return run
+
+
+def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
+    """The class-level pytransitions machine of ``machine``. In check mode every guard
+    runs on a read recorder and every action is followed by proofs of its declared
+    writes and emits (moriio_fsm.machines.binding)."""
+    spec = machine.spec
+    engine = PyTransitionsMachine(
+        model=None, states=[State(name, final=s.final) for name, s in spec.states.items()],
+        initial=spec.initial, auto_transitions=False, send_event=True,
+        ignore_invalid_triggers=True, model_attribute="state")
+    rows = machine.rows_by_index()
+    allowed = machine.allowed_emits()
+    for t in spec.transitions:
+        row = rows[t.index]
+        guard = row.guard
+        actions = row.actions
+        if checked:
+            guard = guard and checked_guard(spec, row.guard_name, guard)
+            actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
+                            for name, fn in zip(row.action_names, actions))
+        engine.add_transition(trigger=t.event or EVENTLESS_TRIGGER, source=list(t.sources),
+                              dest=t.dest, conditions=[_condition(guard)] if guard else [],
+                              after=[_after(row, actions)])
+    return engine
+
+
 class ReferenceSteps:
     """``steps[state][kind] -> fn(shard, tx, ev) -> Result`` backed by pytransitions."""
 
     def __init__(self, machine: Machine, *, result_cls: type, finish: Callable,
                  verify: Callable | None, no_effects: tuple):
-        # In check mode every guard runs on a read recorder and every action is followed
-        # by proofs of its declared writes and emits (moriio_fsm.machines.binding).
         self.machine = machine
         spec = machine.spec
         self._result = result_cls
@@ -50,48 +92,17 @@ class ReferenceSteps:
         self._verify = verify
         self._no_effects = no_effects
         self._fields = tuple(spec.context)
-        self.engine = PyTransitionsMachine(
-            model=None,
-            states=[State(name, final=s.final) for name, s in spec.states.items()],
-            initial=spec.initial, auto_transitions=False, send_event=True,
-            ignore_invalid_triggers=True, model_attribute="state")
-        rows = machine.rows_by_index()
-        allowed = machine.allowed_emits()
-        for t in spec.transitions:
-            row = rows[t.index]
-            guard = row.guard
-            actions = row.actions
-            if verify is not None:
-                guard = guard and checked_guard(spec, row.guard_name, guard)
-                actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
-                                for name, fn in zip(row.action_names, actions))
-            conditions = [self._condition(guard)] if guard else []
-            self.engine.add_transition(
-                trigger=t.event or EVENTLESS_TRIGGER, source=list(t.sources), dest=t.dest,
-                conditions=conditions, after=[self._after(row, actions)])
+        # One pytransitions machine per spec machine and mode, built once: models are
+        # never added to it, so every table can share it.
+        cache = machine.__dict__.setdefault("_reference_engines", {})
+        key = verify is not None
+        if key not in cache:
+            cache[key] = _build_engine(machine, checked=key)
+        self.engine = cache[key]
         self._triggers = dict(self.engine.events)
         self._max_hops = len(spec.states) + 1
         self.steps: dict[str, dict[str, Callable]] = {
             state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()}
-
-    @staticmethod
-    def _condition(guard):
-        def check(event_data) -> bool:
-            scratch = event_data.kwargs["scratch"]
-            return bool(guard(event_data.model, scratch.event))
-        return check
-
-    @staticmethod
-    def _after(row, actions):
-        # pytransitions runs 'after' callbacks once the state is set; actions never read
-        # the state, so running them after it changed is the same as before.
-        def run(event_data) -> None:
-            scratch = event_data.kwargs["scratch"]
-            for action in actions:
-                action(event_data.model, scratch.event, scratch.out)
-            scratch.outcome = row.outcome
-            scratch.row = row
-        return run
 
     def _step(self, shard, tx, ev):
         state = tx.state

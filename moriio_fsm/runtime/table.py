@@ -34,7 +34,7 @@ import msgspec
 
 from ..lang.model import FIELD_TYPES
 from ..machines.binding import effect_problem
-from .codegen import GeneratedSteps
+from .codegen import generate_steps
 from .errors import InvariantViolation, TransitionError
 from .events import Effect, Event, Outcome
 from .machine import Machine
@@ -139,17 +139,9 @@ class TransferTable:
         self._heap = DeadlineHeap(timer_compaction_threshold)
         self._max_hops = len(spec.states) + 1
         verify = self._verify if check_invariants else None
-        # What each row, with the eventless rows it can lead to, may write and emit.
-        self._declared_after: dict[int, tuple[frozenset, set]] = {}
-        for row in machine.rows_by_index().values():
-            sources = spec.transitions[row.index].sources
-            reach = machine.eventless_closure({row.dest} if row.dest else set(sources))
-            follow = [r for s in reach for r in machine.eventless[s]]
-            self._declared_after[row.index] = (
-                frozenset(machine.writes_of([row, *follow])),
-                set(row.emits) | {e for r in follow for e in r.emits})
+        self._declared_after = machine.declared_after() if check_invariants else {}
         if executor == "compiled":
-            generated = GeneratedSteps(machine, self._plan, result_cls=Result, finish=self._finish,
+            generated = generate_steps(machine, self._plan, result_cls=Result, finish=self._finish,
                                        arm=self._arm, settle=self._settle, verify=verify,
                                        no_effects=_NO_EFFECTS)
             self._fire_eventless = generated.eventless
@@ -351,7 +343,14 @@ class TransferTable:
                     self._heap.push(current, tx, index)       # restarted since pushed
                     continue
                 ev = self._timer_events[index](tx.transfer_id, current)
-                result = self._run_step(shard, tx, ev)
+                try:
+                    result = self._run_step(shard, tx, ev)
+                except BaseException:
+                    # The step failed and was rolled back, its slot armed again: so must
+                    # its heap entry be, or the timer could never fire.
+                    if tx.deadlines[index] is not None:
+                        self._heap.push(tx.deadlines[index], tx, index)
+                    raise
                 if self._recorder is not None:
                     self._record(ev, result)
             finally:
@@ -486,25 +485,23 @@ class TransferTable:
 
     def _create(self, shard: _Shard, ev: Event) -> Result:
         tx = self.machine.record_class(ev.transfer_id)
-        for index in self._initial_timers:
-            self._arm(tx, index, ev.time)
         step = self._creating_steps.get(ev.kind)
-        try:
-            if step is None:
-                shard.counts[_REJECTED.index] += 1
-                result = Result(_REJECTED, None, _NO_EFFECTS)
-            else:
-                result = step(shard, tx, ev)
-        except BaseException:
-            tx.deadlines[:] = [None] * len(tx.deadlines)
-            raise
+        if step is None:
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, None, _NO_EFFECTS)
+        result = step(shard, tx, ev)
         if result.outcome is not _APPLIED:
             # The spec refused the creating event itself (a guard on its payload): nothing
             # is created, armed or remembered. The step counted it already.
-            tx.deadlines[:] = [None] * len(tx.deadlines)
             shard.counts[result.outcome.index] -= 1
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, None, _NO_EFFECTS)
+        if not result.hops:
+            # Still in the initial state: arm its timers now (a step that left it armed
+            # the timers of the states it went through itself).
+            for index in self._initial_timers:
+                if tx.deadlines[index] is None:
+                    self._arm(tx, index, ev.time)
         shard.counts[_APPLIED.index] -= 1
         shard.counts[Outcome.CREATED.index] += 1
         fresh, expired = shard.early.take(ev.transfer_id, ev.time) if len(shard.early) else ((), 0)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from moriio_fsm.machines import build_table
-from moriio_fsm.runtime.events import Event, Outcome
+from moriio_fsm.runtime.declared import make_event
+from moriio_fsm.runtime.events import Outcome
 
 BLOCKS = {"block_ids": [4, 5, 6], "decode_rank": 1}
 LAYERS = 8
@@ -27,7 +28,7 @@ class Producer:
 
     def send(self, kind: str, **data):
         self.now += 0.001
-        result = self.table.dispatch(Event(self.tid, kind, self.now, data))
+        result = self.table.dispatch(make_event(kind, self.tid, self.now, data))
         self.effects.extend(result.effects)
         self.results.append(result)
         return result
@@ -46,13 +47,13 @@ class Producer:
         return [self.send("layer_scheduled", layer=layer) for layer in layers]
 
     def complete(self, layers):
-        return [self.send("write_completed", layer=layer) for layer in layers]
+        return [self.send("layer_write_completed", layer=layer) for layer in layers]
 
     def kinds(self, kind: str) -> list:
         return [e for e in self.effects if e.kind == kind]
 
     def posted_layers(self) -> list[int]:
-        return sorted(layer for e in self.kinds("post_writes") for layer in e.data["layers"])
+        return sorted(e.layer for e in self.kinds("post_write"))
 
     @property
     def state(self):
@@ -83,10 +84,11 @@ def test_allocation_during_scheduling_posts_waiting_layers_at_once():
     p = Producer()
     p.create()
     p.schedule([0, 1, 2])
-    assert not p.kinds("post_writes")
+    assert not p.kinds("post_write")
     r = p.send("remote_blocks", **BLOCKS)
-    assert [e.data["layers"] for e in r.effects] == [(0, 1, 2)]
-    assert r.effects[0].data["block_ids"] == BLOCKS["block_ids"]
+    assert [(e.kind, e.layer) for e in r.effects] == [("post_write", 0), ("post_write", 1),
+                                                      ("post_write", 2)]
+    assert all(e.block_ids == BLOCKS["block_ids"] and e.decode_rank == 1 for e in r.effects)
     p.schedule([3])
     assert p.posted_layers() == [0, 1, 2, 3]
 
@@ -97,7 +99,7 @@ def test_allocation_after_seal_and_request_finish_still_completes():
     p.schedule(range(LAYERS))
     p.send("seal")
     p.send("request_finished")
-    assert p.state == "sealed" and not p.kinds("post_writes")
+    assert p.state == "sealed" and not p.kinds("post_write")
     p.send("remote_blocks", **BLOCKS)
     assert p.posted_layers() == list(range(LAYERS))
     p.complete(range(LAYERS))
@@ -112,11 +114,11 @@ def test_duplicate_allocation_is_idempotent_and_keeps_progress():
     p.schedule([0, 1])
     p.complete([0])
     record = p.table.get(p.tid)
-    before = (record.posted, record.settled, record.num_completed, record.remote_block_ids)
+    before = (record.posted, record.settled, record.failed, record.remote_block_ids)
     again = p.send("remote_blocks", block_ids=[90, 91, 92], decode_rank=3)
     assert again.outcome is Outcome.DUPLICATE and again.effects == ()
     record = p.table.get(p.tid)
-    assert (record.posted, record.settled, record.num_completed, record.remote_block_ids) == before
+    assert (record.posted, record.settled, record.failed, record.remote_block_ids) == before
     assert record.decode_rank == 1
 
 
@@ -142,11 +144,11 @@ def test_completion_is_counted_when_it_happens_not_when_posted():
     p.send("remote_blocks", **BLOCKS)
     p.schedule(range(4))
     p.send("seal")
-    assert p.table.get(p.tid).num_posted == 4
+    assert p.table.get(p.tid).posted == 0b1111
     assert p.state == "sealed" and not p.kinds("send_write_done")
     dup = p.complete([0, 0])
     assert [r.outcome for r in dup] == [Outcome.APPLIED, Outcome.DUPLICATE]
-    assert p.table.get(p.tid).num_completed == 1
+    assert p.table.get(p.tid).settled == 0b1
 
 
 def test_completions_before_seal_finish_on_seal():
@@ -166,9 +168,9 @@ def test_completion_for_a_layer_never_posted_is_rejected_not_counted():
     p = Producer()
     p.create()
     p.schedule([0])                 # scheduled, but no allocation, so never posted
-    r = p.send("write_completed", layer=0)
+    r = p.send("layer_write_completed", layer=0)
     assert r.outcome is Outcome.REJECTED
-    assert p.table.get(p.tid).num_completed == 0
+    assert p.table.get(p.tid).settled == 0
 
 
 def test_seal_with_no_layer_scheduled_sends_nothing():
@@ -191,13 +193,13 @@ def test_failed_write_tells_d_only_once_no_write_can_still_land():
     p.schedule(range(4))
     p.send("seal")
     p.send("request_finished")
-    r = p.send("write_failed", layer=1, code=13)
+    r = p.send("layer_write_failed", layer=1, code=13)
     assert r.state == "draining"
     # Layers 0, 2 and 3 may still be writing into D's blocks: D must not free them yet.
     assert not p.kinds("send_write_failed")
     p.complete([0, 2])
     assert p.state == "draining" and not p.kinds("send_write_failed")
-    r = p.send("write_failed", layer=3, code=13)
+    r = p.send("layer_write_failed", layer=3, code=13)
     assert r.hops == (("draining", "closing"), ("closing", "failed"))
     assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
     assert r.effects[0].data["reason"] == "failed"
@@ -210,7 +212,7 @@ def test_d_hears_of_a_failure_before_the_local_request_finishes():
     p.send("remote_blocks", **BLOCKS)
     p.schedule([0])
     p.send("seal")
-    r = p.send("write_failed", layer=0, code=13)
+    r = p.send("layer_write_failed", layer=0, code=13)
     assert r.state == "closing"
     assert [e.kind for e in r.effects] == ["send_write_failed"]
     assert not p.kinds("free_blocks")           # vLLM still owns the blocks
@@ -219,7 +221,7 @@ def test_d_hears_of_a_failure_before_the_local_request_finishes():
 
 
 @pytest.mark.parametrize("stage", ["allocated", "scheduling", "sealed"])
-def test_release_from_d_at_any_time_ends_released_without_telling_d(stage):
+def test_release_from_d_ends_released_and_d_hears_once_no_write_can_land(stage):
     p = Producer()
     p.create()
     p.send("remote_blocks", **BLOCKS)
@@ -238,7 +240,10 @@ def test_release_from_d_at_any_time_ends_released_without_telling_d(stage):
         p.send("request_finished")
     assert p.state == "released"
     assert len(p.kinds("free_blocks")) == 1
-    assert not p.kinds("send_write_failed") and not p.kinds("send_write_done")
+    # D released its request but keeps its blocks until P says its writes stopped.
+    [stopped] = p.kinds("send_write_failed")
+    assert stopped.reason == "released" and stopped.writes_stopped is True
+    assert not p.kinds("send_write_done")
 
 
 def test_release_after_completion_is_ignored():
@@ -264,7 +269,7 @@ def test_abort_at_any_time_hands_blocks_back_exactly_once(stage):
     if stage == "completed":
         p.complete([0, 1])
     if stage == "draining":
-        p.send("write_failed", layer=0, code=13)
+        p.send("layer_write_failed", layer=0, code=13)
     assert p.state == stage
     p.send("abort")
     if p.state == "draining":
@@ -297,7 +302,7 @@ def test_a_request_that_finished_without_any_layer_fails_the_transfer():
     r = p.send("request_finished")
     assert r.state == "failed"
     assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
-    assert r.effects[0].data == {"reason": "failed", "decode_rank": 1}
+    assert r.effects[0].data == {"reason": "failed", "decode_rank": 1, "writes_stopped": True}
 
 
 def test_defer_timeout_expires_a_transfer_whose_allocation_never_came():
@@ -326,7 +331,7 @@ def test_defer_timeout_is_ignored_once_the_allocation_arrived():
     assert p.state == "scheduling"
 
 
-def test_transfer_timeout_abandons_stalled_writes_and_frees_only_after_teardown():
+def test_transfer_timeout_tears_stalled_writes_down_and_frees_only_after_teardown():
     p = Producer(transfer_timeout_s=3.0)
     p.create()
     p.send("remote_blocks", **BLOCKS)
@@ -335,16 +340,91 @@ def test_transfer_timeout_abandons_stalled_writes_and_frees_only_after_teardown(
     p.complete([0])
     p.send("request_finished")
     p.advance(3.5)                               # layers 1 and 2 never report back
-    assert p.state == "draining"
-    assert not p.kinds("send_write_failed") and not p.kinds("free_blocks")
-    p.advance(3.5)                               # the draining deadline gives up on them
+    assert p.state == "abandoning"
     [abandon] = p.kinds("abandon_writes")
-    assert abandon.data["layers"] == (1, 2)
-    assert p.state == "draining" and not p.kinds("free_blocks")
+    assert abandon.layers == (1, 2)
+    assert not p.kinds("send_write_failed") and not p.kinds("free_blocks")
     r = p.send("writes_abandoned")               # the adapter tore the writes down
     assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+    assert r.effects[0].writes_stopped is True
     assert p.state == "failed"
-    assert p.send("write_completed", layer=1).outcome is Outcome.LATE
+    assert p.send("layer_write_completed", layer=1).outcome is Outcome.LATE
+
+
+def test_a_teardown_nobody_confirms_ends_quarantined_and_keeps_the_blocks():
+    p = Producer(transfer_timeout_s=3.0, abandon_timeout_s=2.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    p.send("seal")
+    p.send("request_finished")
+    p.advance(3.5)
+    assert p.state == "abandoning"
+    p.advance(1.0)
+    assert p.state == "abandoning"               # the adapter still has time to answer
+    p.advance(1.5)
+    assert p.state == "quarantined"
+    [told] = p.kinds("send_write_failed")
+    assert told.writes_stopped is False          # D must keep its blocks out of use too
+    assert [e.kind for e in p.kinds("quarantine_blocks")] == ["quarantine_blocks"]
+    assert not p.kinds("free_blocks")            # the blocks never go back
+    stats = p.table.stats()
+    assert stats["anomalies"] == 1 and stats["ended"] == {"quarantined": 1}
+    assert p.send("writes_abandoned").outcome is Outcome.LATE
+
+
+def test_a_failed_teardown_quarantines_at_once():
+    p = Producer(transfer_timeout_s=3.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    p.send("seal")
+    p.advance(3.5)
+    r = p.send("abandon_failed", error="session gone")
+    assert r.state == "quarantined"
+    assert [e.kind for e in r.effects] == ["send_write_failed", "quarantine_blocks"]
+
+
+def test_writes_that_land_while_being_torn_down_end_the_transfer_normally():
+    p = Producer(transfer_timeout_s=3.0)
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    p.send("seal")
+    p.send("request_finished")
+    p.advance(3.5)
+    assert p.state == "abandoning"
+    p.complete([0])
+    r = p.send("layer_write_failed", layer=1, code=13)
+    assert r.state == "failed"
+    assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+
+
+def test_a_post_whose_handler_failed_settles_its_layer_as_failed():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    r = p.send("post_failed", layer=1, error="engine refused")
+    assert r.state == "draining"                 # layer 0 may still be writing
+    assert p.table.get(p.tid).failed == 0b10
+    r = p.send("layer_write_completed", layer=0)
+    assert r.state == "closing"
+    assert [e.kind for e in r.effects] == ["send_write_failed"]
+
+
+def test_a_message_to_d_that_could_not_be_sent_is_counted_and_the_transfer_goes_on():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    p.send("seal")
+    p.complete([0])
+    assert p.state == "completed"
+    r = p.send("notify_failed", error="outbox full")
+    assert r.outcome is Outcome.APPLIED and p.table.get(p.tid).notify_failures == 1
+    p.send("request_finished")
+    assert p.state == "released"
 
 
 def test_allocation_after_an_ignored_transfer_timeout_rearms_the_deadline():
@@ -357,8 +437,7 @@ def test_allocation_after_an_ignored_transfer_timeout_rearms_the_deadline():
     p.send("remote_blocks", **BLOCKS)            # layer 0 is posted now...
     p.send("request_finished")
     p.advance(4.0)                               # ...and stalls: the re-armed deadline fires
-    assert p.state == "draining"
-    p.advance(4.0)
+    assert p.state == "abandoning"
     assert p.kinds("abandon_writes")
 
 
@@ -368,7 +447,7 @@ def test_a_stall_before_seal_still_times_out():
     p.send("remote_blocks", **BLOCKS)
     p.schedule([0, 1])
     p.advance(4.0)                               # seal never came and nothing completed
-    assert p.state == "draining"
+    assert p.state == "abandoning"
     assert p.table.get(p.tid).end_reason == "failed"
 
 
@@ -386,10 +465,11 @@ def test_progress_pushes_the_transfer_deadline_back():
     p.advance(2.0)
     assert p.state == "sealed"
     p.advance(2.0)
-    assert p.state == "draining"
+    assert p.state == "abandoning"
 
 
-@pytest.mark.parametrize("bad", [{"layer": -1}, {"layer": 4096}, {"layer": "3"}, {}, {"layer": 2.0}])
+@pytest.mark.parametrize("bad", [{"layer": -1}, {"layer": 4096}, {"layer": "3"}, {"layer": None},
+                                 {"layer": 2.0}, {"layer": True}, {"layer": 2 ** 80}])
 def test_bad_layer_payloads_are_rejected_not_crashes(bad):
     p = Producer()
     p.create()
@@ -407,7 +487,15 @@ def test_create_refuses_a_bad_writer_count(bad):
     assert p.table.next_deadline() is None       # nothing was armed for it
 
 
-@pytest.mark.parametrize("bad", [{"decode_rank": 0}, {"block_ids": [1], "decode_rank": "0"},
+def test_an_event_missing_a_declared_payload_field_cannot_be_built():
+    with pytest.raises(TypeError, match="layer"):
+        make_event("layer_scheduled", "tx-1", 0.0, {})
+    with pytest.raises(TypeError, match="colour"):
+        make_event("layer_scheduled", "tx-1", 0.0, {"layer": 1, "colour": "red"})
+
+
+@pytest.mark.parametrize("bad", [{"block_ids": None, "decode_rank": 0},
+                                 {"block_ids": [1], "decode_rank": "0"},
                                  {"block_ids": "1,2", "decode_rank": 0},
                                  {"block_ids": [1], "decode_rank": True}])
 def test_malformed_peer_messages_are_rejected_before_and_after_creation(bad):
@@ -425,7 +513,7 @@ def test_events_after_the_end_are_late_and_never_revive_the_transfer():
     p.send("release")
     p.send("request_finished")
     assert p.state == "released"
-    for kind, data in (("remote_blocks", BLOCKS), ("write_completed", {"layer": 0}),
+    for kind, data in (("remote_blocks", BLOCKS), ("layer_write_completed", {"layer": 0}),
                        ("create", {"num_writers": 1}), ("release", {}), ("abort", {})):
         assert p.send(kind, **data).outcome is Outcome.LATE
     assert len(p.table) == 0

@@ -10,7 +10,7 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import structlog
+from ...logs import get_logger
 import zmq
 
 from .codec import HANDSHAKE_REQUEST, decode_handshake_reply
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HandshakeRequests", "HandshakeServers"]
 
-log = structlog.get_logger("moriio_fsm.adapters.zmq")
+log = get_logger("moriio_fsm.adapters.zmq")
 
 
 @dataclass

@@ -6,11 +6,11 @@ warnings about what peers send are rate-limited, so a flood of junk cannot flood
 
 from __future__ import annotations
 
-import structlog
+from ...logs import get_logger
 
 __all__ = ["LogLimiter", "TransportCounts"]
 
-log = structlog.get_logger("moriio_fsm.adapters.zmq")
+log = get_logger("moriio_fsm.adapters.zmq")
 
 
 class TransportCounts:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import structlog
+from ...logs import get_logger
 import zmq
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["bind", "server_socket", "set_keepalive", "tcp_url"]
 
-log = structlog.get_logger("moriio_fsm.adapters.zmq")
+log = get_logger("moriio_fsm.adapters.zmq")
 
 
 def tcp_url(host: str, port: int) -> str:

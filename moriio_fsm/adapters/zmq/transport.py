@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Union
 
-import structlog
+from ...logs import get_logger
 import zmq
 
 from .codec import (
@@ -47,7 +47,7 @@ __all__ = [
     "ZmqTransport",
 ]
 
-log = structlog.get_logger("moriio_fsm.adapters.zmq")
+log = get_logger("moriio_fsm.adapters.zmq")
 
 Destination = Union[RankEndpoint, "tuple[str, int]"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-import structlog
+from ...logs import get_logger
 import zmq
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ __all__ = ["ZAP_ENDPOINT", "ZapHandler", "zap_reply"]
 # Where libzmq sends the authentication requests of every socket in the context.
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
-log = structlog.get_logger("moriio_fsm.adapters.zmq")
+log = get_logger("moriio_fsm.adapters.zmq")
 
 
 def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes]) -> tuple[list[bytes], str | None]:

@@ -1,0 +1,28 @@
+"""Loggers of the package: structlog's key=value style, written through stdlib logging.
+
+Rules: a library never prints on its own. Every logger here hands its records to the
+stdlib logger of the same name (``moriio_fsm.*``), which prints nothing unless the
+application configured logging; events read ``zmq.listening host='127.0.0.1' port=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import structlog
+
+
+def _to_stdlib(_logger: Any, _method: str, event_dict: dict) -> tuple[tuple, dict]:
+    """Render the event and its key/values into one message; keep the traceback for
+    stdlib to format."""
+    exc_info = event_dict.pop("exc_info", None)
+    event = event_dict.pop("event", "")
+    text = " ".join([str(event), *(f"{key}={value!r}" for key, value in event_dict.items())])
+    return (text,), ({"exc_info": exc_info} if exc_info else {})
+
+
+def get_logger(name: str):
+    """A structlog logger whose records go to ``logging.getLogger(name)``."""
+    return structlog.wrap_logger(logging.getLogger(name), processors=[_to_stdlib],
+                                 wrapper_class=structlog.BoundLogger)
