@@ -1,8 +1,13 @@
 """The in-memory form of a transfer spec: plain frozen dataclasses.
 
-A ``Spec`` is what the YAML loader produces and what everything else (compiler,
-reference engine, validator, diagrams) consumes. It holds names only; guards and
-effects are bound to Python later, by ``moriio_fsm.machines``.
+A ``Spec`` is what the YAML loader produces and what everything else (code generator,
+reference executor, validator, driver, diagrams) consumes. It holds names and
+declarations only; guards and actions are bound to Python later, by
+``moriio_fsm.machines``, and checked against what is declared here.
+
+Vocabulary, one meaning each: a *guard* is a named test of a transfer's context; an
+*action* is a named update of it; an *emit* is a kind of effect the outside world must
+carry out (``post_write``, ``send_write_done``...), declared with its fields.
 """
 
 from __future__ import annotations
@@ -20,19 +25,27 @@ CONTEXT_TYPES: dict[str, tuple[type, ...]] = {
     "object": (object,),     # opaque payload held by reference (block id lists)
 }
 
-#: Payload field types an event may declare, and the Python types a value may take.
-PAYLOAD_TYPES: dict[str, tuple[type, ...]] = {
+#: Field types an event payload or an emitted effect may declare, and the Python types
+#: a value may take. ``list`` admits tuples too: both are sequences on the wire.
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
-    "list": (list, tuple), "any": (object,),
+    "list": (list, tuple), "tuple": (tuple,), "any": (object,),
 }
+
+#: Fields every event already has; a payload field may not take these names.
+EVENT_FIELDS = frozenset({"transfer_id", "time", "source", "kind", "data"})
 
 #: Attribute names every transfer record already uses; context fields and config keys
 #: may not take them.
 RESERVED_NAMES = frozenset({"transfer_id", "state", "deadlines", "context", "config",
                             "spec_name", "field_names"})
 
-#: Where an event comes from. Only ``local`` events may create a transfer.
-EVENT_ORIGINS = ("local", "remote", "timer")
+#: Where an event comes from. ``local``: the host (vLLM's scheduler and forward pass),
+#: whose request lifecycle always ends; ``adapter``: an adapter of this side reporting
+#: on work it was asked to do (an RDMA completion, a failed handler); ``remote``: the
+#: peer; ``timer``: a deadline of this transfer. Only ``local`` events create transfers,
+#: and only ``local`` and ``timer`` events count as a way out that needs nobody else.
+EVENT_ORIGINS = ("local", "adapter", "remote", "timer")
 
 #: Outcomes a transition may declare for itself instead of the default "applied".
 TRANSITION_OUTCOMES = ("applied", "duplicate", "ignored")
@@ -57,19 +70,59 @@ class ContextField:
 
 @dataclass(frozen=True)
 class StateSpec:
+    """One state. ``anomaly`` marks a final state that ends a transfer without a safe
+    verdict (e.g. writes that may still land): reaching it is counted and logged."""
+
     name: str
     doc: str
     final: bool
     line: int
+    anomaly: bool = False
 
 
 @dataclass(frozen=True)
 class EventSpec:
+    """One event kind: where it comes from and its payload fields (name -> type), of
+    which those in ``defaults`` may be left out."""
+
     name: str
     origin: str
     doc: str
     payload: dict[str, str]
     creates: bool
+    line: int
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GuardSpec:
+    """A named test; ``reads`` lists the context fields and config keys it reads."""
+
+    name: str
+    doc: str
+    reads: tuple[str, ...]
+    line: int
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """A named update of the context; ``writes`` lists every field it may change."""
+
+    name: str
+    doc: str
+    writes: tuple[str, ...]
+    line: int
+
+
+@dataclass(frozen=True)
+class EmitSpec:
+    """A kind of effect: its fields with their types, and the event a driver dispatches
+    to the transfer when the handler carrying it out fails (``on_failure``)."""
+
+    name: str
+    doc: str
+    fields: dict[str, str]
+    on_failure: str | None
     line: int
 
 
@@ -79,7 +132,8 @@ class TransitionSpec:
 
     ``event`` is ``None`` for an eventless transition, which fires as soon as its
     guard holds after any step. ``dest`` is ``None`` for an internal transition
-    (effects run, the state stays, no exit or entry happens).
+    (actions run, the state stays, no exit or entry happens). ``actions`` run in order;
+    ``emits`` lists the effect kinds those actions may emit.
     """
 
     index: int
@@ -87,7 +141,8 @@ class TransitionSpec:
     sources: tuple[str, ...]
     dest: str | None
     guard: str | None
-    effects: tuple[str, ...]
+    actions: tuple[str, ...]
+    emits: tuple[str, ...]
     outcome: str
     line: int
 
@@ -134,8 +189,9 @@ class Spec:
     context: dict[str, ContextField]
     states: dict[str, StateSpec]
     events: dict[str, EventSpec]
-    guards: dict[str, tuple[str, int]]     # name -> (doc, line)
-    effects: dict[str, tuple[str, int]]    # name -> (doc, line)
+    guards: dict[str, GuardSpec]
+    actions: dict[str, ActionSpec]
+    emits: dict[str, EmitSpec]
     transitions: tuple[TransitionSpec, ...]
     timers: dict[str, TimerSpec]
     invariants: tuple[InvariantSpec, ...]
@@ -146,5 +202,13 @@ class Spec:
     def final_states(self) -> tuple[str, ...]:
         return tuple(n for n, s in self.states.items() if s.final)
 
+    @property
+    def anomaly_states(self) -> tuple[str, ...]:
+        return tuple(n for n, s in self.states.items() if s.anomaly)
+
     def default_config(self) -> dict[str, Any]:
         return {k: c.default for k, c in self.config.items()}
+
+    def row_line(self, index: int) -> str:
+        """``path:line`` of transition row ``index``, for error messages."""
+        return f"{self.path}:{self.transitions[index].line}"
