@@ -1,14 +1,16 @@
 """Wire codec for the control messages P and D exchange over ZeroMQ (msgpack), byte-for-byte upstream's.
 
 Rules: only ``WireDecodeError`` (naming field and reason) escapes the decoder; sizes are capped by msgpack's
-unpacker limits, tightened per frame to what its bytes can hold; the encoder writes upstream's bytes exactly.
+unpacker limits, tightened per frame to what its bytes can hold; the encoder writes upstream's bytes exactly
+when no extension field is set. Extension fields are optional, unknown keys are ignored, unknown types refused.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
@@ -21,6 +23,8 @@ __all__ = [
     "DEFAULT_LIMITS",
     "HANDSHAKE_REQUEST",
     "HandshakeReply",
+    "Heartbeat",
+    "LeaseGranted",
     "NotifyMessage",
     "Release",
     "RemoteBlocks",
@@ -44,11 +48,22 @@ __all__ = [
 #   message         wire form                                             receiver
 #   remote_blocks   {req_id, transfer_id, block_notify_list, decode_rank,  producer
 #                   type}; older senders omit ``type``
-#   write_done      {type, transfer_id[, num_writers]}                    consumer
-#   write_failed    {type, transfer_id}                                   consumer
-#   release         {type, transfer_id[, consumer_tp_size]}               producer
+#   write_done      {type, transfer_id[, num_writers][, producer_rank]}   consumer
+#   write_failed    {type, transfer_id[, reason][, writes_stopped]        consumer
+#                   [, producer_rank]}
+#   release         {type, transfer_id[, consumer_tp_size]                producer
+#                   [, consumer_rank]}
+#   heartbeat       {type, transfer_id[, consumer_rank], seq}             producer
+#   lease_granted   {type, transfer_id[, consumer_rank], seq, lease_s}    consumer
 #   bare UTF-8 id   ``<transfer_id>`` or ``<transfer_id>:tp<rank>``:      either
 #                   release on the producer, write_done on the consumer
+#
+# Upstream writes and reads only the fields outside brackets plus num_writers and
+# consumer_tp_size. The other bracketed fields, heartbeat and lease_granted are this
+# project's extension. Each field is written only when set, so a message without them
+# is upstream's bytes; upstream's readers (like ours) look fields up by name and skip
+# keys they do not know. Upstream refuses unknown types (so do we), so heartbeat and
+# lease_granted are only ever sent to peers that run this codec.
 #
 # Handshake port: the request is the single frame ``b"get_meta_msg"``; the reply is two
 # messages, each ``[b"", payload]``: the agent metadata map, then a map of layer name to
@@ -101,6 +116,9 @@ class WireLimits:
     max_rank: int = 65_535
     max_count: int = 65_536  # num_writers, consumer_tp_size
     max_map_entries: int = 64
+    max_reason_length: int = 64  # write_failed's reason, in characters
+    max_seq: int = (1 << 63) - 1  # heartbeat and lease_granted sequence numbers (msgpack int64)
+    max_lease_s: float = 86_400.0  # a lease longer than a day is a bug, not a lease
     max_handshake_bytes: int = 64 << 20
     max_layers: int = 4_096
     max_descriptors_per_layer: int = 64
@@ -117,12 +135,16 @@ class WireLimits:
         for name in (
             "max_message_bytes", "max_id_length", "max_blocks", "max_groups", "max_block_id",
             "max_rank", "max_count", "max_map_entries", "max_handshake_bytes", "max_layers",
-            "max_descriptors_per_layer", "max_blob_bytes",
+            "max_descriptors_per_layer", "max_blob_bytes", "max_reason_length", "max_seq",
         ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        text_bytes = 4 * self.max_id_length  # UTF-8 needs at most 4 bytes a character
+        lease = self.max_lease_s
+        if type(lease) not in (int, float) or not math.isfinite(lease) or lease <= 0:
+            raise ValueError(f"max_lease_s: expected a positive finite number of seconds, got {lease!r}")
+        # UTF-8 needs at most 4 bytes a character; the longest string is an id or a reason.
+        text_bytes = 4 * max(self.max_id_length, self.max_reason_length)
         notify = {
             "raw": False,
             "use_list": False,
@@ -234,27 +256,42 @@ class RemoteBlocks:
         return bool(self.block_ids) and isinstance(self.block_ids[0], tuple)
 
 
+# Extension fields of upstream's messages are keyword-only, after ``form``, so every
+# positional construction written against upstream's fields keeps its meaning.
+
+
 @dataclass(frozen=True, slots=True)
 class WriteDone:
     """P tells D that every write of one writer landed.
 
     ``num_writers`` is how many P ranks write into this D rank; absent on the
-    wire means one.
+    wire means one. ``producer_rank`` (extension) names the P rank that sends it.
     """
 
     transfer_id: str
     num_writers: int | None = None
     form: WireForm = field(default=WireForm.TYPED, compare=False)
+    _: KW_ONLY
+    producer_rank: int | None = None
 
     kind = "write_done"
 
 
 @dataclass(frozen=True, slots=True)
 class WriteFailed:
-    """P tells D it gave up on the transfer, so D stops waiting for it."""
+    """P tells D it gave up on the transfer, so D stops waiting for it.
+
+    Extension fields: ``reason`` (short, printable), ``writes_stopped`` (whether no
+    write of P's can still land; absent means True, see ``events.py``) and
+    ``producer_rank`` (the P rank that sends it).
+    """
 
     transfer_id: str
     form: WireForm = field(default=WireForm.TYPED, compare=False)
+    _: KW_ONLY
+    reason: str | None = None
+    writes_stopped: bool | None = None
+    producer_rank: int | None = None
 
     kind = "write_failed"
 
@@ -264,26 +301,63 @@ class Release:
     """D tells P it no longer needs P's blocks for the transfer.
 
     ``consumer_tp_size`` is how many D ranks will send a release (absent means
-    one); ``sender_tp_rank`` is set only by the bare ``<id>:tp<rank>`` form.
+    one); ``sender_tp_rank`` is set only by the bare ``<id>:tp<rank>`` form;
+    ``consumer_rank`` (extension) is the sending D rank in the typed form.
     """
 
     transfer_id: str
     consumer_tp_size: int | None = None
     sender_tp_rank: int | None = None
     form: WireForm = field(default=WireForm.TYPED, compare=False)
+    _: KW_ONLY
+    consumer_rank: int | None = None
 
     kind = "release"
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """D asks P to keep its blocks (READ mode): renews the lease (extension).
+
+    ``seq`` numbers the heartbeats of one D rank so that the grant can be matched
+    to it; ``consumer_rank`` is the sending D rank (absent: unknown).
+    """
+
+    transfer_id: str
+    seq: int
+    consumer_rank: int | None = None
+    form: WireForm = field(default=WireForm.TYPED, compare=False)  # only ever TYPED
+
+    kind = "heartbeat"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGranted:
+    """P tells a D rank it holds the blocks for ``lease_s`` more seconds (extension).
+
+    ``seq`` is the heartbeat it answers; ``consumer_rank`` the D rank it answers.
+    """
+
+    transfer_id: str
+    seq: int
+    lease_s: float
+    consumer_rank: int | None = None
+    form: WireForm = field(default=WireForm.TYPED, compare=False)  # only ever TYPED
+
+    kind = "lease_granted"
+
+
 # A message's ``kind`` is its wire ``type``; which runtime event it becomes is decided
 # in ``events.py``, so the wire format never depends on the machines' event names.
-NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release]
+NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release, Heartbeat, LeaseGranted]
 
 _RECEIVER: dict[str, Role] = {
     "remote_blocks": Role.PRODUCER,
     "release": Role.PRODUCER,
+    "heartbeat": Role.PRODUCER,
     "write_done": Role.CONSUMER,
     "write_failed": Role.CONSUMER,
+    "lease_granted": Role.CONSUMER,
 }
 
 
@@ -315,6 +389,36 @@ def _check_int(value: object, name: str, low: int, high: int, error: type) -> in
     if value < low or value > high:
         raise error(name, f"{value} is out of range [{low}, {high}]")
     return value
+
+
+def _check_reason(value: object, name: str, limits: WireLimits, error: type) -> str:
+    if type(value) is not str:
+        raise error(name, f"expected a string, got {_type_name(value)}")
+    if not value:
+        raise error(name, "must not be empty (leave the field out instead)")
+    if len(value) > limits.max_reason_length:
+        raise error(name, f"{len(value)} characters exceeds the limit of {limits.max_reason_length}")
+    # A reason ends up in logs: spaces are fine, control characters are not.
+    if not value.isprintable():
+        raise error(name, "must contain only printable characters")
+    return value
+
+
+def _check_bool(value: object, name: str, error: type) -> bool:
+    if type(value) is not bool:  # 0 and 1 are integers, not verdicts
+        raise error(name, f"expected a boolean, got {_type_name(value)}")
+    return value
+
+
+def _check_seconds(value: object, name: str, high: float, error: type) -> float:
+    # Whole seconds may arrive as a msgpack integer; bool is refused (it is an int in Python).
+    if type(value) is not float and type(value) is not int:
+        raise error(name, f"expected a number of seconds, got {_type_name(value)}")
+    if type(value) is float and not math.isfinite(value):
+        raise error(name, f"expected a finite number of seconds, got {value!r}")
+    if value < 0 or value > high:  # compared before float(): a huge int must not overflow
+        raise error(name, f"{value!r} is out of range [0, {high!r}]")
+    return float(value) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
 def _check_block_list(
@@ -384,8 +488,9 @@ def decode_notify(
     (consumer).  Without a role every structured message is accepted and a bare
     id is rejected as ambiguous.
 
-    Raises ``WireDecodeError`` (and nothing else) for any frame that is not a
-    valid message within ``limits``.
+    Keys a message does not define are ignored (a newer peer may add some); an
+    unknown ``type`` is refused. Raises ``WireDecodeError`` (and nothing else)
+    for any frame that is not a valid message within ``limits``.
     """
     try:
         if type(frame) is not bytes:
@@ -438,16 +543,54 @@ def _optional_count(data: dict, name: str, limits: WireLimits) -> int | None:
     return _check_int(value, name, 1, limits.max_count, WireDecodeError)  # raises with the reason
 
 
+def _optional_rank(data: dict, name: str, limits: WireLimits) -> int | None:
+    # Absent (or nil) means the sender did not say; -1 is never written for that.
+    value = data.get(name)
+    if value is None:
+        return None
+    return _check_int(value, name, 0, limits.max_rank, WireDecodeError)
+
+
+def _required_seq(data: dict, limits: WireLimits) -> int:
+    if "seq" not in data:
+        raise WireDecodeError("seq", "missing")
+    return _check_int(data["seq"], "seq", 0, limits.max_seq, WireDecodeError)
+
+
 def _decode_write_done(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
-    return WriteDone(transfer_id, _optional_count(data, "num_writers", limits), form)
+    writers = _optional_count(data, "num_writers", limits)
+    rank = data.get("producer_rank")
+    if rank is None:  # upstream's form: the hot path, one lookup
+        return WriteDone(transfer_id, writers, form)
+    return WriteDone(transfer_id, writers, form, producer_rank=_optional_rank(data, "producer_rank", limits))
 
 
 def _decode_write_failed(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
-    return WriteFailed(transfer_id, form)
+    reason = data.get("reason")
+    if reason is not None:
+        reason = _check_reason(reason, "reason", limits, WireDecodeError)
+    stopped = data.get("writes_stopped")
+    if stopped is not None:
+        stopped = _check_bool(stopped, "writes_stopped", WireDecodeError)
+    return WriteFailed(transfer_id, form, reason=reason, writes_stopped=stopped,
+                       producer_rank=_optional_rank(data, "producer_rank", limits))
 
 
 def _decode_release(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
-    return Release(transfer_id, _optional_count(data, "consumer_tp_size", limits), None, form)
+    return Release(transfer_id, _optional_count(data, "consumer_tp_size", limits), None, form,
+                   consumer_rank=_optional_rank(data, "consumer_rank", limits))
+
+
+def _decode_heartbeat(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    return Heartbeat(transfer_id, _required_seq(data, limits), _optional_rank(data, "consumer_rank", limits))
+
+
+def _decode_lease_granted(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+    seq = _required_seq(data, limits)
+    if "lease_s" not in data:
+        raise WireDecodeError("lease_s", "missing")
+    lease = _check_seconds(data["lease_s"], "lease_s", limits.max_lease_s, WireDecodeError)
+    return LeaseGranted(transfer_id, seq, lease, _optional_rank(data, "consumer_rank", limits))
 
 
 def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
@@ -468,6 +611,8 @@ _DECODERS = {
     "release": _decode_release,
     "write_done": _decode_write_done,
     "write_failed": _decode_write_failed,
+    "heartbeat": _decode_heartbeat,
+    "lease_granted": _decode_lease_granted,
 }
 
 
@@ -507,19 +652,41 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
     """
     transfer_id = _check_id(message.transfer_id, "transfer_id", limits, WireEncodeError)
     form = message.form
+    # Keys are added in upstream's order, extension keys last and only when set: a
+    # message without extension fields is upstream's bytes exactly.
     if type(message) is WriteDone:
+        rank = message.producer_rank
         if form is WireForm.BARE_ID:
+            if rank is not None:
+                raise WireEncodeError("producer_rank", "the bare-id form cannot carry it; send the typed form")
             return transfer_id.encode("utf-8")
         writers = message.num_writers
-        if writers is None:
-            return _packb({"type": "write_done", "transfer_id": transfer_id})
-        if type(writers) is not int or not 1 <= writers <= limits.max_count:
-            _check_int(writers, "num_writers", 1, limits.max_count, WireEncodeError)
-        return _packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": writers})
+        if rank is None:
+            if writers is None:
+                return _packb({"type": "write_done", "transfer_id": transfer_id})
+            if type(writers) is not int or not 1 <= writers <= limits.max_count:
+                _check_int(writers, "num_writers", 1, limits.max_count, WireEncodeError)
+            return _packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": writers})
+        payload = {"type": "write_done", "transfer_id": transfer_id}
+        if writers is not None:
+            payload["num_writers"] = _check_int(writers, "num_writers", 1, limits.max_count, WireEncodeError)
+        payload["producer_rank"] = _encode_rank(rank, "producer_rank", limits)
+        return _packb(payload)
     if type(message) is WriteFailed:
-        return msgpack.packb({"type": "write_failed", "transfer_id": transfer_id})
+        payload = {"type": "write_failed", "transfer_id": transfer_id}
+        if message.reason is not None:
+            payload["reason"] = _check_reason(message.reason, "reason", limits, WireEncodeError)
+        if message.writes_stopped is not None:
+            payload["writes_stopped"] = _check_bool(message.writes_stopped, "writes_stopped", WireEncodeError)
+        if message.producer_rank is not None:
+            payload["producer_rank"] = _encode_rank(message.producer_rank, "producer_rank", limits)
+        return _packb(payload)
     if type(message) is Release:
         if form is WireForm.BARE_ID:
+            if message.consumer_rank is not None:
+                raise WireEncodeError(
+                    "consumer_rank", "the bare-id form cannot carry it; set sender_tp_rank or send the typed form"
+                )
             if message.sender_tp_rank is None:
                 if _BARE_RANK.match(transfer_id) is not None:
                     raise WireEncodeError(
@@ -535,7 +702,19 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
             payload["consumer_tp_size"] = _check_int(
                 message.consumer_tp_size, "consumer_tp_size", 1, limits.max_count, WireEncodeError
             )
-        return msgpack.packb(payload)
+        if message.consumer_rank is not None:
+            payload["consumer_rank"] = _encode_rank(message.consumer_rank, "consumer_rank", limits)
+        return _packb(payload)
+    if type(message) is Heartbeat or type(message) is LeaseGranted:
+        if form is not WireForm.TYPED:
+            raise WireEncodeError("form", f"{message.kind} has only the typed form, got {form}")
+        payload = {"type": message.kind, "transfer_id": transfer_id}
+        if message.consumer_rank is not None:
+            payload["consumer_rank"] = _encode_rank(message.consumer_rank, "consumer_rank", limits)
+        payload["seq"] = _check_int(message.seq, "seq", 0, limits.max_seq, WireEncodeError)
+        if type(message) is LeaseGranted:
+            payload["lease_s"] = _check_seconds(message.lease_s, "lease_s", limits.max_lease_s, WireEncodeError)
+        return _packb(payload)
     if type(message) is RemoteBlocks:
         payload = {
             "req_id": _check_id(message.req_id, "req_id", limits, WireEncodeError),
@@ -549,6 +728,13 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
             payload["type"] = "remote_blocks"
         return msgpack.packb(payload)
     raise WireEncodeError("<message>", f"not a notify message: {_type_name(message)}")
+
+
+def _encode_rank(value: object, name: str, limits: WireLimits) -> int:
+    # None, not -1, says "unknown": the wire has one spelling for it (the field left out).
+    if value == -1 and type(value) is int:
+        raise WireEncodeError(name, "-1 is not a rank; leave the field as None when the rank is unknown")
+    return _check_int(value, name, 0, limits.max_rank, WireEncodeError)
 
 
 # ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from moriio_fsm.adapters.zmq import (
     encode_notify,
     event_for,
 )
+from moriio_fsm.runtime.declared import events
 from moriio_fsm.runtime.events import Event
 
 # Frames exactly as upstream MoRIIO peers write them: msgpack.dumps (packb with
@@ -103,17 +104,20 @@ def test_unknown_extra_fields_from_newer_peers_are_ignored():
 
 def test_decoded_messages_become_the_machines_events():
     blocks = event_for(decode_notify(UPSTREAM_FRAMES[1][1], role=Role.PRODUCER), 12.5)
-    assert type(blocks) is Event
+    # Each kind is its own class made from the specs, a subclass of Event.
+    assert type(blocks) is events.remote_blocks and isinstance(blocks, Event)
     assert (blocks.transfer_id, blocks.kind, blocks.time, blocks.source) == ("tx-2", "remote_blocks", 12.5, "")
     assert dict(blocks.data) == {"block_ids": ((1, 2), (300, 70000)), "decode_rank": 3, "req_id": "req-2"}
-    assert dict(event_for(WriteDone("a", 2), 0).data) == {"num_writers": 2}
-    assert dict(event_for(WriteDone("a"), 0).data) == {"num_writers": 1}  # absent on the wire: one writer
+    # Fields upstream does not send become the defaults the specs declare.
+    assert dict(event_for(WriteDone("a", 2), 0).data) == {"num_writers": 2, "producer_rank": -1}
+    assert dict(event_for(WriteDone("a"), 0).data) == {"num_writers": 1, "producer_rank": -1}  # one writer
     failed = event_for(WriteFailed("a"), 0)
-    assert (failed.kind, dict(failed.data)) == ("write_failed", {})
-    assert dict(event_for(Release("a", 4), 0).data) == {"consumer_tp_size": 4}
-    assert dict(event_for(Release("a"), 0).data) == {"consumer_tp_size": 1}  # absent on the wire: one D rank
-    with pytest.raises(TypeError):
-        blocks.data["req_id"] = "other"  # events are read-only
+    assert (failed.kind, dict(failed.data)) == ("write_failed",
+                                                {"reason": "", "writes_stopped": True, "producer_rank": -1})
+    assert dict(event_for(Release("a", 4), 0).data) == {"consumer_tp_size": 4, "consumer_rank": -1}
+    assert dict(event_for(Release("a"), 0).data) == {"consumer_tp_size": 1, "consumer_rank": -1}  # one D rank
+    with pytest.raises(AttributeError):
+        blocks.req_id = "other"  # events are read-only
 
 
 @pytest.mark.parametrize("message", [

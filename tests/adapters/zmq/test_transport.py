@@ -108,7 +108,8 @@ def test_message_is_delivered_with_its_peer_and_becomes_an_event_from_that_peer(
     assert delivery.peer.identity
     assert delivery.source == f"{HOST}#{delivery.peer.identity.hex()}"
     event = event_for(delivery.message, delivery.received_at, delivery.source)
-    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_done", {"num_writers": 2})
+    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_done",
+                                                                 {"num_writers": 2, "producer_rank": -1})
     assert (event.time, event.source) == (delivery.received_at, delivery.source)
 
 
