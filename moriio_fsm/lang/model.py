@@ -32,6 +32,20 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "list": (list, tuple), "tuple": (tuple,), "any": (object,),
 }
 
+def value_fits(value: Any, type_name: str) -> bool:
+    """Whether ``value`` is of the declared field type ``type_name`` (``bool`` is not an
+    ``int`` here, and ``None`` fits only ``any``)."""
+    if type_name == "int":
+        return type(value) is int
+    if type_name == "float":
+        return type(value) is float or type(value) is int
+    if type_name == "bool":
+        return type(value) is bool
+    if type_name == "any":
+        return True
+    return isinstance(value, FIELD_TYPES[type_name])
+
+
 #: Fields every event already has; a payload field may not take these names.
 EVENT_FIELDS = frozenset({"transfer_id", "time", "source", "kind", "data"})
 

@@ -19,6 +19,9 @@ from ..lang.model import Spec
 #: Specs that ship with the project, by name, and the module that binds each.
 MACHINE_MODULES = {
     "write_producer": "moriio_fsm.machines.write_producer",
+    "write_consumer": "moriio_fsm.machines.write_consumer",
+    "read_producer": "moriio_fsm.machines.read_producer",
+    "read_consumer": "moriio_fsm.machines.read_consumer",
 }
 
 

@@ -42,6 +42,18 @@ class NoEffects(list):
                               "row that declares no emits")
 
 
+#: The test that a value is NOT of a declared field type (``value_fits``, inverted, inline).
+_TYPE_TESTS = {
+    "int": "type({0}) is not int",
+    "float": "type({0}) is not float and type({0}) is not int",
+    "bool": "type({0}) is not bool",
+    "str": "not isinstance({0}, str)",
+    "list": "not isinstance({0}, (list, tuple))",
+    "tuple": "not isinstance({0}, tuple)",
+    "any": "",
+}
+
+
 def _ident(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
@@ -204,11 +216,19 @@ class GeneratedModule:
         self._line(f"def {name}(shard, tx, ev):")
         self._line(f"    # {self.machine.spec.name}: event {kind!r} in state {state!r}")
         self._line("    try:")
-        # Events are immutable: their payload is read once, into ev_<field> locals.
-        payload = tuple(self.machine.spec.events[kind].payload)
+        # Events are immutable: their payload is read once, into ev_<field> locals, and a
+        # field that is not of its declared type rejects the event before any row runs.
+        payload = self.machine.spec.events[kind].payload
         self._hoisted = frozenset(payload)
-        for field in payload:
+        rejected = self._bind(self._result(Outcome.REJECTED, state),
+                              f"REJECTED_IN_{_ident(state).upper()}")
+        for field, type_name in payload.items():
             self._line(f"        ev_{field} = ev.{field}")
+            test = _TYPE_TESTS[type_name].format(f"ev_{field}")
+            if test:
+                self._line(f"        if {test}:  # not a {type_name}")
+                self._line(f"            shard.counts[{Outcome.REJECTED.index}] += 1")
+                self._line(f"            return {rejected}")
         exhausted = False
         for row in rows:
             body = self._branch(row, "        ")
@@ -246,7 +266,7 @@ class GeneratedModule:
             self._line(f"{indent}before = tx.context()")
         if row.emits or (dest is not None and settle_emits):
             self._line(f"{indent}out = []")
-        elif row.actions or may_settle:
+        elif row.actions or may_settle or dest is not None:
             self._line(f"{indent}out = NO_OUT")
         elif self._verify:
             self._line(f"{indent}out = NO_EFFECTS")

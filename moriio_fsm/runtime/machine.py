@@ -100,15 +100,16 @@ class Machine:
         #: rows[state][event] -> rows to try in order; eventless[state] -> eventless rows
         self.rows: dict[str, dict[str, tuple[Row, ...]]] = {s: {} for s in spec.states}
         self.eventless: dict[str, tuple[Row, ...]] = {s: () for s in spec.states}
-        for t in spec.transitions:
-            row = Row(t.index, t.event, t.guard, guards[t.guard] if t.guard else None, t.dest,
-                      t.actions, tuple(actions[a] for a in t.actions), t.emits,
-                      _OUTCOMES[t.outcome], t.line)
-            for s in t.sources:
-                if t.event is None:
-                    self.eventless[s] += (row,)
+        for declared in spec.transitions:
+            row = Row(declared.index, declared.event, declared.guard,
+                      guards[declared.guard] if declared.guard else None, declared.dest,
+                      declared.actions, tuple(actions[a] for a in declared.actions),
+                      declared.emits, _OUTCOMES[declared.outcome], declared.line)
+            for state in declared.sources:
+                if declared.event is None:
+                    self.eventless[state] += (row,)
                 else:
-                    self.rows[s][t.event] = self.rows[s].get(t.event, ()) + (row,)
+                    self.rows[state][declared.event] = self.rows[state].get(declared.event, ()) + (row,)
         self.invariants: tuple[tuple[str, Callable[[Any], bool]], ...] = tuple(
             (inv.name, compile_predicate(inv.expr, [*spec.context, "state"]))
             for inv in spec.invariants)

@@ -16,6 +16,7 @@ from transitions import Machine as PyTransitionsMachine, State
 
 from .errors import InvariantViolation, TransitionError
 from .events import Outcome
+from ..lang.model import value_fits
 from ..machines.binding import checked_action, checked_guard
 from .machine import Machine
 
@@ -66,16 +67,17 @@ def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
         ignore_invalid_triggers=True, model_attribute="state")
     rows = machine.rows_by_index()
     allowed = machine.allowed_emits()
-    for t in spec.transitions:
-        row = rows[t.index]
+    for declared in spec.transitions:
+        row = rows[declared.index]
         guard = row.guard
         actions = row.actions
         if checked:
             guard = guard and checked_guard(spec, row.guard_name, guard)
             actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
                             for name, fn in zip(row.action_names, actions))
-        engine.add_transition(trigger=t.event or EVENTLESS_TRIGGER, source=list(t.sources),
-                              dest=t.dest, conditions=[_condition(guard)] if guard else [],
+        engine.add_transition(trigger=declared.event or EVENTLESS_TRIGGER,
+                              source=list(declared.sources), dest=declared.dest,
+                              conditions=[_condition(guard)] if guard else [],
                               after=[_after(row, actions)])
     return engine
 
@@ -100,12 +102,17 @@ class ReferenceSteps:
             cache[key] = _build_engine(machine, checked=key)
         self.engine = cache[key]
         self._triggers = dict(self.engine.events)
+        self._eventless_sources = {state: bool(rows) for state, rows in machine.eventless.items()}
         self._max_hops = len(spec.states) + 1
         self.steps: dict[str, dict[str, Callable]] = {
             state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()}
 
     def _step(self, shard, tx, ev):
         state = tx.state
+        if not all(value_fits(getattr(ev, name), type_name)
+                   for name, type_name in self.machine.spec.events[ev.kind].payload.items()):
+            shard.counts[Outcome.REJECTED.index] += 1
+            return self._result(Outcome.REJECTED, state, self._no_effects)
         saved = [getattr(tx, f) for f in self._fields]
         out: list = []
         try:
@@ -119,6 +126,8 @@ class ReferenceSteps:
             if outcome is Outcome.APPLIED and EVENTLESS_TRIGGER in self._triggers:
                 for _ in range(self._max_hops):
                     here = tx.state
+                    if not self._eventless_sources.get(here):
+                        break           # asking pytransitions would only log a warning
                     probe = _Scratch(ev, out)
                     self._triggers[EVENTLESS_TRIGGER].trigger(tx, scratch=probe)
                     if probe.outcome is None:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from ..lang.model import FIELD_TYPES
+from ..lang.model import value_fits
 from ..machines.binding import effect_problem
 from .codegen import generate_steps
 from .errors import InvariantViolation, TransitionError
@@ -126,9 +126,8 @@ class TransferTable:
         self._check = check_invariants
         self.recorder_errors = 0
         self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
-        self._remote_payloads = {
-            n: tuple((field, FIELD_TYPES[type_name]) for field, type_name in e.payload.items())
-            for n, e in spec.events.items() if e.origin == "remote"}
+        self._remote_payloads = {n: tuple(e.payload.items())
+                                 for n, e in spec.events.items() if e.origin == "remote"}
         self._final = machine.final
         self._anomaly = machine.anomaly
         self._plan = TimerPlan(spec, machine.config)
@@ -282,29 +281,19 @@ class TransferTable:
     def _guard_special_kinds(self) -> None:
         """Put a checking wrapper in front of the steps of creating, timer and peer
         events, in every state: a second create is a duplicate, a timer event counts only
-        when its deadline is due, a peer's payload must match its declaration. The
-        creating steps themselves stay reachable through ``_create``."""
+        when its deadline is due. (Every step checks its event's payload types itself.)
+        The creating steps themselves stay reachable through ``_create``."""
         initial = self._steps[self.spec.initial]
         self._creating_steps = {kind: initial.get(kind) for kind in self._creators}
         for state, by_kind in self._steps.items():
             for kind in self._creators:
                 by_kind[kind] = self._duplicate_create
-            for kind in self._remote_payloads:
-                step = by_kind.get(kind)
-                if step is not None:
-                    by_kind[kind] = functools.partial(self._checked_payload, step)
             for kind, index in self._plan.index_of_event.items():
                 by_kind[kind] = functools.partial(self._timer_step, index, by_kind.get(kind))
 
     def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
         shard.counts[Outcome.DUPLICATE.index] += 1
         return Result(Outcome.DUPLICATE, tx.state, _NO_EFFECTS)
-
-    def _checked_payload(self, step, shard: _Shard, tx, ev: Event) -> Result:
-        if not self._payload_ok(ev):
-            shard.counts[_REJECTED.index] += 1
-            return Result(_REJECTED, tx.state, _NO_EFFECTS)
-        return step(shard, tx, ev)
 
     def _timer_step(self, index: int, step, shard: _Shard, tx, ev: Event) -> Result:
         deadline = tx.deadlines[index]
@@ -446,14 +435,10 @@ class TransferTable:
                           self.recorder_errors, ev.kind, ev.transfer_id, type(exc).__name__, exc)
 
     def _payload_ok(self, ev: Event) -> bool:
-        """True unless ``ev`` is a peer's event whose payload field is not of its
-        declared type (a peer's message is checked before anything else)."""
-        for name, types in self._remote_payloads.get(ev.kind, ()):
-            value = getattr(ev, name, None)
-            if value is None or not isinstance(value, types) or (
-                    isinstance(value, bool) and bool not in types):
-                return False
-        return True
+        """Whether a peer's event for a transfer not created yet has its payload of the
+        declared types (held facts are checked before they are kept)."""
+        return all(value_fits(getattr(ev, name, None), type_name)
+                   for name, type_name in self._remote_payloads.get(ev.kind, ()))
 
     def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
         tid = ev.transfer_id

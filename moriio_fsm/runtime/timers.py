@@ -28,12 +28,12 @@ class TimerPlan:
 
     def __init__(self, spec: Spec, config: dict[str, Any]):
         timers = list(spec.timers.values())
-        self.names = tuple(t.name for t in timers)
-        self.events = tuple(t.event for t in timers)
-        self.index_of_event = {t.event: i for i, t in enumerate(timers)}
-        self.durations = tuple(float(config[t.duration_key]) for t in timers)
-        self.armed_in = tuple(frozenset(t.states) for t in timers)
-        self._restart_on = tuple(frozenset(t.restart_on) for t in timers)
+        self.names = tuple(timer.name for timer in timers)
+        self.events = tuple(timer.event for timer in timers)
+        self.index_of_event = {timer.event: i for i, timer in enumerate(timers)}
+        self.durations = tuple(float(config[timer.duration_key]) for timer in timers)
+        self.armed_in = tuple(frozenset(timer.states) for timer in timers)
+        self._restart_on = tuple(frozenset(timer.restart_on) for timer in timers)
         self._hops: dict[tuple[str | None, str], tuple[tuple[int, str], ...]] = {}
 
     def hop(self, src: str | None, dst: str) -> tuple[tuple[int, str], ...]:

@@ -41,7 +41,7 @@ class Producer:
         return fired
 
     def create(self, num_writers: int = 1):
-        return self.send("create", num_writers=num_writers)
+        return self.send("prefill_started", num_writers=num_writers)
 
     def schedule(self, layers):
         return [self.send("layer_scheduled", layer=layer) for layer in layers]
@@ -514,7 +514,7 @@ def test_events_after_the_end_are_late_and_never_revive_the_transfer():
     p.send("request_finished")
     assert p.state == "released"
     for kind, data in (("remote_blocks", BLOCKS), ("layer_write_completed", {"layer": 0}),
-                       ("create", {"num_writers": 1}), ("release", {}), ("abort", {})):
+                       ("prefill_started", {"num_writers": 1}), ("release", {}), ("abort", {})):
         assert p.send(kind, **data).outcome is Outcome.LATE
     assert len(p.table) == 0
     assert len(p.kinds("free_blocks")) == 1

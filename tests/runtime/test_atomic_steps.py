@@ -64,7 +64,7 @@ def layer_in_flight(tx, ev):
 @pytest.mark.parametrize("checked", [False, True])
 def test_an_action_that_raises_mid_step_leaves_the_transfer_untouched(executor, checked):
     table = TransferTable(machine_with(post_layer), executor=executor, check_invariants=checked)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5, 6], 0))
     before = snapshot(table, "tx-1")
     stats_before = table.stats()["outcomes"]
@@ -85,7 +85,7 @@ def test_an_action_that_raises_mid_step_leaves_the_transfer_untouched(executor, 
 @pytest.mark.parametrize("executor", ["compiled", "transitions"])
 def test_an_eventless_follow_up_that_raises_rolls_the_whole_step_back(executor):
     table = TransferTable(machine_with(tell_write_done), executor=executor)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     table.dispatch(events.seal("tx-1", 0.2))
@@ -100,7 +100,7 @@ def test_an_eventless_follow_up_that_raises_rolls_the_whole_step_back(executor):
 
 def test_a_guard_that_raises_is_named_and_changes_nothing():
     table = TransferTable(machine_with(layer_in_flight))
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     before = snapshot(table, "tx-1")
@@ -116,7 +116,7 @@ def test_an_interrupt_mid_step_is_rolled_back_and_raised_as_it_is():
         raise KeyboardInterrupt
 
     table = TransferTable(machine_with(schedule_layer))
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     before = snapshot(table, "tx-1")
     with pytest.raises(KeyboardInterrupt):
         table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
@@ -129,7 +129,7 @@ def test_a_failing_timer_step_keeps_its_timer():
         raise RuntimeError("boom")
 
     table = TransferTable(machine_with(end_expired))
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     with pytest.raises(TransitionError):
         table.advance(61.0)
     assert table.get("tx-1").deadlines[0] == 60.0 and table.get("tx-1").end_reason == ""
@@ -142,7 +142,7 @@ def test_check_mode_rolls_back_a_step_that_breaks_an_invariant():
         out.append(emits.send_write_done(tx.transfer_id, num_writers=1, decode_rank=0))
 
     table = TransferTable(machine_with(tell_write_done), check_invariants=True)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     table.dispatch(events.seal("tx-1", 0.2))
@@ -158,7 +158,7 @@ def test_check_mode_catches_a_write_the_bytecode_cannot_see():
         setattr(tx, "end_reason", "sneaky")                 # not declared under writes
 
     table = TransferTable(machine_with(count_completion), check_invariants=True)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     with pytest.raises(InvariantViolation, match="changed end_reason"):
@@ -172,7 +172,7 @@ def test_check_mode_catches_an_effect_field_of_the_wrong_type():
         out.append(emits.send_write_done(tx.transfer_id, num_writers="one", decode_rank=0))
 
     table = TransferTable(machine_with(tell_write_done), check_invariants=True)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     table.dispatch(events.seal("tx-1", 0.2))
@@ -195,7 +195,7 @@ def test_a_recorder_that_raises_never_costs_the_step_or_its_effects(caplog):
         raise OSError("disk full")
 
     table = build_table("write_producer", recorder=recorder)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     with caplog.at_level(logging.ERROR, logger="moriio_fsm.runtime"):
         result = table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
@@ -207,7 +207,7 @@ def test_a_recorder_that_raises_never_costs_the_step_or_its_effects(caplog):
 
 def test_generated_steps_show_their_source_in_tracebacks():
     table = TransferTable(machine_with(post_layer))
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [5], 0))
     with pytest.raises(TransitionError) as info:
         table.dispatch(events.layer_scheduled("tx-1", 1.0, 2))

@@ -27,7 +27,7 @@ FINAL = {"released", "failed", "aborted", "expired", "quarantined"}
 layer = st.one_of(st.integers(-1, 6), st.just("1"), st.none(), st.just(2 ** 80), st.just(True))
 text = st.sampled_from(["", "boom"])
 event_step = st.one_of(
-    st.tuples(st.just("create"), st.fixed_dictionaries({"num_writers": st.integers(0, 3)})),
+    st.tuples(st.just("prefill_started"), st.fixed_dictionaries({"num_writers": st.integers(0, 3)})),
     st.tuples(st.just("remote_blocks"), st.fixed_dictionaries(
         {"block_ids": st.lists(st.integers(0, 9), max_size=3), "decode_rank": st.integers(0, 1)})),
     st.tuples(st.just("remote_blocks"), st.fixed_dictionaries(     # ill-typed: rejected
@@ -166,7 +166,7 @@ def test_production_and_check_mode_agree_on_a_long_random_run():
 
     rng = random.Random(7)
     kinds = ["layer_scheduled", "layer_write_completed", "layer_write_failed", "seal",
-             "remote_blocks", "request_finished", "release", "abort", "create", "post_failed",
+             "remote_blocks", "request_finished", "release", "abort", "prefill_started", "post_failed",
              "writes_abandoned", "notify_failed"]
     fast = build_table("write_producer", config=CONFIG)
     checked = build_table("write_producer", config=CONFIG, check_invariants=True)

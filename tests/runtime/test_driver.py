@@ -25,7 +25,7 @@ def recording(log: list):
 
 
 def started(driver: Driver, tid: str = "tx-1", layers: int = 2) -> None:
-    driver.dispatch(events.create(tid, 0.0, 1))
+    driver.dispatch(events.prefill_started(tid, 0.0, 1))
     driver.dispatch(events.remote_blocks(tid, 0.0, [4, 5], 0))
     for layer in range(layers):
         driver.dispatch(events.layer_scheduled(tid, 0.1, layer))
@@ -146,7 +146,7 @@ def test_a_failing_handler_of_a_final_effect_is_counted_and_logged(caplog):
 
     handlers["free_blocks"] = free_blocks
     driver = Driver(build_table("write_producer"), handlers)
-    driver.dispatch(events.create("tx-1", 0.0, 1))
+    driver.dispatch(events.prefill_started("tx-1", 0.0, 1))
     driver.dispatch(events.release("tx-1", 0.0))
     with caplog.at_level(logging.ERROR, logger="moriio_fsm.driver"):
         driver.dispatch(events.request_finished("tx-1", 0.1))

@@ -32,7 +32,7 @@ def test_a_real_peers_early_allocation_survives_a_flood_of_junk_ids_from_a_stran
         is Outcome.BUFFERED
     for i in range(flood // 2, flood):
         t.dispatch(events.release(f"junk-{i}", 0.0, source="10.0.0.66#01"))
-    created = t.dispatch(events.create("tx-real", 1.0, 1))
+    created = t.dispatch(events.prefill_started("tx-real", 1.0, 1))
     assert created.outcome is Outcome.CREATED
     assert t.get("tx-real").has_allocation                # D's answer was not lost
     assert t.stats()["pending_events"] <= 256
@@ -73,7 +73,7 @@ def test_a_fact_held_then_applied_is_counted_once():
     t.dispatch(events.remote_blocks("tx-1", 0.0, *BLOCKS))
     t.dispatch(events.release("tx-2", 0.0))
     assert t.stats()["outcomes"]["buffered"] == 2
-    t.dispatch(events.create("tx-1", 1.0, 1))
+    t.dispatch(events.prefill_started("tx-1", 1.0, 1))
     outcomes = t.stats()["outcomes"]
     assert outcomes["buffered"] == 1 and outcomes["applied"] == 1 and outcomes["created"] == 1
     assert sum(outcomes.values()) == 3                     # three events were dispatched
@@ -82,7 +82,7 @@ def test_a_fact_held_then_applied_is_counted_once():
 def test_a_held_fact_older_than_its_ttl_is_dropped_not_applied():
     t = table(pending_ttl_s=5.0)
     t.dispatch(events.remote_blocks("tx-1", 0.0, *BLOCKS))
-    t.dispatch(events.create("tx-1", 10.0, 1))
+    t.dispatch(events.prefill_started("tx-1", 10.0, 1))
     assert not t.get("tx-1").has_allocation
     outcomes = t.stats()["outcomes"]
     assert outcomes["dropped"] == 1 and outcomes["buffered"] == 0
@@ -98,7 +98,7 @@ def test_held_facts_apply_in_arrival_order_at_creation():
     t = table()
     t.dispatch(events.release("tx-1", 0.0))
     t.dispatch(events.remote_blocks("tx-1", 0.0, *BLOCKS))
-    created = t.dispatch(events.create("tx-1", 0.1, 1))
+    created = t.dispatch(events.prefill_started("tx-1", 0.1, 1))
     assert created.outcome is Outcome.CREATED
     # The held release applied first and ended the transfer once nothing was in flight.
     assert t.state_of("tx-1") == "closing"

@@ -19,7 +19,7 @@ from moriio_fsm.runtime.events import Event, Outcome
 @pytest.fixture(params=[1, 8], ids=["one-shard", "eight-shards"])
 def table(request):
     table = build_table("write_producer", shards=request.param, check_invariants=True)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     table.dispatch(events.remote_blocks("tx-1", 0.0, [1, 2], 0))
     return table
 

@@ -26,7 +26,7 @@ def test_a_peer_message_never_creates_a_transfer_but_waits_for_the_local_side():
     early = table.dispatch(make_event("remote_blocks", "tx-1", 1.0, BLOCKS))
     assert early.outcome is Outcome.BUFFERED and early.state is None
     assert len(table) == 0 and table.stats()["pending_events"] == 1
-    created = table.dispatch(make_event("create", "tx-1", 2.0, {"num_writers": 1}))
+    created = table.dispatch(make_event("prefill_started", "tx-1", 2.0, {"num_writers": 1}))
     assert created.outcome is Outcome.CREATED
     assert table.get("tx-1").has_allocation          # the held fact was applied
     assert table.stats()["pending_events"] == 0
@@ -37,7 +37,7 @@ def test_a_peer_message_never_creates_a_transfer_but_waits_for_the_local_side():
 def test_held_peer_facts_expire_after_their_ttl():
     table = new_table(pending_ttl_s=5.0)
     table.dispatch(make_event("remote_blocks", "tx-1", 0.0, BLOCKS))
-    table.dispatch(make_event("create", "tx-1", 10.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-1", 10.0, {"num_writers": 1}))
     assert not table.get("tx-1").has_allocation
     assert table.stats()["outcomes"]["dropped"] == 1
 
@@ -71,7 +71,7 @@ def test_ended_ids_stay_bounded_and_a_forgotten_id_still_cannot_come_back():
     table = new_table(shards=1, ended_capacity=8, pending_ttl_s=1.0)
     for i in range(100):
         tid = f"tx-{i}"
-        table.dispatch(make_event("create", tid, 0.0, {"num_writers": 1}))
+        table.dispatch(make_event("prefill_started", tid, 0.0, {"num_writers": 1}))
         table.dispatch(make_event("release", tid, 0.0))
         table.dispatch(make_event("request_finished", tid, 0.0))
     stats = table.stats()
@@ -88,9 +88,9 @@ def test_ended_ids_stay_bounded_and_a_forgotten_id_still_cannot_come_back():
 
 def test_a_second_create_for_a_live_transfer_is_a_duplicate():
     table = new_table()
-    table.dispatch(make_event("create", "tx-1", 0.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
     table.dispatch(make_event("layer_scheduled", "tx-1", 0.0, {"layer": 2}))
-    again = table.dispatch(make_event("create", "tx-1", 0.0, {"num_writers": 3}))
+    again = table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 3}))
     assert again.outcome is Outcome.DUPLICATE
     record = table.get("tx-1")
     assert record.num_writers == 1 and record.scheduled == 0b100
@@ -98,7 +98,7 @@ def test_a_second_create_for_a_live_transfer_is_a_duplicate():
 
 def test_events_the_spec_does_not_handle_in_a_state_are_rejected():
     table = new_table()
-    table.dispatch(make_event("create", "tx-1", 0.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
     result = table.dispatch(make_event("writes_abandoned", "tx-1", 0.0))
     assert result.outcome is Outcome.REJECTED and result.state == "allocated"
     kindless = table.dispatch(Event("tx-1", 0.0))       # a plain Event names no kind
@@ -107,7 +107,7 @@ def test_events_the_spec_does_not_handle_in_a_state_are_rejected():
 
 def test_stale_timer_events_are_ignored():
     table = new_table()
-    table.dispatch(make_event("create", "tx-1", 0.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
     early = table.dispatch(make_event("defer_timeout", "tx-1", 1.0))   # deadline is 60 s
     assert early.outcome is Outcome.IGNORED and early.state == "allocated"
     assert table.next_deadline() == 60.0
@@ -117,7 +117,7 @@ def test_timer_heap_stays_proportional_to_live_transfers():
     table = new_table()
     for i in range(20000):
         tid = f"tx-{i}"
-        table.dispatch(make_event("create", tid, 0.0, {"num_writers": 1}))
+        table.dispatch(make_event("prefill_started", tid, 0.0, {"num_writers": 1}))
         table.dispatch(make_event("release", tid, 0.0))
         table.dispatch(make_event("request_finished", tid, 0.0))
     assert len(table) == 0
@@ -139,7 +139,7 @@ def test_concurrent_dispatch_and_timers_from_many_threads_keep_every_promise(che
             effects.extend(result.effects)
 
     for tid in transfers:
-        record(table.dispatch(make_event("create", tid, 0.0, {"num_writers": 1})))
+        record(table.dispatch(make_event("prefill_started", tid, 0.0, {"num_writers": 1})))
         record(table.dispatch(make_event("remote_blocks", tid, 0.0, BLOCKS)))
 
     def forward(part):
@@ -188,14 +188,14 @@ def test_a_live_64_layer_transfer_costs_well_under_2_kib():
     import tracemalloc
 
     table = new_table()
-    table.dispatch(make_event("create", "tx-warm", 0.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-warm", 0.0, {"num_writers": 1}))
     assert not hasattr(table.get("tx-warm"), "__dict__")
     ids = [f"tx-{i:06d}" for i in range(2000)]
     layer_events = [{"layer": layer} for layer in range(64)]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for tid in ids:
-        table.dispatch(make_event("create", tid, 0.0, {"num_writers": 1}))
+        table.dispatch(make_event("prefill_started", tid, 0.0, {"num_writers": 1}))
         table.dispatch(make_event("remote_blocks", tid, 0.0, BLOCKS))
         for data in layer_events:
             table.dispatch(make_event("layer_scheduled", tid, 0.0, data))
@@ -225,6 +225,6 @@ def test_table_options_are_checked():
 def test_recorder_sees_every_event_and_result():
     seen = []
     table = new_table(recorder=lambda ev, result: seen.append((ev.kind, result.outcome)))
-    table.dispatch(make_event("create", "tx-1", 0.0, {"num_writers": 1}))
+    table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
     table.dispatch(make_event("release", "tx-2", 0.0))
-    assert seen == [("create", Outcome.CREATED), ("release", Outcome.BUFFERED)]
+    assert seen == [("prefill_started", Outcome.CREATED), ("release", Outcome.BUFFERED)]

@@ -24,7 +24,7 @@ def test_creating_transfers_while_every_push_compacts_the_heap_loses_no_deadline
     table = TransferTable(MACHINE, timer_compaction_threshold=1)
     for i in range(300):
         table._heap._compact_at = 0              # the creation's own push compacts the heap
-        table.dispatch(events.create(f"tx-{i}", 0.0, 1))
+        table.dispatch(events.prefill_started(f"tx-{i}", 0.0, 1))
         if i % 3 == 0:                            # some end at once: their entries go stale
             table.dispatch(events.release(f"tx-{i}", 0.0))
             table.dispatch(events.request_finished(f"tx-{i}", 0.0))
@@ -44,7 +44,7 @@ def test_eight_threads_creating_during_compactions_lose_no_deadline():
         barrier.wait(10)
         for i in range(400):
             tid = f"tx-{part}-{i}"
-            table.dispatch(events.create(tid, 0.0, 1))
+            table.dispatch(events.prefill_started(tid, 0.0, 1))
             table.dispatch(events.layer_scheduled(tid, 0.1, 0))
 
     threads = [threading.Thread(target=create, args=(part,)) for part in range(8)]
@@ -78,7 +78,7 @@ def test_a_limit_must_stay_an_integer():
 @pytest.mark.parametrize("now", [math.nan, math.inf, -math.inf, "61", None, True])
 def test_advance_refuses_a_time_that_is_not_a_finite_number(now):
     table = build_table("write_producer")
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     with pytest.raises(ValueError, match="advance"):
         table.advance(now)
     assert table.state_of("tx-1") == "allocated"
@@ -88,10 +88,10 @@ def test_advance_refuses_a_time_that_is_not_a_finite_number(now):
 @pytest.mark.parametrize("stamp", [math.nan, math.inf, -math.inf, "0.5", None])
 def test_an_event_stamped_with_a_non_finite_time_is_rejected_and_fires_nothing(stamp):
     table = build_table("write_producer", check_invariants=True)
-    table.dispatch(events.create("tx-1", 0.0, 1))
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     before = table.get("tx-1").deadlines[:]
     for event in (events.defer_timeout("tx-1", stamp), events.layer_scheduled("tx-1", stamp, 0),
-                  events.remote_blocks("tx-1", stamp, [1], 0), events.create("tx-2", stamp, 1),
+                  events.remote_blocks("tx-1", stamp, [1], 0), events.prefill_started("tx-2", stamp, 1),
                   events.release("tx-3", stamp)):
         result = table.dispatch(event)
         assert result.outcome is Outcome.REJECTED, event

@@ -1,0 +1,227 @@
+"""Guards and actions of ``specs/read_consumer.yaml`` (the READ-mode decode side).
+
+Every function is a small, pure step over the transfer's context, touching only the
+fields the spec declares for it. Layer sets are bitmaps; the lease is one number on D's
+clock, set only from a grant that answers the last heartbeat, so it never overstates
+what P promised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .binding import Bindings, emits
+
+bindings = Bindings("read_consumer")
+
+
+def _layers(bitmap: int) -> tuple[int, ...]:
+    """The set bits of ``bitmap`` as ascending layer indices."""
+    out = []
+    while bitmap:
+        low = bitmap & -bitmap
+        out.append(low.bit_length() - 1)
+        bitmap ^= low
+    return tuple(out)
+
+
+# -- guards -------------------------------------------------------------------------------
+
+@bindings.guard
+def valid_setup(tx, ev) -> bool:
+    layers = ev.num_layers
+    return (type(layers) is int and 1 <= layers <= tx.max_layers
+            and isinstance(ev.remote_block_ids, (list, tuple)) and len(ev.remote_block_ids) > 0)
+
+
+@bindings.guard
+def grant_for_last_heartbeat(tx, ev) -> bool:
+    lease = ev.lease_s
+    return (ev.seq == tx.heartbeat_seq and isinstance(lease, (int, float))
+            and not isinstance(lease, bool) and math.isfinite(lease) and lease >= 0)
+
+
+@bindings.guard
+def set_up(tx, ev) -> bool:
+    return tx.handshake_done and tx.lease_until > 0
+
+
+@bindings.guard
+def can_read(tx, ev) -> bool:
+    return tx.reads_wanted and ev.time + tx.read_timeout_s + tx.lease_margin_s < tx.lease_until
+
+
+@bindings.guard
+def layer_in_flight(tx, ev) -> bool:
+    layer = ev.layer
+    return (type(layer) is int and 0 <= layer < tx.max_layers
+            and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
+
+
+@bindings.guard
+def layer_already_settled(tx, ev) -> bool:
+    layer = ev.layer
+    return type(layer) is int and 0 <= layer < tx.max_layers and (tx.settled >> layer) & 1 == 1
+
+
+@bindings.guard
+def lease_at_risk(tx, ev) -> bool:
+    return ev.time + tx.renew_interval_s + tx.lease_margin_s >= tx.lease_until
+
+
+@bindings.guard
+def all_read(tx, ev) -> bool:
+    return tx.failed == 0 and tx.settled == tx.posted and tx.posted.bit_count() == tx.num_layers
+
+
+@bindings.guard
+def quiet_request_finished(tx, ev) -> bool:
+    return tx.settled == tx.posted and tx.request_finished
+
+
+@bindings.guard
+def quiet(tx, ev) -> bool:
+    return tx.settled == tx.posted
+
+
+@bindings.guard
+def local_request_finished(tx, ev) -> bool:
+    return tx.request_finished
+
+
+# -- actions ------------------------------------------------------------------------------
+
+@bindings.action
+def init_transfer(tx, ev, out) -> None:
+    tx.num_layers = ev.num_layers
+    tx.remote_block_ids = ev.remote_block_ids
+    tx.heartbeat_seq = 1
+    tx.heartbeat_sent_at = ev.time
+    out.append(emits.request_handshake(tx.transfer_id))
+    out.append(emits.send_heartbeat(tx.transfer_id, seq=1))
+
+
+@bindings.action
+def note_handshake(tx, ev, out) -> None:
+    tx.handshake_done = True
+
+
+@bindings.action
+def extend_lease(tx, ev, out) -> None:
+    # P renewed when the heartbeat reached it, after D sent it: P holds at least this long.
+    tx.lease_until = max(tx.lease_until, tx.heartbeat_sent_at + ev.lease_s)
+
+
+@bindings.action
+def want_reads(tx, ev, out) -> None:
+    tx.reads_wanted = True
+
+
+@bindings.action
+def post_reads(tx, ev, out) -> None:
+    wanted = (1 << tx.num_layers) - 1
+    waiting = wanted & ~tx.posted
+    tx.posted |= waiting
+    for layer in _layers(waiting):
+        out.append(emits.post_read(tx.transfer_id, layer=layer, block_ids=tx.remote_block_ids))
+
+
+@bindings.action
+def renew_lease(tx, ev, out) -> None:
+    tx.heartbeat_seq += 1
+    tx.heartbeat_sent_at = ev.time
+    out.append(emits.send_heartbeat(tx.transfer_id, seq=tx.heartbeat_seq))
+
+
+@bindings.action
+def count_read(tx, ev, out) -> None:
+    tx.settled |= 1 << ev.layer
+
+
+@bindings.action
+def count_read_failure(tx, ev, out) -> None:
+    bit = 1 << ev.layer
+    tx.settled |= bit
+    tx.failed |= bit
+    if not tx.end_reason:
+        tx.end_reason = "read_failed"
+
+
+@bindings.action
+def abandon_in_flight(tx, ev, out) -> None:
+    in_flight = tx.posted & ~tx.settled
+    if in_flight:
+        out.append(emits.abandon_reads(tx.transfer_id, layers=_layers(in_flight)))
+
+
+@bindings.action
+def settle_abandoned(tx, ev, out) -> None:
+    in_flight = tx.posted & ~tx.settled
+    tx.settled |= in_flight
+    tx.failed |= in_flight
+
+
+@bindings.action
+def mark_request_finished(tx, ev, out) -> None:
+    tx.request_finished = True
+    out.append(emits.hold_blocks(tx.transfer_id))
+
+
+@bindings.action
+def note_request_finished(tx, ev, out) -> None:
+    tx.request_finished = True
+
+
+@bindings.action
+def end_setup_failed(tx, ev, out) -> None:
+    tx.end_reason = "setup_failed"
+
+
+@bindings.action
+def end_lease_at_risk(tx, ev, out) -> None:
+    tx.end_reason = "lease_at_risk"
+
+
+@bindings.action
+def end_stalled(tx, ev, out) -> None:
+    tx.end_reason = "stalled"
+
+
+@bindings.action
+def tell_release(tx, ev, out) -> None:
+    if tx.release_sent == 0:
+        tx.release_sent = 1
+        out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "done"))
+
+
+@bindings.action
+def report_received(tx, ev, out) -> None:
+    tx.reported_received += 1
+    out.append(emits.report_received(tx.transfer_id))
+
+
+@bindings.action
+def report_failure(tx, ev, out) -> None:
+    tx.reported_failure += 1
+    out.append(emits.report_load_failure(tx.transfer_id, reason=tx.end_reason or "failed"))
+
+
+@bindings.action
+def free_blocks(tx, ev, out) -> None:
+    tx.blocks_freed += 1
+    out.append(emits.free_blocks(tx.transfer_id, reason=tx.end_reason or "finished"))
+
+
+@bindings.action
+def count_notify_failure(tx, ev, out) -> None:
+    tx.notify_failures += 1
+
+
+@bindings.action
+def quarantine(tx, ev, out) -> None:
+    # A torn-down read may still write into D's blocks: nobody may use them again.
+    tx.blocks_quarantined += 1
+    out.append(emits.quarantine_blocks(tx.transfer_id, reason="reads_unconfirmed"))
+    if not tx.request_finished:
+        tx.reported_failure += 1
+        out.append(emits.report_load_failure(tx.transfer_id, reason="reads_unconfirmed"))

@@ -1,0 +1,189 @@
+"""Guards and actions of ``specs/write_consumer.yaml`` (the WRITE-mode decode side).
+
+Every function is a small, pure step over the transfer's context, touching only the
+fields the spec declares for it. Writers are told apart by their producer rank (a bit
+each); a sender that gives no rank is counted, so an upstream P still completes a
+transfer. Which function runs when is decided by the spec alone.
+"""
+
+from __future__ import annotations
+
+from .binding import Bindings, emits
+
+bindings = Bindings("write_consumer")
+
+
+# -- guards -------------------------------------------------------------------------------
+
+@bindings.guard
+def valid_writer_count(tx, ev) -> bool:
+    count = ev.num_writers
+    return type(count) is int and 1 <= count <= tx.max_writers
+
+
+@bindings.guard
+def has_blocks(tx, ev) -> bool:
+    return len(ev.block_ids) > 0
+
+
+@bindings.guard
+def verdict_repeated(tx, ev) -> bool:
+    rank = ev.producer_rank
+    return (type(rank) is int and 0 <= rank < tx.max_writers
+            and ((tx.done_from | tx.failed_from) >> rank) & 1 == 1)
+
+
+@bindings.guard
+def verdict_usable(tx, ev) -> bool:
+    rank = ev.producer_rank
+    return (type(rank) is int and -1 <= rank < tx.max_writers
+            and tx.verdicts < tx.num_writers)
+
+
+@bindings.guard
+def unconfirmed(tx, ev) -> bool:
+    return tx.writes_unconfirmed
+
+
+@bindings.guard
+def all_landed(tx, ev) -> bool:
+    return tx.verdicts == tx.num_writers and tx.failed_from == 0 and tx.unranked_failed == 0
+
+
+@bindings.guard
+def some_writer_failed(tx, ev) -> bool:
+    return tx.failed_from != 0 or tx.unranked_failed != 0
+
+
+@bindings.guard
+def all_stopped_request_finished(tx, ev) -> bool:
+    return tx.verdicts == tx.num_writers and tx.request_finished
+
+
+@bindings.guard
+def all_stopped_all_landed(tx, ev) -> bool:
+    return tx.verdicts == tx.num_writers and tx.failed_from == 0 and tx.unranked_failed == 0
+
+
+@bindings.guard
+def all_stopped(tx, ev) -> bool:
+    return tx.verdicts == tx.num_writers
+
+
+@bindings.guard
+def local_request_finished(tx, ev) -> bool:
+    return tx.request_finished
+
+
+# -- actions ------------------------------------------------------------------------------
+
+@bindings.action
+def init_transfer(tx, ev, out) -> None:
+    tx.num_writers = ev.num_writers
+
+
+@bindings.action
+def announce_blocks(tx, ev, out) -> None:
+    tx.block_ids = ev.block_ids
+    out.append(emits.send_remote_blocks(tx.transfer_id, block_ids=ev.block_ids, req_id=ev.req_id))
+
+
+@bindings.action
+def record_done(tx, ev, out) -> None:
+    rank = ev.producer_rank
+    if rank < 0:
+        tx.unranked_done += 1
+    else:
+        tx.done_from |= 1 << rank
+    tx.verdicts += 1
+
+
+@bindings.action
+def record_failure(tx, ev, out) -> None:
+    rank = ev.producer_rank
+    if rank < 0:
+        tx.unranked_failed += 1
+    else:
+        tx.failed_from |= 1 << rank
+    tx.verdicts += 1
+    if not ev.writes_stopped:
+        tx.writes_unconfirmed = True
+    if not tx.end_reason:
+        tx.end_reason = "failed"
+
+
+@bindings.action
+def mark_request_finished(tx, ev, out) -> None:
+    tx.request_finished = True
+    out.append(emits.hold_blocks(tx.transfer_id))
+
+
+@bindings.action
+def note_request_finished(tx, ev, out) -> None:
+    tx.request_finished = True
+
+
+@bindings.action
+def tell_release(tx, ev, out) -> None:
+    if tx.release_sent == 0:
+        tx.release_sent = 1
+        out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "failed"))
+
+
+@bindings.action
+def end_timed_out(tx, ev, out) -> None:
+    tx.end_reason = "timeout"
+
+
+@bindings.action
+def end_finished(tx, ev, out) -> None:
+    tx.end_reason = "finished"
+
+
+@bindings.action
+def end_unsent(tx, ev, out) -> None:
+    tx.end_reason = "unsent"
+
+
+@bindings.action
+def count_notify_failure(tx, ev, out) -> None:
+    tx.notify_failures += 1
+
+
+@bindings.action
+def report_received(tx, ev, out) -> None:
+    tx.reported_received += 1
+    out.append(emits.report_received(tx.transfer_id))
+
+
+@bindings.action
+def report_failure(tx, ev, out) -> None:
+    tx.reported_failure += 1
+    out.append(emits.report_load_failure(tx.transfer_id, reason=tx.end_reason or "failed"))
+
+
+@bindings.action
+def free_blocks(tx, ev, out) -> None:
+    tx.blocks_freed += 1
+    out.append(emits.free_blocks(tx.transfer_id, reason=tx.end_reason or "finished"))
+
+
+@bindings.action
+def quarantine(tx, ev, out) -> None:
+    # A write may still land in these blocks: nobody may use them again, and a request
+    # still waiting for them must not wait forever either.
+    tx.blocks_quarantined += 1
+    out.append(emits.quarantine_blocks(tx.transfer_id, reason="writes_unconfirmed"))
+    if not tx.request_finished:
+        tx.reported_failure += 1
+        out.append(emits.report_load_failure(tx.transfer_id, reason="writes_unconfirmed"))
+
+
+@bindings.action
+def give_up_waiting(tx, ev, out) -> None:
+    if tx.request_finished:
+        tx.blocks_freed += 1
+        out.append(emits.free_blocks(tx.transfer_id, reason="safety_timeout"))
+    else:
+        tx.reported_failure += 1
+        out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
