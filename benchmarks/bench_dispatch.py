@@ -306,7 +306,7 @@ BLOCK_IDS = list(range(16))
 
 def lifecycle_runtime(table, tid, now):
     d = table.dispatch
-    d(events.create(tid, now, num_writers=1))
+    d(events.prefill_started(tid, now, num_writers=1))
     d(events.remote_blocks(tid, now, block_ids=BLOCK_IDS, decode_rank=0))
     layer_scheduled, write_completed = events.layer_scheduled, events.layer_write_completed
     for layer in range(NUM_LAYERS):
@@ -362,7 +362,7 @@ def junk_flood_cost(flood: int) -> tuple[float, float, bool]:
     for ev in junk[half:]:
         d(ev)
     junk_time = (time.perf_counter() - start) / (flood + 1)
-    table.dispatch(events.create("tx-real", 1.0, num_writers=1))
+    table.dispatch(events.prefill_started("tx-real", 1.0, num_writers=1))
     survived = table.get("tx-real").has_allocation
     normal = build_table("write_producer")
     ids = [f"tx-{i}" for i in range(2000)]
@@ -390,7 +390,7 @@ def bytes_per_live_transfer(count: int) -> int:
     before = tracemalloc.get_traced_memory()[0]
     for i in range(count):
         tid = f"tx-{uuid.uuid4()}"               # the id is counted: the table keeps it
-        table.dispatch(events.create(tid, 0.0, num_writers=1))
+        table.dispatch(events.prefill_started(tid, 0.0, num_writers=1))
         table.dispatch(events.remote_blocks(tid, 0.0, block_ids=list(range(16)), decode_rank=0))
         for layer in range(NUM_LAYERS):
             table.dispatch(events.layer_scheduled(tid, 0.0, layer=layer))

@@ -148,7 +148,7 @@ def run(fail_layer: int | None = None, stall_layer: int | None = None,
     try:
         now = time.monotonic
         dispatch = producer.driver.dispatch
-        dispatch(events.create(tid, now(), num_writers=1))
+        dispatch(events.prefill_started(tid, now(), num_writers=1))
         # D allocated its blocks and tells P where they are, over ZeroMQ.
         d_transport.send(("127.0.0.1", producer.transport.notify_port),
                          RemoteBlocks(tid, "req-d-1", tuple(d_blocks), decode_rank=0))

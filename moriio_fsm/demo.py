@@ -65,7 +65,7 @@ def _layers(tid: str, make, start: float) -> list[Event]:
 
 def scenarios() -> list[Scenario]:
     """The demo's transfers, one per lifecycle path worth seeing."""
-    create, blocks, seal = events.create, events.remote_blocks, events.seal
+    create, blocks, seal = events.prefill_started, events.remote_blocks, events.seal
     scheduled, completed = events.layer_scheduled, events.layer_write_completed
     failed, finished = events.layer_write_failed, events.request_finished
 

@@ -144,7 +144,7 @@ class LoopbackFaults:
     def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
         """Fail the ``n``-th batch posted on this engine (1-based)."""
         n = _positive("n", n)
-        self._add_failure(lambda t: t.sequence == n, code,
+        self._add_failure(lambda posted: posted.sequence == n, code,
                           message or f"injected RDMA failure of transfer #{n}", once=True)
 
     def fail_when(self, predicate: Callable[[PostedTransfer], bool],
@@ -155,7 +155,7 @@ class LoopbackFaults:
     def stall_nth(self, n: int) -> None:
         """Leave the ``n``-th posted batch in progress forever (until close)."""
         n = _positive("n", n)
-        self._add(self._stalls, _Rule(lambda t: t.sequence == n, once=True))
+        self._add(self._stalls, _Rule(lambda posted: posted.sequence == n, once=True))
 
     def stall_when(self, predicate: Callable[[PostedTransfer], bool]) -> None:
         self._add(self._stalls, _Rule(_callable(predicate), once=False))
@@ -163,7 +163,7 @@ class LoopbackFaults:
     def hold_nth(self, n: int) -> HeldTransfers:
         """Hold the ``n``-th batch posted on this engine (1-based) IN_PROGRESS until released."""
         n = _positive("n", n)
-        return self._add_hold(lambda t: t.sequence == n, once=True)
+        return self._add_hold(lambda posted: posted.sequence == n, once=True)
 
     def hold_when(self, predicate: Callable[[PostedTransfer], bool]) -> HeldTransfers:
         """Hold every posted batch for which ``predicate`` returns True, until released."""
