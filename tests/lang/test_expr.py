@@ -107,3 +107,81 @@ def test_refuses_statements():
 
 def test_is_an_error_a_spec_loader_can_catch_as_value_error():
     assert issubclass(ExpressionError, ValueError)
+
+
+# -- bounds: checked before anything recurses ----------------------------------------------
+
+def test_refuses_an_expression_over_the_length_bound_before_parsing():
+    with pytest.raises(ExpressionError, match="100005 characters long; at most 1000"):
+        compile_predicate(" + ".join(["posted"] * 100_000)[:100_000] + " == 0", FIELDS)
+
+
+def test_refuses_deep_nesting():
+    with pytest.raises(ExpressionError, match="nested deeper than 32 levels"):
+        compile_predicate("not " * 40 + "flag", FIELDS)
+
+
+def test_refuses_too_many_parts():
+    with pytest.raises(ExpressionError, match="more than 256 parts"):
+        compile_predicate("delta" + " < delta" * 120, FIELDS)
+
+
+@pytest.mark.parametrize("source, words", [
+    ("posted == " + "9" * 30, "below 2**63"),
+    ("posted == 1e400", "not finite"),
+    ("posted == 1j", "1j (complex) is not allowed"),
+    ("posted == b'x'", "(bytes)"),
+    ("posted == ...", "(ellipsis)"),
+    ("(1 << 70000) & posted == 0", "a constant shift must be in [0, 65536)"),
+    ("popcount() == 0", "popcount takes exactly one argument, got 0"),
+])
+def test_refuses_constants_and_calls_out_of_bounds(source, words):
+    with pytest.raises(ExpressionError) as info:
+        compile_predicate(source, FIELDS)
+    assert words in str(info.value)
+
+
+# -- static types ---------------------------------------------------------------------------
+
+TYPES = {"scheduled": "bitmap", "posted": "bitmap", "num_posted": "int", "flag": "bool",
+         "items": "object", "delta": "float", "reason": "str"}
+
+
+@pytest.mark.parametrize("source", [
+    "num_posted == popcount(posted) and posted & ~scheduled == 0",
+    "len(items) >= 0 and len(reason) < 10 and items is not None",
+    "abs(delta) <= 2.5 and abs(num_posted) < 3 and -delta < 1",
+    "reason == 'x' or reason + 'y' != 'z' or reason < 'b'",
+    "(1 if flag else 0) + num_posted * 2 - delta >= 0",
+    "(flag or num_posted) + 1 > 0",
+])
+def test_well_typed_expressions_pass_the_type_check(source):
+    compile_predicate(source, TYPES, types=TYPES)
+
+
+@pytest.mark.parametrize("source, words", [
+    ("popcount(reason) == 0", "popcount(reason) takes an int, bitmap or bool, but reason is a str"),
+    ("popcount(delta) == 0", "but delta is a float"),
+    ("len(num_posted) == 0", "len(num_posted) takes a str or object, but num_posted is an int"),
+    ("abs(flag) == 0", "abs(flag) takes an int or float, but flag is a bool"),
+    ("abs(reason + 'x') == 0", "but (reason + 'x') is a str"),
+    ("~delta == 0", "~delta takes an int, bitmap or bool, but delta is a float"),
+    ("reason * 2 == ''", "reason * 2 combines str and int"),
+    ("items & 1 == 0", "items & 1 combines object and int"),
+    ("num_posted < reason", "num_posted < reason compares int and str; < takes two numbers"),
+    ("items > 0", "items > 0 compares object and int"),
+    ("reason != 1", "compares str and int, which are never equal"),
+    ("num_posted == None", "test for None with 'is None'"),
+    ("flag is True", "use 'is' only with None"),
+    ("0 < num_posted < reason", "num_posted < reason compares int and str"),
+])
+def test_wrong_types_are_refused_naming_the_operation(source, words):
+    with pytest.raises(ExpressionError) as info:
+        compile_predicate(source, TYPES, types=TYPES)
+    assert words in str(info.value)
+    assert repr(source) in str(info.value)
+
+
+def test_without_types_nothing_is_type_checked():
+    check = compile_predicate("len(items) == 0", FIELDS)
+    assert check(ctx(items=[]))
