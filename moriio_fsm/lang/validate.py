@@ -5,6 +5,10 @@ unreachable state, no state without a way out, absorbing final states, no pair o
 transitions that no guard separates, timers that always find a row when they fire,
 a backstop in every live state (a way out that needs neither the peer nor an adapter
 to answer), and emits whose handlers' failures come back as events the spec handles.
+
+Rules of this file: every check is linear (or n log n) in the size of the spec, and no
+graph walk recurses, because a spec may have thousands of states and rows. Rows are
+indexed once, by source state and by (event, source), and every check reads the index.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from collections import defaultdict, deque
 
 from .errors import Problem
 from .expr import ExpressionError, compile_predicate
-from .model import Spec
+from .model import Spec, TransitionSpec
+
+#: A cycle longer than this is shown by its ends only; the states between are counted.
+_CYCLE_SHOWN = 20
 
 
 def validate_spec(spec: Spec) -> list[Problem]:
@@ -23,12 +30,18 @@ def validate_spec(spec: Spec) -> list[Problem]:
     def add(line: int, message: str) -> None:
         problems.append(Problem(spec.path, line, message))
 
+    # Every row by source state and by (event, source), in row order (event None: eventless).
+    rows_from: dict[str, list[TransitionSpec]] = defaultdict(list)
+    by_trigger: dict[tuple[str | None, str], list[TransitionSpec]] = defaultdict(list)
     # Outgoing edges per state (state-changing transitions only).
     edges: dict[str, set[str]] = defaultdict(set)
     for t in spec.transitions:
+        event, dest = t.event, t.dest
         for s in t.sources:
-            if t.dest is not None and t.dest != s:
-                edges[s].add(t.dest)
+            rows_from[s].append(t)
+            by_trigger[(event, s)].append(t)
+            if dest is not None and dest != s:
+                edges[s].add(dest)
 
     # Final states are absorbing: nothing may start from them.
     for t in spec.transitions:
@@ -52,15 +65,25 @@ def validate_spec(spec: Spec) -> list[Problem]:
 
     # Every live state needs a way out, a path to an end, and an exit that does not
     # wait on the peer (a local event, a timer, or an eventless transition).
+    # The events of the timers armed in each state.
+    armed: dict[str, set[str]] = defaultdict(set)
+    for timer in spec.timers.values():
+        for s in timer.states:
+            armed[s].add(timer.event)
+
+    # Which states reach a final one: one walk backwards from the finals.
     finals = set(spec.final_states)
+    into: dict[str, set[str]] = defaultdict(set)
+    for s, dests in edges.items():
+        for d in dests:
+            into[d].add(s)
     reaches_final = set(finals)
-    changed = True
-    while changed:
-        changed = False
-        for s in spec.states:
-            if s not in reaches_final and edges[s] & reaches_final:
-                reaches_final.add(s)
-                changed = True
+    pending = deque(finals)
+    while pending:
+        for prev in into[pending.popleft()]:
+            if prev not in reaches_final:
+                reaches_final.add(prev)
+                pending.append(prev)
     if not finals:
         add(spec.line, "the spec has no final state; every transfer must be able to end")
     for name, state in spec.states.items():
@@ -71,27 +94,35 @@ def validate_spec(spec: Spec) -> list[Problem]:
             continue
         if name not in reaches_final:
             add(state.line, f"non-final state {name!r} can never reach a final state")
-        if not _has_backstop(spec, name):
+        if not _has_backstop(spec, name, rows_from[name], armed.get(name, set())):
             add(state.line, f"state {name!r} waits only on peers or adapters: no local event, no "
                             "timer armed in it and no unguarded eventless step can take a transfer "
                             "out of it; arm a timer in it whose firing leaves it (a backstop), so "
                             "the transfer cannot hang when nobody answers")
 
     # Two transitions for one (event, source) must be separated by guards, tried in order.
-    by_trigger: dict[tuple[str | None, str], list] = defaultdict(list)
-    for t in spec.transitions:
-        for s in t.sources:
-            by_trigger[(t.event, s)].append(t)
+    # A row can never fire when an earlier one has no guard or the same guard; each such
+    # row is reported once, against the earliest row that shadows it. One pass per
+    # trigger: comparing every pair would be quadratic in a table of thousands of rows.
     for (event, source), candidates in by_trigger.items():
-        for i, first in enumerate(candidates):
-            for later in candidates[i + 1:]:
-                if first.guard is None or first.guard == later.guard:
-                    why = ("the first has no guard" if first.guard is None
-                           else f"both use guard {first.guard!r}")
-                    add(later.line, f"transitions #{first.index} and #{later.index} both handle "
-                                    f"{'eventless step' if event is None else 'event ' + repr(event)} "
-                                    f"in state {source!r} and no guard separates them ({why}); "
-                                    f"#{later.index} can never fire")
+        unguarded: TransitionSpec | None = None
+        first_with: dict[str, TransitionSpec] = {}
+        for later in candidates:
+            guard = later.guard
+            shadows = [r for r in (unguarded, first_with.get(guard) if guard is not None else None)
+                       if r is not None]
+            if shadows:
+                first = min(shadows, key=lambda r: r.index)
+                why = ("the first has no guard" if first.guard is None
+                       else f"both use guard {first.guard!r}")
+                add(later.line, f"transitions #{first.index} and #{later.index} both handle "
+                                f"{'eventless step' if event is None else 'event ' + repr(event)} "
+                                f"in state {source!r} and no guard separates them ({why}); "
+                                f"#{later.index} can never fire")
+            if guard is None:
+                unguarded = unguarded or later
+            else:
+                first_with.setdefault(guard, later)
 
     # Eventless transitions must not form a cycle, or one step could loop forever.
     eventless: dict[str, set[str]] = defaultdict(set)
@@ -99,25 +130,10 @@ def validate_spec(spec: Spec) -> list[Problem]:
         if t.event is None and t.dest is not None:
             for s in t.sources:
                 eventless[s].add(t.dest)
-    visiting: set[str] = set()
-    done: set[str] = set()
-
-    def visit(node: str, path: list[str]) -> None:
-        if node in done:
-            return
-        if node in visiting:
-            cycle = path[path.index(node):] + [node]
-            add(spec.states[node].line, "eventless transitions form a cycle: " + " -> ".join(cycle))
-            return
-        visiting.add(node)
-        for nxt in sorted(eventless[node]):
-            visit(nxt, path + [node])
-        visiting.discard(node)
-        done.add(node)
-
-    for s in sorted(eventless):
-        if s in spec.states:
-            visit(s, [])
+    for cycle in _eventless_cycles(eventless, [s for s in sorted(eventless) if s in spec.states]):
+        state = spec.states.get(cycle[0])
+        add(state.line if state else spec.line,
+            "eventless transitions form a cycle: " + _show_path(cycle))
 
     # Timers only make sense on live states, and each armed state must say what its
     # timer's firing means, whatever the guards say: a firing no row takes would be
@@ -128,14 +144,14 @@ def validate_spec(spec: Spec) -> list[Problem]:
                 add(timer.line, f"timer {timer.name!r} is armed in final state {s!r}; a final state "
                                 "never leaves, so the timer could only fire into nothing")
                 continue
-            rows = [t for t in spec.transitions if t.event == timer.event and s in t.sources]
+            rows = by_trigger.get((timer.event, s), [])
             if s in spec.states and not rows:
                 add(timer.line, f"timer {timer.name!r} is armed in state {s!r} but no transition "
                                 f"handles its event {timer.event!r} there; add one (it may be "
                                 "'outcome: ignored')")
             elif rows and rows[-1].guard is not None:
                 add(rows[-1].line, f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
-                                   f"where every row has a guard ({', '.join(repr(t.guard) for t in rows)}); "
+                                   f"where every row has a guard ({_listing([repr(t.guard) for t in rows])}); "
                                    "when none holds the firing is rejected and the timer is lost: "
                                    "end with an unguarded row (it may be 'outcome: ignored')")
 
@@ -152,7 +168,7 @@ def validate_spec(spec: Spec) -> list[Problem]:
         if emit.on_failure is None:
             if alive_after:
                 add(emit.line, f"emit {name!r} has no on_failure event, but rows emitting it leave "
-                               f"the transfer alive in {', '.join(alive_after)}; name the event a "
+                               f"the transfer alive in {_listing(alive_after)}; name the event a "
                                "driver dispatches when its handler fails, so no transfer is lost")
             continue
         event = spec.events.get(emit.on_failure)
@@ -167,7 +183,7 @@ def validate_spec(spec: Spec) -> list[Problem]:
                            f"field(s) {', '.join(missing)} that the effect does not carry; a "
                            "driver can only fill fields of the effect, and 'error'")
         for s in alive_after:
-            if not any(t.event == event.name and s in t.sources for t in spec.transitions):
+            if not by_trigger.get((event.name, s)):
                 add(emit.line, f"emit {name!r}: its on_failure event {event.name!r} is not handled "
                                f"in state {s!r}, where rows emitting it leave the transfer")
 
@@ -176,7 +192,7 @@ def validate_spec(spec: Spec) -> list[Problem]:
     if not creators:
         add(spec.line, "no event is marked 'creates: true'; a transfer could never start")
     for e in creators:
-        if not any(t.event == e.name and spec.initial in t.sources for t in spec.transitions):
+        if not by_trigger.get((e.name, spec.initial)):
             add(e.line, f"creating event {e.name!r} has no transition from initial state {spec.initial!r}")
 
     # Declared names that nothing uses are dead text that drifts from the truth.
@@ -195,15 +211,74 @@ def validate_spec(spec: Spec) -> list[Problem]:
         if name not in used_events:
             add(event.line, f"event {name!r} is declared but no transition handles it")
 
+    # Invariants are type-checked against the context's types ('state' is the state's
+    # name), so a wrong-typed one fails here and not in the middle of a checked run.
+    types = {name: f.type for name, f in spec.context.items()}
+    types["state"] = "str"
     for inv in spec.invariants:
         try:
-            compile_predicate(inv.expr, [*spec.context, "state"])
+            compile_predicate(inv.expr, types, types=types)
         except ExpressionError as exc:
             add(inv.line, f"invariant {inv.name!r}: {exc}")
     return problems
 
 
-def _has_backstop(spec: Spec, state: str) -> bool:
+def _eventless_cycles(eventless: dict[str, set[str]], roots: list[str]) -> list[list[str]]:
+    """Cycles of the eventless graph, each as the path that closes it (``a -> b -> a``).
+
+    A depth-first walk with an explicit stack (a chain of thousands of eventless rows
+    would exhaust Python's stack if it recursed), visiting successors in sorted order so
+    that the report is the same on every run. Each back edge found is one cycle.
+    """
+    visiting, done = 1, 2
+    color: dict[str, int] = {}
+    cycles: list[list[str]] = []
+    for root in roots:
+        if color.get(root) == done:
+            continue
+        path = [root]
+        position = {root: 0}
+        color[root] = visiting
+        successors = [iter(sorted(eventless.get(root, ())))]
+        while successors:
+            nxt = next(successors[-1], None)
+            if nxt is None:
+                successors.pop()
+                node = path.pop()
+                del position[node]
+                color[node] = done
+                continue
+            seen = color.get(nxt)
+            if seen == done:
+                continue
+            if seen == visiting:
+                cycles.append(path[position[nxt]:] + [nxt])
+                continue
+            color[nxt] = visiting
+            position[nxt] = len(path)
+            path.append(nxt)
+            successors.append(iter(sorted(eventless.get(nxt, ()))))
+    return cycles
+
+
+def _listing(items: list[str], shown: int = 20) -> str:
+    """``a, b, c``; a long list shows its first items and counts the rest."""
+    if len(items) <= shown:
+        return ", ".join(items)
+    return ", ".join(items[:shown]) + f", ... ({len(items) - shown} more)"
+
+
+def _show_path(cycle: list[str]) -> str:
+    """``a -> b -> a``; a long cycle shows its first and last states and counts the rest."""
+    if len(cycle) <= _CYCLE_SHOWN:
+        return " -> ".join(cycle)
+    half = _CYCLE_SHOWN // 2
+    return (" -> ".join(cycle[:half]) + f" -> ... ({len(cycle) - 2 * half} more) -> "
+            + " -> ".join(cycle[-half:]))
+
+
+def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = None,
+                  armed_timer_events: set[str] | None = None) -> bool:
     """True when a transfer in ``state`` can leave it without the peer or an adapter.
 
     That is: an unguarded eventless row leaves it; or a row taken on a local event or
@@ -211,12 +286,16 @@ def _has_backstop(spec: Spec, state: str) -> bool:
     the guard of an eventless row leaving the state reads (the host's request lifecycle
     or the clock can then enable that exit). Guards are opaque here, so this is the
     structural half of the proof; the model checker explores the bindings themselves.
+    ``rows`` (the rows leaving ``state``, in order) and ``armed_timer_events`` (the events
+    of the timers armed in it) may be passed by a caller that has them indexed.
     """
-    rows = [t for t in spec.transitions if state in t.sources]
+    if rows is None:
+        rows = [t for t in spec.transitions if state in t.sources]
     exits = [t for t in rows if t.event is None and t.dest not in (None, state)]
     if any(t.guard is None for t in exits):
         return True
-    armed_timer_events = {tm.event for tm in spec.timers.values() if state in tm.states}
+    if armed_timer_events is None:
+        armed_timer_events = {tm.event for tm in spec.timers.values() if state in tm.states}
     exit_reads = {name for t in exits if t.guard in spec.guards
                   for name in spec.guards[t.guard].reads}
     for t in rows:
