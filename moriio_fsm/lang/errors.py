@@ -1,7 +1,8 @@
 """Errors raised while loading, validating or binding a spec.
 
 Every problem carries the file and line it comes from, so a message reads like a
-compiler diagnostic: ``specs/x.yaml:12: unknown state 'sealedd' ...``.
+compiler diagnostic: ``specs/x.yaml:12: unknown state 'sealedd' ...``. Line 0 means the
+file as a whole (it cannot be read, or is too big to read).
 """
 
 from __future__ import annotations

@@ -3,10 +3,17 @@
 The loader keeps the line of every mapping key and list item, so each problem it
 or the validator reports points at ``file:line``. It collects all problems of a
 file and raises one ``SpecError`` listing them, rather than stopping at the first.
+
+Rules: every input, however broken or hostile, ends in a spec or a ``SpecError``, in
+time and memory bounded by the file's size, which is itself bounded (``MAX_SPEC_BYTES``).
+YAML features a spec never needs and that can make a small file huge or deep (anchors
+and aliases, deep nesting, giant integers) are refused where they appear.
 """
 
 from __future__ import annotations
 
+import math
+import reprlib
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -14,11 +21,37 @@ from typing import Any
 import yaml
 
 from .errors import Problem, SpecError
-from .expr import FUNCTIONS
+from .expr import FUNCTIONS, show_int
 from .model import (CONTEXT_TYPES, EVENT_FIELDS, EVENT_ORIGINS, FIELD_TYPES, RESERVED_NAMES,
                     TRANSITION_OUTCOMES, ActionSpec, ConfigKey, ContextField, EmitSpec,
                     EventSpec, GuardSpec, InvariantSpec, Spec, StateSpec, TimerSpec,
                     TransitionSpec)
+
+
+#: The largest spec file (in UTF-8 bytes) the loader reads. The shipped spec is ~21 KB; a
+#: mebibyte of YAML takes the pure-Python parser several seconds already.
+MAX_SPEC_BYTES = 1 << 20
+#: How deep YAML collections may nest. A spec needs about six levels (top level,
+#: transitions, a row, its sources); the composer and constructor recurse per level.
+MAX_NESTING = 32
+#: The longest integer literal read at all. Python refuses to convert more than 4300
+#: digits (with a ValueError of its own); the loader's range checks report the rest.
+MAX_INT_DIGITS = 4000
+#: Integers a spec gives (config defaults, context initials, payload defaults) stay in
+#: the signed 64-bit range, the range the runtime, codecs and wire formats assume.
+MAX_INT = 2 ** 63
+#: Names starting with this are the runtime's (e.g. the pytransitions trigger of eventless
+#: rows is ``__eventless__``; dunders are Python's); no spec name may take them.
+RESERVED_PREFIX = "__"
+
+
+class _Refused(Exception):
+    """A YAML construct a spec may not use, found while composing (line, message)."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+        self.message = message
 
 
 class _LineDict(dict):
@@ -32,9 +65,39 @@ class _LineList(list):
 
 
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records 1-based lines and refuses duplicate keys."""
+    """SafeLoader that records 1-based lines, refuses duplicate keys, and refuses, before
+    building them, anchors and aliases, nesting deeper than ``MAX_NESTING`` and integers
+    longer than ``MAX_INT_DIGITS``."""
 
     duplicate_keys: list[tuple[int, str]]
+    depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        # The parser is iterative but the composer recurses once per level, so the depth
+        # is checked here, before the next level is composed. Aliases are refused rather
+        # than bounded: nine aliases of nine aliases of ... make a 1.5 KB file expand to
+        # billions of nodes wherever a value is walked or quoted back in a message.
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(event.start_mark.line + 1,
+                           "anchors (&name) and aliases (*name) are not allowed in a spec: "
+                           "write the value out where it is used")
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise _Refused(event.start_mark.line + 1,
+                               f"lists and mappings are nested deeper than {MAX_NESTING} levels; "
+                               "a spec needs about six")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node):  # type: ignore[override]
+        if len(node.value) > MAX_INT_DIGITS:
+            raise _Refused(node.start_mark.line + 1,
+                           f"integer of {len(node.value)} digits; numbers in a spec have at most "
+                           f"{MAX_INT_DIGITS} digits (and most must be below 2**63)")
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
         result = _LineDict()
@@ -63,6 +126,62 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                             _LineLoader.construct_mapping)
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
                             _LineLoader.construct_sequence)
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _LineLoader.construct_yaml_int)
+
+class _ShortRepr(reprlib.Repr):
+    """Values quoted back in messages, cut short: a message stays one line, whatever the
+    value. reprlib dispatches on the type's name, so the loader's own dict and list types
+    are routed to the abbreviating methods (else it would build their full repr first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, 60, 60
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        return show_int(x)
+
+    def repr__LineDict(self, x: dict, level: int) -> str:
+        return self.repr_dict(x, level)
+
+    def repr__LineList(self, x: list, level: int) -> str:
+        return self.repr_list(x, level)
+
+
+_repr = _ShortRepr()
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, abbreviated (long strings, big ints and big lists are cut)."""
+    return _repr.repr(value)
+
+
+def _listing(names: Any, shown: int = 20) -> str:
+    """``a, b, c`` for a message; a long list shows its first names and counts the rest,
+    so that a thousand problems in a spec of thousands of names stay small."""
+    names = list(names)
+    if len(names) <= shown:
+        return ", ".join(map(str, names))
+    return ", ".join(map(str, names[:shown])) + f", ... ({len(names) - shown} more)"
+
+
+def _out_of_range(value: Any) -> bool:
+    """True for an int outside the signed 64-bit range or a float that is not finite."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not -MAX_INT < value < MAX_INT
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _too_big(path: str, size: str) -> Problem:
+    """The refusal of a spec over ``MAX_SPEC_BYTES`` (line 0: the whole file)."""
+    return Problem(path, 0, f"spec is {size}; a spec may be at most {MAX_SPEC_BYTES // 2 ** 20} MiB "
+                            f"({MAX_SPEC_BYTES} bytes) of UTF-8: split it into several specs")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2 ** 20:.1f} MiB ({size} bytes)"
 
 
 def _kind(value: Any) -> str:
@@ -110,21 +229,21 @@ class _Reader:
             return (raw,)
         if isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
             return tuple(raw)
-        self.problem(line, f"{what} must be a name or a non-empty list of names, got {raw!r}")
+        self.problem(line, f"{what} must be a name or a non-empty list of names, got {_show(raw)}")
         return ()
 
     def name(self, raw: Any, line: int, what: str) -> str | None:
         """An optional single name (event, guard, dest); anything else is a problem."""
         if raw is None or isinstance(raw, str):
             return raw
-        self.problem(line, f"{what} must be a name, got {raw!r}")
+        self.problem(line, f"{what} must be a name, got {_show(raw)}")
         return None
 
     def flag(self, entry: dict, key: str, line: int, what: str) -> bool:
         """An optional true/false; a string such as 'no' must not read as true."""
         value = entry.get(key, False)
         if not isinstance(value, bool):
-            self.problem(_line_of(entry, key, line), f"{what}: {key!r} must be true or false, got {value!r}")
+            self.problem(_line_of(entry, key, line), f"{what}: {key!r} must be true or false, got {_show(value)}")
             return False
         return value
 
@@ -145,9 +264,23 @@ def load_spec(path: str | Path) -> Spec:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            size = path.stat().st_size
+            # Read one byte past the cap, never more: a huge file or an endless one
+            # (/dev/zero) costs no more memory than a spec that is just too big.
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError([Problem(str(path), 0, f"cannot read spec: {exc.strerror}")]) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([_too_big(str(path), _mib(max(size, len(data))))])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError([Problem(str(path), line, f"spec is not UTF-8: byte 0x{data[exc.start]:02x} "
+                                                  f"at column {column} cannot be decoded "
+                                                  f"({exc.reason}); save the spec as UTF-8")]) from None
     spec = parse_spec(text, str(path))
     from .validate import validate_spec  # local import: validate depends on model only
 
@@ -163,6 +296,13 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     Raises ``SpecError`` for YAML syntax errors, duplicate keys, missing sections,
     wrong types and references to undeclared names.
     """
+    # Characters first: there are no more of them than bytes, so only a text that may
+    # be under the cap is encoded to measure it (costing at most 4 MiB).
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([_too_big(path, f"{len(text)} characters long")])
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError([_too_big(path, _mib(size))])
     try:
         loader = _LineLoader(text)
     except yaml.reader.ReaderError as exc:
@@ -172,6 +312,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     loader.duplicate_keys = []
     try:
         raw = loader.get_single_data()
+    except _Refused as exc:
+        raise SpecError([Problem(path, exc.line, exc.message)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0
@@ -201,11 +343,18 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         name = "<unnamed>"
     summary = r.text(raw.get("summary"), _line_of(raw, "summary", 1), "summary")
 
+    def reserved_message(what: str, key: str) -> str:
+        return (f"{what} name {key!r} is reserved: names starting with '__' belong to the "
+                "runtime (it names eventless rows '__eventless__') and to Python")
+
     def valid_name(key: Any, line: int, what: str, attribute: bool = False) -> bool:
         """Names are identifiers; context fields and config keys become record attributes,
         so they also may not shadow the record's own attributes or expression functions."""
         if not isinstance(key, str) or not key.isidentifier():
-            r.problem(line, f"{what} name {key!r} must be an identifier (letters, digits, underscores)")
+            r.problem(line, f"{what} name {_show(key)} must be an identifier (letters, digits, underscores)")
+            return False
+        if key.startswith(RESERVED_PREFIX):
+            r.problem(line, reserved_message(what, key))
             return False
         if attribute and (key in RESERVED_NAMES or key in FUNCTIONS or key.startswith("_")):
             r.problem(line, f"{what} name {key!r} is reserved; avoid "
@@ -219,15 +368,17 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         line = _line_of(raw_config, key, 1)
         if not valid_name(key, line, "config key", attribute=True):
             continue
+        # A key with a bad default is still declared, so that a timer naming it is not
+        # reported too (the spec is refused either way).
         if not isinstance(entry, dict) or "default" not in entry:
             r.problem(line, f"config key {key!r} must be a mapping with a 'default'")
+            config[key] = ConfigKey(key, None, "", line)
             continue
         default = entry["default"]
         if isinstance(default, bool) or not isinstance(default, (int, float)) \
-                or not 0 < default < float("inf"):
+                or not 0 < default < MAX_INT:
             r.problem(line, f"config key {key!r}: default must be a positive finite number "
-                            f"(a duration or a limit), got {default!r}")
-            continue
+                            f"below 2**63 (a duration or a limit), got {_show(default)}")
         config[key] = ConfigKey(key, default, r.text(entry.get("doc"), line, "doc"), line)
 
     context: dict[str, ContextField] = {}
@@ -242,14 +393,18 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         ftype = entry.get("type") if isinstance(entry, dict) else None
         if not isinstance(ftype, str) or ftype not in CONTEXT_TYPES:
             r.problem(line, f"context field {key!r} needs a type, one of {', '.join(CONTEXT_TYPES)}; "
-                            f"got {ftype!r}")
+                            f"got {_show(ftype)}")
             continue
         initial = entry.get("initial")
         if initial is None and ftype != "object":
             r.problem(line, f"context field {key!r} of type {ftype} needs an 'initial' value")
         elif initial is not None and not isinstance(initial, CONTEXT_TYPES[ftype]) or (
-                ftype in ("int", "bitmap") and isinstance(initial, bool)):
-            r.problem(line, f"context field {key!r}: initial value {initial!r} is not of type {ftype}")
+                ftype in ("int", "bitmap", "float") and isinstance(initial, bool)):
+            r.problem(line, f"context field {key!r}: initial value {_show(initial)} is not of "
+                            f"type {ftype}")
+        elif ftype != "object" and _out_of_range(initial):
+            r.problem(line, f"context field {key!r}: initial value {_show(initial)} is out of "
+                            "range; numbers must be finite, above -2**63 and below 2**63")
         context[key] = ContextField(key, ftype, initial, r.text(entry.get("doc"), line, "doc"), line)
 
     states: dict[str, StateSpec] = {}
@@ -279,7 +434,7 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         entry = entry if isinstance(entry, dict) else {}
         origin = entry.get("origin")
         if origin not in EVENT_ORIGINS:
-            r.problem(line, f"event {key!r}: origin must be one of {', '.join(EVENT_ORIGINS)}, got {origin!r}")
+            r.problem(line, f"event {key!r}: origin must be one of {', '.join(EVENT_ORIGINS)}, got {_show(origin)}")
             origin = "local"
         raw_payload = entry.get("payload") or {}
         payload: dict[str, str] = {}
@@ -289,10 +444,14 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
             raw_payload = {}
         for field_name, declared in raw_payload.items():
             field_line = _line_of(raw_payload, field_name, line)
+            if isinstance(field_name, str) and field_name.startswith(RESERVED_PREFIX):
+                r.problem(field_line, f"event {key!r}: " + reserved_message("payload field", field_name))
+                continue
             if not isinstance(field_name, str) or not field_name.isidentifier() \
                     or field_name in EVENT_FIELDS or field_name.startswith("_"):
-                r.problem(field_line, f"event {key!r}: payload field name {field_name!r} must be an "
-                                      "identifier other than " + ", ".join(sorted(EVENT_FIELDS)))
+                r.problem(field_line, f"event {key!r}: payload field name {_show(field_name)} must "
+                                      "be an identifier other than " + ", ".join(sorted(EVENT_FIELDS))
+                                      + " (and not starting with '_')")
                 continue
             if isinstance(declared, dict):
                 type_name = declared.get("type")
@@ -307,13 +466,19 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
                 type_name = declared
             if not isinstance(type_name, str) or type_name not in FIELD_TYPES:
                 r.problem(field_line, f"event {key!r}: payload field {field_name!r} has unknown "
-                                      f"type {type_name!r}; expected one of {', '.join(FIELD_TYPES)}")
+                                      f"type {_show(type_name)}; expected one of {', '.join(FIELD_TYPES)}")
                 continue
             if field_name in defaults and not (
                     isinstance(defaults[field_name], FIELD_TYPES[type_name])
                     and not (isinstance(defaults[field_name], bool) and type_name in ("int", "float"))):
                 r.problem(field_line, f"event {key!r}: payload field {field_name!r}: default "
-                                      f"{defaults[field_name]!r} is not of type {type_name}")
+                                      f"{_show(defaults[field_name])} is not of type {type_name}")
+                continue
+            if field_name in defaults and type_name in ("int", "float") \
+                    and _out_of_range(defaults[field_name]):
+                r.problem(field_line, f"event {key!r}: payload field {field_name!r}: default "
+                                      f"{_show(defaults[field_name])} is out of range; numbers must "
+                                      "be finite, above -2**63 and below 2**63")
                 continue
             if defaults and field_name not in defaults:
                 r.problem(field_line, f"event {key!r}: payload field {field_name!r} has no default "
@@ -386,10 +551,14 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
             r.problem(_line_of(entry, "fields", line), f"emit {key!r}: fields must map field "
                                                        "names to type names")
             fields = {}
+        for field_name in [f for f in fields if f.startswith(RESERVED_PREFIX)]:
+            r.problem(_line_of(fields, field_name, line),
+                      f"emit {key!r}: " + reserved_message("emit field", field_name))
+            del fields[field_name]
         for field_name, type_name in fields.items():
-            if type_name not in FIELD_TYPES:
+            if not isinstance(type_name, Hashable) or type_name not in FIELD_TYPES:
                 r.problem(_line_of(fields, field_name, line),
-                          f"emit {key!r}: field {field_name!r} has unknown type {type_name!r}; "
+                          f"emit {key!r}: field {field_name!r} has unknown type {_show(type_name)}; "
                           f"expected one of {', '.join(FIELD_TYPES)}")
         on_failure = r.name(entry.get("on_failure"), _line_of(entry, "on_failure", line),
                             f"emit {key!r} on_failure")
@@ -405,15 +574,15 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         r.problem(initial_line, "missing 'initial' (expected the name of the initial state)")
         initial = ""
     elif initial not in states:
-        r.problem(initial_line, f"unknown state {initial!r} given as initial; known states: {', '.join(states)}")
+        r.problem(initial_line, f"unknown state {initial!r} given as initial; known states: {_listing(states)}")
 
     def check_state(state: str, line: int, where: str) -> None:
         if state not in states:
-            r.problem(line, f"unknown state {state!r} in {where}; known states: {', '.join(states)}")
+            r.problem(line, f"unknown state {state!r} in {where}; known states: {_listing(states)}")
 
     def check_event(event: str, line: int, where: str) -> None:
         if event not in events:
-            r.problem(line, f"unknown event {event!r} in {where}; known events: {', '.join(events)}")
+            r.problem(line, f"unknown event {event!r} in {where}; known events: {_listing(events)}")
 
     transitions: list[TransitionSpec] = []
     raw_transitions = raw.get("transitions")
@@ -445,6 +614,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         sources = r.names(entry.get("source"), source_line, f"transition #{index} source")
         for i, s in enumerate(sources):
             check_state(s, _line_of(entry.get("source"), i, source_line), f"transition #{index} source")
+        if len(set(sources)) != len(sources):
+            r.problem(source_line, f"transition #{index} lists a state twice in source")
         internal = r.flag(entry, "internal", line, f"transition #{index}")
         dest = r.name(entry.get("dest"), _line_of(entry, "dest", line), f"transition #{index} dest")
         if internal and dest is not None:
@@ -479,9 +650,9 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         outcome = entry.get("outcome", "applied")
         if outcome not in TRANSITION_OUTCOMES:
             r.problem(_line_of(entry, "outcome", line), f"transition #{index}: outcome must be one of "
-                                                        f"{', '.join(TRANSITION_OUTCOMES)}, got {outcome!r}")
+                                                        f"{', '.join(TRANSITION_OUTCOMES)}, got {_show(outcome)}")
         if outcome != "applied" and (action_names or emit_names or not internal):
-            r.problem(line, f"transition #{index} declares outcome {outcome!r}, which is only for "
+            r.problem(line, f"transition #{index} declares outcome {_show(outcome)}, which is only for "
                             "internal transitions without actions or emits")
         if emit_names and not action_names:
             r.problem(_line_of(entry, "emits", line), f"transition #{index} lists emits but no "
@@ -505,11 +676,11 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
         duration = entry.get("duration")
         if not isinstance(duration, str) or duration not in config:
             r.problem(_line_of(entry, "duration", line), f"timer {key!r}: duration must name a config key, "
-                                                         f"got {duration!r}; known: {', '.join(config)}")
+                                                         f"got {_show(duration)}; known: {_listing(config)}")
         event = entry.get("event")
         if not isinstance(event, str):
             r.problem(_line_of(entry, "event", line), f"timer {key!r} needs the 'event' it fires, "
-                                                      f"as a name; got {event!r}")
+                                                      f"as a name; got {_show(event)}")
             event = ""
         else:
             check_event(event, _line_of(entry, "event", line), f"timer {key!r}")
@@ -528,6 +699,8 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     raw_invariants = r.mapping(raw, "invariants", 1, required=False)
     for key, expr in raw_invariants.items():
         line = _line_of(raw_invariants, key, 1)
+        if not valid_name(key, line, "invariant"):
+            continue
         if not isinstance(expr, str):
             r.problem(line, f"invariant {key!r} must be an expression string")
             continue
