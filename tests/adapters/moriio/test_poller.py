@@ -51,7 +51,7 @@ def test_reads_become_read_events(poller, delivered):
     poller.submit(succeeded(), "tx-r", 1, "read")
     poller.submit(failed_status(StatusCode.ERR_NOT_FOUND, "no such region"), "tx-r", 2, "read")
     kinds = {delivered.get(timeout=WAIT_S).kind for _ in range(2)}
-    assert kinds == {"read_completed", "read_failed"}
+    assert kinds == {"layer_read_completed", "layer_read_failed"}
 
 
 def test_a_status_is_reported_only_once_it_is_final(poller, delivered):
