@@ -86,6 +86,7 @@ def validate_spec(spec: Spec) -> list[Problem]:
                 pending.append(prev)
     if not finals:
         add(spec.line, "the spec has no final state; every transfer must be able to end")
+    peer_free_ends = ends_without_peer(spec, rows_from)
     for name, state in spec.states.items():
         if state.final:
             continue
@@ -96,9 +97,15 @@ def validate_spec(spec: Spec) -> list[Problem]:
             add(state.line, f"non-final state {name!r} can never reach a final state")
         if not _has_backstop(spec, name, rows_from[name], armed.get(name, set())):
             add(state.line, f"state {name!r} waits only on peers or adapters: no local event, no "
-                            "timer armed in it and no unguarded eventless step can take a transfer "
-                            "out of it; arm a timer in it whose firing leaves it (a backstop), so "
-                            "the transfer cannot hang when nobody answers")
+                            "timer armed in it (that the peer cannot keep postponing) and no "
+                            "unguarded eventless step can take a transfer out of it; arm a timer "
+                            "in it whose firing leaves it (a backstop), so the transfer cannot "
+                            "hang when nobody answers")
+        elif name in reaches_final and name not in peer_free_ends:
+            add(state.line, f"state {name!r} cannot end without a peer or an adapter: no sequence "
+                            "of local events, timers and eventless steps from it reaches a final "
+                            "state (timers that only lead on to more waiting, or that a peer "
+                            "keeps restarting, do not count), so a transfer in it can wait forever")
 
     # Two transitions for one (event, source) must be separated by guards, tried in order.
     # A row can never fire when an earlier one has no guard or the same guard; each such
@@ -277,38 +284,71 @@ def _show_path(cycle: list[str]) -> str:
             + " -> ".join(cycle[-half:]))
 
 
-def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = None,
-                  armed_timer_events: set[str] | None = None) -> bool:
-    """True when a transfer in ``state`` can leave it without the peer or an adapter.
+def _usable_timer_events(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[str]:
+    """Events of the timers armed in ``state`` that the peer cannot postpone forever: a
+    timer that an applied row of a peer's event restarts there does not count (adapters
+    are this side's own code and report on bounded work; a peer may not be)."""
+    peer_applied = {t.event for t in rows if t.event is not None and t.outcome == "applied"
+                    and spec.events.get(t.event) is not None
+                    and spec.events[t.event].origin == "remote"}
+    return {tm.event for tm in spec.timers.values()
+            if state in tm.states and not set(tm.restart_on) & peer_applied}
 
-    That is: an unguarded eventless row leaves it; or a row taken on a local event or
-    on a timer armed in the state leaves it; or such a row's actions write a field that
-    the guard of an eventless row leaving the state reads (the host's request lifecycle
-    or the clock can then enable that exit). Guards are opaque here, so this is the
-    structural half of the proof; the model checker explores the bindings themselves.
-    ``rows`` (the rows leaving ``state``, in order) and ``armed_timer_events`` (the events
-    of the timers armed in it) may be passed by a caller that has them indexed.
+
+def _peer_free_moves(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[str]:
+    """States a transfer in ``state`` can move to without the peer or an adapter.
+
+    A move is an eventless row leaving the state; a row taken on a local event or on a
+    usable timer (see ``_usable_timer_events``) that leaves it; or such a row whose
+    actions write a field that the guard of an eventless row leaving the state reads
+    (the host's request lifecycle or the clock can then enable that exit). Guards are
+    opaque here, so this is the structural half of the proof; the model checker explores
+    the bindings themselves.
     """
-    if rows is None:
-        rows = [t for t in spec.transitions if state in t.sources]
+    moves: set[str] = set()
     exits = [t for t in rows if t.event is None and t.dest not in (None, state)]
-    if any(t.guard is None for t in exits):
-        return True
-    if armed_timer_events is None:
-        armed_timer_events = {tm.event for tm in spec.timers.values() if state in tm.states}
-    exit_reads = {name for t in exits if t.guard in spec.guards
-                  for name in spec.guards[t.guard].reads}
+    moves.update(t.dest for t in exits if t.guard is None)
+    timers = _usable_timer_events(spec, state, rows)
+    exit_reads: dict[str, set[str]] = {}
+    for t in exits:
+        if t.guard in spec.guards:
+            for name in spec.guards[t.guard].reads:
+                exit_reads.setdefault(name, set()).add(t.dest)
     for t in rows:
-        if t.event is None:
-            continue
-        event = spec.events.get(t.event)
-        if event is None:
-            continue
-        if not (event.origin == "local" or t.event in armed_timer_events):
+        event = spec.events.get(t.event) if t.event is not None else None
+        if event is None or not (event.origin == "local" or t.event in timers):
             continue
         if t.dest not in (None, state):
-            return True
-        writes = {w for a in t.actions if a in spec.actions for w in spec.actions[a].writes}
-        if writes & exit_reads:
-            return True
-    return False
+            moves.add(t.dest)
+            continue
+        for action in t.actions:
+            for written in spec.actions[action].writes if action in spec.actions else ():
+                moves.update(exit_reads.get(written, ()))
+    return moves
+
+
+def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = None,
+                  armed_timer_events: set[str] | None = None) -> bool:
+    """True when a transfer in ``state`` has at least one move that needs neither the
+    peer nor an adapter (``_peer_free_moves``). ``armed_timer_events`` is accepted for
+    callers that index it; the usable timers are worked out here."""
+    if rows is None:
+        rows = [t for t in spec.transitions if state in t.sources]
+    return bool(_peer_free_moves(spec, state, rows))
+
+
+def ends_without_peer(spec: Spec, rows_from: dict[str, list[TransitionSpec]]) -> set[str]:
+    """The states from which some sequence of peer-free moves reaches a final state
+    (one walk backwards from the finals)."""
+    into: dict[str, set[str]] = defaultdict(set)
+    for state in spec.states:
+        for dest in _peer_free_moves(spec, state, rows_from.get(state, [])):
+            into[dest].add(state)
+    ends = set(spec.final_states)
+    pending = deque(ends)
+    while pending:
+        for prev in into[pending.popleft()]:
+            if prev not in ends:
+                ends.add(prev)
+                pending.append(prev)
+    return ends

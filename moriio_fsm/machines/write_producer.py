@@ -73,6 +73,11 @@ def allocation_known(tx, ev) -> bool:
 
 
 @bindings.guard
+def usable_allocation(tx, ev) -> bool:
+    return ev.decode_rank >= 0
+
+
+@bindings.guard
 def awaiting_allocation(tx, ev) -> bool:
     return not tx.has_allocation
 

@@ -33,13 +33,29 @@ from .timers import TimerPlan
 
 
 class NoEffects(list):
-    """The ``out`` handed to actions of rows that declare no emits: emitting raises."""
+    """The ``out`` handed to actions of rows that declare no emits: it stays empty, and
+    any way of adding to it raises (one instance is shared by every step)."""
 
     __slots__ = ()
 
+    def _refuse(self, *items: Any) -> None:
+        kinds = ", ".join(repr(getattr(item, "kind", item)) for item in items) or "an effect"
+        raise TransitionError(f"an action emitted {kinds} from a row that declares no emits")
+
     def append(self, effect: Any) -> None:
-        raise TransitionError(f"an action emitted {getattr(effect, 'kind', effect)!r} from a "
-                              "row that declares no emits")
+        self._refuse(effect)
+
+    def extend(self, effects: Any) -> None:
+        self._refuse(*list(effects))
+
+    def insert(self, index: Any, effect: Any) -> None:
+        self._refuse(effect)
+
+    def __iadd__(self, effects: Any):
+        self._refuse(*list(effects))
+
+    def __setitem__(self, index: Any, effect: Any) -> None:
+        self._refuse(effect)
 
 
 #: The test that a value is NOT of a declared field type (``value_fits``, inverted, inline).
@@ -89,7 +105,7 @@ class GeneratedModule:
         self._ns: dict[str, Any] = {
             "Result": result_cls, "finish": None, "arm": None, "settle": None, "verify": None,
             "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(), "failure": self._failure,
-            "restore": _restore,
+            "restore": _restore, "undeclared_read": self._undeclared_read,
         }
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
@@ -101,13 +117,16 @@ class GeneratedModule:
         self._eventless_reads = {s: machine.reads_of(rows) for s, rows in machine.eventless.items()}
         self._inlined: dict[tuple, Any] = {}
         self._hoisted: frozenset = frozenset()     # event fields the current step read up front
+        self._taken: set[str] = set()               # names of generated functions
         self.inlined_bindings: set[str] = set()
         self.called_bindings: set[str] = set()
 
         self._eventless_names: dict[str, str] = {}
+        self._may_fire: dict[str, str] = {}
         for state, rows in machine.eventless.items():
             if rows:
                 self._eventless_names[state] = self._emit_eventless(state, rows)
+                self._may_fire[state] = self._emit_may_fire(state, rows)
         self._step_names: dict[tuple[str, str], str] = {}
         for state, by_kind in machine.rows.items():
             for kind, rows in by_kind.items():
@@ -194,8 +213,39 @@ class GeneratedModule:
                    ("guard", row.guard_name, row))
         return indent + "    "
 
+    def _emit_may_fire(self, state: str, rows: tuple[Row, ...]) -> str:
+        """``may_fire_<state>(tx, ev)``: whether an eventless row of ``state`` would fire;
+        the guards run in order, as in ``eventless_<state>``, and change nothing."""
+        name = self._unique(f"may_fire_{_ident(state)}")
+        self._hoisted = frozenset()
+        self._line("")
+        self._line(f"def {name}(tx, ev):")
+        for row in rows:
+            if row.guard is None:
+                self._line("    return True")
+                return name
+            test = self._guard(row, "    ")
+            self._line(f"    if {test}:  # {row.guard_name} ({self._where(row)})",
+                       ("guard", row.guard_name, row))
+            self._line("        return True")
+        self._line("    return False")
+        return name
+
+    def _eventless_test(self, state: str, indent: str) -> str:
+        """The test, in a step, that an eventless row of ``state`` may fire: the guards
+        inlined when each is one expression, else a call of ``may_fire_<state>``."""
+        tests = []
+        for row in self.machine.eventless[state]:
+            if row.guard is None:
+                return "True"
+            inlined = self._inline("guard", row.guard_name, row.guard)
+            if inlined is None or inlined.lines:
+                return f"{self._may_fire[state]}(tx, ev)"
+            tests.append(inlined.test)
+        return " or ".join(tests)
+
     def _emit_eventless(self, state: str, rows: tuple[Row, ...]) -> str:
-        name = f"eventless_{_ident(state)}"
+        name = self._unique(f"eventless_{_ident(state)}")
         self._hoisted = frozenset()           # called from every kind's steps: read ev itself
         self._line("")
         self._line(f"def {name}(tx, ev, out):")
@@ -210,8 +260,17 @@ class GeneratedModule:
         self._line("    return False")
         return name
 
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name_2``... if another generated function already has it."""
+        unique, n = name, 1
+        while unique in self._taken:
+            n += 1
+            unique = f"{name}_{n}"
+        self._taken.add(unique)
+        return unique
+
     def _emit_step(self, state: str, kind: str, rows: tuple[Row, ...]) -> str:
-        name = f"step_{_ident(state)}__{_ident(kind)}"
+        name = self._unique(f"step_{_ident(state)}__{_ident(kind)}")
         self._line("")
         self._line(f"def {name}(shard, tx, ev):")
         self._line(f"    # {self.machine.spec.name}: event {kind!r} in state {state!r}")
@@ -285,13 +344,8 @@ class GeneratedModule:
         if may_settle:
             # The state's eventless guards, tested in place: only when one holds does the
             # step pay for the follow-up (a list for its effects, the saves, the hops).
-            tests = []
-            for erow in machine.eventless[state]:
-                if erow.guard is None:
-                    tests = ["True"]
-                    break
-                tests.append(self._guard(erow, indent))
-            self._line(f"{indent}if {' or '.join(tests)}:  # an eventless row of {state!r} may fire")
+            test = self._eventless_test(state, indent)
+            self._line(f"{indent}if {test}:  # an eventless row of {state!r} may fire")
             inner = indent + "    "
             for field in sorted(follow_writes):
                 self._line(f"{inner}saved_{field} = tx.{field}")
@@ -304,14 +358,21 @@ class GeneratedModule:
             self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
         if self._verify:
             self._line(f"{indent}{verify}")
+            if row.outcome is Outcome.APPLIED and not may_settle and machine.eventless[state]:
+                # The step skipped the eventless rows because the declarations say this
+                # row writes nothing their guards read; check mode proves it.
+                self._line(f"{indent}if {self._may_fire[state]}(tx, ev):")
+                self._line(f"{indent}    undeclared_read(tx, ev, {row.index}, {state!r})")
         if row.outcome is Outcome.APPLIED:
             restarts = self._plan.restarts(kind, state)
             if restarts:
                 self._line(f"{indent}deadlines = tx.deadlines")
             for index, duration in restarts:
-                # TimerPlan's restart rule, inlined: arm if it fired, else push it back.
-                self._line(f"{indent}if deadlines[{index}] is None:  "
+                # TimerPlan's restart rule: arm anew if it fired (or would move earlier than
+                # its heap entry), else push the deadline back.
+                self._line(f"{indent}deadline = deadlines[{index}]  "
                            f"# restart timer {self._plan.names[index]!r}")
+                self._line(f"{indent}if deadline is None or ev.time + {duration!r} < deadline:")
                 self._line(f"{indent}    arm(tx, {index}, ev.time)")
                 self._line(f"{indent}else:")
                 self._line(f"{indent}    deadlines[{index}] = ev.time + {duration!r}")
@@ -332,6 +393,13 @@ class GeneratedModule:
         return cached
 
     # -- errors --------------------------------------------------------------------------
+
+    def _undeclared_read(self, tx: Any, ev: Any, row_index: int, state: str) -> None:
+        raise InvariantViolation(
+            f"{self.machine.spec.name}: after transition #{row_index} an eventless row of "
+            f"{state!r} would fire for transfer {tx.transfer_id!r} on event {ev.kind!r}, but "
+            "no field the row writes is declared as read by those guards: a guard reads a "
+            "field its spec entry does not declare (the step was rolled back)")
 
     def _failure(self, exc: BaseException, tx: Any, ev: Any, state: str) -> BaseException:
         """The error to raise for ``exc`` raised inside a step: ours pass through; others

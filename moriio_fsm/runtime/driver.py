@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import MoriioFsmError
 from .declared import make_event
 from .events import Effect, Event
+from .errors import TimerStepsFailed, TransitionError
 from .table import Result, TransferTable
 
 log = logging.getLogger("moriio_fsm.driver")
@@ -74,19 +75,29 @@ class Driver:
 
     def dispatch(self, event: Event) -> list[tuple[Event, Result]]:
         """Dispatch ``event``, carry out its effects and dispatch what the handlers
-        return, until nothing is pending; return every (event, result) in order."""
+        return, until nothing is pending; return every (event, result) in order.
+
+        A step that raises (a binding's bug) does not stop the others: everything pending
+        is still dispatched and carried out, then the first error is raised."""
         return self._drain(deque([event]))
 
     def advance(self, now: float | None = None) -> list[tuple[Event, Result]]:
         """Fire every timer due at ``now`` (the clock when None) and carry out the
-        effects of the fired steps."""
-        fired = self.table.advance(self._clock() if now is None else now)
+        effects of the fired steps, even when some timer steps failed (their error is
+        raised once everything else was done)."""
+        failure: TimerStepsFailed | None = None
+        try:
+            fired = self.table.advance(self._clock() if now is None else now)
+        except TimerStepsFailed as exc:
+            fired, failure = exc.fired, exc
         done: list[tuple[Event, Result]] = []
         pending: deque[Event] = deque()
         for event, result in fired:
             done.append((event, result))
             self._carry_out(result, pending)
         done.extend(self._drain(pending))
+        if failure is not None:
+            raise failure
         return done
 
     def stats(self) -> dict[str, Any]:
@@ -99,28 +110,43 @@ class Driver:
     def _drain(self, pending: deque) -> list[tuple[Event, Result]]:
         done: list[tuple[Event, Result]] = []
         dispatch = self.table.dispatch
+        first_error: TransitionError | None = None
         while pending:
             event = pending.popleft()
-            result = dispatch(event)
+            try:
+                result = dispatch(event)
+            except TransitionError as exc:
+                first_error = first_error or exc
+                continue
             done.append((event, result))
             self._carry_out(result, pending)
+        if first_error is not None:
+            raise first_error
         return done
 
     def _carry_out(self, result: Result, pending: deque) -> None:
         for effect in result.effects:
             try:
                 produced = self._handlers[effect.kind](effect)
+                if produced is None:
+                    continue
+                if isinstance(produced, Event):
+                    pending.append(produced)
+                    continue
+                if isinstance(produced, (str, bytes)) or not hasattr(produced, "__iter__"):
+                    raise TypeError(f"the handler returned {type(produced).__name__}; expected "
+                                    "an Event, an iterable of events, or None")
+                events_out = list(produced)         # a generator may raise right here
+                bad = [e for e in events_out if not isinstance(e, Event)]
+                if bad:
+                    raise TypeError(f"the handler returned {type(bad[0]).__name__} among its "
+                                    "events; expected Event instances")
             except Exception as exc:           # the transfer hears of it; it is never lost
                 failure = self._failure_event(effect, exc)
                 if failure is not None:
                     pending.append(failure)
                 continue
-            if produced is None:
-                continue
-            if isinstance(produced, Event):
-                pending.append(produced)
-            else:
-                pending.extend(produced)
+            pending.extend(events_out)
 
     def _failure_event(self, effect: Effect, exc: Exception) -> Event | None:
         kind = effect.kind

@@ -27,3 +27,20 @@ class InvariantViolation(MoriioFsmError, AssertionError):
     """A spec invariant stopped holding after a step (raised only when checking is on);
     the step was rolled back."""
 
+
+
+class TimerStepsFailed(TransitionError):
+    """``advance`` fired every due timer, but the steps of some raised (bindings' bugs).
+
+    ``fired`` holds the ``(event, Result)`` of every timer step that ran, so none of their
+    effects is lost; ``errors`` the ``TransitionError`` of each that failed. A failed
+    timer stays armed and is retried one duration later.
+    """
+
+    def __init__(self, fired: list, errors: list):
+        first = errors[0]
+        super().__init__(f"{len(errors)} timer step(s) failed; first: {first}",
+                         transfer_id=first.transfer_id, event=first.event,
+                         binding=first.binding)
+        self.fired = fired
+        self.errors = errors

@@ -9,10 +9,13 @@ by their values, event fields the step reads once up front (``ev.layer``: events
 immutable) replaced by those locals, and ``emits.<kind>`` replaced by the effect class.
 
 Rules: only plain functions are inlined (no closure, no defaults, no nested scopes such
-as comprehensions or lambdas, no ``global``/``nonlocal``, no ``yield``/``await``); a
-guard's body must end in its only ``return``; an action's body has no ``return``.
-Anything else returns None and the step calls the binding instead, so inlining never
-changes what a binding means, only what it costs.
+as comprehensions or lambdas, no ``global``/``nonlocal``, no ``yield``/``await``, no
+``try``/``with``/``import``/``match``, no assignment to a parameter, no frame
+introspection); a guard's body must end in its only ``return``; an action's body has no
+``return``. Renamed locals start with ``_``, which no name of a step does; functions,
+classes and modules are bound once, other module globals read live. Anything else
+returns None and the step calls the binding instead, so inlining never changes what a
+binding means, only what it costs.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import sys
 import textwrap
+import types
 from typing import Any, Callable
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp,
@@ -68,6 +73,20 @@ def _function_ast(fn: Callable) -> ast.FunctionDef | None:
     return node
 
 
+#: Statements and expressions whose meaning a rewrite could change: names they bind that
+#: are not plain assignments, or introspection of the frame they run in.
+_REFUSED = (ast.Import, ast.ImportFrom, ast.Match, ast.With, ast.AsyncWith, ast.Try,
+            *(getattr(ast, name) for name in ("TryStar",) if hasattr(ast, name)))
+_INTROSPECTION = {"locals", "vars", "eval", "exec", "globals", "dir", "super", "__import__"}
+
+
+def _foldable(value: Any) -> bool:
+    """A config value that can stand in the source as a literal without changing how the
+    expression around it parses (no sign, no exotic type)."""
+    return (type(value) in (int, float) and value >= 0 and value == value
+            and value != float("inf"))
+
+
 class _Rewriter(ast.NodeTransformer):
     def __init__(self, fn: Callable, params: dict[str, str], locals_: set[str], suffix: str,
                  bind: Callable[[Any, str], str], config: dict[str, Any], effect_classes: dict,
@@ -80,14 +99,18 @@ class _Rewriter(ast.NodeTransformer):
         self.config = config
         self.effect_classes = effect_classes
         self.hoisted = hoisted
+        self.module = sys.modules.get(getattr(fn, "__module__", None) or "")
         self.failed = False
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.params:
+            if not isinstance(node.ctx, ast.Load):
+                self.failed = True                         # rebinding tx/ev/out would rebind the step's
             return ast.copy_location(ast.Name(self.params[node.id], node.ctx), node)
         if node.id in self.locals:
-            return ast.copy_location(ast.Name(f"{node.id}_{self.suffix}", node.ctx), node)
-        if not isinstance(node.ctx, ast.Load):
+            # Renamed locals start with "_": no name a step uses for itself does.
+            return ast.copy_location(ast.Name(f"_{node.id}_{self.suffix}", node.ctx), node)
+        if not isinstance(node.ctx, ast.Load) or node.id in _INTROSPECTION:
             self.failed = True
             return node
         if node.id in self.fn.__globals__:
@@ -97,28 +120,34 @@ class _Rewriter(ast.NodeTransformer):
         else:
             self.failed = True                            # an unresolvable name: do not inline
             return node
-        return ast.copy_location(ast.Name(self.bind(value, node.id), ast.Load()), node)
+        if callable(value) or isinstance(value, types.ModuleType) or self.module is None:
+            # Functions, classes and modules are bound once, under a name of their own.
+            return ast.copy_location(ast.Name(self.bind(value, f"_G_{node.id}"), ast.Load()), node)
+        # Other globals are read live off their module, as the binding itself would.
+        module = ast.Name(self.bind(self.module, f"_M_{self.module.__name__}"), ast.Load())
+        return ast.copy_location(ast.Attribute(module, node.id, ast.Load()), node)
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        # emits.<kind>(transfer_id, field=value, ...) with exactly the declared fields
-        # becomes a positional call in declared order: the same effect, built faster.
+        # emits.<kind>(transfer_id, field=value, ...) naming exactly the declared fields,
+        # in declared order, becomes a positional call: the same effect, built faster,
+        # with the arguments evaluated in the same order.
         func = node.func
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
                 and func.value.id == "emits" and func.value.id not in self.params
                 and func.value.id not in self.locals and func.attr in self.effect_classes
                 and len(node.args) == 1 and all(k.arg for k in node.keywords)):
             fields = self.effect_classes[func.attr].__struct_fields__[1:]
-            given = {k.arg: k.value for k in node.keywords}
-            if set(given) == set(fields) and len(given) == len(node.keywords):
-                node = ast.copy_location(ast.Call(func=func, args=[node.args[0]] + [given[f] for f in fields],
-                                                  keywords=[]), node)
+            if tuple(k.arg for k in node.keywords) == tuple(fields):
+                node = ast.copy_location(ast.Call(func=func, args=[node.args[0]] + [
+                    k.value for k in node.keywords], keywords=[]), node)
         self.generic_visit(node)
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         value = node.value
         if isinstance(value, ast.Name) and isinstance(node.ctx, ast.Load):
-            if self.params.get(value.id) == "tx" and node.attr in self.config:
+            if (self.params.get(value.id) == "tx" and node.attr in self.config
+                    and _foldable(self.config[node.attr])):
                 return ast.copy_location(ast.Constant(self.config[node.attr]), node)
             if self.params.get(value.id) == "ev" and node.attr in self.hoisted:
                 return ast.copy_location(ast.Name(f"ev_{node.attr}", ast.Load()), node)
@@ -133,6 +162,8 @@ class _Rewriter(ast.NodeTransformer):
 def _rewrite(fn: Callable, names: tuple[str, ...], bind, config, effect_classes, hoisted):
     node = _function_ast(fn)
     if node is None or len(node.args.args) != len(names):
+        return None
+    if any(isinstance(sub, _REFUSED) for stmt in node.body for sub in ast.walk(stmt)):
         return None
     params = {arg.arg: name for arg, name in zip(node.args.args, names)}
     locals_ = {sub.id for stmt in node.body for sub in ast.walk(stmt)

@@ -5,8 +5,9 @@ whatever floods in; at most ``capacity`` facts are held, at most ``per_transfer`
 transfer id and at most ``per_source`` from one sending peer. When a peer is at its
 quota its own oldest fact makes room; when the buffer is full the oldest fact of the
 peer holding the most goes. So a flood, however large, only churns the flooder's share
-and never pushes out another peer's early ``remote_blocks``. Facts older than ``ttl``
-are never applied.
+and never pushes out another peer's early ``remote_blocks``. Quotas are per sending host
+(a peer chooses its connection identity, not its address). Facts older than ``ttl`` are
+never applied.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from __future__ import annotations
 from collections import deque
 
 from .events import Event
+
+
+def sender_of(ev: Event) -> str:
+    """The sender a fact's quota is charged to: the peer's host. A peer picks its own
+    connection identity (``host#identity``), so one host could pose as many peers; it
+    cannot pick its address."""
+    return ev.source.partition("#")[0]
 
 
 class _Held:
@@ -48,11 +56,22 @@ class EarlyFacts:
     def hold(self, ev: Event) -> tuple[bool, int]:
         """Keep ``ev``; return ``(kept, evicted)``: whether it was kept and how many older
         facts were dropped to make room."""
+        source = sender_of(ev)
+        evicted = self._expire_front(source, ev.time)
         held = self._by_transfer.get(ev.transfer_id)
         if held is not None and len(held) >= self.per_transfer:
-            return False, 0
-        source = ev.source
-        evicted = self._expire_front(source, ev.time)
+            # This id is full: the sender holding most of its facts gives one up, unless
+            # that is the newcomer itself.
+            counts: dict[str, int] = {}
+            for entry in held:
+                sender = sender_of(entry.event)
+                counts[sender] = counts.get(sender, 0) + 1
+            hog = max(counts, key=counts.get)
+            if hog == source or counts[hog] <= counts.get(source, 0) + 1:
+                return False, evicted
+            victim = next(entry for entry in held if sender_of(entry.event) == hog)
+            self._forget(victim)
+            evicted += 1
         if self._count_of.get(source, 0) >= self.per_source:
             evicted += self._evict_oldest(source)
         elif self._size >= self.capacity:
@@ -80,10 +99,10 @@ class EarlyFacts:
         fresh = []
         for entry in held:
             entry.alive = False
-            self._recount(entry.event.source, -1)
+            self._recount(sender_of(entry.event), -1)
             if entry.event.time >= horizon:
                 fresh.append(entry.event)
-        for source in {entry.event.source for entry in held}:
+        for source in {sender_of(entry.event) for entry in held}:
             self._tidy(source)
         return fresh, len(held) - len(fresh)
 
@@ -125,7 +144,7 @@ class EarlyFacts:
             held.remove(entry)             # at most per_transfer long
             if not held:
                 del self._by_transfer[tid]
-        self._recount(entry.event.source, -1)
+        self._recount(sender_of(entry.event), -1)
 
     def _recount(self, source: str, delta: int) -> None:
         old = self._count_of.get(source, 0)

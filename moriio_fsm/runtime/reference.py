@@ -26,33 +26,45 @@ EVENTLESS_TRIGGER = "__eventless__"
 
 
 class _Scratch:
-    """Per-step data the callbacks share: the event, the effect list, what fired."""
+    """Per-step data the callbacks share: the event, the effect list, what fired, and the
+    binding running (for errors)."""
 
-    __slots__ = ("event", "out", "outcome", "row")
+    __slots__ = ("event", "out", "outcome", "row", "binding")
 
     def __init__(self, event: Any, out: list):
         self.event = event
         self.out = out
         self.outcome = None
         self.row = None
+        self.binding = ""
 
 
-def _condition(guard):
+def _condition(row, guard):
     def check(event_data) -> bool:
         scratch = event_data.kwargs["scratch"]
-        return bool(guard(event_data.model, scratch.event))
+        scratch.row, scratch.binding = row, row.guard_name
+        verdict = bool(guard(event_data.model, scratch.event))
+        scratch.binding = ""
+        return verdict
     return check
 
 
-def _after(row, actions):
-    # pytransitions runs 'after' callbacks once the state is set; actions never read the
-    # state, so running them after it changed is the same as before.
+def _before(row, actions):
+    # 'before' callbacks run once the conditions held and before the state changes, so an
+    # action sees the source state, as in the generated steps. A row that declares no
+    # emits may not emit: both executors refuse it the same way.
     def run(event_data) -> None:
         scratch = event_data.kwargs["scratch"]
-        for action in actions:
-            action(event_data.model, scratch.event, scratch.out)
-        scratch.outcome = row.outcome
         scratch.row = row
+        start = len(scratch.out)
+        for name, action in zip(row.action_names, actions):
+            scratch.binding = name
+            action(event_data.model, scratch.event, scratch.out)
+        scratch.binding = ""
+        if not row.emits and len(scratch.out) > start:
+            emitted = ", ".join(repr(e.kind) for e in scratch.out[start:])
+            raise TransitionError(f"an action emitted {emitted} from a row that declares no emits")
+        scratch.outcome = row.outcome
     return run
 
 
@@ -77,8 +89,8 @@ def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
                             for name, fn in zip(row.action_names, actions))
         engine.add_transition(trigger=declared.event or EVENTLESS_TRIGGER,
                               source=list(declared.sources), dest=declared.dest,
-                              conditions=[_condition(guard)] if guard else [],
-                              after=[_after(row, actions)])
+                              conditions=[_condition(row, guard)] if guard else [],
+                              before=[_before(row, actions)])
     return engine
 
 
@@ -115,8 +127,8 @@ class ReferenceSteps:
             return self._result(Outcome.REJECTED, state, self._no_effects)
         saved = [getattr(tx, f) for f in self._fields]
         out: list = []
+        scratch = probe = _Scratch(ev, out)
         try:
-            scratch = _Scratch(ev, out)
             self._triggers[ev.kind].trigger(tx, scratch=scratch)
             outcome = scratch.outcome
             if outcome is None:
@@ -144,10 +156,17 @@ class ReferenceSteps:
             tx.state = state
             if isinstance(exc, (TransitionError, InvariantViolation)) or not isinstance(exc, Exception):
                 raise
+            failing = probe if probe.binding else scratch
+            where = " a binding"
+            if failing.binding and failing.row is not None:
+                kind = "guard" if failing.binding == failing.row.guard_name else "action"
+                where = (f" {kind} {failing.binding!r} of transition #{failing.row.index} "
+                         f"({self.machine.spec.path}:{failing.row.line})")
             raise TransitionError(
-                f"{self.machine.spec.name}: a binding raised {type(exc).__name__}: {exc} for "
+                f"{self.machine.spec.name}:{where} raised {type(exc).__name__}: {exc} for "
                 f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step "
-                "was rolled back", transfer_id=tx.transfer_id, event=ev.kind) from exc
+                "was rolled back", transfer_id=tx.transfer_id, event=ev.kind,
+                binding=failing.binding) from exc
         if outcome is not Outcome.APPLIED:
             shard.counts[outcome.index] += 1
             return self._result(outcome, state, self._no_effects)

@@ -35,12 +35,12 @@ import msgspec
 from ..lang.model import value_fits
 from ..machines.binding import effect_problem
 from .codegen import generate_steps
-from .errors import InvariantViolation, TransitionError
+from .errors import InvariantViolation, TimerStepsFailed, TransitionError
 from .events import Effect, Event, Outcome
 from .machine import Machine
 from .pending import EarlyFacts
 from .reference import ReferenceSteps
-from .timers import ENTER, LEAVE, DeadlineHeap, TimerPlan, check_time
+from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 
 log = logging.getLogger("moriio_fsm.runtime")
 
@@ -125,6 +125,8 @@ class TransferTable:
         self._ended_cap = max(1, ended_capacity // shards)
         self._check = check_invariants
         self.recorder_errors = 0
+        self._errors_lock = threading.Lock()
+        self._recording: int | None = None         # the thread running the recorder
         self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
         self._remote_payloads = {n: tuple(e.payload.items())
                                  for n, e in spec.events.items() if e.origin == "remote"}
@@ -214,9 +216,11 @@ class TransferTable:
             def dispatch(ev: Event) -> Result:
                 try:
                     time = ev.time
-                    if time - time != 0.0:        # NaN or infinite
+                    if ((time.__class__ is not float and time.__class__ is not int)
+                            or not -MAX_TIME < time < MAX_TIME       # NaN, infinite, huge
+                            or ev.transfer_id.__class__ is not str):
                         return malformed()
-                except (TypeError, AttributeError):   # not a number, or not an event at all
+                except AttributeError:                # not an event at all
                     return malformed()
                 tx = None
                 acquire()
@@ -241,10 +245,12 @@ class TransferTable:
                 # The recorder runs under the lock, so per transfer it sees steps in order.
                 try:
                     time = ev.time
-                    if time - time != 0.0:
+                    if ((time.__class__ is not float and time.__class__ is not int)
+                            or not -MAX_TIME < time < MAX_TIME or ev.transfer_id.__class__ is not str):
                         return malformed()
-                except (TypeError, AttributeError):
+                except AttributeError:
                     return malformed()
+                self._refuse_reentry()
                 acquire()
                 try:
                     result = run(only, ev, live_get(ev.transfer_id))
@@ -259,11 +265,14 @@ class TransferTable:
         def dispatch(ev: Event) -> Result:
             try:
                 time = ev.time
-                if time - time != 0.0:        # NaN or infinite
+                if ((time.__class__ is not float and time.__class__ is not int)
+                        or not -MAX_TIME < time < MAX_TIME or ev.transfer_id.__class__ is not str):
                     return malformed()
                 shard = shards[hash(ev.transfer_id) & mask]
-            except (TypeError, AttributeError):   # not a number, an unhashable id, not an event
+            except AttributeError:                # not an event at all
                 return malformed()
+            if record is not None:
+                self._refuse_reentry()
             tx = None
             lock = shard.lock
             lock.acquire()
@@ -303,24 +312,31 @@ class TransferTable:
         if step is None:
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, tx.state, _NO_EFFECTS)
-        # The slot is cleared before the step runs and comes back if the step fails.
+        # The slot is cleared before the step runs and comes back if the step fails, with a
+        # heap entry of its own (a compaction meanwhile may have dropped the old one).
         tx.deadlines[index] = None
         try:
             return step(shard, tx, ev)
         except BaseException:
             tx.deadlines[index] = deadline
+            self._heap.push(deadline, tx, index)
             raise
 
     def advance(self, now: float) -> list[tuple[Event, Result]]:
         """Fire every timer whose deadline is <= ``now``, earliest first; return the
         fired events with their results. Deadlines pushed back by progress are
-        re-queued, not fired. ``now`` must be a finite number (``ValueError``)."""
+        re-queued, not fired. ``now`` must be a clock reading (``ValueError``).
+
+        A timer step that raises does not stop the others: every due timer fires, then
+        ``TimerStepsFailed`` carries the results of those that ran and the errors; the
+        failed timer stays armed and is retried one duration later."""
         check_time(now, "advance(now)")
-        fired = []
+        fired: list[tuple[Event, Result]] = []
+        errors: list[TransitionError] = []
         while True:
             due = self._heap.pop_due(now)
             if due is None:
-                return fired
+                break
             deadline, tx, index = due
             shard = self._shards[hash(tx.transfer_id) & self._mask]
             shard.lock.acquire()
@@ -334,17 +350,22 @@ class TransferTable:
                 ev = self._timer_events[index](tx.transfer_id, current)
                 try:
                     result = self._run_step(shard, tx, ev)
-                except BaseException:
-                    # The step failed and was rolled back, its slot armed again: so must
-                    # its heap entry be, or the timer could never fire.
-                    if tx.deadlines[index] is not None:
-                        self._heap.push(tx.deadlines[index], tx, index)
-                    raise
+                except TransitionError as exc:
+                    # Rolled back with its slot armed again: retry it later, not now, so
+                    # one broken transfer cannot hold up every other timer.
+                    retry = now + self._plan.durations[index]
+                    tx.deadlines[index] = retry
+                    self._heap.push(retry, tx, index)
+                    errors.append(exc)
+                    continue
                 if self._recorder is not None:
                     self._record(ev, result)
             finally:
                 shard.lock.release()
             fired.append((ev, result))
+        if errors:
+            raise TimerStepsFailed(fired, errors)
+        return fired
 
     def next_deadline(self) -> float | None:
         """The earliest pending deadline (possibly stale), for a driver's sleep."""
@@ -425,14 +446,23 @@ class TransferTable:
             shard.counts[_REJECTED.index] += 1
         return Result(_REJECTED, None, _NO_EFFECTS)
 
+    def _refuse_reentry(self) -> None:
+        if self._recording == threading.get_ident():
+            raise RuntimeError(f"{self.spec.name}: the recorder dispatched an event; a recorder "
+                               "runs under the shard lock and must not dispatch (it would hang)")
+
     def _record(self, ev: Event, result: Result) -> None:
+        self._recording = threading.get_ident()
         try:
             self._recorder(ev, result)
         except Exception as exc:        # the step stands; a broken recorder is reported
-            self.recorder_errors += 1
+            with self._errors_lock:
+                self.recorder_errors += 1
             if self.recorder_errors <= 10 or self.recorder_errors % 1000 == 0:
                 log.error("trace recorder failed (%d so far) on event %r of transfer %r: %s: %s",
                           self.recorder_errors, ev.kind, ev.transfer_id, type(exc).__name__, exc)
+        finally:
+            self._recording = None
 
     def _payload_ok(self, ev: Event) -> bool:
         """Whether a peer's event for a transfer not created yet has its payload of the
@@ -449,7 +479,7 @@ class TransferTable:
         if ev.kind in self._creators:
             return self._create(shard, ev)
         if ev.kind in self._remote_payloads:
-            if not self._payload_ok(ev):
+            if not self._payload_ok(ev) or ev.source.__class__ is not str:
                 counts[_REJECTED.index] += 1
                 return Result(_REJECTED, None, _NO_EFFECTS)
             kept, evicted = shard.early.hold(ev)
@@ -506,7 +536,15 @@ class TransferTable:
             if shard.live.get(ev.transfer_id) is not tx:
                 shard.counts[Outcome.LATE.index] += 1     # an earlier held fact ended it
                 continue
-            held_result = self._run_step(shard, tx, held)
+            try:
+                held_result = self._run_step(shard, tx, held)
+            except TransitionError as exc:
+                # The transfer was created; a held fact whose step broke was rolled back
+                # and counts as rejected. Its error is a binding's bug: say so loudly.
+                shard.counts[_REJECTED.index] += 1
+                log.error("%s: a held %s for %r could not be applied at creation: %s",
+                          self.spec.name, held.kind, ev.transfer_id, exc)
+                continue
             effects.extend(held_result.effects)
             hops.extend(held_result.hops or ())
         return Result(Outcome.CREATED, tx.state, effects or _NO_EFFECTS, tuple(hops) or None)
@@ -563,8 +601,9 @@ class TransferTable:
                     self._arm(tx, index, now)
         state = tx.state
         for index, duration in plan.restarts(ev.kind, state):
-            if deadlines[index] is None:
-                self._arm(tx, index, now)
+            deadline = deadlines[index]
+            if deadline is None or now + duration < deadline:
+                self._arm(tx, index, now)      # a deadline never moves before its heap entry
             else:
                 deadlines[index] = now + duration
         if state in self._final:
@@ -583,8 +622,11 @@ class TransferTable:
         state = tx.state
         shard.ended_in[state] = shard.ended_in.get(state, 0) + 1
         if state in self._anomaly:
-            log.warning("%s: transfer %r ended in anomaly state %r: %r",
-                        self.spec.name, tx.transfer_id, state, tx)
+            try:
+                log.warning("%s: transfer %r ended in anomaly state %r: %r",
+                            self.spec.name, tx.transfer_id, state, tx)
+            except Exception:           # a broken log handler must not undo a retirement
+                pass
         ended = shard.ended
         ended[tx.transfer_id] = state
         if len(ended) > self._ended_cap:

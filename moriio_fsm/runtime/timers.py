@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import threading
 from typing import Any
 
@@ -128,8 +127,20 @@ class DeadlineHeap:
         self.compactions += 1
 
 
+#: Times are seconds on a monotonic clock; anything past this is not a clock reading
+#: (and would overflow float arithmetic on deadlines).
+MAX_TIME = 1e15
+
+
+def is_time(value: Any) -> bool:
+    """Whether ``value`` can be a clock reading: an int or float (not a bool, not another
+    number type), finite, within +-MAX_TIME seconds."""
+    return (type(value) is float or type(value) is int) and -MAX_TIME < value < MAX_TIME
+
+
 def check_time(now: Any, what: str) -> float:
-    """``now`` as a finite number of seconds, or ``ValueError`` naming ``what``."""
-    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
-        raise ValueError(f"{what} must be a finite number of seconds, got {now!r}")
+    """``now`` as a clock reading, or ``ValueError`` naming ``what``."""
+    if not is_time(now):
+        raise ValueError(f"{what} must be a finite number of seconds (an int or float within "
+                         f"+-{MAX_TIME:g}), got {now!r}")
     return now

@@ -783,6 +783,41 @@ def test_local_internal_row_writing_what_an_eventless_exit_reads_is_a_backstop(t
     assert problems(tmp_path, text) == []
 
 
+def test_timers_that_only_lead_to_more_waiting_are_no_way_to_an_end(tmp_path):
+    # 'a' and 'b' each have a timer that leaves into the other: every state has a
+    # backstop, yet without the peer a transfer bounces between them forever.
+    text = VALID.replace("  timeout: {origin: timer}\n",
+                         "  timeout: {origin: timer}\n  tick_a: {origin: timer}\n  tick_b: {origin: timer}\n")
+    text = text.replace("timers:\n", "timers:\n  ta: {states: [ping], duration: wait_s, event: tick_a}\n"
+                                      "  tb: {states: [pong], duration: wait_s, event: tick_b}\n")
+    text = add_transitions("{event: go, source: waiting, dest: ping}",
+                           "{event: tick_a, source: ping, dest: pong}",
+                           "{event: tick_b, source: pong, dest: ping}",
+                           "{event: reply, source: [ping, pong], dest: done}",
+                           text=add_state("pong: {}", text=add_state("ping: {}", text=text)))
+    found = problems(tmp_path, text)
+    find(found, line_of(text, "ping: {}"), "state 'ping' cannot end without a peer or an adapter")
+    find(found, line_of(text, "pong: {}"), "state 'pong' cannot end without a peer or an adapter")
+    assert len(found) == 2
+
+
+def test_a_timer_the_peer_keeps_restarting_is_no_backstop(tmp_path):
+    # The only way out of 'waiting' is its timer, and every applied reply restarts it:
+    # a peer that keeps replying keeps the transfer waiting forever.
+    text = edit("    event: timeout\n", "    event: timeout\n    restart_on: [reply]\n")
+    text = edit(T3, "  - {event: reply, source: waiting, internal: true, actions: [record]}\n", text)
+    text = edit(T5, "", text)
+    text = text.replace("emits:\n  ask_peer: {doc: Send the question., fields: {count: int}, on_failure: ask_failed}\n", "")
+    text = text.replace(", emits: [ask_peer]", "").replace("  ask: Ask the peer for its reply.\n", "")
+    text = text.replace("actions: [ask]", "").replace("  ask_failed: {origin: adapter, payload: {error: str}}\n", "")
+    text = text.replace(", dest: waiting, }", ", dest: waiting}")
+    found = problems(tmp_path, text)
+    find(found, line_of(text, "waiting: {doc: Waiting for the peer.}"),
+         "state 'waiting' waits only on peers or adapters", "cannot keep postponing")
+    find(found, line_of(text, "idle: {doc: Created.}"), "state 'idle' cannot end without a peer")
+    assert len(found) == 2
+
+
 def test_final_state_with_an_outgoing_transition(tmp_path):
     text = add_transitions("{event: go, source: done, dest: failed}")
     only(problems(tmp_path, text), line_of(text, "source: done, dest: failed"),

@@ -18,7 +18,7 @@ from moriio_fsm.machines import build_machine, build_table
 from moriio_fsm.machines import write_producer
 from moriio_fsm.machines.binding import Bindings
 from moriio_fsm.runtime.declared import emits, events
-from moriio_fsm.runtime.errors import InvariantViolation, TransitionError
+from moriio_fsm.runtime.errors import InvariantViolation, TimerStepsFailed, TransitionError
 from moriio_fsm.runtime.events import Outcome
 from moriio_fsm.runtime.machine import Machine
 from moriio_fsm.runtime.table import TransferTable
@@ -123,17 +123,25 @@ def test_an_interrupt_mid_step_is_rolled_back_and_raised_as_it_is():
     assert snapshot(table, "tx-1") == before
 
 
-def test_a_failing_timer_step_keeps_its_timer():
+def test_a_failing_timer_step_keeps_its_timer_and_holds_up_no_other():
     def end_expired(tx, ev, out):
+        if tx.transfer_id == "tx-1":
+            raise RuntimeError("boom")
         tx.end_reason = "expired"
-        raise RuntimeError("boom")
 
     table = TransferTable(machine_with(end_expired))
     table.dispatch(events.prefill_started("tx-1", 0.0, 1))
-    with pytest.raises(TransitionError):
+    table.dispatch(events.prefill_started("tx-2", 1.0, 1))
+    with pytest.raises(TimerStepsFailed) as info:
         table.advance(61.0)
-    assert table.get("tx-1").deadlines[0] == 60.0 and table.get("tx-1").end_reason == ""
+    assert [ev.transfer_id for ev, _ in info.value.fired] == ["tx-2"]     # it fired anyway
+    assert table.state_of("tx-2") == "closing"
+    assert [e.transfer_id for e in info.value.errors] == ["tx-1"]
+    tx = table.get("tx-1")
+    assert tx.end_reason == "" and tx.state == "allocated"
+    assert tx.deadlines[0] == 121.0                       # retried one duration later
     assert table.audit() == []
+    assert table.advance(100.0) == []                     # not retried in a hot loop
 
 
 def test_check_mode_rolls_back_a_step_that_breaks_an_invariant():
@@ -221,7 +229,8 @@ def test_check_mode_runs_the_production_code_plus_its_proofs():
     production = build_table("write_producer").generated.source.splitlines()
     checked = build_table("write_producer", check_invariants=True).generated.source.splitlines()
     proofs = [line for line in checked if "verify(" in line or "before = tx.context()" in line
-              or line.strip() == "out = NO_EFFECTS"]
+              or line.strip() == "out = NO_EFFECTS" or "undeclared_read(" in line
+              or (line.strip().startswith("if may_fire_") and line.strip().endswith("(tx, ev):"))]
     assert proofs
     assert [line for line in checked if line not in proofs] == production
 
