@@ -54,14 +54,14 @@ def can_read(tx, ev) -> bool:
 @bindings.guard
 def layer_in_flight(tx, ev) -> bool:
     layer = ev.layer
-    return (type(layer) is int and 0 <= layer < tx.max_layers
+    return (0 <= layer < tx.max_layers
             and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
 
 
 @bindings.guard
 def layer_already_settled(tx, ev) -> bool:
     layer = ev.layer
-    return type(layer) is int and 0 <= layer < tx.max_layers and (tx.settled >> layer) & 1 == 1
+    return 0 <= layer < tx.max_layers and (tx.settled >> layer) & 1 == 1
 
 
 @bindings.guard

@@ -15,19 +15,19 @@ bindings = Bindings("read_producer")
 @bindings.guard
 def valid_consumer_count(tx, ev) -> bool:
     count = ev.consumer_tp_size
-    return type(count) is int and 1 <= count <= tx.max_consumers
+    return 1 <= count <= tx.max_consumers
 
 
 @bindings.guard
 def release_repeated(tx, ev) -> bool:
     rank = ev.consumer_rank
-    return type(rank) is int and 0 <= rank < tx.max_consumers and (tx.released_by >> rank) & 1 == 1
+    return 0 <= rank < tx.max_consumers and (tx.released_by >> rank) & 1 == 1
 
 
 @bindings.guard
 def release_usable(tx, ev) -> bool:
     rank = ev.consumer_rank
-    return (type(rank) is int and -1 <= rank < tx.max_consumers
+    return (-1 <= rank < tx.max_consumers
             and tx.releases < tx.consumer_tp_size)
 
 
@@ -39,7 +39,7 @@ def all_released(tx, ev) -> bool:
 @bindings.guard
 def heartbeat_usable(tx, ev) -> bool:
     rank, seq = ev.consumer_rank, ev.seq
-    return (type(rank) is int and -1 <= rank < tx.max_consumers
+    return (-1 <= rank < tx.max_consumers
             and type(seq) is int and seq >= 0)
 
 

@@ -18,7 +18,7 @@ bindings = Bindings("write_consumer")
 @bindings.guard
 def valid_writer_count(tx, ev) -> bool:
     count = ev.num_writers
-    return type(count) is int and 1 <= count <= tx.max_writers
+    return 1 <= count <= tx.max_writers
 
 
 @bindings.guard
@@ -29,14 +29,14 @@ def has_blocks(tx, ev) -> bool:
 @bindings.guard
 def verdict_repeated(tx, ev) -> bool:
     rank = ev.producer_rank
-    return (type(rank) is int and 0 <= rank < tx.max_writers
+    return (0 <= rank < tx.max_writers
             and ((tx.done_from | tx.failed_from) >> rank) & 1 == 1)
 
 
 @bindings.guard
 def verdict_usable(tx, ev) -> bool:
     rank = ev.producer_rank
-    return (type(rank) is int and -1 <= rank < tx.max_writers
+    return (-1 <= rank < tx.max_writers
             and tx.verdicts < tx.num_writers)
 
 

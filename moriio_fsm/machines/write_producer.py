@@ -3,8 +3,8 @@
 Every function here is a small, pure step over the transfer's context: layer sets
 are bitmaps and counters, never sets of names. Which function runs when is decided
 by the spec alone; these functions only say what a named step means, touching only
-the fields the spec declares for them. The per-layer guards inline their range checks
-because they run once per layer per transfer.
+the fields the spec declares for them. Payload fields arrive of their declared types
+(every step checks that first), so guards check only ranges.
 """
 
 from __future__ import annotations
@@ -29,41 +29,41 @@ def _layers(bitmap: int) -> tuple[int, ...]:
 @bindings.guard
 def valid_writer_count(tx, ev) -> bool:
     count = ev.num_writers
-    return type(count) is int and count >= 1
+    return count >= 1
 
 
 @bindings.guard
 def new_layer_allocation_known(tx, ev) -> bool:
     layer = ev.layer
-    return (tx.has_allocation and type(layer) is int and 0 <= layer < tx.max_layers
+    return (tx.has_allocation and 0 <= layer < tx.max_layers
             and not (tx.scheduled >> layer) & 1)
 
 
 @bindings.guard
 def layer_is_new(tx, ev) -> bool:
     layer = ev.layer
-    return (type(layer) is int and 0 <= layer < tx.max_layers
+    return (0 <= layer < tx.max_layers
             and not (tx.scheduled >> layer) & 1)
 
 
 @bindings.guard
 def layer_already_scheduled(tx, ev) -> bool:
     layer = ev.layer
-    return (type(layer) is int and 0 <= layer < tx.max_layers
+    return (0 <= layer < tx.max_layers
             and (tx.scheduled >> layer) & 1 == 1)
 
 
 @bindings.guard
 def layer_in_flight(tx, ev) -> bool:
     layer = ev.layer
-    return (type(layer) is int and 0 <= layer < tx.max_layers
+    return (0 <= layer < tx.max_layers
             and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
 
 
 @bindings.guard
 def layer_already_settled(tx, ev) -> bool:
     layer = ev.layer
-    return (type(layer) is int and 0 <= layer < tx.max_layers
+    return (0 <= layer < tx.max_layers
             and (tx.settled >> layer) & 1 == 1)
 
 
@@ -85,7 +85,8 @@ def awaiting_allocation(tx, ev) -> bool:
 @bindings.guard
 def all_writes_succeeded(tx, ev) -> bool:
     # In 'sealed' no layer is added any more: every scheduled layer settled, none failed.
-    return tx.has_allocation and tx.failed == 0 and tx.settled == tx.scheduled
+    # The comparison that is false until the last write comes first: it runs per write.
+    return tx.settled == tx.scheduled and tx.failed == 0 and tx.has_allocation
 
 
 @bindings.guard

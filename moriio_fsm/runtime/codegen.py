@@ -372,10 +372,11 @@ class GeneratedModule:
                 # its heap entry), else push the deadline back.
                 self._line(f"{indent}deadline = deadlines[{index}]  "
                            f"# restart timer {self._plan.names[index]!r}")
-                self._line(f"{indent}if deadline is None or ev.time + {duration!r} < deadline:")
+                self._line(f"{indent}pushed_back = ev.time + {duration!r}")
+                self._line(f"{indent}if deadline is None or pushed_back < deadline:")
                 self._line(f"{indent}    arm(tx, {index}, ev.time)")
                 self._line(f"{indent}else:")
-                self._line(f"{indent}    deadlines[{index}] = ev.time + {duration!r}")
+                self._line(f"{indent}    deadlines[{index}] = pushed_back")
         cached = self._bind(self._result(row.outcome, state),
                             f"{row.outcome.name}_IN_{_ident(state).upper()}")
         self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")

@@ -173,7 +173,35 @@ def _rewrite(fn: Callable, names: tuple[str, ...], bind, config, effect_classes,
     body = [rewriter.visit(stmt) for stmt in node.body]
     if rewriter.failed:
         return None
-    return body
+    return _propagate_copies(body)
+
+
+def _propagate_copies(body: list) -> list:
+    """Drop ``_local = ev_<field>`` when the local is never assigned again, reading the
+    step's ``ev_<field>`` wherever the local was read: both hold the same immutable
+    event field, and the step saves a store and a load per use."""
+    stores: dict[str, int] = {}
+    for stmt in body:
+        for sub in ast.walk(stmt):
+            if isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load):
+                stores[sub.id] = stores.get(sub.id, 0) + 1
+    copies = {}
+    for stmt in body:
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Name)
+                and stmt.value.id.startswith("ev_") and stores.get(stmt.targets[0].id) == 1):
+            copies[stmt.targets[0].id] = stmt.value.id
+
+    class Substitute(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in copies and isinstance(node.ctx, ast.Load):
+                return ast.copy_location(ast.Name(copies[node.id], ast.Load()), node)
+            return node
+
+    kept = [stmt for stmt in body if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                                          and isinstance(stmt.targets[0], ast.Name)
+                                          and stmt.targets[0].id in copies)]
+    return [Substitute().visit(stmt) for stmt in kept]
 
 
 def inline_guard(fn: Callable, bind, config: dict[str, Any], effect_classes: dict,

@@ -72,8 +72,13 @@ class EarlyFacts:
             victim = next(entry for entry in held if sender_of(entry.event) == hog)
             self._forget(victim)
             evicted += 1
+        replaced = False
         if self._count_of.get(source, 0) >= self.per_source:
-            evicted += self._evict_oldest(source)
+            # The sender is at its quota: its oldest fact makes room. Its count does not
+            # change, so the buckets are left alone (a flood's every fact takes this path).
+            if self._evict_oldest(source, recount=False):
+                evicted += 1
+                replaced = True
         elif self._size >= self.capacity:
             evicted += self._evict_oldest(next(iter(self._sources_with[self._most])))
         entry = _Held(ev)
@@ -86,7 +91,8 @@ class EarlyFacts:
         if queue is None:
             queue = self._by_source[source] = deque()
         queue.append(entry)
-        self._recount(source, +1)
+        if not replaced:
+            self._recount(source, +1)
         return True, evicted
 
     def take(self, transfer_id: str, now: float) -> tuple[list[Event], int]:
@@ -123,28 +129,30 @@ class EarlyFacts:
             del self._by_source[source]
         return dropped
 
-    def _evict_oldest(self, source: str) -> int:
+    def _evict_oldest(self, source: str, recount: bool = True) -> int:
         queue = self._by_source[source]
         while queue:
             self.examined += 1
             entry = queue.popleft()
             if entry.alive:
-                self._forget(entry)
+                self._forget(entry, recount)
                 if not queue:
                     del self._by_source[source]
                 return 1
         del self._by_source[source]
         return 0
 
-    def _forget(self, entry: _Held) -> None:
+    def _forget(self, entry: _Held, recount: bool = True) -> None:
         entry.alive = False
         tid = entry.event.transfer_id
         held = self._by_transfer.get(tid)
         if held is not None:
-            held.remove(entry)             # at most per_transfer long
-            if not held:
+            if len(held) == 1:
                 del self._by_transfer[tid]
-        self._recount(sender_of(entry.event), -1)
+            else:
+                held.remove(entry)         # at most per_transfer long
+        if recount:
+            self._recount(sender_of(entry.event), -1)
 
     def _recount(self, source: str, delta: int) -> None:
         old = self._count_of.get(source, 0)

@@ -69,6 +69,11 @@ class Result(msgspec.Struct, frozen=True, gc=False):
         return iter((self.outcome, self.state, self.effects))
 
 
+_HELD = Result(Outcome.BUFFERED, None, _NO_EFFECTS)
+_DROPPED = Result(Outcome.DROPPED, None, _NO_EFFECTS)
+_UNKNOWN = Result(Outcome.UNKNOWN, None, _NO_EFFECTS)
+
+
 class _Shard:
     __slots__ = ("lock", "live", "ended", "early", "counts", "ended_in")
 
@@ -186,6 +191,7 @@ class TransferTable:
         record = self._record if self._recorder is not None else None
         rejected_in = {state: Result(_REJECTED, state, _NO_EFFECTS) for state in self.spec.states}
         rejected_index = _REJECTED.index
+        low, high = -MAX_TIME, MAX_TIME
 
         def run(shard, ev, tx):
             """The part under the shard lock, shared by both dispatch variants."""
@@ -216,16 +222,16 @@ class TransferTable:
             def dispatch(ev: Event) -> Result:
                 try:
                     time = ev.time
-                    if ((time.__class__ is not float and time.__class__ is not int)
-                            or not -MAX_TIME < time < MAX_TIME       # NaN, infinite, huge
-                            or ev.transfer_id.__class__ is not str):
-                        return malformed()
+                    tid = ev.transfer_id
                 except AttributeError:                # not an event at all
                     return malformed()
-                tx = None
+                kind = time.__class__
+                if ((kind is not float and kind is not int) or not low < time < high
+                        or tid.__class__ is not str):   # NaN, infinite, huge, a non-str id
+                    return malformed()
                 acquire()
+                tx = live_get(tid)                    # a str key: this cannot raise
                 try:
-                    tx = live_get(ev.transfer_id)
                     if tx is None:
                         return absent(only, ev)
                     step = steps[tx.state].get(ev.kind)
@@ -467,8 +473,14 @@ class TransferTable:
     def _payload_ok(self, ev: Event) -> bool:
         """Whether a peer's event for a transfer not created yet has its payload of the
         declared types (held facts are checked before they are kept)."""
-        return all(value_fits(getattr(ev, name, None), type_name)
-                   for name, type_name in self._remote_payloads.get(ev.kind, ()))
+        for name, type_name in self._remote_payloads.get(ev.kind, ()):
+            value = getattr(ev, name, None)
+            if type_name == "int":
+                if value.__class__ is not int:
+                    return False
+            elif not value_fits(value, type_name):
+                return False
+        return True
 
     def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
         tid = ev.transfer_id
@@ -483,13 +495,16 @@ class TransferTable:
                 counts[_REJECTED.index] += 1
                 return Result(_REJECTED, None, _NO_EFFECTS)
             kept, evicted = shard.early.hold(ev)
-            counts[Outcome.BUFFERED.index] -= evicted
-            counts[Outcome.DROPPED.index] += evicted
-            outcome = Outcome.BUFFERED if kept else Outcome.DROPPED
-            counts[outcome.index] += 1
-            return Result(outcome, None, _NO_EFFECTS)
+            if evicted:
+                counts[Outcome.BUFFERED.index] -= evicted
+                counts[Outcome.DROPPED.index] += evicted
+            if kept:
+                counts[Outcome.BUFFERED.index] += 1
+                return _HELD
+            counts[Outcome.DROPPED.index] += 1
+            return _DROPPED
         counts[Outcome.UNKNOWN.index] += 1
-        return Result(Outcome.UNKNOWN, None, _NO_EFFECTS)
+        return _UNKNOWN
 
     def _run_step(self, shard: _Shard, tx, ev: Event) -> Result:
         step = self._steps[tx.state].get(ev.kind)

@@ -56,7 +56,9 @@ def test_a_plain_guard_is_rewritten_with_parameters_locals_globals_and_config():
 def test_event_fields_read_up_front_replace_attribute_reads():
     _, bind = _names()
     inlined = inline_guard(plain_guard, bind, {"max_layers": 64}, {}, frozenset({"layer"}))
-    assert inlined.lines == ["_value_plain_guard = ev_layer"]
+    # The copy of the event field is dropped: the step's ev_layer is read directly.
+    assert inlined.lines == []
+    assert inlined.test.startswith("(type(ev_layer) is int and ev_layer < 64")
 
 
 def test_a_plain_action_keeps_its_statements():
