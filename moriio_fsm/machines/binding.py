@@ -108,6 +108,25 @@ class Bindings:
             raise ValueError(f"{kind} {fn.__name__!r} is bound twice for spec {self.spec_name!r}")
         table[fn.__name__] = fn
 
+    def replaced(self, *functions: Callable) -> "Bindings":
+        """A copy in which each of ``functions`` stands in for the guard or action of its name.
+
+        Used to plant a bug in one step (tests, the model checker's own tests) without
+        touching the bindings every other machine of this spec shares.
+        """
+        copy = Bindings(self.spec_name)
+        copy.guards = dict(self.guards)
+        copy.actions = dict(self.actions)
+        for fn in functions:
+            if fn.__name__ in copy.guards:
+                copy.guards[fn.__name__] = fn
+            elif fn.__name__ in copy.actions:
+                copy.actions[fn.__name__] = fn
+            else:
+                raise ValueError(f"{fn.__name__!r} is neither a guard nor an action of "
+                                 f"spec {self.spec_name!r}")
+        return copy
+
     def action_emits(self, name: str) -> set[str]:
         """The effect kinds the bound action ``name`` may emit, read from its bytecode."""
         return emitted_kinds(self.actions[name])

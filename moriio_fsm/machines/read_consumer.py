@@ -11,18 +11,12 @@ from __future__ import annotations
 import math
 
 from .binding import Bindings, emits
+from .bitmaps import layer_indices
+from .decode_reports import bind_decode_reports
 
 bindings = Bindings("read_consumer")
+bind_decode_reports(bindings)
 
-
-def _layers(bitmap: int) -> tuple[int, ...]:
-    """The set bits of ``bitmap`` as ascending layer indices."""
-    out = []
-    while bitmap:
-        low = bitmap & -bitmap
-        out.append(low.bit_length() - 1)
-        bitmap ^= low
-    return tuple(out)
 
 
 # -- guards -------------------------------------------------------------------------------
@@ -122,7 +116,7 @@ def post_reads(tx, ev, out) -> None:
     wanted = (1 << tx.num_layers) - 1
     waiting = wanted & ~tx.posted
     tx.posted |= waiting
-    for layer in _layers(waiting):
+    for layer in layer_indices(waiting):
         out.append(emits.post_read(tx.transfer_id, layer=layer, block_ids=tx.remote_block_ids))
 
 
@@ -151,7 +145,7 @@ def count_read_failure(tx, ev, out) -> None:
 def abandon_in_flight(tx, ev, out) -> None:
     in_flight = tx.posted & ~tx.settled
     if in_flight:
-        out.append(emits.abandon_reads(tx.transfer_id, layers=_layers(in_flight)))
+        out.append(emits.abandon_reads(tx.transfer_id, layers=layer_indices(in_flight)))
 
 
 @bindings.action
@@ -194,27 +188,8 @@ def tell_release(tx, ev, out) -> None:
         out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "done"))
 
 
-@bindings.action
-def report_received(tx, ev, out) -> None:
-    tx.reported_received += 1
-    out.append(emits.report_received(tx.transfer_id))
 
 
-@bindings.action
-def report_failure(tx, ev, out) -> None:
-    tx.reported_failure += 1
-    out.append(emits.report_load_failure(tx.transfer_id, reason=tx.end_reason or "failed"))
-
-
-@bindings.action
-def free_blocks(tx, ev, out) -> None:
-    tx.blocks_freed += 1
-    out.append(emits.free_blocks(tx.transfer_id, reason=tx.end_reason or "finished"))
-
-
-@bindings.action
-def count_notify_failure(tx, ev, out) -> None:
-    tx.notify_failures += 1
 
 
 @bindings.action

@@ -9,8 +9,10 @@ transfer. Which function runs when is decided by the spec alone.
 from __future__ import annotations
 
 from .binding import Bindings, emits
+from .decode_reports import bind_decode_reports
 
 bindings = Bindings("write_consumer")
+bind_decode_reports(bindings)
 
 
 # -- guards -------------------------------------------------------------------------------
@@ -145,27 +147,8 @@ def end_unsent(tx, ev, out) -> None:
     tx.end_reason = "unsent"
 
 
-@bindings.action
-def count_notify_failure(tx, ev, out) -> None:
-    tx.notify_failures += 1
 
 
-@bindings.action
-def report_received(tx, ev, out) -> None:
-    tx.reported_received += 1
-    out.append(emits.report_received(tx.transfer_id))
-
-
-@bindings.action
-def report_failure(tx, ev, out) -> None:
-    tx.reported_failure += 1
-    out.append(emits.report_load_failure(tx.transfer_id, reason=tx.end_reason or "failed"))
-
-
-@bindings.action
-def free_blocks(tx, ev, out) -> None:
-    tx.blocks_freed += 1
-    out.append(emits.free_blocks(tx.transfer_id, reason=tx.end_reason or "finished"))
 
 
 @bindings.action

@@ -10,18 +10,10 @@ the fields the spec declares for them. Payload fields arrive of their declared t
 from __future__ import annotations
 
 from .binding import Bindings, emits
+from .bitmaps import layer_indices
 
 bindings = Bindings("write_producer")
 
-
-def _layers(bitmap: int) -> tuple[int, ...]:
-    """The set bits of ``bitmap`` as ascending layer indices."""
-    out = []
-    while bitmap:
-        low = bitmap & -bitmap
-        out.append(low.bit_length() - 1)
-        bitmap ^= low
-    return tuple(out)
 
 
 # -- guards -------------------------------------------------------------------------------
@@ -113,7 +105,7 @@ def store_allocation(tx, ev, out) -> None:
     tx.has_allocation = True
     waiting = tx.scheduled & ~tx.posted
     tx.posted |= waiting
-    for layer in _layers(waiting):
+    for layer in layer_indices(waiting):
         out.append(emits.post_write(tx.transfer_id, layer=layer,
                                     block_ids=tx.remote_block_ids, decode_rank=tx.decode_rank))
 
@@ -152,7 +144,7 @@ def count_failure(tx, ev, out) -> None:
 def abandon_in_flight(tx, ev, out) -> None:
     in_flight = tx.posted & ~tx.settled
     if in_flight:
-        out.append(emits.abandon_writes(tx.transfer_id, layers=_layers(in_flight)))
+        out.append(emits.abandon_writes(tx.transfer_id, layers=layer_indices(in_flight)))
 
 
 @bindings.action

@@ -28,13 +28,8 @@ LIMIT = 7
 
 
 def machine_with(*replacements, config=None) -> Machine:
-    bindings = Bindings("write_producer")
-    bindings.guards = dict(write_producer.bindings.guards)
-    bindings.actions = dict(write_producer.bindings.actions)
-    for fn in replacements:
-        table = bindings.guards if fn.__name__ in bindings.guards else bindings.actions
-        table[fn.__name__] = fn
-    return Machine(BASE.spec, bindings, config or BASE.config)
+    """The write producer with some bindings replaced by same-named functions."""
+    return Machine(BASE.spec, write_producer.bindings.replaced(*replacements), config or BASE.config)
 
 
 def both(machine, evs, **options):

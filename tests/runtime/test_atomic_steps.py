@@ -16,7 +16,6 @@ import pytest
 
 from moriio_fsm.machines import build_machine, build_table
 from moriio_fsm.machines import write_producer
-from moriio_fsm.machines.binding import Bindings
 from moriio_fsm.runtime.declared import emits, events
 from moriio_fsm.runtime.errors import InvariantViolation, TimerStepsFailed, TransitionError
 from moriio_fsm.runtime.events import Outcome
@@ -28,13 +27,7 @@ BASE = build_machine("write_producer")
 
 def machine_with(*replacements) -> Machine:
     """The write producer with some bindings replaced by same-named functions."""
-    bindings = Bindings("write_producer")
-    bindings.guards = dict(write_producer.bindings.guards)
-    bindings.actions = dict(write_producer.bindings.actions)
-    for fn in replacements:
-        table = bindings.guards if fn.__name__ in bindings.guards else bindings.actions
-        table[fn.__name__] = fn
-    return Machine(BASE.spec, bindings, BASE.config)
+    return Machine(BASE.spec, write_producer.bindings.replaced(*replacements), BASE.config)
 
 
 def snapshot(table, tid):
