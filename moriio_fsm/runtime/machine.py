@@ -63,8 +63,17 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
     for index, (name, value) in enumerate(zip(fields, initial)):
         namespace[f"INITIAL_{index}"] = value
         lines.append(f"    self.{name} = INITIAL_{index}")
+    # A copy likewise (``copy_record``): the model checker copies a record before every
+    # step it tries. It sits under a leading underscore, which no context field or config
+    # key may use, so no spec can shadow it.
+    lines += ["", "def copy(self):", "    other = CLASS.__new__(CLASS)",
+              "    other.transfer_id = self.transfer_id", "    other.state = self.state",
+              "    other.deadlines = list(self.deadlines)"]
+    lines += [f"    other.{name} = self.{name}" for name in fields]
+    lines.append("    return other")
     exec(compile("\n".join(lines) + "\n", f"<moriio-fsm record {spec.name}>", "exec"), namespace)   # noqa: S102
     __init__ = namespace["__init__"]
+    copy = namespace["copy"]
 
     def __repr__(self) -> str:
         ctx = ", ".join(f"{n}={getattr(self, n)!r}" for n in fields)
@@ -75,12 +84,22 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
         return {n: getattr(self, n) for n in fields}
 
     cls_name = "".join(part.capitalize() for part in spec.name.split("_")) + "Transfer"
-    return type(cls_name, (), {
+    cls = type(cls_name, (), {
         "__slots__": ("transfer_id", "state", "deadlines") + fields,
         "__init__": __init__, "__repr__": __repr__, "context": context,
+        "_copy": copy,
         "config": dict(config), "spec_name": spec.name, "field_names": fields,
         **config,
     })
+    namespace["CLASS"] = cls
+    return cls
+
+
+def copy_record(tx):
+    """A new record of ``tx``'s class with the same id, state, deadlines (a list of its
+    own) and context values. Values are shared: steps replace them, never mutate them
+    (bitmaps are ints; block id lists are never changed)."""
+    return tx._copy()
 
 
 class Machine:
