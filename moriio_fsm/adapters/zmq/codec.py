@@ -53,7 +53,7 @@ __all__ = [
 #                   [, producer_rank]}
 #   release         {type, transfer_id[, consumer_tp_size]                producer
 #                   [, consumer_rank]}
-#   heartbeat       {type, transfer_id[, consumer_rank], seq}             producer
+#   heartbeat       {type, transfer_id[, consumer_rank], seq[, reply_port]} producer
 #   lease_granted   {type, transfer_id[, consumer_rank], seq, lease_s}    consumer
 #   bare UTF-8 id   ``<transfer_id>`` or ``<transfer_id>:tp<rank>``:      either
 #                   release on the producer, write_done on the consumer
@@ -320,13 +320,16 @@ class Heartbeat:
     """D asks P to keep its blocks (READ mode): renews the lease (extension).
 
     ``seq`` numbers the heartbeats of one D rank so that the grant can be matched
-    to it; ``consumer_rank`` is the sending D rank (absent: unknown).
+    to it; ``consumer_rank`` is the sending D rank (absent: unknown); ``reply_port`` the
+    port D's listener answers on (P replies to the sender's address at that port).
     """
 
     transfer_id: str
     seq: int
     consumer_rank: int | None = None
     form: WireForm = field(default=WireForm.TYPED, compare=False)  # only ever TYPED
+    _: KW_ONLY
+    reply_port: int | None = None
 
     kind = "heartbeat"
 
@@ -582,7 +585,11 @@ def _decode_release(data: dict, transfer_id: str, limits: WireLimits, form: Wire
 
 
 def _decode_heartbeat(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
-    return Heartbeat(transfer_id, _required_seq(data, limits), _optional_rank(data, "consumer_rank", limits))
+    port = data.get("reply_port")
+    if port is not None:
+        port = _check_int(port, "reply_port", 1, 65535, WireDecodeError)
+    return Heartbeat(transfer_id, _required_seq(data, limits), _optional_rank(data, "consumer_rank", limits),
+                     reply_port=port)
 
 
 def _decode_lease_granted(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
@@ -714,6 +721,8 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
         payload["seq"] = _check_int(message.seq, "seq", 0, limits.max_seq, WireEncodeError)
         if type(message) is LeaseGranted:
             payload["lease_s"] = _check_seconds(message.lease_s, "lease_s", limits.max_lease_s, WireEncodeError)
+        elif message.reply_port is not None:
+            payload["reply_port"] = _check_int(message.reply_port, "reply_port", 1, 65535, WireEncodeError)
         return _packb(payload)
     if type(message) is RemoteBlocks:
         payload = {
@@ -752,6 +761,9 @@ class AgentMetadata:
     num_blocks: int
     block_len: int
     attn_backend_name: str
+    #: Extension: what the KV cache holds (layout, dtype, block_size, num_kv_heads,
+    #: head_size ...), so two peers whose caches differ are refused at the handshake.
+    kv_format: Mapping[str, str | int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -791,6 +803,7 @@ def encode_handshake_reply(reply: HandshakeReply) -> tuple[bytes, bytes]:
             "num_blocks": meta.num_blocks,
             "block_len": meta.block_len,
             "attn_backend_name": meta.attn_backend_name,
+            **({"kv_format": dict(meta.kv_format)} if meta.kv_format is not None else {}),
         }
     )
     layers = msgpack.packb({name: [bytes(d) for d in descs] for name, descs in reply.layer_memory.items()})
@@ -854,5 +867,16 @@ def _decode_handshake_reply(metadata_frame: Any, layers_frame: Any, limits: Wire
             if type(desc) is not bytes or not desc:
                 raise WireDecodeError(f"{where}[{index}]", "expected non-empty binary data")
         layers[name] = descriptors
-    metadata = AgentMetadata(engine_id, blob, addresses, num_blocks, block_len, backend)
+    kv_format = data.get("kv_format")
+    if kv_format is not None:
+        if not isinstance(kv_format, dict) or len(kv_format) > 32:
+            raise WireDecodeError("metadata.kv_format", f"expected a small map, got {_type_name(kv_format)}")
+        for key, value in kv_format.items():
+            _check_id(key, "metadata.kv_format.<key>", limits, WireDecodeError)
+            if type(value) is int:
+                _check_int(value, f"metadata.kv_format[{key!r}]", 0, _MAX_U64, WireDecodeError)
+            else:
+                _check_id(value, f"metadata.kv_format[{key!r}]", limits, WireDecodeError)
+        kv_format = MappingProxyType(dict(kv_format))
+    metadata = AgentMetadata(engine_id, blob, addresses, num_blocks, block_len, backend, kv_format)
     return HandshakeReply(metadata, MappingProxyType(layers))

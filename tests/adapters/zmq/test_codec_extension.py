@@ -493,3 +493,35 @@ def test_heartbeat_and_lease_granted_travel_between_transports():
             consumer.close()
     finally:
         producer.close()
+
+
+def test_heartbeat_reply_port_round_trips_and_is_checked():
+    beat = Heartbeat("tx-9", 4, 1, reply_port=61006)
+    frame = encode_notify(beat)
+    assert msgpack.unpackb(frame)["reply_port"] == 61006
+    assert decode_notify(frame, role=Role.PRODUCER) == beat
+    assert "reply_port" not in msgpack.unpackb(encode_notify(Heartbeat("tx-9", 4)))
+    for bad in (0, 70000, "61006", -1, 1.5):
+        hostile = msgpack.packb({"type": "heartbeat", "transfer_id": "tx-9", "seq": 1, "reply_port": bad})
+        with pytest.raises(WireDecodeError, match="reply_port"):
+            decode_notify(hostile, role=Role.PRODUCER)
+    with pytest.raises(WireEncodeError, match="reply_port"):
+        encode_notify(Heartbeat("tx-9", 4, reply_port=0))
+
+
+def test_handshake_kv_format_is_optional_and_checked():
+    from moriio_fsm.adapters.zmq import AgentMetadata, HandshakeReply, decode_handshake_reply, encode_handshake_reply
+
+    meta = AgentMetadata("P", b"desc", (4096,), 16, 512, "CPU_ATTN")
+    plain = encode_handshake_reply(HandshakeReply(meta, {"layer.0": (b"m",)}))
+    assert "kv_format" not in msgpack.unpackb(plain[0])      # upstream's metadata map
+    assert decode_handshake_reply(*plain).metadata.kv_format is None
+    fmt = {"layout": "cpu_blocks", "dtype": "bfloat16", "block_size": 128}
+    rich = encode_handshake_reply(HandshakeReply(
+        AgentMetadata("P", b"desc", (4096,), 16, 512, "CPU_ATTN", kv_format=fmt), {"layer.0": (b"m",)}))
+    assert dict(decode_handshake_reply(*rich).metadata.kv_format) == fmt
+    for bad in ([1, 2], {"layout": 1.5}, {"x" * 600: 1}, {"layout": [1, 2]}, {str(i): 1 for i in range(40)}):
+        data = msgpack.unpackb(plain[0])
+        data["kv_format"] = bad
+        with pytest.raises(WireDecodeError, match="kv_format"):
+            decode_handshake_reply(msgpack.packb(data), plain[1])
