@@ -1,7 +1,8 @@
 """Fixtures for the engine tests: every engine that imports, wired as a P/D pair.
 
-Rules: each fixture closes what it opens; a test fails if an engine worker thread outlives it, or if a shared
-region's memfd is still open or mapped in this process after it (regions are memfds, never /dev/shm files).
+Rules: each fixture closes what it opens; a test fails if an engine worker thread outlives it, if a shared
+region's memfd is still open or mapped in this process after it (regions are memfds, never /dev/shm files), or
+if a cross-memory engine's registration table or pidfd is still open.
 """
 
 import gc
@@ -12,11 +13,30 @@ import pytest
 import torch
 
 from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
+from moriio_fsm.adapters.moriio._registry import REGISTRY_NAME_PREFIX
+from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
 
-ENGINE_KINDS = ["loopback", "mori"]
+ENGINE_KINDS = ["loopback", "cross_memory", "mori"]
+# The engines that take LoopbackFaults as engine.faults.
+FAULT_ENGINE_KINDS = ["loopback", "cross_memory"]
+ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-")
 
 _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
+_ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "anon_inode:[pidfd]")
+
+
+def engine_handles() -> set[str]:
+    """Open fds of cross-memory registration tables and pidfds in this process."""
+    handles = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if any(mark in target for mark in _ENGINE_HANDLE_MARKS):
+            handles.add(f"fd {name} -> {target}")
+    return handles
 
 
 def region_handles() -> set[str]:
@@ -60,16 +80,24 @@ def region_leak_check():
 @pytest.fixture(autouse=True)
 def no_leaked_threads_or_regions():
     check = RegionLeakCheck()
+    handles_before = engine_handles()
     yield
-    leaked_threads = [t.name for t in threading.enumerate() if t.name.startswith("loopback-")]
+    leaked_threads = [t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREAD_PREFIXES)]
     assert not leaked_threads, f"engine threads still running after the test: {leaked_threads}"
     leaked = check.leaked()
     assert not leaked, f"the test left shared regions open or mapped: {leaked}"
+    new_handles = engine_handles() - handles_before
+    if new_handles:
+        gc.collect()  # a peer that only a reference cycle keeps is not a leak
+        new_handles = engine_handles() - handles_before
+    assert not new_handles, f"the test left engine handles open: {sorted(new_handles)}"
 
 
 def make_engine(kind: str, key: str):
     if kind == "loopback":
         return LoopbackEngine(key)
+    if kind == "cross_memory":
+        return CrossMemoryEngine(key)
     availability = probe_mori()
     if not availability.available:
         pytest.skip(f"MoriEngine not tested: {availability.reason}")
@@ -124,5 +152,13 @@ def pair(request):
 @pytest.fixture
 def loopback_pair():
     made = Pair("loopback")
+    yield made
+    made.close()
+
+
+@pytest.fixture(params=FAULT_ENGINE_KINDS)
+def faulty_pair(request):
+    """A pair of an engine kind that injects faults from ``engine.faults``."""
+    made = Pair(request.param)
     yield made
     made.close()

@@ -1,5 +1,6 @@
-"""LoopbackEngine's status semantics and fault injection, in one process.
+"""Status semantics and fault injection of the engines that share LoopbackFaults (loopback, cross-memory), in one process.
 
+Tests taking ``faulty_pair`` run once per such engine; the others are LoopbackEngine's own.
 No test here depends on timing: a transfer is kept in progress by holding it
 (``faults.hold_nth``) until the test releases it, and every wait is bounded.
 """
@@ -25,59 +26,59 @@ def landed(pair, index, size=256):
     return torch.equal(pair.target[offset:offset + size], pair.source[offset:offset + size])
 
 
-def test_status_is_in_progress_until_the_held_transfer_is_released_then_succeeds(loopback_pair):
-    hold = loopback_pair.producer.faults.hold_nth(1)
-    status = write_block(loopback_pair, 0)
+def test_status_is_in_progress_until_the_held_transfer_is_released_then_succeeds(faulty_pair):
+    hold = faulty_pair.producer.faults.hold_nth(1)
+    status = write_block(faulty_pair, 0)
     assert status.in_progress() and not status.succeeded() and not status.failed()
-    assert hold.held == 1 and not landed(loopback_pair, 0)
+    assert hold.held == 1 and not landed(faulty_pair, 0)
     assert hold.release() == 1
     assert status.wait_for(WAIT_MS)
-    assert status.succeeded() and landed(loopback_pair, 0)
+    assert status.succeeded() and landed(faulty_pair, 0)
     assert hold.released and hold.held == 0 and hold.release() == 0
 
 
-def test_a_predicate_holds_every_match_until_release_and_none_after(loopback_pair):
-    faults = loopback_pair.producer.faults
+def test_a_predicate_holds_every_match_until_release_and_none_after(faulty_pair):
+    faults = faulty_pair.producer.faults
     hold = faults.hold_when(lambda posted: posted.total_bytes == 128)
-    held = [write_block(loopback_pair, i, size=128) for i in range(3)]
-    free = write_block(loopback_pair, 1)
+    held = [write_block(faulty_pair, i, size=128) for i in range(3)]
+    free = write_block(faulty_pair, 1)
     assert free.wait_for(WAIT_MS) and free.succeeded()
     assert hold.held == 3 and all(s.in_progress() for s in held)
     hold.release()
-    assert loopback_pair.producer.wait_all(held, WAIT_MS) and all(s.succeeded() for s in held)
-    later = write_block(loopback_pair, 5, size=128)
+    assert faulty_pair.producer.wait_all(held, WAIT_MS) and all(s.succeeded() for s in held)
+    later = write_block(faulty_pair, 5, size=128)
     assert later.wait_for(WAIT_MS) and later.succeeded() and hold.held == 0
 
 
-def test_a_held_transfer_that_is_doomed_fails_when_released(loopback_pair):
-    faults = loopback_pair.producer.faults
+def test_a_held_transfer_that_is_doomed_fails_when_released(faulty_pair):
+    faults = faulty_pair.producer.faults
     faults.fail_nth(1, message="link flap")
     hold = faults.hold_nth(1)
-    status = write_block(loopback_pair, 0)
+    status = write_block(faulty_pair, 0)
     assert status.in_progress()
     hold.release()
     assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
-    assert "link flap" in status.message() and not landed(loopback_pair, 0)
+    assert "link flap" in status.message() and not landed(faulty_pair, 0)
 
 
-def test_a_held_transfer_fails_when_the_engine_closes_and_release_after_is_harmless(loopback_pair):
-    hold = loopback_pair.producer.faults.hold_nth(1)
-    status = write_block(loopback_pair, 0)
-    loopback_pair.producer.close()
+def test_a_held_transfer_fails_when_the_engine_closes_and_release_after_is_harmless(faulty_pair):
+    hold = faulty_pair.producer.faults.hold_nth(1)
+    status = write_block(faulty_pair, 0)
+    faulty_pair.producer.close()
     assert status.code() == StatusCode.ERR_BAD_STATE and "closed" in status.message()
     assert hold.release() == 1
     assert status.code() == StatusCode.ERR_BAD_STATE
 
 
-def test_a_hold_released_before_any_post_holds_nothing(loopback_pair):
-    hold = loopback_pair.producer.faults.hold_nth(1)
+def test_a_hold_released_before_any_post_holds_nothing(faulty_pair):
+    hold = faulty_pair.producer.faults.hold_nth(1)
     assert hold.release() == 0
-    status = write_block(loopback_pair, 0)
+    status = write_block(faulty_pair, 0)
     assert status.wait_for(WAIT_MS) and status.succeeded() and hold.held == 0
 
 
-def test_predicates_may_call_back_into_the_engine_and_its_faults(loopback_pair):
-    engine, session = loopback_pair.producer, loopback_pair.session
+def test_predicates_may_call_back_into_the_engine_and_its_faults(faulty_pair):
+    engine, session = faulty_pair.producer, faulty_pair.session
     seen = []
 
     def predicate(posted):
@@ -87,7 +88,7 @@ def test_predicates_may_call_back_into_the_engine_and_its_faults(loopback_pair):
 
     engine.faults.fail_when(predicate)
     outcome = []
-    poster = threading.Thread(target=lambda: outcome.append(write_block(loopback_pair, 0)),
+    poster = threading.Thread(target=lambda: outcome.append(write_block(faulty_pair, 0)),
                               name="predicate-poster", daemon=True)
     poster.start()
     poster.join(WAIT_MS / 1000)
@@ -96,30 +97,30 @@ def test_predicates_may_call_back_into_the_engine_and_its_faults(loopback_pair):
     assert seen and seen[0][1] is True
 
 
-def test_jittered_completions_all_succeed(loopback_pair):
-    loopback_pair.producer.faults.set_latency(0.001, jitter_s=0.02, seed=7)
-    statuses = [write_block(loopback_pair, i) for i in range(16)]
-    assert loopback_pair.producer.wait_all(statuses, WAIT_MS)
+def test_jittered_completions_all_succeed(faulty_pair):
+    faulty_pair.producer.faults.set_latency(0.001, jitter_s=0.02, seed=7)
+    statuses = [write_block(faulty_pair, i) for i in range(16)]
+    assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
     assert all(s.succeeded() for s in statuses)
-    assert torch.equal(loopback_pair.target, loopback_pair.source)
+    assert torch.equal(faulty_pair.target, faulty_pair.source)
 
 
-def test_the_nth_transfer_fails_with_an_rdma_error_and_moves_no_bytes(loopback_pair):
-    loopback_pair.producer.faults.fail_nth(2)
-    statuses = [write_block(loopback_pair, i) for i in range(3)]
-    assert loopback_pair.producer.wait_all(statuses, WAIT_MS)
+def test_the_nth_transfer_fails_with_an_rdma_error_and_moves_no_bytes(faulty_pair):
+    faulty_pair.producer.faults.fail_nth(2)
+    statuses = [write_block(faulty_pair, i) for i in range(3)]
+    assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
     assert [s.code() for s in statuses] == [StatusCode.SUCCESS, StatusCode.ERR_RDMA_OP, StatusCode.SUCCESS]
     assert "#2" in statuses[1].message()
-    assert landed(loopback_pair, 0) and landed(loopback_pair, 2)
-    assert int(loopback_pair.target[256:512].count_nonzero()) == 0
+    assert landed(faulty_pair, 0) and landed(faulty_pair, 2)
+    assert int(faulty_pair.target[256:512].count_nonzero()) == 0
 
 
-def test_a_predicate_chooses_which_transfers_fail(loopback_pair):
-    doomed = loopback_pair.session.allocate_transfer_uid()
-    loopback_pair.producer.faults.fail_when(lambda posted: posted.transfer_uid == doomed,
+def test_a_predicate_chooses_which_transfers_fail(faulty_pair):
+    doomed = faulty_pair.session.allocate_transfer_uid()
+    faulty_pair.producer.faults.fail_when(lambda posted: posted.transfer_uid == doomed,
                                             code=StatusCode.ERR_GPU_OP, message="device lost")
-    bad = loopback_pair.session.batch_write([0], [0], [64], doomed)
-    good = write_block(loopback_pair, 1)
+    bad = faulty_pair.session.batch_write([0], [0], [64], doomed)
+    good = write_block(faulty_pair, 1)
     assert bad.wait_for(WAIT_MS) and good.wait_for(WAIT_MS)
     assert bad.code() == StatusCode.ERR_GPU_OP and "device lost" in bad.message()
     assert good.succeeded()
@@ -133,31 +134,31 @@ def test_an_injected_failure_must_use_an_error_code():
             engine.faults.fail_nth(0)
 
 
-def test_a_stalled_transfer_never_completes_and_fails_when_the_engine_closes(loopback_pair):
-    loopback_pair.producer.faults.stall_nth(1)
-    stalled = write_block(loopback_pair, 0)
-    after = write_block(loopback_pair, 1)
+def test_a_stalled_transfer_never_completes_and_fails_when_the_engine_closes(faulty_pair):
+    faulty_pair.producer.faults.stall_nth(1)
+    stalled = write_block(faulty_pair, 0)
+    after = write_block(faulty_pair, 1)
     assert after.wait_for(WAIT_MS) and after.succeeded()
     assert not stalled.wait_for(200)
     assert stalled.in_progress()
-    assert not landed(loopback_pair, 0)
-    loopback_pair.producer.close()
+    assert not landed(faulty_pair, 0)
+    faulty_pair.producer.close()
     assert stalled.failed() and stalled.code() == StatusCode.ERR_BAD_STATE
 
 
-def test_a_killed_session_fails_its_transfers_but_not_other_sessions(loopback_pair):
-    other = loopback_pair.producer.create_session(loopback_pair.source_mem, loopback_pair.remote_mem)
-    loopback_pair.session.kill()
-    assert not loopback_pair.session.alive() and other.alive()
-    dead = write_block(loopback_pair, 0)
+def test_a_killed_session_fails_its_transfers_but_not_other_sessions(faulty_pair):
+    other = faulty_pair.producer.create_session(faulty_pair.source_mem, faulty_pair.remote_mem)
+    faulty_pair.session.kill()
+    assert not faulty_pair.session.alive() and other.alive()
+    dead = write_block(faulty_pair, 0)
     alive = other.batch_write([0], [0], [64], other.allocate_transfer_uid())
     assert dead.wait_for(WAIT_MS) and alive.wait_for(WAIT_MS)
     assert dead.code() == StatusCode.ERR_RDMA_OP and "killed" in dead.message()
     assert alive.succeeded()
 
 
-def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(loopback_pair):
-    engine, mems = loopback_pair.producer, (loopback_pair.source_mem, loopback_pair.remote_mem)
+def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(faulty_pair):
+    engine, mems = faulty_pair.producer, (faulty_pair.source_mem, faulty_pair.remote_mem)
     killed = [engine.create_session(*mems) for _ in range(100)]
     for session in killed:
         session.kill()
@@ -172,20 +173,20 @@ def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(loopback
     assert status.wait_for(WAIT_MS) and status.succeeded()
 
 
-def test_a_killed_peer_fails_every_session_to_it(loopback_pair):
-    hold = loopback_pair.producer.faults.hold_nth(1)
-    queued = write_block(loopback_pair, 0)
-    loopback_pair.producer.faults.kill_peer(loopback_pair.consumer.key)
-    assert not loopback_pair.session.alive()
+def test_a_killed_peer_fails_every_session_to_it(faulty_pair):
+    hold = faulty_pair.producer.faults.hold_nth(1)
+    queued = write_block(faulty_pair, 0)
+    faulty_pair.producer.faults.kill_peer(faulty_pair.consumer.key)
+    assert not faulty_pair.session.alive()
     hold.release()
     assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
     assert "unreachable" in queued.message()
-    assert not landed(loopback_pair, 0)
+    assert not landed(faulty_pair, 0)
 
 
-def test_writes_into_deregistered_memory_fail(loopback_pair):
-    loopback_pair.consumer.deregister_memory(loopback_pair.target_mem)
-    status = write_block(loopback_pair, 0)
+def test_writes_into_deregistered_memory_fail(faulty_pair):
+    faulty_pair.consumer.deregister_memory(faulty_pair.target_mem)
+    status = write_block(faulty_pair, 0)
     assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
     assert "deregistered" in status.message()
 

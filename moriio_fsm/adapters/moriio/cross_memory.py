@@ -1,0 +1,565 @@
+"""CrossMemoryEngine: one-sided writes and reads between processes on one host, into tensors the other process allocated.
+
+Rules: mori's status semantics (posting returns at once, one worker thread settles each batch, bad values give
+already-failed statuses); bytes move by process_vm_writev / process_vm_readv (``_iovec``) only while both
+registrations are held in their owners' tables (``_registry``); faults come from ``engine.faults`` as in LoopbackEngine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import heapq
+import itertools
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+import torch
+
+from . import _iovec
+from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
+from ._registry import TOKEN_BYTES, PublishedRegistry, RegistryUnavailable, RegistryView
+from .engine import ArgumentProblem, CheckedBatch, TransferEngine, TransferSession, check_transfer_batch, require_bytes
+from .faults import InjectedFailure, LoopbackFaults, PostedTransfer
+from .status import LocalTransferStatus, StatusCode, failed_status
+
+__all__ = [
+    "CrossMemoryEngine",
+    "CrossMemoryEngineDesc",
+    "CrossMemoryError",
+    "CrossMemoryMemoryDesc",
+    "CrossMemorySession",
+]
+
+_log = logging.getLogger(__name__)
+
+_Positive = Annotated[int, msgspec.Meta(gt=0)]
+_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+# prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY): Yama's per-process opt-in for ptrace_scope 1.
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+# Memory a peer may still have been copying when its owner let go of it (a peer stopped
+# mid-transfer outlasted the wait): kept allocated for the life of the process, so that
+# such a copy lands in memory nobody uses. A leak, never a corruption.
+_lingering: list[torch.Tensor] = []
+
+
+class CrossMemoryEngineDesc(msgspec.Struct, frozen=True, tag="moriio-cma-engine"):
+    """Who a cross-memory engine is: its process, host, pid namespace and registration table."""
+
+    key: str
+    pid: _Positive
+    boot_id: str
+    pid_namespace: int
+    registry_fd: _NonNegative
+    token: bytes
+    token_address: _Positive
+    hostname: str = ""
+    host: str = ""
+    port: int = 0
+
+    def pack(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def unpack(cls, packed: Any) -> "CrossMemoryEngineDesc":
+        """Raises ``TypeError`` for non-bytes and ``ValueError`` for bytes that are not such a descriptor."""
+        return _decode("engine descriptor", cls, packed)
+
+
+class CrossMemoryMemoryDesc(msgspec.Struct, frozen=True, tag="moriio-cma-memory"):
+    """One registered tensor: its owner, its slot in the owner's table, where it lives and how big it is."""
+
+    engine_key: str
+    mem_id: _Positive
+    slot: _NonNegative
+    pid: _Positive
+    address: _Positive
+    size: _Positive
+    dtype: str
+    shape: tuple[int, ...]
+
+    def pack(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def unpack(cls, packed: Any) -> "CrossMemoryMemoryDesc":
+        """Raises ``TypeError`` for non-bytes and ``ValueError`` for bytes that are not such a descriptor."""
+        return _decode("memory descriptor", cls, packed)
+
+
+def _decode(what: str, kind: type, packed: Any):
+    data = require_bytes(what, packed)
+    try:
+        return msgspec.msgpack.decode(data, type=kind)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise ValueError(f"{what} is not a packed {kind.__name__}: {exc}") from None
+
+
+def _host_identity() -> tuple[str, int]:
+    """This boot of this host, and this process's pid namespace: a pid means something only within both."""
+    with open("/proc/sys/kernel/random/boot_id") as handle:
+        boot_id = handle.read().strip()
+    return boot_id, os.stat("/proc/self/ns/pid").st_ino
+
+
+def _allow_same_user_tracers() -> None:
+    """Let same-user processes attach to this one under Yama ptrace_scope 1 (a no-op without Yama)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY), 0, 0, 0) != 0:
+        if ctypes.get_errno() != errno.EINVAL:  # EINVAL: no Yama, so nothing to relax
+            _log.warning("prctl(PR_SET_PTRACER_ANY) failed: %s", os.strerror(ctypes.get_errno()))
+
+
+def _close_peer_handles(pidfd: int, registry: RegistryView) -> None:
+    os.close(pidfd)
+    registry.close()
+
+
+class _Peer:
+    """An engine this one can reach: a pidfd on its process and an open of its registration table.
+
+    The handles are closed at engine close, or once no session uses the peer any more.
+    """
+
+    def __init__(self, desc: CrossMemoryEngineDesc, pidfd: int, registry: RegistryView) -> None:
+        self.desc = desc
+        self.registry = registry
+        self.withdrawn = False  # the remote engine was deregistered (or re-registered anew)
+        self._exit = select.poll()
+        self._exit.register(pidfd, select.POLLIN)  # a pidfd turns readable when its process exits
+        self._handles = weakref.finalize(self, _close_peer_handles, pidfd, registry)
+
+    def gone(self) -> str | None:
+        """Why transfers to this peer must fail, or None."""
+        if self.withdrawn or not self._handles.alive:
+            return f"remote engine {self.desc.key!r} was deregistered"
+        if self._exit.poll(0):
+            return f"process {self.desc.pid} of engine {self.desc.key!r} is gone"
+        return None
+
+    def close(self) -> None:
+        self._handles()
+
+
+def _attach(desc: CrossMemoryEngineDesc, own: CrossMemoryEngineDesc) -> _Peer:
+    """Check that ``desc`` names a live engine this process may attach to; raises ``CrossMemoryError`` if not."""
+    if desc.boot_id != own.boot_id:
+        raise CrossMemoryError(
+            errno.EXDEV, f"engine {desc.key!r} runs on another host or boot (boot id {desc.boot_id}, "
+                         f"here {own.boot_id}): cross-memory attach reaches processes on this host only")
+    if desc.pid_namespace != own.pid_namespace:
+        raise CrossMemoryError(
+            errno.EXDEV, f"engine {desc.key!r} runs in another pid namespace (inode {desc.pid_namespace}, "
+                         f"here {own.pid_namespace}), where pid {desc.pid} names another process: run both "
+                         "in one pid namespace (containers: --pid=host or a shared pod)")
+    try:
+        pidfd = os.pidfd_open(desc.pid)
+    except ProcessLookupError:
+        raise CrossMemoryError(errno.ESRCH, f"process {desc.pid} of engine {desc.key!r} is gone") from None
+    try:
+        _probe(desc)
+        registry = RegistryView.open(desc.pid, desc.registry_fd, desc.token)
+    except RegistryUnavailable as exc:
+        os.close(pidfd)
+        raise CrossMemoryError(exc.errno, f"engine {desc.key!r}: {exc.strerror}") from None
+    except BaseException:
+        os.close(pidfd)
+        raise
+    peer = _Peer(desc, pidfd, registry)
+    reason = peer.gone()
+    if reason is not None:  # it died while being checked: the pid may already be someone else's
+        peer.close()
+        raise CrossMemoryError(errno.ESRCH, reason)
+    return peer
+
+
+def _probe(desc: CrossMemoryEngineDesc) -> None:
+    """Read the engine's token out of its memory: proves the permission and that the pid is that engine."""
+    found = ctypes.create_string_buffer(TOKEN_BYTES)
+    try:
+        move_ranges(_iovec.SYSCALLS["read"], desc.pid, "read", ctypes.addressof(found), desc.token_address,
+                    [0], [0], [TOKEN_BYTES])
+    except CrossMemoryError as exc:
+        raise CrossMemoryError(exc.errno, f"cannot attach to engine {desc.key!r}: {exc}") from None
+    if found.raw != desc.token:
+        raise CrossMemoryError(
+            errno.ESTALE, f"process {desc.pid} is not engine {desc.key!r}: its pid now belongs to another process")
+
+
+@dataclass(frozen=True, slots=True)
+class _Registration:
+    desc: CrossMemoryMemoryDesc
+    tensor: torch.Tensor  # held so the memory cannot be freed while peers may reach it
+
+
+@dataclass(slots=True, eq=False)
+class _Posted:
+    status: LocalTransferStatus
+    session: "CrossMemorySession"
+    op: str
+    batch: CheckedBatch
+    failure: InjectedFailure | None
+
+
+class CrossMemorySession(TransferSession):
+    """A channel from one local registered tensor to one registered tensor of a peer engine on this host."""
+
+    def __init__(self, engine: "CrossMemoryEngine", local: CrossMemoryMemoryDesc,
+                 remote: CrossMemoryMemoryDesc, peer: _Peer) -> None:
+        self._engine = engine
+        self.local_mem = local
+        self.remote_mem = remote
+        self.remote_engine_key = remote.engine_key  # what fault rules match on
+        self._peer = peer
+
+    def allocate_transfer_uid(self) -> int:
+        return self._engine.allocate_transfer_uid()
+
+    def batch_write(self, local_offsets, remote_offsets, sizes, transfer_uid):
+        return self._post("write", local_offsets, remote_offsets, sizes, transfer_uid)
+
+    def batch_read(self, local_offsets, remote_offsets, sizes, transfer_uid):
+        return self._post("read", local_offsets, remote_offsets, sizes, transfer_uid)
+
+    def kill(self) -> None:
+        """Break this session (same as ``engine.faults.kill_session(self)``)."""
+        self._engine.faults.kill_session(self)
+
+    def alive(self) -> bool:
+        local, remote = self.local_mem, self.remote_mem
+        return (self._why_dead() is None
+                and self._engine._own.registry.holds(local.slot, local.mem_id, local.address, local.size)
+                and self._peer.registry.holds(remote.slot, remote.mem_id, remote.address, remote.size))
+
+    def _why_dead(self) -> str | None:
+        if self._engine.closed:
+            return "engine is closed"
+        return self._engine.faults.session_fault(self) or self._peer.gone()
+
+    def _post(self, op, local_offsets, remote_offsets, sizes, transfer_uid):
+        checked = check_transfer_batch(
+            local_offsets, remote_offsets, sizes, transfer_uid,
+            local_size=self.local_mem.size, remote_size=self.remote_mem.size,
+        )
+        if isinstance(checked, ArgumentProblem):
+            return failed_status(checked.code, f"batch_{op}: {checked.message}")
+        return self._engine._submit(self, op, checked)
+
+    def _carry_out(self, op: str, batch: CheckedBatch) -> tuple[int, str]:
+        """Move one batch while both registrations are held; (final code, message)."""
+        reason = self._why_dead()
+        if reason is not None:
+            return StatusCode.ERR_RDMA_OP, reason
+        local, remote, peer = self.local_mem, self.remote_mem, self._peer
+        own_table = self._engine._own.registry
+        if not own_table.hold(local.slot, local.mem_id, local.address, local.size):
+            return StatusCode.ERR_RDMA_OP, f"local memory {local.mem_id} was deregistered"
+        try:
+            if not peer.registry.hold(remote.slot, remote.mem_id, remote.address, remote.size):
+                return (StatusCode.ERR_RDMA_OP, f"remote memory {remote.mem_id} of engine "
+                        f"{remote.engine_key!r} was deregistered (or its engine closed)")
+            try:
+                move_ranges(_iovec.SYSCALLS[op], remote.pid, op, local.address, remote.address,
+                            batch.local_offsets, batch.remote_offsets, batch.sizes)
+            except CrossMemoryError as exc:
+                return StatusCode.ERR_RDMA_OP, str(exc)
+            finally:
+                peer.registry.release(remote.slot)
+        finally:
+            own_table.release(local.slot)
+        # A pid is reused only after its process died; if it is still alive now, every
+        # byte above went to the process the descriptor names.
+        reason = peer.gone()
+        if reason is not None:
+            return StatusCode.ERR_RDMA_OP, f"{reason} (it ended during the transfer)"
+        return StatusCode.SUCCESS, ""
+
+
+class CrossMemoryEngine(TransferEngine):
+    """A transfer engine for processes on one host: one-sided copies by Linux cross-memory attach.
+
+    Any contiguous CPU tensor can be registered, wherever the process allocated it; a peer
+    engine that registered this engine's descriptor writes into it and reads from it with
+    no help from this process. Attaching needs ptrace permission over the other process
+    (same user with ``kernel.yama.ptrace_scope`` 0, or CAP_SYS_PTRACE); with
+    ``allow_same_user_peers`` this process lets same-user processes attach to it under
+    ptrace_scope 1 (it calls prctl(PR_SET_PTRACER_ANY), for the whole process).
+
+    Deregistering memory, or closing, waits up to ``deregister_wait_s`` for peers' copies
+    in flight into it; later transfers against it fail. ``close`` fails every transfer still
+    queued, stalled or held with ERR_BAD_STATE, stops the worker thread and drops every
+    fault rule.
+    """
+
+    def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
+                 max_registrations: int = 1 << 16, deregister_wait_s: float = 10.0) -> None:
+        problem = native_calls_problem()
+        if problem is not None:
+            raise CrossMemoryError(errno.ENOSYS, problem)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"engine key must be a non-empty string, got {key!r}")
+        if isinstance(max_registrations, bool) or not isinstance(max_registrations, int) or max_registrations < 1:
+            raise ValueError(f"max_registrations must be a positive integer, got {max_registrations!r}")
+        if not deregister_wait_s >= 0:
+            raise ValueError(f"deregister_wait_s must be >= 0 seconds, got {deregister_wait_s!r}")
+        self.key = key
+        self.faults = LoopbackFaults()
+        self._deregister_wait_s = float(deregister_wait_s)
+        self._registry = PublishedRegistry(max_registrations)
+        # The token also lives in this process's memory, where a peer's probe reads it.
+        self._token_in_memory = ctypes.create_string_buffer(self._registry.token, TOKEN_BYTES)
+        boot_id, pid_namespace = _host_identity()
+        self._desc = CrossMemoryEngineDesc(
+            key=key, pid=os.getpid(), boot_id=boot_id, pid_namespace=pid_namespace,
+            registry_fd=self._registry.fd, token=self._registry.token,
+            token_address=ctypes.addressof(self._token_in_memory),
+            hostname=socket.gethostname(), host=host, port=int(port))
+        if allow_same_user_peers:
+            _allow_same_user_tracers()
+        # This engine's own transfers hold its slots through an open of its own: OFD locks
+        # of one open description do not exclude each other.
+        self._own = _attach(self._desc, self._desc)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._uids = itertools.count(1)
+        self._mem_ids = itertools.count(1)
+        self._memory: dict[int, _Registration] = {}
+        self._peers: dict[str, _Peer] = {}
+        self._sequence = 0
+        self._due: list[tuple[float, int, _Posted]] = []
+        self._stalled: list[_Posted] = []
+        self._held: dict[int, _Posted] = {}
+        self._worker = threading.Thread(target=self._run, name=f"cross-memory-{key}", daemon=True)
+        self._worker.start()
+
+    # -- descriptors and registration ------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def get_engine_desc(self) -> CrossMemoryEngineDesc:
+        return self._desc
+
+    def unpack_engine_desc(self, packed: bytes) -> CrossMemoryEngineDesc:
+        return CrossMemoryEngineDesc.unpack(packed)
+
+    def unpack_memory_desc(self, packed: bytes) -> CrossMemoryMemoryDesc:
+        return CrossMemoryMemoryDesc.unpack(packed)
+
+    def register_remote_engine(self, desc: CrossMemoryEngineDesc) -> None:
+        """Attach to a peer engine; raises ``CrossMemoryError`` saying why when it cannot be reached.
+
+        Refused: another host or boot, another pid namespace, a process that is gone or is
+        not that engine, or no ptrace permission over it (EPERM, with what would allow it).
+        """
+        if not isinstance(desc, CrossMemoryEngineDesc):
+            raise TypeError(f"desc must be a CrossMemoryEngineDesc, got {type(desc).__name__}")
+        self._require_open("register_remote_engine")
+        if desc.key == self.key:
+            if desc != self._desc:
+                raise ValueError(f"engine key {desc.key!r} is this engine's own, but the descriptor is another's")
+            return
+        with self._lock:
+            known = self._peers.get(desc.key)
+        if known is not None and known.desc == desc and known.gone() is None:
+            return
+        peer = _attach(desc, self._desc)
+        with self._lock:
+            replaced, self._peers[desc.key] = self._peers.get(desc.key), peer
+        if replaced is not None:
+            replaced.withdrawn = True  # sessions to the engine this key named before now fail
+
+    def deregister_remote_engine(self, desc: CrossMemoryEngineDesc) -> None:
+        """Forget a peer engine; its sessions' later transfers fail."""
+        if not isinstance(desc, CrossMemoryEngineDesc):
+            raise TypeError(f"desc must be a CrossMemoryEngineDesc, got {type(desc).__name__}")
+        with self._lock:
+            peer = self._peers.pop(desc.key, None)
+        if peer is not None:
+            peer.withdrawn = True
+
+    def register_torch_tensor(self, tensor: torch.Tensor) -> CrossMemoryMemoryDesc:
+        """Register a contiguous, non-empty CPU tensor so that peers can write into and read from it.
+
+        Raises ``TypeError`` for a non-tensor and ``ValueError`` for a tensor that is not
+        contiguous, not on the CPU or empty.
+        """
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"CrossMemoryEngine moves host memory only; the tensor is on {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
+                             "must be contiguous to be registered (register a contiguous byte view of it)")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            raise ValueError("an empty tensor cannot be registered")
+        self._require_open("register_torch_tensor")
+        mem_id, address = next(self._mem_ids), tensor.data_ptr()
+        slot = self._registry.publish(mem_id, address, nbytes)
+        desc = CrossMemoryMemoryDesc(
+            engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
+            dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape))
+        with self._lock:
+            self._memory[mem_id] = _Registration(desc, tensor)
+        return desc
+
+    def deregister_memory(self, mem: CrossMemoryMemoryDesc) -> None:
+        """Stop every transfer against ``mem``: waits for copies in flight, then later ones fail.
+
+        Unknown (already deregistered) memory is ignored.
+        """
+        if not isinstance(mem, CrossMemoryMemoryDesc):
+            raise TypeError(f"mem must be a CrossMemoryMemoryDesc, got {type(mem).__name__}")
+        if mem.engine_key != self.key:
+            raise ValueError(f"memory {mem.mem_id} belongs to engine {mem.engine_key!r}, not {self.key!r}")
+        with self._lock:
+            registration = self._memory.pop(mem.mem_id, None)
+        if registration is None:
+            return
+        if not self._registry.withdraw(registration.desc.slot, self._deregister_wait_s):
+            _log.warning("memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
+                         mem.mem_id, self.key, self._deregister_wait_s)
+            _lingering.append(registration.tensor)
+
+    def allocate_transfer_uid(self) -> int:
+        with self._lock:
+            return next(self._uids)
+
+    # -- sessions ------------------------------------------------------------
+    def create_session(self, local_mem, remote_mem) -> CrossMemorySession | None:
+        """A session, or None when a region or the remote engine is not registered (logged)."""
+        if not isinstance(local_mem, CrossMemoryMemoryDesc) or not isinstance(remote_mem, CrossMemoryMemoryDesc):
+            raise TypeError(
+                f"create_session needs two CrossMemoryMemoryDesc, got "
+                f"{type(local_mem).__name__} and {type(remote_mem).__name__}")
+        if self._closed:
+            return None
+        with self._lock:
+            local = self._memory.get(local_mem.mem_id) if local_mem.engine_key == self.key else None
+            peer = self._own if remote_mem.engine_key == self.key else self._peers.get(remote_mem.engine_key)
+        if local is None:
+            _log.warning("create_session: local memory %s is not registered with engine %r",
+                         local_mem.mem_id, self.key)
+            return None
+        if peer is None or peer.desc.pid != remote_mem.pid:
+            _log.warning("create_session: remote engine %r is not registered", remote_mem.engine_key)
+            return None
+        if not peer.registry.holds(remote_mem.slot, remote_mem.mem_id, remote_mem.address, remote_mem.size):
+            _log.warning("create_session: memory %s of engine %r is not registered there",
+                         remote_mem.mem_id, remote_mem.engine_key)
+            return None
+        return CrossMemorySession(self, local.desc, remote_mem, peer)
+
+    # -- posting and completing ----------------------------------------------
+    def _submit(self, session: CrossMemorySession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
+        status = LocalTransferStatus()
+        closed_text = f"batch_{op}: engine {self.key!r} is closed"
+        with self._lock:
+            if self._closed:
+                status.settle(StatusCode.ERR_BAD_STATE, closed_text)
+                return status
+            self._sequence += 1
+            sequence = self._sequence
+        verdict = self.faults.decide(PostedTransfer(sequence, op, batch.transfer_uid, session.remote_engine_key,
+                                                    len(batch.sizes), batch.total_bytes))
+        posted = _Posted(status, session, op, batch, verdict.failure)
+        status.mark_in_progress()
+        with self._wake:
+            if self._closed:
+                status.settle(StatusCode.ERR_BAD_STATE, closed_text)
+            elif verdict.stall:
+                self._stalled.append(posted)
+            elif verdict.hold is not None and verdict.hold.keep(functools.partial(self._release_held, sequence)):
+                self._held[sequence] = posted  # under the lock, so a release cannot come first
+            else:
+                heapq.heappush(self._due, (time.monotonic() + verdict.delay_s, sequence, posted))
+                self._wake.notify()
+        return status
+
+    def _release_held(self, sequence: int) -> None:
+        with self._wake:
+            posted = self._held.pop(sequence, None)  # None: close already failed it
+            if posted is not None:
+                heapq.heappush(self._due, (time.monotonic(), sequence, posted))
+                self._wake.notify()
+
+    def _next_due(self) -> _Posted | None:
+        """The next transfer whose time has come, waiting for it; None once the engine closes."""
+        with self._wake:
+            while not self._closed:
+                if not self._due:
+                    self._wake.wait()
+                    continue
+                wait_s = self._due[0][0] - time.monotonic()
+                if wait_s <= 0:
+                    return heapq.heappop(self._due)[2]
+                self._wake.wait(wait_s)
+        return None
+
+    def _run(self) -> None:
+        while (posted := self._next_due()) is not None:
+            status = posted.status
+            code, message = self._outcome(posted)
+            del posted  # let go of the session before anyone woken by the status looks for it
+            status.settle(code, message)
+            del status
+
+    def _outcome(self, posted: _Posted) -> tuple[int, str]:
+        label = f"batch_{posted.op} uid {posted.batch.transfer_uid}"
+        if posted.failure is not None:
+            return posted.failure.code, f"{label}: {posted.failure.message}"
+        try:
+            code, message = posted.session._carry_out(posted.op, posted.batch)
+        except Exception as exc:  # never let one transfer end the worker thread
+            _log.exception("cross-memory transfer failed unexpectedly")
+            return StatusCode.ERR_BAD_STATE, f"{label}: {exc}"
+        return code, f"{label}: {message}" if message else ""
+
+    def _require_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what}: engine {self.key!r} is closed")
+
+    def close(self) -> None:
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            abandoned = [entry[2] for entry in self._due] + self._stalled + list(self._held.values())
+            self._due, self._stalled, self._held = [], [], {}
+            self._wake.notify_all()
+        for posted in abandoned:
+            posted.status.settle(StatusCode.ERR_BAD_STATE,
+                                 f"batch_{posted.op} uid {posted.batch.transfer_uid}: engine {self.key!r} "
+                                 "closed before the transfer completed")
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
+        with self._lock:
+            registrations, self._memory = list(self._memory.values()), {}
+            peers, self._peers = list(self._peers.values()), {}
+        if not self._registry.close(self._deregister_wait_s):
+            _log.warning("engine %r closed while a peer was still copying; its memory stays allocated", self.key)
+            _lingering.extend(registration.tensor for registration in registrations)
+        for peer in peers:
+            peer.withdrawn = True
+            peer.close()
+        self._own.close()
+        # Predicates may capture sessions and tensors; no transfer can use them now.
+        self.faults.clear()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<CrossMemoryEngine {self.key!r} pid={self._desc.pid} {state}>"
