@@ -15,7 +15,9 @@ that row and the eventless rows it can lead to may write (as the spec declares),
 if anything raises before the step's result exists it restores them and the state;
 timers, counters and the table change only after that point. The error names the
 binding and the spec row, read off the generated line the traceback stopped at. Check
-mode writes the same module plus a snapshot and one ``verify`` call per row.
+mode writes the same module plus a snapshot and one ``verify`` call per row. Trace mode
+(a table with a step recorder) writes the same module plus one ``shard.fired.append``
+per row taken, so a trace names every row that ran; the plain module is unchanged.
 """
 
 from __future__ import annotations
@@ -99,8 +101,11 @@ class GeneratedModule:
     """
 
     def __init__(self, machine: Machine, plan: TimerPlan, *, result_cls: type,
-                 no_effects: tuple, verify: bool):
+                 no_effects: tuple, verify: bool, trace: bool = False):
         self.machine = machine
+        # Trace mode: every row taken appends its index to ``shard.fired``; eventless
+        # functions return that index + 1 (still truthy) for the table's traced settle.
+        self._trace = trace
         spec = machine.spec
         self._ns: dict[str, Any] = {
             "Result": result_cls, "finish": None, "arm": None, "settle": None, "verify": None,
@@ -110,7 +115,8 @@ class GeneratedModule:
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
         self._line_info: dict[int, tuple[str, str, Row]] = {}
-        self._lines: list[str] = [f"# Steps generated from {spec.path} ({spec.name}); "
+        self._lines: list[str] = [f"# Steps generated from {spec.path} ({spec.name}"
+                                  f"{', trace mode' if trace else ''}); "
                                   "do not edit: regenerated at every build."]
         self._plan = plan
         self._verify = verify
@@ -254,7 +260,7 @@ class GeneratedModule:
             body = self._branch(row, "    ")
             self._actions(row, body)
             self._line(f"{body}tx.state = {row.dest!r}")
-            self._line(f"{body}return True")
+            self._line(f"{body}return {row.index + 1 if self._trace else True}")
             if row.guard is None:
                 return name
         self._line("    return False")
@@ -319,6 +325,9 @@ class GeneratedModule:
         closure_rows = [r for s in closure for r in machine.eventless[s]]
         follow_writes = machine.writes_of(closure_rows) - writes
         settle_emits = any(r.emits for r in closure_rows)
+        settle = "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
+        if self._trace:
+            self._line(f"{indent}shard.fired.append({row.index})  # trace: transition #{row.index}")
         for field in sorted(writes if dest is None else writes | follow_writes):
             self._line(f"{indent}saved_{field} = tx.{field}")
         if self._verify:
@@ -336,7 +345,7 @@ class GeneratedModule:
             self._line(f"{indent}tx.state = {dest!r}")
             self._line(f"{indent}hops = [({state!r}, {dest!r})]")
             if machine.eventless[dest]:
-                self._line(f"{indent}settle(tx, ev, out, hops)")
+                self._line(f"{indent}{settle}")
             if self._verify:
                 self._line(f"{indent}{verify}")
             self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
@@ -352,7 +361,7 @@ class GeneratedModule:
             if settle_emits and not row.emits:
                 self._line(f"{inner}out = []")
             self._line(f"{inner}hops = []")
-            self._line(f"{inner}settle(tx, ev, out, hops)")
+            self._line(f"{inner}{settle}")
             if self._verify:
                 self._line(f"{inner}{verify}")
             self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
@@ -440,15 +449,17 @@ class GeneratedSteps:
 
 def generate_steps(machine: Machine, plan: TimerPlan, *, result_cls: type, no_effects: tuple,
                    finish: Callable, arm: Callable, settle: Callable,
-                   verify: Callable | None) -> GeneratedSteps:
+                   verify: Callable | None, trace: bool = False) -> GeneratedSteps:
     """The step functions of ``machine`` for one table (the module is written once per
-    machine and mode and kept on the machine)."""
+    machine and mode and kept on the machine). ``trace``: the trace-mode module, whose
+    steps note the rows they take in ``shard.fired`` and call ``settle`` with the shard."""
     cache = machine.__dict__.setdefault("_generated_modules", {})
-    key = (verify is not None, result_cls)
+    key = (verify is not None, result_cls, trace)
     module = cache.get(key)
     if module is None:
         module = cache[key] = GeneratedModule(machine, plan, result_cls=result_cls,
-                                              no_effects=no_effects, verify=verify is not None)
+                                              no_effects=no_effects, verify=verify is not None,
+                                              trace=trace)
     return module.bind(finish=finish, arm=arm, settle=settle, verify=verify)
 
 

@@ -16,6 +16,11 @@ Rules of this file:
 - A step is atomic: when a binding raises, the record is restored and nothing else
   (timers, counters, buffers) changed. A recorder that raises never loses a step: its
   errors are counted and logged and the result is returned.
+- A recorder is a callable ``recorder(event, result)``, or a *step recorder*: an object
+  with ``bind_table(table)`` returning ``record(event, before, result, rows)``, which
+  also learns the state before the step and the spec rows it ran (the table then runs
+  the trace-mode steps, ``codegen.py``). With no recorder the dispatch path is the
+  plain one: tracing off costs nothing.
 - Every event is counted once, under its final fate: a held fact counts as buffered
   while held and moves to its outcome (or to dropped) when it leaves the buffer.
 - Transfers live in shards, each with its own lock, held only while one step runs
@@ -75,7 +80,7 @@ _UNKNOWN = Result(Outcome.UNKNOWN, None, _NO_EFFECTS)
 
 
 class _Shard:
-    __slots__ = ("lock", "live", "ended", "early", "counts", "ended_in")
+    __slots__ = ("lock", "live", "ended", "early", "counts", "ended_in", "fired")
 
     def __init__(self, early: EarlyFacts) -> None:
         self.lock = threading.Lock()
@@ -84,9 +89,15 @@ class _Shard:
         self.early = early
         self.counts = [0] * len(Outcome)         # indexed by Outcome.index
         self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
+        self.fired: list[int] = []               # trace mode: rows the running step took
 
 
 Recorder = Callable[[Event, Result], None]
+#: What a step recorder's ``bind_table(table)`` returns: called as
+#: ``record(event, state_before, result, rows)`` under the shard lock after every step;
+#: ``result`` is None when the step raised (``error`` then carries the exception) and
+#: ``rows`` lists the spec rows taken (None with the transitions executor).
+StepRecord = Callable[..., None]
 
 
 class TransferTable:
@@ -99,6 +110,8 @@ class TransferTable:
     ``InvariantViolation`` and the step is rolled back. ``recorder(event, result)`` is
     called once per dispatched or fired event, under the transfer's shard lock, so per
     transfer it sees events in the order applied; it must be quick and must not dispatch.
+    A step recorder (an object with ``bind_table``, see the rules above) also sees the
+    state before each step, the rows it took and the steps that raised.
     """
 
     def __init__(self, machine: Machine, *, executor: str = "compiled", shards: int = 1,
@@ -121,6 +134,13 @@ class TransferTable:
         self.machine = machine
         self.spec = spec = machine.spec
         self.executor = executor
+        #: What the table was built with (a trace carries it, so a replay builds the same).
+        self.options = {"shards": shards, "ended_capacity": ended_capacity,
+                        "pending_capacity": pending_capacity,
+                        "pending_per_transfer": pending_per_transfer,
+                        "pending_per_source": pending_per_source, "pending_ttl_s": pending_ttl_s,
+                        "check_invariants": check_invariants,
+                        "timer_compaction_threshold": timer_compaction_threshold}
         per_shard = max(1, pending_capacity // shards)
         per_source = (max(1, per_shard // 4) if pending_per_source is None
                       else max(1, pending_per_source // shards))
@@ -158,7 +178,10 @@ class TransferTable:
             self._fire_eventless = {}
             self._steps = ReferenceSteps(machine, result_cls=Result, finish=self._finish,
                                          verify=verify, no_effects=_NO_EFFECTS).steps
-        self._guard_special_kinds()
+        self._creating_steps = self._guard_special_kinds(self._steps)
+        self._plain = (self._steps, self._creating_steps, self.generated)
+        self._traced: tuple | None = None           # trace-mode steps, made when first needed
+        self._step_record: StepRecord | None = None
         self.recorder = recorder        # builds the dispatch function
 
     # -- public API -------------------------------------------------------------------
@@ -178,14 +201,38 @@ class TransferTable:
 
     @recorder.setter
     def recorder(self, recorder: Recorder | None) -> None:
+        bind = getattr(recorder, "bind_table", None)
+        step_record = bind(self) if bind is not None else None
+        if step_record is not None and self.executor == "compiled":
+            if self._traced is None:
+                self._traced = self._make_traced_steps()
+            installed = self._traced
+        else:
+            installed = self._plain
+        self._steps, self._creating_steps, self.generated = installed
+        self._step_record = step_record
         self._recorder = recorder
         self.dispatch = self._make_dispatch()
+
+    def _make_traced_steps(self) -> tuple:
+        """The trace-mode steps: the same module plus a note of every row taken. Its
+        settle is ``_settle_traced``, bound to the trace-mode eventless functions, so a
+        step of either mode never calls the other's."""
+        generated = generate_steps(self.machine, self._plan, result_cls=Result, finish=self._finish,
+                                   arm=self._arm, settle=self._settle_traced,
+                                   verify=self._verify if self._check else None,
+                                   no_effects=_NO_EFFECTS, trace=True)
+        self._fire_eventless_traced = generated.eventless
+        steps = generated.steps
+        return steps, self._guard_special_kinds(steps), generated
 
     def _make_dispatch(self) -> Callable[[Event], Result]:
         """The dispatch function, with everything it touches bound as locals: it runs
         once per layer per transfer, where every attribute lookup shows. Events of the
         kinds that need checks first (creating, timer, peer) reach their step through
         the wrappers ``_guard_special_kinds`` put in the step table."""
+        if self._step_record is not None:
+            return self._make_traced_dispatch()
         shards, mask, steps = self._shards, self._mask, self._steps
         absent, malformed = self._dispatch_absent, self._malformed
         record = self._record if self._recorder is not None else None
@@ -293,18 +340,90 @@ class TransferTable:
 
         return dispatch
 
-    def _guard_special_kinds(self) -> None:
+    def _make_traced_dispatch(self) -> Callable[[Event], Result]:
+        """Dispatch with a step recorder: the same checks and steps (trace mode), plus
+        the state before, the rows taken and the steps that raised, handed to the
+        recorder under the shard lock. Only built when a step recorder is set."""
+        shards, mask, steps = self._shards, self._mask, self._steps
+        absent, malformed = self._dispatch_absent, self._malformed
+        record = self._step_record
+        rows_known = self.executor == "compiled"
+        rejected_in = {state: Result(_REJECTED, state, _NO_EFFECTS) for state in self.spec.states}
+        rejected_index = _REJECTED.index
+        low, high = -MAX_TIME, MAX_TIME
+        failed = self._step_recorder_failed
+        single = shards[0] if len(shards) == 1 else None
+
+        def traced_dispatch(ev: Event) -> Result:
+            try:
+                time = ev.time
+                tid = ev.transfer_id
+                kind = time.__class__
+                if ((kind is not float and kind is not int) or not low < time < high
+                        or tid.__class__ is not str):   # NaN, infinite, huge, a non-str id
+                    return malformed()
+                shard = single if single is not None else shards[hash(tid) & mask]
+            except AttributeError:                # not an event at all
+                return malformed()
+            lock = shard.lock
+            lock.acquire()
+            try:
+                tx = shard.live.get(tid)
+                before = None if tx is None else tx.state
+                rows = shard.fired = []
+                try:
+                    if tx is None:
+                        result = absent(shard, ev)
+                    else:
+                        step = steps[before].get(ev.kind)
+                        if step is None:
+                            shard.counts[rejected_index] += 1
+                            result = rejected_in[before]
+                        else:
+                            result = step(shard, tx, ev)    # counts its own outcome
+                except (TransitionError, InvariantViolation) as exc:
+                    # Rolled back and raised to the caller; the trace keeps the attempt.
+                    try:
+                        record(ev, before, None, rows if rows_known else None, exc)
+                    except Exception as rec_exc:
+                        failed(ev, rec_exc)
+                    raise
+                try:
+                    record(ev, before, result, rows if rows_known else None)
+                except Exception as exc:       # the step stands; a broken recorder is reported
+                    failed(ev, exc)
+                return result
+            except TypeError:
+                # An unhashable source: nothing changed (steps turn their own errors into
+                # TransitionError before this point).
+                shard.counts[rejected_index] += 1
+                tx = shard.live.get(tid)
+                return Result(_REJECTED, None if tx is None else tx.state, _NO_EFFECTS)
+            finally:
+                lock.release()
+
+        return traced_dispatch
+
+    def _step_recorder_failed(self, ev: Event, exc: Exception) -> None:
+        with self._errors_lock:
+            self.recorder_errors += 1
+        if self.recorder_errors <= 10 or self.recorder_errors % 1000 == 0:
+            log.error("trace recorder failed (%d so far) on event %r of transfer %r: %s: %s",
+                      self.recorder_errors, ev.kind, ev.transfer_id, type(exc).__name__, exc)
+
+    def _guard_special_kinds(self, steps: dict) -> dict:
         """Put a checking wrapper in front of the steps of creating, timer and peer
         events, in every state: a second create is a duplicate, a timer event counts only
         when its deadline is due. (Every step checks its event's payload types itself.)
-        The creating steps themselves stay reachable through ``_create``."""
-        initial = self._steps[self.spec.initial]
-        self._creating_steps = {kind: initial.get(kind) for kind in self._creators}
-        for state, by_kind in self._steps.items():
+        Returns the creating steps themselves, which ``_create`` runs."""
+        initial = steps[self.spec.initial]
+        creating_steps = {kind: initial.get(kind) for kind in self._creators}
+        for state, by_kind in steps.items():
             for kind in self._creators:
                 by_kind[kind] = self._duplicate_create
             for kind, index in self._plan.index_of_event.items():
                 by_kind[kind] = functools.partial(self._timer_step, index, by_kind.get(kind))
+        return creating_steps
 
     def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
         shard.counts[Outcome.DUPLICATE.index] += 1
@@ -354,6 +473,8 @@ class TransferTable:
                     self._heap.push(current, tx, index)       # restarted since pushed
                     continue
                 ev = self._timer_events[index](tx.transfer_id, current)
+                before = tx.state
+                rows = shard.fired = []
                 try:
                     result = self._run_step(shard, tx, ev)
                 except TransitionError as exc:
@@ -363,8 +484,12 @@ class TransferTable:
                     tx.deadlines[index] = retry
                     self._heap.push(retry, tx, index)
                     errors.append(exc)
+                    if self._step_record is not None:
+                        self._record_step(ev, before, None, rows, exc)
                     continue
-                if self._recorder is not None:
+                if self._step_record is not None:
+                    self._record_step(ev, before, result, rows)
+                elif self._recorder is not None:
                     self._record(ev, result)
             finally:
                 shard.lock.release()
@@ -456,6 +581,13 @@ class TransferTable:
         if self._recording == threading.get_ident():
             raise RuntimeError(f"{self.spec.name}: the recorder dispatched an event; a recorder "
                                "runs under the shard lock and must not dispatch (it would hang)")
+
+    def _record_step(self, ev: Event, before, result, rows, *error) -> None:
+        try:
+            self._step_record(ev, before, result, rows if self.executor == "compiled" else None,
+                              *error)
+        except Exception as exc:
+            self._step_recorder_failed(ev, exc)
 
     def _record(self, ev: Event, result: Result) -> None:
         self._recording = threading.get_ident()
@@ -572,6 +704,24 @@ class TransferTable:
             fire = fire_eventless.get(here)
             if fire is None or not fire(tx, ev, out):
                 return
+            hops.append((here, tx.state))
+        raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
+                              f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
+
+    def _settle_traced(self, tx, ev: Event, out: list, hops: list, shard: _Shard) -> None:
+        """``_settle`` for trace-mode steps: the eventless function returns the row it
+        took (+ 1), noted in ``shard.fired``."""
+        fire_eventless = self._fire_eventless_traced
+        fired = shard.fired
+        for _ in range(self._max_hops):
+            here = tx.state
+            fire = fire_eventless.get(here)
+            if fire is None:
+                return
+            taken = fire(tx, ev, out)
+            if not taken:
+                return
+            fired.append(taken - 1)
             hops.append((here, tx.state))
         raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
                               f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
