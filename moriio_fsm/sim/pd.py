@@ -9,12 +9,14 @@ broke and the run's log, so a failing seed can be read and replayed.
 
 Transfer ids: in WRITE mode a P rank keeps one transfer per D rank it writes to
 (``<id>>d<rank>``), each D rank one (``<id>``); in READ mode each P rank keeps one
-(``<id>``) and each D rank one per P rank it reads from (``<id><p<rank>``).
+(``<id>``) and each D rank one per P rank it reads from (``<id><p<rank>``); ``link``
+maps each of them to ``<id>``, the request both sides share (for traces).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..machines import build_table
 from ..runtime.declared import events
@@ -31,6 +33,11 @@ CONFIG = {
                       "lease_margin_s": 0.6, "abandon_timeout_s": 0.3},
 }
 LAYERS = 4
+
+
+def link(transfer_id: str) -> str:
+    """The request a sim transfer id belongs to (its id without the rank suffix)."""
+    return transfer_id.split(">d")[0].split("<p")[0]
 
 
 @dataclass(frozen=True)
@@ -55,9 +62,12 @@ class PD:
     """A world of P ranks and D ranks running transfers of both modes."""
 
     def __init__(self, seed: int, layout: Layout, faults: Faults | None = None,
-                 specs: dict[str, str] | None = None):
+                 specs: dict[str, str] | None = None,
+                 recorders: Callable[[str], Any] | None = None):
         self.world = World(seed, faults)
         self.specs = specs or {}
+        # recorders(node name) -> the recorder of that node's tables (a TraceRecorder), or None
+        self.recorders = recorders
         self.layout = layout
         self.rng = self.world.rng
         for p in range(layout.p):
@@ -71,9 +81,10 @@ class PD:
     def _node(self, name: str, machines: tuple[str, ...]) -> None:
         node = Node(self.world, name)
         self.world.nodes[name] = node
+        recorder = self.recorders(name) if self.recorders is not None else None
         for machine in machines:
             table = build_table(self.specs.get(machine, machine), config=CONFIG[machine],
-                                check_invariants=machine not in self.specs)
+                                check_invariants=machine not in self.specs, recorder=recorder)
             handlers = getattr(self, f"_{machine}_handlers")(node)
             node.add(machine, Driver(table, handlers, clock=lambda: self.world.now))
 
@@ -261,12 +272,13 @@ class PD:
 
 
 def run(seed: int, layout: Layout, faults: Faults | None = None, *, transfers: int = 20,
-        deaths: int = 0, abort_rate: float = 0.1, specs: dict[str, str] | None = None) -> Report:
+        deaths: int = 0, abort_rate: float = 0.1, specs: dict[str, str] | None = None,
+        recorders: Callable[[str], Any] | None = None) -> Report:
     """Start ``transfers`` WRITE and READ transfers at random times (some aborted on one
     side), kill ``deaths`` random nodes at random times, run until every timer could
     have fired, and report. ``specs`` replaces shipped specs by other files (machine name
-    -> path), to show what a broken spec does."""
-    pd = PD(seed, layout, faults, specs)
+    -> path), to show what a broken spec does; ``recorders`` traces each node (see PD)."""
+    pd = PD(seed, layout, faults, specs, recorders)
     rng, w = pd.rng, pd.world
     for i in range(transfers):
         mode = pd.start_write if i % 2 == 0 else pd.start_read

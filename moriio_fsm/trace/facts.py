@@ -1,0 +1,71 @@
+"""What the trace tools read off a spec: message pairs, once-only effects, ways out of a state.
+
+Rules: everything here is derived from the spec alone (no lifecycle rule is restated).
+A *message* is an effect ``send_<x>`` of one spec whose peer declares a remote event
+``<x>`` (``send_write_done`` -> ``write_done``). An effect is *once-only* when every row
+that emits it changes state and no state it leads to can reach a state it is emitted
+from again: a correct run emits it at most once per transfer, so twice is an anomaly.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..lang.model import Spec
+
+
+def message_event(effect_kind: str) -> str | None:
+    """The remote event an effect ``send_<x>`` becomes on the peer, or None."""
+    return effect_kind[5:] if effect_kind.startswith("send_") and len(effect_kind) > 5 else None
+
+
+def once_only_effects(spec: Spec) -> frozenset[str]:
+    successors: dict[str, set[str]] = {state: set() for state in spec.states}
+    emitted_by: dict[str, list] = {}
+    for row in spec.transitions:
+        for source in row.sources:
+            if row.dest is not None:
+                successors[source].add(row.dest)
+        for kind in row.emits:
+            emitted_by.setdefault(kind, []).append(row)
+    once = set()
+    for kind, rows in emitted_by.items():
+        if any(row.dest is None or row.dest in row.sources for row in rows):
+            continue
+        sources = {s for row in rows for s in row.sources}
+        reach = _reachable(successors, {row.dest for row in rows})
+        if not reach & sources:
+            once.add(kind)
+    return frozenset(once)
+
+
+def _reachable(successors: dict[str, set[str]], start: Iterable[str]) -> set[str]:
+    seen = set(start)
+    stack = list(seen)
+    while stack:
+        for nxt in successors.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def remote_events(spec: Spec) -> frozenset[str]:
+    return frozenset(name for name, event in spec.events.items() if event.origin == "remote")
+
+
+def ways_out(spec: Spec, state: str) -> dict[str, list[str]]:
+    """Per origin (local, remote, adapter, timer), the events that can move a transfer
+    on from ``state``: a row that leaves it, or one that changes its context (which may
+    let an eventless row leave it). Duplicate and ignored rows are not ways out."""
+    found: dict[str, list[str]] = {}
+    for row in spec.transitions:
+        if row.event is None or state not in row.sources or row.outcome != "applied":
+            continue
+        if row.dest in (None, state) and not row.actions:
+            continue
+        origin = spec.events[row.event].origin
+        names = found.setdefault(origin, [])
+        if row.event not in names:
+            names.append(row.event)
+    return found

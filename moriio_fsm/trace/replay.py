@@ -1,0 +1,424 @@
+"""Deterministic replay: a trace's events through fresh machines, every recorded result checked.
+
+Theory of operation: each (side, table) of a trace gets a fresh ``TransferTable`` built
+as the table line describes it (spec, config, options). Its steps are re-dispatched in
+the order recorded (files of one writer in part order), and for every step the state
+before, the outcome, the state after, the rows taken, their actions and the effects
+must come out as recorded; the first difference of each transfer is a divergence, and
+that transfer is not compared further (one cause, reported once). Sides never share a
+table, so P's and D's traces replay independently; what joins them is the analysis
+afterwards (``anomalies.py``). Timers are replayed as the recorded timer events, so no
+clock is read. A transfer whose first record is not its start (its earlier records
+were rotated away or fell out of a ring) cannot be replayed and is listed as partial.
+
+Rules: memory grows with the live transfers of the trace, never with its length;
+``TraceError`` (file:line) for anything that makes the trace unreadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..lang.errors import SpecError
+from ..runtime.errors import InvariantViolation, TransitionError
+from .facts import message_event, once_only_effects, remote_events
+from .format import RAISED, Gap, Header, Step, TableInfo
+from .reader import TraceError, iter_records
+from .render import effect_dict
+
+ENGINES = ("compiled", "transitions")
+#: How many live transfers one replay may hold before it refuses the trace.
+MAX_LIVE_TRANSFERS = 1_000_000
+
+
+@dataclass
+class Divergence:
+    """The first step of one transfer whose replay differs from the record."""
+
+    path: str
+    line: int
+    step: Step
+    what: str
+    recorded: Any
+    replayed: Any
+    context: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        s = self.step
+        return (f"{self.path}:{self.line}: side {s.side}, table {s.table}, seq {s.seq}, transfer "
+                f"{s.transfer!r}, event {s.event} at t={s.t:.6f}: recorded {self.what} "
+                f"{self.recorded!r}, the replay gives {self.replayed!r}")
+
+
+class TransferSummary:
+    """What the analysis needs of one transfer of one side, kept while replaying."""
+
+    __slots__ = ("side", "table", "spec", "transfer", "link", "created", "since", "since_wall",
+                 "created_wall", "last_t",
+                 "last_event", "state", "rejected", "once", "sends", "arrivals", "raised",
+                 "partial", "steps", "lines")
+
+    def __init__(self, side: str, table: str, spec, transfer: str, link: str, t: float):
+        self.side, self.table, self.spec, self.transfer, self.link = side, table, spec, transfer, link
+        self.created = self.since = self.last_t = t
+        self.created_wall = self.since_wall = t
+        self.last_event = ""
+        self.state: str | None = None
+        self.rejected: list[tuple[float, str, str | None]] = []
+        self.once: dict[str, list[float]] = {}
+        self.sends: list[tuple[str, float]] = []            # (event the peer gets, t)
+        self.arrivals: list[tuple[str, float, str]] = []    # (event, t, source)
+        self.raised: list[tuple[float, str, str]] = []      # (t, event, error)
+        self.partial = False
+        self.steps: list[Step] | None = None                # collected (explain)
+        self.lines: list[tuple[str, int]] | None = None
+
+    @property
+    def who(self) -> str:
+        return f"{self.side}/{self.table} {self.transfer!r}"
+
+
+@dataclass
+class ReplayReport:
+    """Everything one replay found; ``ok`` when nothing diverged and nothing is anomalous."""
+
+    files: list[str]
+    engine: str
+    steps: int = 0
+    compared: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    transfers: dict[tuple[str, str, str], TransferSummary] = field(default_factory=dict)
+    live: dict[tuple[str, str, str], Any] = field(default_factory=dict)   # final records
+    anomalies: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    sides: list[str] = field(default_factory=list)
+    until: int | None = None
+    outcomes: dict[str, int] = field(default_factory=dict)
+    #: The latest wall clock (or ``t`` where a step has none) of any step: where the
+    #: traces end, comparable across sides.
+    end_wall: float = float("-inf")
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences and not self.anomalies
+
+    @property
+    def first_divergence(self) -> Divergence | None:
+        return self.divergences[0] if self.divergences else None
+
+
+class _Probe:
+    """The replay table's step recorder: keeps what the last step did."""
+
+    def __init__(self) -> None:
+        self.last: tuple = (None, None, None, None)
+
+    def bind_table(self, table):
+        def record(ev, before, result, rows, error=None):
+            self.last = (before, result, rows, error)
+        return record
+
+
+class _Lane:
+    """One (side, table) of the trace and the fresh table its steps replay in."""
+
+    def __init__(self, info: TableInfo, engine: str, check_invariants: bool,
+                 specs: dict[str, str], notes: list[str]):
+        from ..machines import build_table
+
+        self.info = info
+        self.probe = _Probe()
+        options = dict(info.options)
+        if check_invariants:
+            options["check_invariants"] = True
+        source = _spec_source(info, specs, notes)
+        try:
+            self.table = build_table(source, executor=engine, config=dict(info.config),
+                                     recorder=self.probe, **options)
+        except (SpecError, LookupError, ValueError, TypeError) as exc:
+            raise ReplayError(f"cannot build table {info.table!r} of side {info.side!r} (spec "
+                              f"{info.spec!r}) as the trace describes it: {exc}") from None
+        machine = self.table.machine
+        self.spec = machine.spec
+        self.events = machine.event_classes
+        self.actions = {i: row.action_names for i, row in machine.rows_by_index().items()}
+        self.rows_known = engine == "compiled"
+        self.once = once_only_effects(self.spec)
+        self.remote = remote_events(self.spec)
+        self.messages = {kind: message_event(kind) for kind in self.spec.emits
+                         if message_event(kind)}
+        self.last_seq = -1
+        self.last_where = ""
+        self.last_t = 0.0
+        self.diverged: set[str] = set()
+
+    def actions_of(self, rows: list[int]) -> list[str]:
+        actions = self.actions
+        return [name for index in rows for name in actions.get(index, ())]
+
+
+class ReplayError(TraceError):
+    """The trace is readable but cannot be replayed (a spec it names cannot be found...)."""
+
+    def __init__(self, message: str, path: str = "", line: int = 0):
+        super().__init__(path or "replay", line, message)
+
+
+def _sha(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _spec_source(info: TableInfo, specs: dict[str, str], notes: list[str]) -> str:
+    """The spec file to replay ``info`` with: one given on the command line, the recorded
+    path, or the shipped spec of that name; a note when its digest differs."""
+    from ..machines import MACHINE_MODULES, spec_path
+
+    if info.spec in specs:
+        return specs[info.spec]
+    candidates = []
+    if info.spec_path:
+        candidates.append(Path(info.spec_path))
+    if info.spec in MACHINE_MODULES:
+        candidates.append(spec_path(info.spec))
+    for path in candidates:
+        if path.is_file() and (not info.spec_sha256 or _sha(path) == info.spec_sha256):
+            return str(path)
+    for path in candidates:
+        if path.is_file():
+            notes.append(f"spec {info.spec!r} changed since the trace was recorded (digest "
+                         f"{info.spec_sha256[:12]}, now {_sha(path)[:12]}): replaying with {path}, "
+                         "so divergences may come from the change")
+            return str(path)
+    raise ReplayError(f"the spec {info.spec!r} the trace was recorded with is not at "
+                      f"{info.spec_path or '(no path recorded)'} and is not a shipped spec; pass "
+                      f"--spec {info.spec}=PATH")
+
+
+def order_files(paths: Iterable[str | Path]) -> list[str]:
+    """The files in replay order: the parts of one writer oldest first (by part number),
+    writers in the order their first file was given."""
+    keyed = []
+    for position, path in enumerate(paths):
+        header = None
+        for _, record in iter_records(path):
+            header = record
+            break
+        assert isinstance(header, Header)
+        keyed.append((header.writer or str(path), header.part, position, str(path)))
+    first_seen: dict[str, int] = {}
+    for writer, _, position, _ in keyed:
+        first_seen.setdefault(writer, position)
+    keyed.sort(key=lambda k: (first_seen[k[0]], k[1], k[2]))
+    return [k[3] for k in keyed]
+
+
+def links_of(paths: Iterable[str], transfer_id: str) -> set[str]:
+    """Every link key of records whose transfer or link is ``transfer_id`` (a cheap
+    first pass: only lines holding the id are decoded)."""
+    links = {transfer_id}
+    for path in paths:
+        for _, record in iter_records(path, containing=(transfer_id,)):
+            if isinstance(record, Step) and (record.transfer == transfer_id
+                                             or record.link == transfer_id):
+                links.add(record.link_key)
+    return links
+
+
+def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: int | None = None,
+           engine: str = "compiled", check_invariants: bool = False,
+           specs: dict[str, str] | None = None, collect: bool = False,
+           progress: Callable[[int], None] | None = None,
+           max_live: int = MAX_LIVE_TRANSFERS) -> ReplayReport:
+    """Replay trace files; see the module's theory of operation. ``transfer`` limits the
+    replay to the transfers of that id's request (its link, on every side); ``until``
+    stops each side after that seq; ``collect`` keeps the steps of every transfer (for
+    ``explain``); ``progress(n)`` is called with the number of steps read so far."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    files = order_files(paths)
+    report = ReplayReport(files=files, engine=engine, until=until)
+    wanted = links_of(files, transfer) if transfer is not None else None
+    lanes: dict[tuple[str, str], _Lane] = {}
+    infos: dict[tuple[str, str], TableInfo] = {}
+    specs = dict(specs or {})
+    summaries = report.transfers
+    outcomes = report.outcomes
+    for path in files:
+        for line, record in iter_records(path, containing=wanted):
+            if record.__class__ is not Step:
+                if isinstance(record, TableInfo):
+                    key = (record.side, record.table)
+                    known = infos.get(key)
+                    if known is not None and known != record and key in lanes:
+                        raise TraceError(path, line, f"table {record.table!r} of side "
+                                         f"{record.side!r} is described differently from before")
+                    infos[key] = record
+                elif isinstance(record, Gap):
+                    report.gaps.append(record)
+                continue
+            step: Step = record
+            report.steps += 1
+            if progress is not None and not report.steps & 0x3FFF:
+                progress(report.steps)
+            if until is not None and step.seq > until:
+                continue
+            if wanted is not None and step.transfer not in wanted and step.link_key not in wanted:
+                continue
+            lane_key = (step.side, step.table)
+            lane = lanes.get(lane_key)
+            if lane is None:
+                info = infos.get(lane_key)
+                if info is None:
+                    info = TableInfo(step.side, step.table, step.table.split("#")[0])
+                    report.notes.append(f"no table line for {step.table!r} of side {step.side!r}: "
+                                        "replaying it with its shipped spec and defaults")
+                lane = lanes[lane_key] = _Lane(info, engine, check_invariants, specs, report.notes)
+                if step.side not in report.sides:
+                    report.sides.append(step.side)
+            if step.seq <= lane.last_seq:
+                raise TraceError(path, line, f"seq {step.seq} of side {step.side!r} table "
+                                 f"{step.table!r} does not follow seq {lane.last_seq} "
+                                 f"({lane.last_where}): the files overlap (a dump and the full "
+                                 "trace of one process?) or are out of order")
+            lane.last_seq = step.seq
+            lane.last_where = f"{path}:{line}"
+            _replay_step(lane, step, path, line, report, summaries, outcomes, collect, max_live)
+    if progress is not None:
+        progress(report.steps)
+    for lane_key, lane in lanes.items():
+        for tid in lane.table.live_ids():
+            tx = lane.table.get(tid)
+            if tx is not None:
+                report.live[(lane_key[0], lane_key[1], tid)] = tx
+    from .anomalies import find_anomalies
+
+    report.anomalies = find_anomalies(report)
+    return report
+
+
+def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayReport,
+                 summaries: dict, outcomes: dict, collect: bool, max_live: int) -> None:
+    tid = step.transfer
+    key = (step.side, step.table, tid)
+    summary = summaries.get(key)
+    if summary is None:
+        summary = summaries[key] = TransferSummary(step.side, step.table, lane.spec, tid,
+                                                   step.link_key, step.t)
+        summary.created_wall = summary.since_wall = step.t if step.wall is None else step.wall
+        if step.before is not None:
+            summary.partial = True
+        if collect:
+            summary.steps, summary.lines = [], []
+    if collect:
+        summary.steps.append(step)
+        summary.lines.append((path, line))
+    lane.last_t = step.t if step.t > lane.last_t else lane.last_t
+    outcomes[step.outcome] = outcomes.get(step.outcome, 0) + 1
+    _summarize(lane, summary, step, report)
+    if summary.partial:
+        return
+    cls = lane.events.get(step.event)
+    if cls is None:
+        raise TraceError(path, line, f"event {step.event!r} is not declared by spec "
+                         f"{lane.spec.name!r} (table {step.table!r}); declared: "
+                         f"{', '.join(sorted(lane.events))}")
+    try:
+        ev = cls(tid, step.t, **step.data, source=step.source)
+    except TypeError as exc:
+        raise TraceError(path, line, f"the payload of {step.event!r} does not fit its declaration "
+                         f"in {lane.spec.name!r}: {exc}") from None
+    lane.probe.last = (None, None, None, None)
+    table = lane.table
+    try:
+        table.dispatch(ev)
+    except (TransitionError, InvariantViolation):
+        pass                          # the probe saw it, with the error
+    if len(table) > max_live:
+        raise TraceError(path, line, f"more than {max_live} transfers are live at once; a trace "
+                         "this wide is refused (pass a smaller --transfer selection)")
+    report.compared += 1
+    if tid in lane.diverged:
+        return
+    before, result, rows, error = lane.probe.last
+    difference = _difference(lane, step, before, result, rows, error)
+    if difference is not None:
+        lane.diverged.add(tid)
+        what, recorded, replayed = difference
+        report.divergences.append(Divergence(path, line, step, what, recorded, replayed))
+        if len(report.divergences) == 1:
+            report.divergences[0].context = _context(path, line, step)
+
+
+def _difference(lane: _Lane, step: Step, before, result, rows, error):
+    if before != step.before:
+        return "state before", step.before, before
+    outcome = RAISED if result is None else result.outcome.value
+    if outcome != step.outcome:
+        if result is None:
+            return "outcome", step.outcome, f"{RAISED} ({type(error).__name__}: {error})"
+        return "outcome", step.outcome, outcome
+    after = before if result is None else result.state
+    if after != step.after:
+        return "state after", step.after, after
+    if step.rows is not None and rows is not None:
+        if step.rows != rows:
+            return "rows", step.rows, rows
+        if step.actions is not None and step.actions != lane.actions_of(rows):
+            return "actions", step.actions, lane.actions_of(rows)
+    recorded = step.effects
+    produced = () if result is None else result.effects
+    if recorded or produced:
+        mine = [effect_dict(e, step.transfer) for e in produced]
+        if mine != recorded:
+            return "effects", recorded, mine
+    if result is None and step.error is not None and not step.error.startswith(type(error).__name__):
+        return "error", step.error, f"{type(error).__name__}: {error}"
+    return None
+
+
+def _summarize(lane: _Lane, summary: TransferSummary, step: Step, report: ReplayReport) -> None:
+    summary.last_t = step.t
+    summary.last_event = step.event
+    wall = step.t if step.wall is None else step.wall
+    if wall > report.end_wall:
+        report.end_wall = wall
+    if step.after != summary.state:
+        summary.since = step.t
+        summary.since_wall = wall
+        summary.state = step.after
+    outcome = step.outcome
+    if outcome == "rejected":
+        summary.rejected.append((step.t, step.event, step.before))
+    elif outcome == RAISED:
+        summary.raised.append((step.t, step.event, step.error or ""))
+    if step.event in lane.remote:
+        summary.arrivals.append((step.event, step.t, step.source))
+    for effect in step.effects:
+        kind = effect.get("kind")
+        if kind in lane.once:
+            summary.once.setdefault(kind, []).append(step.t)
+        peer_event = lane.messages.get(kind)
+        if peer_event is not None:
+            summary.sends.append((peer_event, step.t))
+
+
+def _context(path: str, line: int, step: Step, keep: int = 5) -> list[str]:
+    """The transfer's previous steps in the same file, as short lines."""
+    from collections import deque
+
+    earlier: deque = deque(maxlen=keep)
+    for number, record in iter_records(path):
+        if number >= line:
+            break
+        if (isinstance(record, Step) and record.transfer == step.transfer
+                and record.side == step.side and record.table == step.table):
+            earlier.append(f"{path}:{number}: seq {record.seq} t={record.t:.6f} {record.event} "
+                           f"{record.outcome} {record.before} -> {record.after}")
+    return list(earlier)
