@@ -1,0 +1,66 @@
+"""Who a transfer is for and where its bytes go: the addressing facts effect handlers need.
+
+The machines hold every lifecycle fact; this directory holds only identity (vLLM's
+request id, the local block ids, the peer's address) so that an effect naming a
+transfer id can be carried out. An entry lives from the transfer's start until its
+machine reaches a final state, and the directory is bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .params import PeerAddress
+
+
+@dataclass
+class TransferInfo:
+    """One transfer as this worker knows it."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    peer: PeerAddress | None
+    remote_block_ids: tuple[int, ...] = ()
+    #: READ P: where each D rank wants its lease grants (host, port), from its heartbeats.
+    reply_to: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: The peer rank's link (a future of ``PeerLink``), once a handshake was asked for.
+    link: object = None
+    #: This transfer's engine sessions by layer, so its teardown stops only its bytes.
+    sessions: dict[int, object] = field(default_factory=dict)
+
+    def session(self, engine, cache, layer: int):
+        session = self.sessions.get(layer)
+        if session is None:
+            name = cache.names[layer]
+            session = self.sessions[layer] = self.link.result().new_session(
+                engine, name, cache.memory[name])
+        return session
+
+
+class TransferDirectory:
+    """Transfer id -> ``TransferInfo``; thread-safe; refuses growth beyond ``max_entries``."""
+
+    def __init__(self, max_entries: int = 1 << 16):
+        self._lock = threading.Lock()
+        self._entries: dict[str, TransferInfo] = {}
+        self._max = max_entries
+        self.refused = 0
+
+    def add(self, transfer_id: str, info: TransferInfo) -> bool:
+        with self._lock:
+            if transfer_id not in self._entries and len(self._entries) >= self._max:
+                self.refused += 1
+                return False
+            self._entries[transfer_id] = info
+            return True
+
+    def get(self, transfer_id: str) -> TransferInfo | None:
+        return self._entries.get(transfer_id)
+
+    def drop(self, transfer_id: str) -> None:
+        with self._lock:
+            self._entries.pop(transfer_id, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,133 @@
+"""Links to peer engines: one handshake per peer rank, then one engine session per layer.
+
+A link starts with the peer's handshake reply (asked on the transport's I/O thread, never
+on the forward thread), is refused when the two KV caches differ, and registers the
+peer's engine and layer memory with the local engine. Links are cached by handshake
+address; a failed one is dropped so the next transfer asks again. No lifecycle rule
+lives here: a transfer only waits for its link through the machines' own events.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..adapters.zmq import HandshakeReply
+from ..errors import MoriioFsmError
+from ..logs import get_logger
+
+log = get_logger("moriio_fsm.vllm")
+
+#: The KV-format keys two peers must agree on, in the order a mismatch is reported.
+MATCHING_KEYS = ("layout", "dtype", "block_size", "num_kv_heads", "head_size", "num_layers")
+
+
+class PeerMismatchError(MoriioFsmError, ValueError):
+    """The peer's KV cache cannot exchange blocks with ours; the message names both values."""
+
+
+def mismatch(local: Mapping[str, Any], remote: Mapping[str, Any] | None, peer: str) -> str | None:
+    """Why the peer's KV format cannot pair with ours, or None when it can."""
+    if remote is None:
+        return f"{peer} did not describe its KV cache in the handshake (an older or foreign peer)"
+    for key in MATCHING_KEYS:
+        if local.get(key) != remote.get(key):
+            return (f"KV cache mismatch with {peer}: {key} is {local.get(key)!r} here and "
+                    f"{remote.get(key)!r} there; both instances must run the same model with "
+                    "the same dtype, block size and attention backend")
+    return None
+
+
+@dataclass
+class PeerLink:
+    """A peer rank's engine and layer memory, registered with the local engine."""
+
+    address: tuple[str, int]
+    engine_id: str
+    num_blocks: int
+    kv_format: Mapping[str, Any]
+    remote_memory: dict[str, Any]
+
+    def new_session(self, engine: Any, layer_name: str, local_memory: Any) -> Any:
+        """A fresh engine session from our layer to the peer's.
+
+        One per transfer and layer, so that tearing one transfer down (``kill``) never
+        stops another transfer's bytes.
+        """
+        remote = self.remote_memory.get(layer_name)
+        if remote is None:
+            raise PeerMismatchError(f"peer {self.address[0]}:{self.address[1]} has no KV "
+                                    f"cache for layer {layer_name!r}")
+        session = engine.create_session(local_memory, remote)
+        if session is None:
+            raise PeerMismatchError(f"the engine refused a session to layer {layer_name!r} "
+                                    f"of peer {self.address[0]}:{self.address[1]}")
+        return session
+
+
+class PeerLinks:
+    """Handshakes with peers through ``request`` and the links they produce, by address."""
+
+    def __init__(self, request: Callable[[tuple[str, int]], concurrent.futures.Future],
+                 engine: Any, local_kv_format: Mapping[str, Any], *, max_links: int = 1024):
+        self._request = request
+        self._engine = engine
+        self._local_format = dict(local_kv_format)
+        self._max_links = max_links
+        self._lock = threading.Lock()
+        self._links: dict[tuple[str, int], concurrent.futures.Future] = {}
+        self.failures = 0
+
+    def link(self, address: tuple[str, int]) -> concurrent.futures.Future:
+        """A future of the ``PeerLink`` to ``address``; starts the handshake if none is cached."""
+        with self._lock:
+            future = self._links.get(address)
+            if future is not None and not (future.done() and future.exception() is not None):
+                return future
+            if len(self._links) >= self._max_links:
+                # Drop finished links first: a busy deployment meets new peers, not old ones.
+                for key in [k for k, f in self._links.items() if f.done()][: len(self._links) // 2 + 1]:
+                    del self._links[key]
+            future = concurrent.futures.Future()
+            self._links[address] = future
+        try:
+            reply = self._request(address)
+        except Exception as exc:                      # refused at once: untrusted, busy, closed
+            self._fail(address, future, exc)
+            return future
+        reply.add_done_callback(lambda done: self._finish(address, future, done))
+        return future
+
+    def _finish(self, address, future: concurrent.futures.Future, reply: concurrent.futures.Future) -> None:
+        try:
+            future.set_result(self._register(address, reply.result()))
+        except Exception as exc:
+            self._fail(address, future, exc)
+
+    def _fail(self, address, future: concurrent.futures.Future, exc: BaseException) -> None:
+        self.failures += 1
+        log.warning("handshake with %s:%d failed: %s", address[0], address[1], exc)
+        with self._lock:
+            if self._links.get(address) is future:
+                del self._links[address]
+        if not future.done():
+            future.set_exception(exc)
+
+    def _register(self, address: tuple[str, int], reply: HandshakeReply) -> PeerLink:
+        meta = reply.metadata
+        why = mismatch(self._local_format, meta.kv_format, f"peer {address[0]}:{address[1]}")
+        if why is not None:
+            raise PeerMismatchError(why)
+        engine = self._engine
+        engine.register_remote_engine(engine.unpack_engine_desc(meta.agent_metadata))
+        memory = {name: engine.unpack_memory_desc(descs[0]) for name, descs in reply.layer_memory.items()}
+        return PeerLink(address, meta.engine_id, meta.num_blocks, meta.kv_format, memory)
+
+    def close(self) -> None:
+        with self._lock:
+            pending = list(self._links.values())
+            self._links.clear()
+        for future in pending:
+            future.cancel()

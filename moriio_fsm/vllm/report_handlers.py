@@ -1,0 +1,61 @@
+"""The handlers that turn a machine's verdicts into what vLLM is told, shared by both modes.
+
+D reports a load once (``finished_recving``, with the blocks of a failed load as load
+errors); P reports its blocks free once (``finished_sending``); quarantined blocks are
+never reported, so vLLM never reuses memory a transfer may still touch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from .worker_half import WorkerHalf
+
+log = get_logger("moriio_fsm.vllm")
+
+
+def _quarantine(side: str, what: str):
+    def quarantine_blocks(effect) -> None:
+        log.error("transfer %s: %s's blocks stay quarantined (%s): %s may still touch them",
+                  effect.transfer_id, side, effect.reason, what)
+    return quarantine_blocks
+
+
+def decode_report_handlers(worker: "WorkerHalf", op: str) -> dict:
+    """D's handlers for the effects both consumer machines emit (``op``: write or read)."""
+
+    def report(effect, failed: bool) -> None:
+        info = worker.directory.get(effect.transfer_id)
+        if info is not None:
+            worker.reports.received(info.request_id, info.block_ids if failed else ())
+
+    def free_blocks(effect) -> None:
+        # vLLM waits for a report only while the load was pending; otherwise it freed them.
+        info = worker.directory.get(effect.transfer_id)
+        if info is not None and worker.reports.awaits(info.request_id):
+            worker.reports.received(info.request_id)
+
+    return {
+        "hold_blocks": lambda effect: None,   # vLLM keeps a pending load's blocks itself
+        "report_received": lambda effect: report(effect, False),
+        "report_load_failure": lambda effect: report(effect, True),
+        "free_blocks": free_blocks,
+        "quarantine_blocks": _quarantine("D", f"a {op}"),
+    }
+
+
+def prefill_report_handlers(worker: "WorkerHalf", with_quarantine: bool) -> dict:
+    """P's handlers for giving its blocks back (and keeping them, when quarantined)."""
+
+    def free_blocks(effect) -> None:
+        info = worker.directory.get(effect.transfer_id)
+        if info is not None:
+            worker.reports.sent(info.request_id)
+
+    handlers = {"free_blocks": free_blocks}
+    if with_quarantine:
+        handlers["quarantine_blocks"] = _quarantine("P", "a write from them")
+    return handlers

@@ -1,0 +1,221 @@
+"""The connector's settings, read once from vLLM's ``kv_connector_extra_config``.
+
+Upstream MoRIIO's keys keep their meanings and defaults (so a config written for it
+works here); the project's own keys add the engine backend, machine timeouts, traces,
+trusted peers and CURVE. Every key is checked at start: an unknown key, or a value of
+the wrong type or range, raises ``ConnectorConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from ..errors import MoriioFsmError
+
+#: Engine backends: mori.io's two (real RDMA / XGMI hardware) and the same-host engine.
+BACKENDS = ("rdma", "xgmi", "same_host")
+
+
+class ConnectorConfigError(MoriioFsmError, ValueError):
+    """A ``kv_connector_extra_config`` key or a ``kv_role`` the connector cannot use."""
+
+
+def _int(key: str, value: Any, low: int, high: int) -> int:
+    # Upstream reads its numbers with int(...), so decimal strings ("6301") are accepted.
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if type(value) is not int:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected an integer, "
+                                   f"got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: {value} is outside "
+                                   f"[{low}, {high}]")
+    return value
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a number of "
+                                   f"seconds, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a positive, "
+                                   f"finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _flag(key: str, value: Any) -> bool:
+    # Upstream's read_mode is the string "true"/"false"; real booleans work too.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0", ""):
+        return value.strip().lower() in ("true", "1")
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected true or false, "
+                               f"got {type(value).__name__} {value!r}")
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a string, "
+                                   f"got {type(value).__name__} {value!r}")
+    return value
+
+
+def _optional_text(key: str, value: Any) -> str | None:
+    return None if value is None else _text(key, value)
+
+
+def _text_list(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a list of "
+                                   f"strings, got {value!r}")
+    return tuple(value)
+
+
+def _backend(key: str, value: Any) -> str:
+    name = _text(key, value).strip().lower()
+    if name not in BACKENDS:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown backend "
+                                   f"{value!r}; expected one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _machine_overrides(key: str, value: Any) -> dict[str, dict[str, Any]]:
+    from ..machines import MACHINE_MODULES, load_machine_spec, resolve_config
+
+    if not isinstance(value, dict):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping "
+                                   f"of machine name to config, got {type(value).__name__}")
+    checked = {}
+    for name, overrides in value.items():
+        if name not in MACHINE_MODULES:
+            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown machine "
+                                       f"{name!r}; expected one of {', '.join(MACHINE_MODULES)}")
+        try:
+            resolve_config(load_machine_spec(name), overrides)
+        except ValueError as exc:
+            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}][{name!r}]: {exc}") \
+                from None
+        checked[name] = dict(overrides)
+    return checked
+
+
+def _curve(key: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not {"public_key", "secret_key"} <= set(value):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping "
+                                   "with public_key and secret_key (Z85 strings), and "
+                                   "optionally authorized_client_keys and server_public_key")
+    return dict(value)
+
+
+# key -> (parser, default). Upstream's keys first, with upstream's defaults.
+_KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
+    "handshake_port": (lambda k, v: _int(k, v, 1, 65535), 6301),
+    "notify_port": (lambda k, v: _int(k, v, 1, 65535), 61005),
+    "http_port": (lambda k, v: _int(k, v, 1, 65535), None),
+    "host_ip": (_optional_text, None),
+    "proxy_ip": (_text, ""),
+    "proxy_ping_port": (lambda k, v: _int(k, v, 0, 65535), 0),
+    "read_mode": (_flag, False),
+    "backend": (_backend, "rdma"),
+    "qp_per_transfer": (lambda k, v: _int(k, v, 1, 1024), 1),
+    "post_batch_size": (lambda k, v: _int(k, v, -1, 1 << 20), -1),
+    "num_workers": (lambda k, v: _int(k, v, 1, 256), 1),
+    "transfer_timeout": (_seconds, 30.0),
+    "defer_timeout": (_seconds, 60.0),
+    "recv_abort_timeout": (_seconds, 120.0),
+    # The project's own keys.
+    "machine_config": (_machine_overrides, {}),
+    "trusted_peers": (_text_list, ()),
+    "curve": (_curve, None),
+    "trace_file": (_optional_text, None),
+    "trace_ring_size": (lambda k, v: _int(k, v, 0, 1 << 20), 0),
+    "lease_s": (_seconds, 30.0),
+    "tick_interval": (_seconds, 0.02),
+}
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """Every setting the connector uses, checked; see ``_KEYS`` for types and defaults.
+
+    ``machine_config`` overrides one machine's timeouts by name (``{"write_consumer":
+    {"safety_timeout_s": 90}}``); upstream's three timeouts map onto the machines in
+    ``machine_overrides``.
+    """
+
+    handshake_port: int = 6301
+    notify_port: int = 61005
+    http_port: int | None = None
+    host_ip: str | None = None
+    proxy_ip: str = ""
+    proxy_ping_port: int = 0
+    read_mode: bool = False
+    backend: str = "rdma"
+    qp_per_transfer: int = 1
+    post_batch_size: int = -1
+    num_workers: int = 1
+    transfer_timeout: float = 30.0
+    defer_timeout: float = 60.0
+    recv_abort_timeout: float = 120.0
+    machine_config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    trusted_peers: tuple[str, ...] = ()
+    curve: Mapping[str, Any] | None = None
+    trace_file: str | None = None
+    trace_ring_size: int = 0
+    lease_s: float = 30.0
+    tick_interval: float = 0.02
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(_KEYS))
+        if unknown:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys: {', '.join(sorted(_KEYS))}")
+        values = {}
+        for key, (parse, default) in _KEYS.items():
+            raw = extra.get(key)
+            # An absent or null key takes the default; so does an empty or zero port,
+            # as upstream treats it.
+            if raw is None or (key in ("handshake_port", "notify_port") and raw in ("", 0)):
+                values[key] = default
+            else:
+                values[key] = parse(key, raw)
+        values["machine_config"] = MappingProxyType(values["machine_config"])
+        return cls(**values)
+
+    @property
+    def mode(self) -> str:
+        return "read" if self.read_mode else "write"
+
+    def machine_overrides(self, name: str) -> dict[str, Any]:
+        """The config of machine ``name``: upstream's timeouts mapped on, then overrides.
+
+        D's safety timeout must outlast P's longest drain (a transfer timeout plus the
+        abandon timeout), so that D never frees blocks a write of P may still reach.
+        """
+        mapped: dict[str, dict[str, Any]] = {
+            "write_producer": {"defer_timeout_s": self.defer_timeout,
+                               "transfer_timeout_s": self.transfer_timeout},
+            "write_consumer": {"write_timeout_s": self.recv_abort_timeout,
+                               "safety_timeout_s": 2 * self.transfer_timeout + 10.0},
+            "read_producer": {"lease_s": self.lease_s},
+        }
+        config = dict(mapped.get(name, {}))
+        config.update(self.machine_config.get(name, {}))
+        return config

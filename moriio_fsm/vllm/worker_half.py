@@ -1,0 +1,338 @@
+"""The connector's worker half: every transfer of this rank is one machine, run by a driver.
+
+It owns the rank's transport (notify listener, senders, handshake server), the transfer
+engine with the registered KV cache, the completion poller and one table + driver per
+machine its role needs. vLLM's hooks only turn into events here: the forward thread
+dispatches and posts, never waits for RDMA or a socket; messages, completions and timers
+arrive on their own threads. What the events mean is the specs' business.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..adapters.moriio import CompletionPoller
+from ..adapters.zmq import Delivery, Heartbeat, Role, SendFailure, TransportConfig, ZmqTransport, event_for
+from ..adapters.zmq.errors import ZmqAdapterError
+from ..layout import LayerKVFormat
+from ..logs import get_logger
+from ..machines import build_table
+from ..runtime.declared import events
+from ..runtime.driver import Driver
+from .directory import TransferDirectory, TransferInfo
+from .kv_cache import LocalKvCache
+from .metrics import TransferMetrics
+from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
+from .peers import PeerLinks
+from .reports import VllmReports
+from .settings import ConnectorSettings
+
+log = get_logger("moriio_fsm.vllm")
+
+#: Which machines each side runs, by mode.
+MACHINES = {("write", "send"): "write_producer", ("write", "receive"): "write_consumer",
+            ("read", "send"): "read_producer", ("read", "receive"): "read_consumer"}
+
+
+def peer_ranks(my_rank: int, my_tp: int, peer_tp: int) -> list[int]:
+    """The peer TP ranks that exchange KV with ``my_rank`` (heads are split by TP rank).
+
+    With more peer ranks than ours each of ours pairs with a group of them; with fewer,
+    several of ours share one.
+    """
+    if peer_tp >= my_tp:
+        group = peer_tp // my_tp
+        return list(range(my_rank * group, (my_rank + 1) * group))
+    return [my_rank * peer_tp // my_tp]
+
+
+class WorkerHalf:
+    """One rank's transfers: tables, drivers, transport, engine, poller, reports."""
+
+    def __init__(self, settings: ConnectorSettings, *, engine_id: str, sides: tuple[str, ...],
+                 tp_rank: int, tp_size: int, dp_rank: int, kv_format: LayerKVFormat,
+                 make_engine: Callable[[str], Any], host: str, attention_backend: str = "",
+                 clock: Callable[[], float] = time.monotonic, recorder: Any = None):
+        self.settings = settings
+        self.engine_id = engine_id
+        self.tp_rank, self.tp_size, self.dp_rank = tp_rank, tp_size, dp_rank
+        self.kv_format = kv_format
+        self.host = host
+        self.attention_backend = attention_backend
+        self.clock = clock
+        self._make_engine = make_engine
+        self.reports = VllmReports()
+        self.directory = TransferDirectory()
+        self.engine: Any = None
+        self.cache: LocalKvCache | None = None
+        self.peers: PeerLinks | None = None
+        self.handshake_port: int | None = None
+        self._closed = False
+        self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
+        self._saved_this_step: set[tuple[str, int]] = set()
+        self.drivers: dict[str, Driver] = {}
+        self._finals: dict[str, frozenset[str]] = {}
+        for side in sides:
+            name = MACHINES[(settings.mode, side)]
+            table = build_table(name, config=settings.machine_overrides(name), recorder=recorder)
+            self.drivers[side] = Driver(table, self._handlers(name), clock=clock)
+            self._finals[side] = frozenset(table.spec.final_states)
+        self.metrics = TransferMetrics({side: d.table.spec for side, d in self.drivers.items()})
+        self._rejected_seen = 0
+        role = Role.PRODUCER if sides == ("send",) else Role.CONSUMER
+        self.transport = ZmqTransport(
+            TransportConfig(role=role, notify_base_port=settings.notify_port,
+                            dp_rank=dp_rank, tp_rank=tp_rank, tp_size=tp_size,
+                            bind_host=settings.host_ip or host,
+                            trusted_peers=settings.trusted_peers, **self._curve()),
+            self._on_message, on_send_failure=self._on_send_failure)
+        self.poller = CompletionPoller(self._dispatch_adapter_event)
+        self._ticker = threading.Thread(target=self._tick, name="moriio-fsm-timers", daemon=True)
+        self._ticker.start()
+
+    def _curve(self) -> dict:
+        if not self.settings.curve:
+            return {}
+        from ..adapters.zmq import CurveConfig
+
+        return {"curve": CurveConfig(**self.settings.curve)}
+
+    def _handlers(self, machine: str) -> dict:
+        if machine.startswith("write"):
+            from .write_handlers import producer_handlers, consumer_handlers
+        else:
+            from .read_handlers import producer_handlers, consumer_handlers
+        return producer_handlers(self) if machine.endswith("producer") else consumer_handlers(self)
+
+    # -- dispatching -------------------------------------------------------------------------
+
+    def driver_for(self, side: str) -> Driver:
+        return self.drivers[side]
+
+    def dispatch(self, side: str, event) -> None:
+        """Dispatch ``event`` to ``side``'s machine; forget the transfer once it has ended."""
+        self._settled(side, self.drivers[side].dispatch(event))
+
+    def _settled(self, side: str, results) -> None:
+        finals, now = self._finals[side], self.clock()
+        for ev, result in results:
+            self.metrics.observe(side, ev, result, now)
+            if result.state in finals:
+                self.directory.drop(ev.transfer_id)
+
+    def _dispatch_adapter_event(self, event) -> None:
+        side = "send" if event.kind.startswith("layer_write") else "receive"
+        self.dispatch(side, event)
+
+    def _on_message(self, delivery: Delivery) -> None:
+        message = delivery.message
+        try:
+            event = event_for(message, self.clock(), delivery.source)
+        except Exception as exc:                 # never let one message stop the listener
+            log.warning("dropping message %s: %s", type(message).__name__, exc)
+            return
+        side = self._side_of(event.kind)
+        if side is None:
+            log.debug("dropping %s for %s: this rank runs no machine that takes it",
+                      event.kind, event.transfer_id)
+            return
+        if type(message) is Heartbeat and message.reply_port is not None and delivery.peer.address:
+            # Grants go back to the address the heartbeat came from, never to one it names.
+            info = self.directory.get(message.transfer_id)
+            rank = message.consumer_rank if message.consumer_rank is not None else 0
+            if info is not None and len(info.reply_to) < 4096:
+                info.reply_to[rank] = (delivery.peer.address, message.reply_port)
+        self.dispatch(side, event)
+
+    def _side_of(self, kind: str) -> str | None:
+        for side, driver in self.drivers.items():
+            if kind in driver.table.spec.events:
+                return side
+        return None
+
+    def _on_send_failure(self, failure: SendFailure) -> None:
+        if failure.transfer_id is None:
+            return
+        for side, driver in self.drivers.items():
+            if driver.table.get(failure.transfer_id) is not None:
+                self.dispatch(side, events.notify_failed(failure.transfer_id, self.clock(),
+                                                         f"{failure.kind}: {failure.reason}"))
+                return
+
+    def _tick(self) -> None:
+        interval = self.settings.tick_interval
+        while not self._closed:
+            for side, driver in list(self.drivers.items()):
+                try:
+                    self._settled(side, driver.advance())
+                except Exception:
+                    log.exception("timer step of %s failed", side)
+            time.sleep(interval)
+
+    # -- addressing ------------------------------------------------------------------------
+
+    def notify_endpoint(self, info: TransferInfo, peer_rank: int) -> tuple[str, int]:
+        peer = info.peer
+        return peer.host, peer.notify_port + peer.dp_rank * peer.tp_size + peer_rank
+
+    def handshake_endpoint(self, info: TransferInfo, peer_rank: int) -> tuple[str, int]:
+        peer = info.peer
+        return peer.host, peer.handshake_port + peer.dp_rank * peer.tp_size + peer_rank
+
+    def link_for(self, info: TransferInfo, peer_rank: int):
+        """The future ``PeerLink`` to the peer rank of ``info`` (one handshake per rank)."""
+        return self.peers.link(self.handshake_endpoint(info, peer_rank))
+
+    def send(self, destination: tuple[str, int], message) -> None:
+        """Queue a message; an immediate refusal raises, so the driver reports notify_failed."""
+        self.transport.send(destination, message)
+
+    # -- vLLM's worker hooks -------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        self.cache = LocalKvCache(kv_caches, self.kv_format, attention_backend=self.attention_backend)
+        self.engine = self._make_engine(f"{self.engine_id}-dp{self.dp_rank}-tp{self.tp_rank}")
+        self.cache.register(self.engine)
+        self.peers = PeerLinks(lambda address: self.transport.request_handshake(address),
+                               self.engine, self.cache.description)
+        port = self.settings.handshake_port + self.dp_rank * self.tp_size + self.tp_rank
+        self.handshake_port = self.transport.serve_handshake(
+            self.cache.handshake_reply(self.engine, self.engine_id), port=port,
+            bind_host=self.settings.host_ip or self.host)
+
+    def start_step(self, metadata: StepMetadata | None) -> None:
+        """Apply one step's metadata: new transfers first, then ended requests."""
+        self._step_sends = []
+        self._saved_this_step.clear()
+        if not metadata:
+            return
+        for send in metadata.sends:
+            self._start_send(send)
+        for receive in metadata.receives:
+            self._start_receive(receive)
+        for ended in metadata.ended:
+            self._end(ended)
+
+    def _start_send(self, send: SendStart) -> None:
+        info = TransferInfo(send.request_id, send.block_ids, send.peer)
+        if not self.directory.add(send.transfer_id, info):
+            log.error("transfer %s not started: too many live transfers", send.transfer_id)
+            return
+        writers = max(1, self.tp_size // (send.peer.tp_size if send.peer else 1))
+        if send.peer is not None:
+            info.link = self.link_for(info, peer_ranks(self.tp_rank, self.tp_size, send.peer.tp_size)[0])
+        self.dispatch("send", events.prefill_started(send.transfer_id, self.clock(), writers))
+        self._step_sends.append(send.transfer_id)
+
+    def _start_receive(self, receive: ReceiveStart) -> None:
+        info = TransferInfo(receive.request_id, receive.block_ids, receive.peer,
+                            receive.remote_block_ids)
+        if not self.directory.add(receive.transfer_id, info):
+            log.error("transfer %s not started: too many live transfers", receive.transfer_id)
+            return
+        now, tid = self.clock(), receive.transfer_id
+        if receive.block_ids:
+            self.reports.expect_recving(receive.request_id)
+        if self.settings.read_mode:
+            if not receive.block_ids:
+                return
+            self.dispatch("receive", events.read_started(tid, now, len(self.cache.names),
+                                                         list(receive.remote_block_ids)))
+            self.dispatch("receive", events.start_reads(tid, now))
+            return
+        writers = len(peer_ranks(self.tp_rank, self.tp_size, receive.peer.tp_size))
+        self.dispatch("receive", events.receive_started(tid, now, writers))
+        if receive.block_ids:
+            self.dispatch("receive", events.blocks_allocated(tid, now, list(receive.block_ids),
+                                                             receive.request_id))
+        else:
+            self.dispatch("receive", events.request_finished(tid, now))
+
+    def _end(self, ended: RequestEnded) -> None:
+        now, tid = self.clock(), ended.transfer_id
+        side = ended.side
+        if side not in self.drivers:
+            return
+        table = self.drivers[side].table
+        if ended.awaits_report:
+            self.reports.expect_sending(ended.request_id)
+        if side == "send" and self.settings.read_mode:
+            info = TransferInfo(ended.request_id, ended.block_ids, None)
+            self.directory.add(tid, info)
+            self.dispatch(side, events.serve_started(tid, now, 1))
+            self.dispatch(side, events.request_finished(tid, now))
+            return
+        if table.get(tid) is None:
+            # The transfer never started here: start it so its machine ends it properly
+            # (tells the peer, hands the blocks back if vLLM waits for them).
+            self.directory.add(tid, TransferInfo(ended.request_id, (), ended.peer))
+            if side == "send":
+                self.dispatch(side, events.prefill_started(tid, now, 1))
+            else:
+                self.dispatch(side, events.receive_started(tid, now, 1))
+        if side == "send" and ended.aborted:
+            self.dispatch(side, events.abort(tid, now))
+        else:
+            self.dispatch(side, events.request_finished(tid, now))
+
+    def save_layer(self, layer_name: str) -> None:
+        """P, WRITE: ``layer_name`` of this forward is in memory: schedule its writes."""
+        if not self._step_sends or self.cache is None:
+            return
+        layer = self.cache.index.get(layer_name)
+        if layer is None:
+            return
+        now = self.clock()
+        for tid in self._step_sends:
+            if (tid, layer) not in self._saved_this_step:
+                self._saved_this_step.add((tid, layer))
+                self.dispatch("send", events.layer_scheduled(tid, now, layer))
+
+    def finish_saves(self) -> None:
+        """The forward ended: every layer is in memory; schedule any not seen, then seal."""
+        if not self._step_sends or self.cache is None:
+            return
+        for name in self.cache.names:
+            self.save_layer(name)
+        now = self.clock()
+        for tid in self._step_sends:
+            self.dispatch("send", events.seal(tid, now))
+        self._step_sends = []
+
+    def finished(self) -> tuple[set[str], set[str]]:
+        return self.reports.take()
+
+    def load_errors(self) -> set[int]:
+        return self.reports.take_load_errors()
+
+    def interval_stats(self) -> dict[str, Any]:
+        """This interval's metrics for vLLM (``get_kv_connector_stats``)."""
+        rejected = self.transport.stats.get("rejected", 0)
+        self.metrics.add_rejected_messages(rejected - self._rejected_seen)
+        self._rejected_seen = rejected
+        return self.metrics.snapshot()
+
+    def stats(self) -> dict[str, Any]:
+        out = {side: driver.stats() for side, driver in self.drivers.items()}
+        out["transport"] = self.transport.stats
+        out["reports"] = self.reports.outstanding()
+        return out
+
+    def close(self) -> None:
+        """Stop every thread, close every socket, deregister the KV cache; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ticker.join(timeout=2.0)
+        self.poller.close()
+        if self.peers is not None:
+            self.peers.close()
+        self.transport.close()
+        if self.engine is not None:
+            try:
+                if self.cache is not None:
+                    self.cache.deregister(self.engine)
+            finally:
+                self.engine.close()
