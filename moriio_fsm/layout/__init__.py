@@ -9,9 +9,14 @@ from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, d
 from moriio_fsm.layout.plan import TransferPlan, as_block_ids, merge_ranges, plan_layer, plan_transfer
 from moriio_fsm.layout.planner import TransferPlanner, geometry_key
 from moriio_fsm.layout.regions import RegistrationRegion, registration_region, registration_regions
-from moriio_fsm.layout.kv_format import LayerKVFormat
+from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
+from moriio_fsm.layout.compatibility import KVCacheSummary, KVIncompatibleError, check_compatible
 
 __all__ = [
+    "CPU_ATTN",
+    "KVCacheSummary",
+    "KVIncompatibleError",
+    "check_compatible",
     "KVLayout",
     "KVLayoutError",
     "LayerGeometry",

@@ -9,6 +9,8 @@ Supported layouts (N blocks, B tokens per block, H heads, D head size, L latent 
 - separated K/V ``[2, N, B, H, D]`` or ``[2, N, H, B, D]``
 - interleaved K/V ``[N, 2, B, H, D]`` or ``[N, 2, H, B, D]``
 - MLA / index-only ``[N, B, L]``
+- the CPU attention backend's ``[N, H, B, 2*D]`` (only with ``attention_backend="CPU_ATTN"``
+  in the format; each block is one run of kernel-packed K and V, moved whole)
 
 In every family the kernel may use blocks of ``kbs`` tokens smaller than the format's
 ``block_size``; the tensor then holds ``block_size / kbs`` physical blocks per
@@ -26,7 +28,10 @@ from typing import Sequence
 
 import torch
 
-from moriio_fsm.layout.kv_format import LayerKVFormat
+from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
+
+
+_SHAPE_DETECTED_LAYOUTS = "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D], MLA [N, B, L]"
 
 
 class KVLayoutError(MoriioFsmError, ValueError):
@@ -52,6 +57,9 @@ class KVLayout(enum.Enum):
     MLA = "mla"
     """One latent (or index) vector per token: one range per block."""
 
+    CPU_ATTN = "cpu_attn"
+    """The CPU attention backend's blocks: K and V of every head packed by the kernel, one range per block."""
+
 
 @dataclass(frozen=True)
 class LayerGeometry:
@@ -69,7 +77,7 @@ class LayerGeometry:
     dtype: torch.dtype
     element_size: int
     kv_axis: int | None
-    """Logical axis that splits K from V (None for MLA)."""
+    """Logical axis that splits K from V (None for MLA and CPU_ATTN)."""
     token_axis: int
     """Axis holding the tokens of one physical block."""
     kernel_blocks_per_block: int
@@ -77,7 +85,7 @@ class LayerGeometry:
     piece_elements: int
     block_stride: int
     kv_stride: int
-    """Elements from a piece's K to its V (0 for MLA)."""
+    """Elements from a piece's K to its V (0 for MLA and CPU_ATTN, whose pieces hold both)."""
 
     @property
     def num_blocks(self) -> int:
@@ -98,6 +106,8 @@ class LayerGeometry:
         """``"NHD"`` when tokens precede heads, ``"HND"`` when heads come first, ``"NL"`` for MLA."""
         if self.layout is KVLayout.MLA:
             return "NL"
+        if self.layout is KVLayout.CPU_ATTN:
+            return "HND"
         return "NHD" if self.token_axis == 2 else "HND"
 
     def remote_kv_stride(self, remote_num_blocks: int) -> int:
@@ -200,7 +210,7 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
     stride = tuple(int(step) for step in tensor.stride())
     if any(step < 0 for step in stride):
         raise layout_error(layer_name, shape, f"has negative strides {stride}", "non-negative strides")
-    inner_axes = {3: (1, 2), 5: (2, 3, 4)}.get(tensor.dim(), ())
+    inner_axes = {3: (1, 2), 4: (1, 2, 3), 5: (2, 3, 4)}.get(tensor.dim(), ())
     empty = [axis for axis in inner_axes if shape[axis] == 0]
     if empty:
         raise layout_error(
@@ -209,6 +219,8 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
             f"has an empty axis {empty[0]}, so a block would hold no data",
             "at least one token, head and element per block; only the block axis may be empty",
         )
+    if kv_format.cpu_attention:
+        return _describe_cpu_attn(layer_name, tensor, kv_format, shape, stride)
     if tensor.dim() == 3:
         if not kv_format.use_mla:
             raise layout_error(
@@ -222,11 +234,62 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
         if kv_format.use_mla:
             raise layout_error(layer_name, shape, "has 5 axes but the kv_format is MLA", "3 axes [N, B, L] for an MLA layer")
         return _describe_kv(layer_name, tensor, kv_format, shape, stride)
+    if tensor.dim() == 4:
+        raise layout_error(
+            layer_name,
+            shape,
+            "has 4 axes, but the kv_format names no attention backend with a 4-D cache",
+            f"attention_backend={CPU_ATTN!r} in the kv_format for the CPU backend's [N, H, B, 2*D] cache, "
+            f"or one of {_SHAPE_DETECTED_LAYOUTS}",
+        )
     raise layout_error(
         layer_name,
         shape,
         f"has {tensor.dim()} axes, which is no supported layout",
-        "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D] or MLA [N, B, L]",
+        f"{_SHAPE_DETECTED_LAYOUTS} or CPU_ATTN [N, H, B, 2*D]",
+    )
+
+
+def _describe_cpu_attn(
+    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> LayerGeometry:
+    expected = "[num_blocks, num_kv_heads, block_size, 2*head_size] (the CPU attention backend's cache)"
+    if tensor.dim() != 4:
+        raise layout_error(layer_name, shape, f"has {tensor.dim()} axes but the kv_format is {CPU_ATTN}", expected)
+    if kv_format.num_kv_heads is not None and shape[1] != kv_format.num_kv_heads:
+        raise layout_error(layer_name, shape, f"has {shape[1]} heads on axis 1, not the format's "
+                           f"num_kv_heads={kv_format.num_kv_heads}", expected)
+    if shape[3] % 2:
+        raise layout_error(layer_name, shape, f"has an odd last axis {shape[3]}, which cannot hold K and V",
+                           expected)
+    if kv_format.head_size is not None and shape[3] != 2 * kv_format.head_size:
+        raise layout_error(layer_name, shape, f"has last axis {shape[3]}, not 2*head_size="
+                           f"{2 * kv_format.head_size}", expected)
+    ratio = _kernel_ratio(layer_name, shape, kv_format, token_axis=2, block_axis=0)
+    # The kernel's packing inside a block is only known for a row-major [H, B, 2*D] block;
+    # any other stride order would be a view whose bytes are not the kernel's blocks.
+    piece = shape[1] * shape[2] * shape[3]
+    row_major = (shape[2] * shape[3], shape[3], 1)
+    if any(size != 1 and step != want for size, step, want in zip(shape[1:], stride[1:], row_major)):
+        raise layout_error(layer_name, shape, f"has strides {stride} under which a block is not one "
+                           "row-major [H, B, 2*D] run", f"{expected}, each block contiguous")
+    if shape[0] > 1 and stride[0] < piece:
+        raise layout_error(layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so "
+                           "blocks overlap", "blocks that do not overlap")
+    return LayerGeometry(
+        layer_name=layer_name,
+        layout=KVLayout.CPU_ATTN,
+        shape=shape,
+        stride=stride,
+        dtype=tensor.dtype,
+        element_size=tensor.element_size(),
+        kv_axis=None,
+        token_axis=2,
+        kernel_blocks_per_block=ratio,
+        num_physical_blocks=shape[0],
+        piece_elements=piece,
+        block_stride=stride[0] if shape[0] > 1 else piece,
+        kv_stride=0,
     )
 
 

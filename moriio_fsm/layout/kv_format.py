@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+CPU_ATTN = "CPU_ATTN"
+"""vLLM's CPU attention backend (``CPUAttentionBackend.get_name()``), the one backend whose cache layout
+cannot be told from the tensor alone (see ``LayerKVFormat.attention_backend``)."""
+
 
 @dataclass(frozen=True)
 class LayerKVFormat:
@@ -22,6 +26,15 @@ class LayerKVFormat:
     cache of shape ``[N, B, L]``. ``kv_axis`` (0 or 1) says which axis of a 5-D
     cache splits K from V; it is only needed when both leading axes have size 2.
 
+    ``attention_backend`` is vLLM's backend name, when known. Only ``CPU_ATTN`` changes
+    how the tensor is read: the CPU backend's per-layer cache ``[N, H, B, 2*D]`` packs
+    each (block, head) tile's K and V in a kernel-specific order, so it can only be
+    moved in whole blocks. It is named rather than detected because a 4-D shape does
+    not say which backend wrote it: other backends have 4-D per-layer views too (vLLM's
+    ``[blocks, heads, tokens, content]`` family) whose tiles mean something else, and
+    with ``H == B`` even the axis order is unreadable. Any other name, or None, means one
+    of the GPU layouts, which the shape and strides tell apart.
+
     Raises ``ValueError`` on construction when a field is out of range.
     """
 
@@ -30,6 +43,7 @@ class LayerKVFormat:
     head_size: int | None = None
     use_mla: bool = False
     kv_axis: int | None = None
+    attention_backend: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size <= 0:
@@ -40,13 +54,28 @@ class LayerKVFormat:
                 raise ValueError(f"LayerKVFormat.{name} must be a positive int or None, got {value!r}")
         if self.kv_axis not in (None, 0, 1):
             raise ValueError(f"LayerKVFormat.kv_axis must be 0, 1 or None, got {self.kv_axis!r}")
+        backend = self.attention_backend
+        if backend is not None and (not isinstance(backend, str) or not backend):
+            raise ValueError(f"LayerKVFormat.attention_backend must be a backend name or None, got {backend!r}")
+        if backend == CPU_ATTN and (self.use_mla or self.kv_axis is not None):
+            raise ValueError(
+                f"LayerKVFormat for {CPU_ATTN} cannot set use_mla or kv_axis: its cache is "
+                "[num_blocks, num_kv_heads, block_size, 2*head_size], K and V packed in each block")
+
+    @property
+    def cpu_attention(self) -> bool:
+        """True for the CPU attention backend's whole-block cache layout."""
+        return self.attention_backend == CPU_ATTN
 
     @classmethod
-    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None) -> "LayerKVFormat":
+    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None,
+                  attention_backend: str | None = None) -> "LayerKVFormat":
         """Build the format from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
 
         MLA is recognised by the ``MLAAttentionSpec`` class, or by the ``use_mla`` flag
-        that older vLLM releases carried on every attention spec.
+        that older vLLM releases carried on every attention spec. The spec does not say
+        which backend allocated the cache: pass ``attention_backend`` (the backend's
+        ``get_name()``, ``"CPU_ATTN"`` on the CPU) when it is known.
 
         Raises ``ImportError`` when vLLM is not installed and ``TypeError`` when the
         object is not an attention spec (Mamba and other state specs have no KV blocks).
@@ -70,4 +99,5 @@ class LayerKVFormat:
             head_size=int(vllm_spec.head_size),
             use_mla=use_mla,
             kv_axis=kv_axis,
+            attention_backend=attention_backend,
         )

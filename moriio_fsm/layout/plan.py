@@ -219,7 +219,7 @@ def _pieces(geometry: LayerGeometry, coarsen: bool) -> tuple[list[int], int]:
                 return [0], 2 * piece * ratio
             return [part * stride for part in range(ratio)], 2 * piece
         return [part * stride + half for part in range(ratio) for half in (0, kv)], piece
-    # Separated (within its K or V half) and MLA: physical blocks follow each other.
+    # Separated (within its K or V half), MLA and CPU_ATTN: physical blocks follow each other.
     if coarsen and stride == piece:
         return [0], piece * ratio
     return [part * stride for part in range(ratio)], piece
@@ -249,7 +249,7 @@ def plan_transfer(
     scheduler blocks packed the same way (so only a separated cache's V half moves).
     Without ``merge`` there is one range per physical block's K, V or latent piece,
     ordered K of every block then V of every block (separated), K then V per physical
-    block (interleaved) or one per physical block (MLA). With ``merge`` (default) every
+    block (interleaved) or one per physical block (MLA, CPU_ATTN). With ``merge`` (default) every
     run of ranges contiguous on both sides is one range, in the same order.
 
     Raises ``KVLayoutError`` when the lists differ in length, an id is not an integer

@@ -33,3 +33,16 @@ def test_mla_attention_spec_becomes_an_mla_spec():
 def test_non_attention_spec_is_refused():
     with pytest.raises(TypeError, match="expected a vLLM AttentionSpec"):
         LayerKVFormat.from_vllm(object())
+
+
+def test_the_cpu_backend_named_alongside_the_spec_reads_its_cache():
+    vllm_spec = kv_cache_interface.FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=32, dtype=torch.bfloat16)
+    kv_format = LayerKVFormat.from_vllm(vllm_spec, attention_backend="CPU_ATTN")
+    assert kv_format.cpu_attention
+    geometry = describe_layer("layers.0", torch.empty(6, 2, 128, 64, dtype=torch.bfloat16, device="meta"), kv_format)
+    assert geometry.num_blocks == 6 and geometry.block_bytes == 2 * 128 * 64 * 2
+
+
+def test_vllms_cpu_backend_is_named_as_the_format_expects():
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn", reason="vLLM build without the CPU backend")
+    assert cpu_attn.CPUAttentionBackend.get_name() == "CPU_ATTN"
