@@ -149,7 +149,8 @@ def _resume_point(local_iov, remote_iov, first: int, moved: int) -> int:
 
 def refusal_text(err: int, pid: int, op: str, *, range_index: int | None = None, bytes_done: int = 0) -> str:
     """What a cross-memory ``op`` towards process ``pid`` that failed with ``err`` means, and the fix."""
-    where = "" if range_index is None else f" at range {range_index} (after {bytes_done} bytes)"
+    # Where it stopped matters only past the first byte: a refusal at the start names the whole batch.
+    where = f" at range {range_index} (after {bytes_done} bytes)" if range_index or bytes_done else ""
     verb = "write into" if op == "write" else "read from"
     name = errno.errorcode.get(err, str(err))
     if err == errno.EPERM:
@@ -178,8 +179,10 @@ def _ptrace_advice(pid: int) -> str:
         return f"{facts} With ptrace_scope 2 only a process with CAP_SYS_PTRACE may attach: give it to this one."
     if scope == "3":
         return f"{facts} With ptrace_scope 3 no process may attach until the next reboot."
-    ways = ["run both processes as the same user with kernel.yama.ptrace_scope = 0 "
-            "(sysctl -w kernel.yama.ptrace_scope=0)",
+    same_user = ("run both processes as the same user (without Yama nothing else is needed)" if scope is None
+                 else "run both processes as the same user with kernel.yama.ptrace_scope = 0 "
+                      "(sysctl -w kernel.yama.ptrace_scope=0)")
+    ways = [same_user,
             "give this process CAP_SYS_PTRACE (root has it; a container needs --cap-add=SYS_PTRACE)"]
     if scope == "1":
         ways.append(f"create the other process's engine with {_PR_SET_PTRACER_HINT} "

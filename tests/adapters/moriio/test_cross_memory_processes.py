@@ -1,0 +1,253 @@
+"""CrossMemoryEngine across real processes: the peer allocates its own tensor, as vLLM allocates its KV cache.
+
+The peer runs no transfer code while this process writes or reads its memory; the bytes it reports are what
+landed in its tensor. Kills and reaps use each peer's pid; every wait is bounded.
+"""
+
+import json
+import os
+import select
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import StatusCode
+from moriio_fsm.adapters.moriio import _iovec
+from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
+from moriio_fsm.layout import LayerKVFormat, describe_layer, plan_transfer
+
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "cross_memory_peer.py")
+REGION = 1 << 20
+WAIT_MS = 10_000
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Peer:
+    """One peer process, spoken to by JSON lines; ``stop`` kills and reaps it by its pid."""
+
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen([sys.executable, PEER_SCRIPT, *args],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.process.pid
+        self.hello = self.read()
+
+    def read(self, timeout_s: float = 60.0) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"peer process {self.pid} did not answer (exit code {self.process.poll()})")
+        return json.loads(line)
+
+    def ask(self, **command) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self.read()
+
+    def dump(self, offset: int, size: int) -> bytes:
+        return bytes.fromhex(self.ask(op="dump", offset=offset, size=size)["hex"])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, 9)
+        self.process.wait(30)
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+
+
+def owner(key: str, *extra: str) -> Peer:
+    return Peer("owner", key, str(REGION), *extra)
+
+
+@pytest.fixture(scope="module")
+def peer():
+    started = owner("cma-decode")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def prefill(peer):
+    """This process's engine, attached to the module's peer, with a registered source tensor."""
+    with CrossMemoryEngine("cma-prefill") as engine:
+        engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(peer.hello["engine"])))
+        source = torch.randint(0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+        local = engine.register_torch_tensor(source)
+        remote = engine.unpack_memory_desc(bytes.fromhex(peer.hello["memory"]))
+        session = engine.create_session(local, remote)
+        assert session is not None and session.alive()
+        yield engine, session, source, local
+
+
+def test_bytes_written_here_land_in_the_tensor_the_peer_allocated(peer, prefill):
+    _, session, source, _ = prefill
+    chunk = 4096
+    local = [i * chunk for i in range(16)]
+    remote = [(15 - i) * chunk + 64 * chunk for i in range(16)]
+    status = session.batch_write(local, remote, [chunk] * 16, session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+    for lo, ro in zip(local, remote):
+        assert peer.dump(ro, chunk) == source[lo:lo + chunk].numpy().tobytes()
+    assert peer.dump(0, 64 * chunk) == bytes(64 * chunk)
+
+
+def test_batch_read_pulls_the_bytes_the_peer_holds(peer, prefill):
+    _, session, source, _ = prefill
+    pattern = bytes(range(256)) * 8
+    assert peer.ask(op="fill", offset=300_000, hex=pattern.hex())["ok"]
+    status = session.batch_read([0, 5000], [300_000, 301_024], [1024, 1024], session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+    assert source[0:1024].numpy().tobytes() == pattern[:1024]
+    assert source[5000:6024].numpy().tobytes() == pattern[1024:]
+
+
+def test_the_peer_reads_this_processs_memory_into_its_own(peer, prefill):
+    engine, _, source, local = prefill
+    answer = peer.ask(op="pull", engine=engine.get_engine_desc().pack().hex(), memory=local.pack().hex(),
+                      local_offsets=[500_000], remote_offsets=[1234], sizes=[70_000])
+    assert answer["code"] == StatusCode.SUCCESS, answer["message"]
+    assert peer.dump(500_000, 70_000) == source[1234:71_234].numpy().tobytes()
+
+
+def test_a_cpu_attention_layer_planned_here_lands_block_by_block_in_the_peers_cache():
+    """P plans one layer of the CPU backend's cache and writes it; D's blocks hold P's blocks' bytes."""
+    heads, block_size, head_size = 2, 32, 16
+    decode = owner("cma-kv-decode", f"12,{heads},{block_size},{head_size}")
+    try:
+        with CrossMemoryEngine("cma-kv-prefill") as engine:
+            engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
+            cache = torch.randn(8, heads, block_size, 2 * head_size, generator=torch.Generator().manual_seed(5))
+            cache = cache.to(torch.float16)
+            kv_format = LayerKVFormat(block_size=block_size, num_kv_heads=heads, head_size=head_size,
+                                      attention_backend="CPU_ATTN")
+            local_ids, remote_ids = [1, 2, 3, 7], [10, 11, 0, 5]
+            plan = plan_transfer(describe_layer("layers.0", cache, kv_format), local_ids, remote_ids, 12)
+            session = engine.create_session(engine.register_torch_tensor(cache),
+                                            engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])))
+            status = session.batch_write(*plan.lists, session.allocate_transfer_uid())
+            assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+            block_bytes = cache[0].numel() * cache.element_size()
+            for local_id, remote_id in zip(local_ids, remote_ids):
+                assert decode.dump(remote_id * block_bytes, block_bytes) == cache[local_id].numpy().tobytes()
+            assert decode.dump(block_bytes, block_bytes) == bytes(block_bytes)  # block 1 was not written
+    finally:
+        decode.stop()
+
+
+def test_transfers_into_memory_the_peer_deregistered_fail_and_move_nothing():
+    decode = owner("cma-dereg-decode")
+    try:
+        with CrossMemoryEngine("cma-dereg-prefill") as engine:
+            engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
+            source = torch.full((REGION,), 5, dtype=torch.uint8)
+            session = engine.create_session(engine.register_torch_tensor(source),
+                                            engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])))
+            assert decode.ask(op="deregister")["ok"]
+            assert not session.alive()
+            status = session.write(0, 0, 4096, session.allocate_transfer_uid())
+            assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
+            assert "deregistered" in status.message()
+            assert decode.dump(0, 4096) == bytes(4096)
+    finally:
+        decode.stop()
+
+
+def attached(decode: Peer, key: str):
+    engine = CrossMemoryEngine(key)
+    engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
+    source = torch.ones(REGION, dtype=torch.uint8)
+    session = engine.create_session(engine.register_torch_tensor(source),
+                                    engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])))
+    return engine, session
+
+
+def test_a_peer_killed_between_two_calls_of_one_batch_ends_it_failed(monkeypatch):
+    """The kernel itself answers ESRCH for the second IOV_MAX chunk: the peer died mid-batch."""
+    decode = owner("cma-dying-decode")
+    real, calls = _iovec.SYSCALLS["write"], []
+
+    def kill_before_the_second_call(pid, local_iov, remote_iov, count):
+        calls.append(count)
+        if len(calls) == 2:
+            decode.stop()
+        return real(pid, local_iov, remote_iov, count)
+
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", kill_before_the_second_call)
+    try:
+        engine, session = attached(decode, "cma-orphan-prefill")
+        with engine:
+            count = _iovec.IOV_MAX + 100
+            status = session.batch_write([i * 64 for i in range(count)], [i * 128 for i in range(count)],
+                                         [64] * count, session.allocate_transfer_uid())
+            assert status.wait_for(WAIT_MS)
+            assert status.code() == StatusCode.ERR_RDMA_OP and "gone" in status.message(), status.message()
+            assert len(calls) == 2
+    finally:
+        decode.stop()
+
+
+def test_a_peer_killed_while_transfers_stream_leaves_every_status_final():
+    decode = owner("cma-streamed-decode")
+    try:
+        engine, session = attached(decode, "cma-streaming-prefill")
+        with engine:
+            statuses = [session.write(0, (n % 16) * 65536, 65536, session.allocate_transfer_uid())
+                        for n in range(50)]
+            decode.stop()
+            statuses += [session.write(0, 0, 65536, session.allocate_transfer_uid()) for _ in range(50)]
+            assert engine.wait_all(statuses, WAIT_MS), "a transfer to a dead peer never completed"
+            assert all(s.succeeded() or s.code() == StatusCode.ERR_RDMA_OP for s in statuses)
+            assert statuses[-1].code() == StatusCode.ERR_RDMA_OP and "gone" in statuses[-1].message()
+            assert not session.alive()
+    finally:
+        decode.stop()
+
+
+def test_a_held_transfer_released_after_the_peer_died_fails():
+    decode = owner("cma-held-decode")
+    try:
+        engine, session = attached(decode, "cma-holding-prefill")
+        with engine:
+            hold = engine.faults.hold_nth(1)
+            queued = session.write(0, 0, 4096, session.allocate_transfer_uid())
+            decode.stop()
+            hold.release()
+            assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
+            assert "gone" in queued.message()
+    finally:
+        decode.stop()
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
+
+
+def intrude(target: CrossMemoryEngine, memory, when: str) -> dict:
+    """Run a peer that drops to uid 65534 and tries to write into ``target``'s memory."""
+    intruder = Peer("intruder", target.get_engine_desc().pack().hex(), memory.pack().hex(), when)
+    try:
+        return intruder.hello
+    finally:
+        intruder.stop()
+
+
+@needs_root
+def test_a_process_without_ptrace_permission_cannot_attach_and_is_told_why():
+    with CrossMemoryEngine("cma-guarded") as engine:
+        memory = engine.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8))
+        answer = intrude(engine, memory, "before_attach")
+    assert answer["errno"] == 1, answer  # EPERM, from the kernel itself
+    for needed in ("EPERM", "ptrace permission", "uid 65534", "uid 0", "CAP_SYS_PTRACE", "ptrace_scope"):
+        assert needed in answer["attach_error"], answer["attach_error"]
+
+
+@needs_root
+def test_a_writer_that_loses_ptrace_permission_gets_a_failed_status_saying_why():
+    with CrossMemoryEngine("cma-guarded-later") as engine:
+        target = torch.zeros(4096, dtype=torch.uint8)
+        memory = engine.register_torch_tensor(target)
+        answer = intrude(engine, memory, "after_attach")
+        assert answer["code"] == StatusCode.ERR_RDMA_OP, answer
+        assert "EPERM" in answer["message"] and "CAP_SYS_PTRACE" in answer["message"], answer["message"]
+        assert int(target.count_nonzero()) == 0
