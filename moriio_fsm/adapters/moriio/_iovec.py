@@ -99,12 +99,14 @@ def _iovec_array(base: int, offsets: list[int], sizes: list[int]):
 
 
 def move_ranges(call: VectorCall, pid: int, op: str, local_base: int, remote_base: int,
-                local_offsets: list[int], remote_offsets: list[int], sizes: list[int]) -> None:
+                local_offsets: list[int], remote_offsets: list[int], sizes: list[int], *,
+                range_base: int = 0, bytes_base: int = 0) -> None:
     """Move every range between this process (``local_base``) and process ``pid`` (``remote_base``).
 
     ``op`` "write" copies local -> remote, "read" remote -> local. Range ``i`` is one iovec on
     each side, so a short count ends inside one known range; the rest is sent again from
-    there. Raises ``CrossMemoryError`` naming the range the kernel stopped at.
+    there. Raises ``CrossMemoryError`` naming the range the kernel stopped at; ``range_base``
+    and ``bytes_base`` place these ranges in a larger batch for that message.
     """
     count = len(sizes)
     local_iov = _iovec_array(local_base, local_offsets, sizes)
@@ -122,12 +124,11 @@ def move_ranges(call: VectorCall, pid: int, op: str, local_base: int, remote_bas
             continue
         if moved <= 0:
             err = -moved if moved < 0 else errno.EFAULT  # no progress at all: treat as unreachable
-            raise CrossMemoryError(
-                err, refusal_text(err, pid, op, range_index=first, bytes_done=moved_before),
-                range_index=first, bytes_done=moved_before)
+            where = {"range_index": range_base + first, "bytes_done": bytes_base + moved_before}
+            raise CrossMemoryError(err, refusal_text(err, pid, op, **where), **where)
         if moved > wanted:
             raise CrossMemoryError(errno.EIO, f"the kernel reported {moved} bytes moved of {wanted} asked",
-                                   range_index=first, bytes_done=moved_before)
+                                   range_index=range_base + first, bytes_done=bytes_base + moved_before)
         first = _resume_point(local_iov, remote_iov, first, moved)
         moved_before += moved
 

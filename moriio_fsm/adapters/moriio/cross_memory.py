@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -271,8 +272,7 @@ class CrossMemorySession(TransferSession):
                 return (StatusCode.ERR_RDMA_OP, f"remote memory {remote.mem_id} of engine "
                         f"{remote.engine_key!r} was deregistered (or its engine closed)")
             try:
-                move_ranges(_iovec.SYSCALLS[op], remote.pid, op, local.address, remote.address,
-                            batch.local_offsets, batch.remote_offsets, batch.sizes)
+                self._engine._move(op, remote.pid, local.address, remote.address, batch)
             except CrossMemoryError as exc:
                 return StatusCode.ERR_RDMA_OP, str(exc)
             finally:
@@ -298,20 +298,28 @@ class CrossMemoryEngine(TransferEngine):
     ptrace_scope 1 (it calls prctl(PR_SET_PTRACER_ANY), for the whole process).
 
     Deregistering memory, or closing, waits up to ``deregister_wait_s`` for peers' copies
-    in flight into it; later transfers against it fail. ``close`` fails every transfer still
-    queued, stalled or held with ERR_BAD_STATE, stops the worker thread and drops every
-    fault rule.
+    in flight into it; later transfers against it fail. A batch of at least
+    ``PARALLEL_COPY_MIN_BYTES`` is split by bytes across ``copy_threads`` threads (the
+    kernel pins and copies page by page, so one thread leaves memory bandwidth unused).
+    ``close`` fails every transfer still queued, stalled or held with ERR_BAD_STATE, stops
+    the worker and copy threads and drops every fault rule.
     """
 
+    PARALLEL_COPY_MIN_BYTES = 8 << 20
+
     def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
-                 max_registrations: int = 1 << 16, deregister_wait_s: float = 10.0) -> None:
+                 copy_threads: int | None = None, max_registrations: int = 1 << 16,
+                 deregister_wait_s: float = 10.0) -> None:
         problem = native_calls_problem()
         if problem is not None:
             raise CrossMemoryError(errno.ENOSYS, problem)
         if not isinstance(key, str) or not key:
             raise ValueError(f"engine key must be a non-empty string, got {key!r}")
-        if isinstance(max_registrations, bool) or not isinstance(max_registrations, int) or max_registrations < 1:
-            raise ValueError(f"max_registrations must be a positive integer, got {max_registrations!r}")
+        if copy_threads is None:
+            copy_threads = min(2, os.cpu_count() or 1)
+        for name, value in (("copy_threads", copy_threads), ("max_registrations", max_registrations)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not deregister_wait_s >= 0:
             raise ValueError(f"deregister_wait_s must be >= 0 seconds, got {deregister_wait_s!r}")
         self.key = key
@@ -342,6 +350,8 @@ class CrossMemoryEngine(TransferEngine):
         self._due: list[tuple[float, int, _Posted]] = []
         self._stalled: list[_Posted] = []
         self._held: dict[int, _Posted] = {}
+        self._copy_threads = copy_threads
+        self._copy_helpers: ThreadPoolExecutor | None = None  # made on the first large batch
         self._worker = threading.Thread(target=self._run, name=f"cross-memory-{key}", daemon=True)
         self._worker.start()
 
@@ -529,6 +539,43 @@ class CrossMemoryEngine(TransferEngine):
             return StatusCode.ERR_BAD_STATE, f"{label}: {exc}"
         return code, f"{label}: {message}" if message else ""
 
+    def _move(self, op: str, pid: int, local_base: int, remote_base: int, batch: CheckedBatch) -> None:
+        """Carry out one batch's syscalls on the worker, and on helper threads when it is large.
+
+        Runs while the worker holds both registrations, so helpers need no locks of their own.
+        The first error by range order is raised.
+        """
+        call = _iovec.SYSCALLS[op]
+        lo, ro, sizes = batch.local_offsets, batch.remote_offsets, batch.sizes
+        parts = min(self._copy_threads, len(sizes))
+        if parts < 2 or batch.total_bytes < self.PARALLEL_COPY_MIN_BYTES:
+            move_ranges(call, pid, op, local_base, remote_base, lo, ro, sizes)
+            return
+        if self._copy_helpers is None:
+            self._copy_helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix=f"cross-memory-{self.key}-copy")
+        # Cut where the running byte count passes each equal share.
+        cuts, share, running = [0], batch.total_bytes / parts, 0
+        for index, size in enumerate(sizes):
+            running += size
+            if len(cuts) < parts and running >= share * len(cuts):
+                cuts.append(index + 1)
+        cuts.append(len(sizes))
+        slices = [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
+
+        def part(a: int, b: int) -> CrossMemoryError | None:
+            try:
+                move_ranges(call, pid, op, local_base, remote_base, lo[a:b], ro[a:b], sizes[a:b],
+                            range_base=a, bytes_base=sum(sizes[:a]))
+            except CrossMemoryError as exc:
+                return exc
+            return None
+
+        helpers = [self._copy_helpers.submit(part, a, b) for a, b in slices[1:]]
+        errors = [part(*slices[0])] + [helper.result() for helper in helpers]
+        first = next((error for error in errors if error is not None), None)
+        if first is not None:
+            raise first
+
     def _require_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"{what}: engine {self.key!r} is closed")
@@ -557,6 +604,8 @@ class CrossMemoryEngine(TransferEngine):
             peer.withdrawn = True
             peer.close()
         self._own.close()
+        if self._copy_helpers is not None:
+            self._copy_helpers.shutdown(wait=True)
         # Predicates may capture sessions and tensors; no transfer can use them now.
         self.faults.clear()
 

@@ -93,11 +93,11 @@ def no_leaked_threads_or_regions():
     assert not new_handles, f"the test left engine handles open: {sorted(new_handles)}"
 
 
-def make_engine(kind: str, key: str):
+def make_engine(kind: str, key: str, **options):
     if kind == "loopback":
-        return LoopbackEngine(key)
+        return LoopbackEngine(key, **options)
     if kind == "cross_memory":
-        return CrossMemoryEngine(key)
+        return CrossMemoryEngine(key, **options)
     availability = probe_mori()
     if not availability.available:
         pytest.skip(f"MoriEngine not tested: {availability.reason}")
@@ -109,11 +109,11 @@ def make_engine(kind: str, key: str):
 class Pair:
     """Two engines that know each other, with a registered tensor each."""
 
-    def __init__(self, kind: str, size: int = 4096):
+    def __init__(self, kind: str, size: int = 4096, **engine_options):
         self.kind = kind
-        self.producer = make_engine(kind, f"{kind}-producer")
+        self.producer = make_engine(kind, f"{kind}-producer", **engine_options)
         try:
-            self.consumer = make_engine(kind, f"{kind}-consumer")
+            self.consumer = make_engine(kind, f"{kind}-consumer", **engine_options)
         except BaseException:
             self.producer.close()
             raise

@@ -41,6 +41,15 @@ def cma():
     made.close()
 
 
+@pytest.fixture
+def split_cma(monkeypatch):
+    """A pair whose producer splits every batch across two copy threads."""
+    made = Pair("cross_memory", size=SIZE, copy_threads=2)
+    monkeypatch.setattr(made.producer, "PARALLEL_COPY_MIN_BYTES", 1)
+    yield made
+    made.close()
+
+
 def iovecs(address: int, count: int):
     return (ctypes.c_size_t * (2 * count)).from_address(address)
 
@@ -52,9 +61,11 @@ class RecordingKernel:
         self.real = _iovec.SYSCALLS[op]
         self.limit = limit
         self.counts: list[int] = []
+        self.threads: set[str] = set()
 
     def __call__(self, pid, local_iov, remote_iov, count):
         self.counts.append(count)
+        self.threads.add(threading.current_thread().name)
         if self.limit is None:
             return self.real(pid, local_iov, remote_iov, count)
         # Hand the kernel only the first ``limit`` bytes, cutting an iovec in two where needed:
@@ -133,6 +144,33 @@ def test_short_counts_of_a_read_across_iov_max_are_continued(cma, monkeypatch):
     status = cma.session.batch_read(local, remote, sizes, cma.session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert landed(cma, local, remote, sizes)
+
+
+def test_a_large_batch_split_across_copy_threads_lands_whole(split_cma, monkeypatch):
+    kernel = RecordingKernel("write", limit=777)
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", kernel)
+    local, remote, sizes = scattered(_iovec.IOV_MAX + 40, 32, 48)
+    status = split_cma.session.batch_write(local, remote, sizes, split_cma.session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
+    assert landed(split_cma, local, remote, sizes)
+    assert len(kernel.threads) == 2, kernel.threads
+
+
+def test_a_refusal_in_the_second_copy_thread_names_the_range_of_the_whole_batch(split_cma, monkeypatch):
+    cma = split_cma
+    real = _iovec.SYSCALLS["write"]
+
+    def refuse_the_second_half(pid, local_iov, remote_iov, count):
+        first_local = iovecs(local_iov, count)[0]
+        if first_local >= cma.source.data_ptr() + 32 * 64:
+            return -errno.EFAULT
+        return real(pid, local_iov, remote_iov, count)
+
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", refuse_the_second_half)
+    local, remote, sizes = scattered(128, 32, 48)
+    status = cma.session.batch_write(local, remote, sizes, cma.session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
+    assert "at range 64 (after 2048 bytes)" in status.message(), status.message()
 
 
 def test_a_kernel_that_makes_no_progress_fails_the_batch_instead_of_spinning(cma, monkeypatch):
