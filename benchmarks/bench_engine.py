@@ -1,7 +1,8 @@
-"""Throughput of LoopbackEngine.batch_write across two processes against a plain torch copy.
+"""Throughput of LoopbackEngine and CrossMemoryEngine batch_write across two processes against a plain torch copy.
 
-Rules: process D owns a 256 MiB shared tensor; P writes it in 64 KiB and 1 MiB chunks at scattered offsets
-(no two merge) and, in the same rounds, with one ``Tensor.copy_``; ratios are medians of interleaved rounds.
+Rules: process D owns a 256 MiB shared tensor (loopback) and a 256 MiB tensor it allocated itself (cross-memory);
+P writes each in 64 KiB and 1 MiB chunks at scattered offsets (no two merge) and, in the same rounds, with one
+``Tensor.copy_``; ratios are medians of interleaved rounds.
 """
 
 from __future__ import annotations
@@ -16,23 +17,28 @@ import time
 import torch
 
 from moriio_fsm.adapters.moriio import LoopbackEngine
+from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.adapters.moriio.shared_memory import PeerMapping
 
 MIB = 1 << 20
 
 
 def run_decode_side(conn, total_bytes: int) -> None:
-    """Process D: own the destination tensor, answer spot checks, do nothing else."""
-    with LoopbackEngine("bench-decode") as engine:
-        cache = engine.allocate_shared_tensor(total_bytes)
-        mem = engine.register_torch_tensor(cache)
-        conn.send((engine.get_engine_desc().pack(), mem.pack()))
+    """Process D: own the destination tensors, answer spot checks, do nothing else."""
+    with LoopbackEngine("bench-decode") as engine, CrossMemoryEngine("bench-decode-cma") as cma:
+        caches = {"loopback": engine.allocate_shared_tensor(total_bytes),
+                  # Allocated here, as vLLM allocates its KV cache: no shared memory involved.
+                  "cross-memory": torch.zeros(total_bytes, dtype=torch.uint8)}
+        mem = engine.register_torch_tensor(caches["loopback"])
+        cma_mem = cma.register_torch_tensor(caches["cross-memory"])
+        conn.send((engine.get_engine_desc().pack(), mem.pack(), cma.get_engine_desc().pack(), cma_mem.pack()))
         while True:
             request = conn.recv()
             if request[0] == "stop":
                 break
-            # ("check", [(offset, expected_bytes), ...]): did the writes land here?
-            conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[1]))
+            # ("check", engine, [(offset, expected_bytes), ...]): did the writes land here?
+            cache = caches[request[1]]
+            conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[2]))
     conn.close()
 
 
@@ -41,6 +47,17 @@ def scattered_offsets(total_bytes: int, chunk: int, seed: int) -> tuple[list[int
     destinations = list(range(count))
     random.Random(seed).shuffle(destinations)
     return [i * chunk for i in range(count)], [d * chunk for d in destinations], [chunk] * count
+
+
+def timed_write(session, lo: list[int], ro: list[int], sizes: list[int]) -> float:
+    """Seconds from posting one batch to its final status; raises if it failed."""
+    start = time.perf_counter()
+    status = session.batch_write(lo, ro, sizes, session.allocate_transfer_uid())
+    status.wait()
+    seconds = time.perf_counter() - start
+    if not status.succeeded():
+        raise RuntimeError(f"batch_write failed: {status.message()}")
+    return seconds
 
 
 def main() -> int:
@@ -58,46 +75,52 @@ def main() -> int:
     try:
         if not here.poll(120):
             raise RuntimeError("decode process did not start within 120 s")
-        engine_desc_bytes, mem_bytes = here.recv()
-        with LoopbackEngine("bench-prefill") as engine:
+        engine_desc_bytes, mem_bytes, cma_desc_bytes, cma_mem_bytes = here.recv()
+        with LoopbackEngine("bench-prefill") as engine, CrossMemoryEngine("bench-prefill-cma") as cma:
             source = engine.allocate_shared_tensor(total)
             source.copy_(torch.randint(0, 256, (total,), dtype=torch.uint8))
             local_mem = engine.register_torch_tensor(source)
             remote_engine = engine.unpack_engine_desc(engine_desc_bytes)
             remote_mem = engine.unpack_memory_desc(mem_bytes)
             engine.register_remote_engine(remote_engine)
-            session = engine.create_session(local_mem, remote_mem)
-            if session is None:
-                raise RuntimeError("could not open a session to the decode process")
+            cma.register_remote_engine(cma.unpack_engine_desc(cma_desc_bytes))
+            sessions = {
+                "loopback": engine.create_session(local_mem, remote_mem),
+                "cross-memory": cma.create_session(cma.register_torch_tensor(source),
+                                                   cma.unpack_memory_desc(cma_mem_bytes)),
+            }
+            if None in sessions.values():
+                raise RuntimeError(f"could not open a session to the decode process: {sessions}")
             # The baseline copies into the very same shared pages, mapped here.
             destination = PeerMapping(remote_mem.pid, remote_mem.region_fd,
                                       remote_mem.region_token, remote_mem.size).tensor
 
             for label, chunk in (("64k", 64 << 10), ("1m", MIB)):
                 lo, ro, sizes = scattered_offsets(total, chunk, seed=chunk)
-                project_s, plain_s = [], []
+                plain_s, engine_s = [], {name: [] for name in sessions}
                 for round_index in range(args.rounds + 1):
                     start = time.perf_counter()
                     destination.copy_(source)
                     plain = time.perf_counter() - start
-
-                    start = time.perf_counter()
-                    status = session.batch_write(lo, ro, sizes, session.allocate_transfer_uid())
-                    status.wait()
-                    project = time.perf_counter() - start
-                    if not status.succeeded():
-                        raise RuntimeError(f"batch_write failed: {status.message()}")
+                    took = {name: timed_write(session, lo, ro, sizes) for name, session in sessions.items()}
                     if round_index:  # the first round only warms caches and page tables
                         plain_s.append(plain)
-                        project_s.append(project)
+                        for name, seconds in took.items():
+                            engine_s[name].append(seconds)
                 checks = [(ro[i], bytes(source[lo[i]:lo[i] + 64].tolist()))
                           for i in (0, len(lo) // 2, len(lo) - 1)]
-                here.send(("check", checks))
-                if not here.recv():
-                    raise RuntimeError(f"{label}: the decode process does not see the written bytes")
-                ratios[label] = statistics.median(plain_s) / statistics.median(project_s)
-                print(f"{label}: loopback {total / statistics.median(project_s) / 1e9:.2f} GB/s, "
-                      f"plain copy {total / statistics.median(plain_s) / 1e9:.2f} GB/s", flush=True)
+                for name in sessions:
+                    here.send(("check", name, checks))
+                    if not here.recv():
+                        raise RuntimeError(f"{label}: the decode process does not see the bytes {name} wrote")
+                plain_median = statistics.median(plain_s)
+                medians = {name: statistics.median(seconds) for name, seconds in engine_s.items()}
+                ratios[label] = {name: plain_median / median for name, median in medians.items()}
+                ratios[label]["cross-memory/loopback"] = medians["loopback"] / medians["cross-memory"]
+                print(f"{label}: loopback {total / medians['loopback'] / 1e9:.2f} GB/s, "
+                      f"plain copy {total / plain_median / 1e9:.2f} GB/s", flush=True)
+                print(f"{label}: cross-memory {total / medians['cross-memory'] / 1e9:.2f} GB/s "
+                      "(into a tensor D allocated itself)", flush=True)
             del destination
     finally:
         try:
@@ -108,8 +131,12 @@ def main() -> int:
         if decode.is_alive():
             decode.kill()
             decode.join()
-    print(f"copy_ratio_64k: {ratios['64k']:.3f}")
-    print(f"copy_ratio_1m: {ratios['1m']:.3f}")
+    for label in ("64k", "1m"):
+        print(f"copy_ratio_{label}: {ratios[label]['loopback']:.3f}")
+    for label in ("64k", "1m"):
+        print(f"cross_memory_copy_ratio_{label}: {ratios[label]['cross-memory']:.3f}")
+    for label in ("64k", "1m"):
+        print(f"cross_memory_vs_loopback_{label}: {ratios[label]['cross-memory/loopback']:.3f}")
     return 0
 
 
