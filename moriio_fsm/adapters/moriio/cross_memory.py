@@ -468,6 +468,10 @@ class CrossMemoryEngine(TransferEngine):
         if peer is None or peer.desc.pid != remote_mem.pid:
             _log.warning("create_session: remote engine %r is not registered", remote_mem.engine_key)
             return None
+        reason = peer.gone()
+        if reason is not None:
+            _log.warning("create_session: %s", reason)
+            return None
         if not peer.registry.holds(remote_mem.slot, remote_mem.mem_id, remote_mem.address, remote_mem.size):
             _log.warning("create_session: memory %s of engine %r is not registered there",
                          remote_mem.mem_id, remote_mem.engine_key)

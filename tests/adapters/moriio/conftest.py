@@ -26,29 +26,27 @@ _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
 _ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "anon_inode:[pidfd]")
 
 
-def engine_handles() -> set[str]:
-    """Open fds of cross-memory registration tables and pidfds in this process."""
-    handles = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if any(mark in target for mark in _ENGINE_HANDLE_MARKS):
-            handles.add(f"fd {name} -> {target}")
-    return handles
-
-
-def region_handles() -> set[str]:
-    """Open fds and memory mappings of loopback shared regions in this process."""
+def open_fds(*marks: str) -> set[str]:
+    """This process's open fds whose target names one of ``marks``, as "fd N -> target"."""
     handles = set()
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # closed while listing (the listing's own fd, for one)
-        if _REGION_MARK in target:
+        if any(mark in target for mark in marks):
             handles.add(f"fd {name} -> {target}")
+    return handles
+
+
+def engine_handles() -> set[str]:
+    """Open fds of cross-memory registration tables and pidfds in this process."""
+    return open_fds(*_ENGINE_HANDLE_MARKS)
+
+
+def region_handles() -> set[str]:
+    """Open fds and memory mappings of loopback shared regions in this process."""
+    handles = open_fds(_REGION_MARK)
     with open("/proc/self/maps") as maps:
         for line in maps:
             if _REGION_MARK in line:

@@ -4,11 +4,7 @@ The peer runs no transfer code while this process writes or reads its memory; th
 landed in its tensor. Kills and reaps use each peer's pid; every wait is bounded.
 """
 
-import json
 import os
-import select
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +14,8 @@ from moriio_fsm.adapters.moriio import _iovec
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.layout import LayerKVFormat, describe_layer, plan_transfer
 
+from .json_peer import JsonLinePeer
+
 PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "cross_memory_peer.py")
 REGION = 1 << 20
 WAIT_MS = 10_000
@@ -25,40 +23,8 @@ WAIT_MS = 10_000
 pytestmark = pytest.mark.timeout(180)
 
 
-class Peer:
-    """One peer process, spoken to by JSON lines; ``stop`` kills and reaps it by its pid."""
-
-    def __init__(self, *args: str):
-        self.process = subprocess.Popen([sys.executable, PEER_SCRIPT, *args],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.pid = self.process.pid
-        self.hello = self.read()
-
-    def read(self, timeout_s: float = 60.0) -> dict:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        line = self.process.stdout.readline() if ready else ""
-        if not line:
-            raise RuntimeError(f"peer process {self.pid} did not answer (exit code {self.process.poll()})")
-        return json.loads(line)
-
-    def ask(self, **command) -> dict:
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def dump(self, offset: int, size: int) -> bytes:
-        return bytes.fromhex(self.ask(op="dump", offset=offset, size=size)["hex"])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.pid, 9)
-        self.process.wait(30)
-        for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
-
-
-def owner(key: str, *extra: str) -> Peer:
-    return Peer("owner", key, str(REGION), *extra)
+def owner(key: str, *extra: str) -> JsonLinePeer:
+    return JsonLinePeer(PEER_SCRIPT, "owner", key, str(REGION), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -136,25 +102,7 @@ def test_a_cpu_attention_layer_planned_here_lands_block_by_block_in_the_peers_ca
         decode.stop()
 
 
-def test_transfers_into_memory_the_peer_deregistered_fail_and_move_nothing():
-    decode = owner("cma-dereg-decode")
-    try:
-        with CrossMemoryEngine("cma-dereg-prefill") as engine:
-            engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
-            source = torch.full((REGION,), 5, dtype=torch.uint8)
-            session = engine.create_session(engine.register_torch_tensor(source),
-                                            engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])))
-            assert decode.ask(op="deregister")["ok"]
-            assert not session.alive()
-            status = session.write(0, 0, 4096, session.allocate_transfer_uid())
-            assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
-            assert "deregistered" in status.message()
-            assert decode.dump(0, 4096) == bytes(4096)
-    finally:
-        decode.stop()
-
-
-def attached(decode: Peer, key: str):
+def attached(decode: JsonLinePeer, key: str):
     engine = CrossMemoryEngine(key)
     engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
     source = torch.ones(REGION, dtype=torch.uint8)
@@ -163,9 +111,31 @@ def attached(decode: Peer, key: str):
     return engine, session
 
 
-def test_a_peer_killed_between_two_calls_of_one_batch_ends_it_failed(monkeypatch):
+@pytest.fixture
+def doomed():
+    """A fresh peer that the test may deregister or kill, and this process's engine attached to it."""
+    decode = owner("cma-doomed-decode")
+    try:
+        engine, session = attached(decode, "cma-doomed-prefill")
+        with engine:
+            yield decode, engine, session
+    finally:
+        decode.stop()
+
+
+def test_transfers_into_memory_the_peer_deregistered_fail_and_move_nothing(doomed):
+    decode, _, session = doomed
+    assert decode.ask(op="deregister")["ok"]
+    assert not session.alive()
+    status = session.write(0, 0, 4096, session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
+    assert "deregistered" in status.message()
+    assert decode.dump(0, 4096) == bytes(4096)
+
+
+def test_a_peer_killed_between_two_calls_of_one_batch_ends_it_failed(doomed, monkeypatch):
     """The kernel itself answers ESRCH for the second IOV_MAX chunk: the peer died mid-batch."""
-    decode = owner("cma-dying-decode")
+    decode, _, session = doomed
     real, calls = _iovec.SYSCALLS["write"], []
 
     def kill_before_the_second_call(pid, local_iov, remote_iov, count):
@@ -175,49 +145,34 @@ def test_a_peer_killed_between_two_calls_of_one_batch_ends_it_failed(monkeypatch
         return real(pid, local_iov, remote_iov, count)
 
     monkeypatch.setitem(_iovec.SYSCALLS, "write", kill_before_the_second_call)
-    try:
-        engine, session = attached(decode, "cma-orphan-prefill")
-        with engine:
-            count = _iovec.IOV_MAX + 100
-            status = session.batch_write([i * 64 for i in range(count)], [i * 128 for i in range(count)],
-                                         [64] * count, session.allocate_transfer_uid())
-            assert status.wait_for(WAIT_MS)
-            assert status.code() == StatusCode.ERR_RDMA_OP and "gone" in status.message(), status.message()
-            assert len(calls) == 2
-    finally:
-        decode.stop()
+    count = _iovec.IOV_MAX + 100
+    status = session.batch_write([i * 64 for i in range(count)], [i * 128 for i in range(count)],
+                                 [64] * count, session.allocate_transfer_uid())
+    assert status.wait_for(WAIT_MS)
+    assert status.code() == StatusCode.ERR_RDMA_OP and "gone" in status.message(), status.message()
+    assert len(calls) == 2
 
 
-def test_a_peer_killed_while_transfers_stream_leaves_every_status_final():
-    decode = owner("cma-streamed-decode")
-    try:
-        engine, session = attached(decode, "cma-streaming-prefill")
-        with engine:
-            statuses = [session.write(0, (n % 16) * 65536, 65536, session.allocate_transfer_uid())
-                        for n in range(50)]
-            decode.stop()
-            statuses += [session.write(0, 0, 65536, session.allocate_transfer_uid()) for _ in range(50)]
-            assert engine.wait_all(statuses, WAIT_MS), "a transfer to a dead peer never completed"
-            assert all(s.succeeded() or s.code() == StatusCode.ERR_RDMA_OP for s in statuses)
-            assert statuses[-1].code() == StatusCode.ERR_RDMA_OP and "gone" in statuses[-1].message()
-            assert not session.alive()
-    finally:
-        decode.stop()
+def test_a_peer_killed_while_transfers_stream_leaves_every_status_final(doomed):
+    decode, engine, session = doomed
+    statuses = [session.write(0, (n % 16) * 65536, 65536, session.allocate_transfer_uid()) for n in range(50)]
+    decode.stop()
+    statuses += [session.write(0, 0, 65536, session.allocate_transfer_uid()) for _ in range(50)]
+    assert engine.wait_all(statuses, WAIT_MS), "a transfer to a dead peer never completed"
+    assert all(s.succeeded() or s.code() == StatusCode.ERR_RDMA_OP for s in statuses)
+    assert statuses[-1].code() == StatusCode.ERR_RDMA_OP and "gone" in statuses[-1].message()
+    assert not session.alive()
+    assert engine.create_session(session.local_mem, session.remote_mem) is None
 
 
-def test_a_held_transfer_released_after_the_peer_died_fails():
-    decode = owner("cma-held-decode")
-    try:
-        engine, session = attached(decode, "cma-holding-prefill")
-        with engine:
-            hold = engine.faults.hold_nth(1)
-            queued = session.write(0, 0, 4096, session.allocate_transfer_uid())
-            decode.stop()
-            hold.release()
-            assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
-            assert "gone" in queued.message()
-    finally:
-        decode.stop()
+def test_a_held_transfer_released_after_the_peer_died_fails(doomed):
+    decode, engine, session = doomed
+    hold = engine.faults.hold_nth(1)
+    queued = session.write(0, 0, 4096, session.allocate_transfer_uid())
+    decode.stop()
+    hold.release()
+    assert queued.wait_for(WAIT_MS) and queued.code() == StatusCode.ERR_RDMA_OP
+    assert "gone" in queued.message()
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
@@ -225,7 +180,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another u
 
 def intrude(target: CrossMemoryEngine, memory, when: str) -> dict:
     """Run a peer that drops to uid 65534 and tries to write into ``target``'s memory."""
-    intruder = Peer("intruder", target.get_engine_desc().pack().hex(), memory.pack().hex(), when)
+    intruder = JsonLinePeer(PEER_SCRIPT, "intruder", target.get_engine_desc().pack().hex(),
+                            memory.pack().hex(), when)
     try:
         return intruder.hello
     finally:

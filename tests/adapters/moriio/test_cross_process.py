@@ -4,16 +4,14 @@ The peer runs no transfer code while we write; the bytes it reports back are
 what landed in its own tensor. Every peer is killed and reaped by its fixture.
 """
 
-import json
 import os
-import select
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from moriio_fsm.adapters.moriio import LoopbackEngine, StatusCode
+
+from .json_peer import JsonLinePeer
 
 PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "peer_process.py")
 REGION = 1 << 16
@@ -22,38 +20,12 @@ WAIT_MS = 10_000
 pytestmark = pytest.mark.timeout(120)
 
 
-class Peer:
+class Peer(JsonLinePeer):
     def __init__(self, key: str):
-        self.process = subprocess.Popen(
-            [sys.executable, PEER_SCRIPT, str(REGION), key],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        hello = self._read()
-        self.engine_desc = bytes.fromhex(hello["engine"])
-        self.shared_mem = bytes.fromhex(hello["shared"])
-        self.private_mem = bytes.fromhex(hello["private"])
-
-    def _read(self, timeout_s: float = 60.0) -> dict:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        line = self.process.stdout.readline() if ready else ""
-        if not line:
-            raise RuntimeError(f"peer process did not answer (exit code {self.process.poll()})")
-        return json.loads(line)
-
-    def ask(self, **command) -> dict:
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def dump(self, offset: int, size: int) -> bytes:
-        return bytes.fromhex(self.ask(op="dump", offset=offset, size=size)["hex"])
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(30)
-        for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
+        super().__init__(PEER_SCRIPT, str(REGION), key)
+        self.engine_desc = bytes.fromhex(self.hello["engine"])
+        self.shared_mem = bytes.fromhex(self.hello["shared"])
+        self.private_mem = bytes.fromhex(self.hello["private"])
 
 
 @pytest.fixture(scope="module")
