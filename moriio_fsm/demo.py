@@ -126,10 +126,12 @@ def _driver(scenario: Scenario, make_table: Callable) -> Driver:
     return Driver(table, handlers, clock=lambda: scenario.advance_to)
 
 
-def run(make_table: Callable | None = None) -> list[Scenario]:
+def run(make_table: Callable | None = None, recorder=None) -> list[Scenario]:
     """Drive every scenario through a table of its own (each starts its clock at 0),
-    checking every spec invariant after every step."""
-    make_table = make_table or (lambda: build_table("write_producer", check_invariants=True))
+    checking every spec invariant after every step; ``recorder`` (a ``TraceRecorder``)
+    traces every table."""
+    make_table = make_table or (lambda: build_table("write_producer", check_invariants=True,
+                                                    recorder=recorder))
     done = scenarios()
     for scenario in done:
         driver = _driver(scenario, make_table)
