@@ -10,7 +10,7 @@ is the user-facing description of every field.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
@@ -57,7 +57,7 @@ class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
     started, so steps of one process never go back in time.
     """
 
-    seq: int
+    seq: Annotated[int, msgspec.Meta(ge=0)]
     side: str
     table: str
     transfer: str
@@ -68,7 +68,7 @@ class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
     source: str = ""
     before: Union[str, None] = None
     after: Union[str, None] = None
-    rows: Union[list[int], None] = None
+    rows: Union[tuple[int, ...], None] = None
     actions: Union[list[str], None] = None
     effects: list[dict[str, Any]] = []
     error: Union[str, None] = None

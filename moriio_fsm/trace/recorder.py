@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 
 from ..runtime.events import Outcome
 from .format import Step, TableInfo
-from .render import Processor, StepRenderer
+from .render import Processor, StepRenderer, register_table
 from .writer import TraceWriter, write_trace
 
 #: Final states whose transfers are dumped besides the spec's anomaly states.
@@ -43,7 +43,8 @@ def _digest(path: str) -> str:
 
 
 class TableMeta:
-    """What a record of one traced table needs to be rendered, and the table's rings."""
+    """What a record of one traced table needs to be rendered (kept for the process's
+    life in ``render.TABLES``, so it holds no records)."""
 
     def __init__(self, recorder: "TraceRecorder", table: Any, key: str):
         machine = table.machine
@@ -56,21 +57,34 @@ class TableMeta:
                               config=dict(machine.config), options=dict(table.options))
         self._actions = {index: row.action_names for index, row in machine.rows_by_index().items()}
         self.link = recorder.link
-        self.wall_of = recorder.wall_of
+        # Numbers, not the recorder: this object lives as long as the process.
+        self._wall0, self._mono0 = recorder._wall0, recorder._mono0
         self.final = machine.final
         self.dump_states = machine.anomaly | (machine.final & DUMP_FINAL_STATES)
-        self.live: dict[str, deque] = {}
-        self.ended: OrderedDict[str, deque] = OrderedDict()
-        self.troubled: set[str] = set()          # transfers with a step that raised
+        self.index = register_table(self)
 
-    def actions_of(self, rows: list[int] | None) -> list[str] | None:
+    def actions_of(self, rows: tuple[int, ...] | None) -> list[str] | None:
         if rows is None:
             return None
         actions = self._actions
         return [name for index in rows for name in actions.get(index, ())]
 
+    def wall_of(self, mono: float) -> float:
+        return self._wall0 + (mono - self._mono0)
+
     def link_of(self, transfer_id: str) -> str:
         return "" if self.link is None else self.link(transfer_id)
+
+
+class _Rings:
+    """One traced table's records: its ring and its transfers' rings."""
+
+    def __init__(self, meta: TableMeta, size: int):
+        self.meta = meta
+        self.all: deque = deque(maxlen=size)
+        self.live: dict[str, deque] = {}
+        self.ended: OrderedDict[str, deque] = OrderedDict()
+        self.troubled: set[str] = set()          # transfers with a step that raised
 
 
 class TraceRecorder:
@@ -111,8 +125,7 @@ class TraceRecorder:
         self._mono0 = 0.0 if clock is not None else time.monotonic()
         self._wall0 = 0.0 if clock is not None else time.time()
         self._lock = threading.Lock()
-        self._metas: "weakref.WeakKeyDictionary[Any, TableMeta]" = weakref.WeakKeyDictionary()
-        self._rings: dict[str, deque] = {}
+        self._rings: "weakref.WeakKeyDictionary[Any, _Rings]" = weakref.WeakKeyDictionary()
         self._keys: dict[str, int] = {}
         self.untracked = 0
         self.dumps = 0
@@ -132,24 +145,25 @@ class TraceRecorder:
     def bind_table(self, table: Any) -> Callable[..., None]:
         """Called by ``TransferTable`` when this recorder is set: the per-step function."""
         with self._lock:
-            meta = self._metas.get(table)
-            if meta is None:
+            rings = self._rings.get(table)
+            if rings is None:
                 name = table.spec.name
                 count = self._keys[name] = self._keys.get(name, 0) + 1
                 key = name if count == 1 else f"{name}#{count}"
-                meta = self._metas[table] = TableMeta(self, table, key)
-                self._rings[key] = deque(maxlen=self._ring_size)
-        ring_append = self._rings[meta.key].append
+                rings = self._rings[table] = _Rings(TableMeta(self, table, key), self._ring_size)
+        meta = rings.meta
+        index = meta.index
+        ring_append = rings.all.append
         next_seq = self._seq.__next__
         mono = self._clock
         ident = threading.get_ident
-        live, ended, final = meta.live, meta.ended, meta.final
+        live, ended, final = rings.live, rings.ended, meta.final
         per_transfer, max_live = self._per_transfer, self._max_live
         submit = self.writer.submit if self.writer is not None else None
         finish = self._finish
 
         def record(ev, before, result, rows, error=None) -> None:
-            raw = (next_seq(), mono(), ident(), meta, ev, before, result, rows, error)
+            raw = (next_seq(), mono(), ident(), index, ev, before, result, rows, error)
             ring_append(raw)
             if submit is not None:
                 submit(raw)
@@ -167,22 +181,22 @@ class TraceRecorder:
                 ring = live[tid] = deque(maxlen=per_transfer)
             ring.append(raw)
             if result is None:
-                meta.troubled.add(tid)
+                rings.troubled.add(tid)
             elif result.state in final:
-                finish(meta, tid, ring, result.state)
+                finish(rings, tid, ring, result.state)
 
         return record
 
-    def _finish(self, meta: TableMeta, tid: str, ring: deque, state: str) -> None:
+    def _finish(self, rings: _Rings, tid: str, ring: deque, state: str) -> None:
         with self._lock:
-            meta.live.pop(tid, None)
-            meta.ended[tid] = ring
-            if len(meta.ended) > self._max_ended:
-                meta.ended.popitem(last=False)
-        troubled = tid in meta.troubled
+            rings.live.pop(tid, None)
+            rings.ended[tid] = ring
+            if len(rings.ended) > self._max_ended:
+                rings.ended.popitem(last=False)
+        troubled = tid in rings.troubled
         if troubled:
-            meta.troubled.discard(tid)
-        if self.dump_writer is not None and (state in meta.dump_states or troubled):
+            rings.troubled.discard(tid)
+        if self.dump_writer is not None and (state in rings.meta.dump_states or troubled):
             self.dump_writer.submit_many(list(ring))
             self.dumps += 1
 
@@ -195,11 +209,11 @@ class TraceRecorder:
     def _raw(self, transfer_id: str | None) -> list[tuple]:
         with self._lock:
             if transfer_id is None:
-                raws = [raw for ring in self._rings.values() for raw in list(ring)]
+                raws = [raw for rings in self._rings.values() for raw in list(rings.all)]
             else:
                 raws = []
-                for meta in list(self._metas.values()):
-                    ring = meta.live.get(transfer_id) or meta.ended.get(transfer_id)
+                for rings in list(self._rings.values()):
+                    ring = rings.live.get(transfer_id) or rings.ended.get(transfer_id)
                     if ring is not None:
                         raws.extend(list(ring))
         raws.sort(key=lambda raw: raw[0])
@@ -207,7 +221,7 @@ class TraceRecorder:
 
     def tables(self) -> list[TableInfo]:
         with self._lock:
-            return [meta.info for meta in self._metas.values()]
+            return [rings.meta.info for rings in self._rings.values()]
 
     def save(self, path: str | Path, transfer_id: str | None = None) -> int:
         """Write the records kept (or one transfer's) to a trace file now, on the
@@ -232,8 +246,8 @@ class TraceRecorder:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            kept = sum(len(ring) for ring in self._rings.values())
-            live = sum(len(meta.live) for meta in self._metas.values())
+            kept = sum(len(rings.all) for rings in self._rings.values())
+            live = sum(len(rings.live) for rings in self._rings.values())
         return {"kept": kept, "live_transfers": live, "untracked": self.untracked,
                 "dumps": self.dumps,
                 "writer": None if self.writer is None else self.writer.stats(),

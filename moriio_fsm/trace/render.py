@@ -16,14 +16,33 @@ from typing import Any, Callable, Iterable
 import msgspec
 import structlog
 
+from ..runtime.events import Outcome
 from .format import RAISED, Step
 
 Processor = Callable[[Any, str, dict], Any]
 
-#: Positions in a raw record (a plain tuple, built on the dispatching thread).
+#: Positions in a raw record (a plain tuple, built on the dispatching thread). It holds
+#: only numbers, strings, tuples and the runtime's untracked Structs, so the garbage
+#: collector stops tracking it at once, however many a ring keeps: the table it came
+#: from is an index into ``TABLES`` rather than a reference.
 SEQ, MONO, THREAD, META, EVENT, BEFORE, RESULT, ROWS, ERROR = range(9)
 
+#: What rendering needs of every traced table, by index (append-only: a few per process).
+TABLES: list = []
+_tables_lock = threading.Lock()
+
+
+def register_table(meta: Any) -> int:
+    with _tables_lock:
+        TABLES.append(meta)
+        return len(TABLES) - 1
+
+
+def meta_of(raw: tuple) -> Any:
+    return TABLES[raw[META]]
+
 _PID = os.getpid()
+_OUTCOME_NAMES = tuple(o.value for o in Outcome)
 _thread_names: dict[int, str] = {}
 
 
@@ -47,6 +66,30 @@ def _as_json(value: Any) -> Any:
     return value
 
 
+_MISSING = object()
+
+
+def same_effect(recorded: dict, effect: Any, transfer_id: str) -> bool:
+    """Whether ``effect`` is the one ``recorded`` (as ``effect_dict`` wrote it), without
+    building its dict: only tuple fields need turning into lists to compare."""
+    if recorded.get("kind") != effect.kind:
+        return False
+    fields = effect.__struct_fields__
+    extra = 1                                   # "kind"
+    if effect.transfer_id != transfer_id:
+        if recorded.get("transfer_id") != effect.transfer_id:
+            return False
+        extra = 2
+    if len(recorded) != len(fields) - 1 + extra:
+        return False
+    for name in fields[1:]:
+        value = getattr(effect, name)
+        seen = recorded.get(name, _MISSING)
+        if value != seen and (value.__class__ not in (tuple, list) or _as_json(value) != seen):
+            return False
+    return True
+
+
 def effect_dict(effect: Any, transfer_id: str) -> dict[str, Any]:
     """An effect as the trace holds it: ``kind`` first, then its fields as JSON values
     (tuples become lists), ``transfer_id`` only when it is not the step's."""
@@ -63,7 +106,7 @@ def effect_dict(effect: Any, transfer_id: str) -> dict[str, Any]:
 def step_fields(_logger: Any, _name: str, event_dict: dict) -> dict:
     """The first processor: the raw record under ``"raw"`` becomes the step's fields."""
     raw = event_dict.pop("raw")
-    meta, ev, result, rows, error = raw[META], raw[EVENT], raw[RESULT], raw[ROWS], raw[ERROR]
+    meta, ev, result, rows, error = TABLES[raw[META]], raw[EVENT], raw[RESULT], raw[ROWS], raw[ERROR]
     tid = ev.transfer_id
     before = raw[BEFORE]
     event_dict.update({
@@ -71,7 +114,7 @@ def step_fields(_logger: Any, _name: str, event_dict: dict) -> dict:
         "transfer": tid, "event": ev.kind, "t": ev.time,
         "data": ev.data, "source": ev.source, "before": before,
         "after": before if result is None else result.state,
-        "outcome": RAISED if result is None else result.outcome.value,
+        "outcome": RAISED if result is None else _OUTCOME_NAMES[result.outcome.index],
         "rows": rows, "actions": meta.actions_of(rows),
         "effects": [] if result is None else [effect_dict(e, tid) for e in result.effects],
         "mono": raw[MONO], "wall": meta.wall_of(raw[MONO]), "pid": _PID,

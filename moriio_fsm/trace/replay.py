@@ -24,12 +24,15 @@ from typing import Any, Callable, Iterable
 
 from ..lang.errors import SpecError
 from ..runtime.errors import InvariantViolation, TransitionError
+from ..runtime.events import Outcome
 from .facts import message_event, once_only_effects, remote_events
 from .format import RAISED, Gap, Header, Step, TableInfo
 from .reader import TraceError, iter_records
-from .render import effect_dict
+from .render import effect_dict, same_effect
 
 ENGINES = ("compiled", "transitions")
+#: An outcome's trace name by ``Outcome.index`` (``.value`` is a slow enum property).
+_OUTCOME_NAMES = tuple(o.value for o in Outcome)
 #: How many live transfers one replay may hold before it refuses the trace.
 MAX_LIVE_TRANSFERS = 1_000_000
 
@@ -112,14 +115,19 @@ class ReplayReport:
 
 
 class _Probe:
-    """The replay table's step recorder: keeps what the last step did."""
+    """The replay table's step recorder: keeps the state before the last step and the
+    rows it took (its result and error reach the replay directly)."""
 
     def __init__(self) -> None:
-        self.last: tuple = (None, None, None, None)
+        self.before: str | None = None
+        self.rows: tuple | None = None
 
     def bind_table(self, table):
+        probe = self
+
         def record(ev, before, result, rows, error=None):
-            self.last = (before, result, rows, error)
+            probe.before = before
+            probe.rows = rows
         return record
 
 
@@ -146,19 +154,25 @@ class _Lane:
         self.spec = machine.spec
         self.events = machine.event_classes
         self.actions = {i: row.action_names for i, row in machine.rows_by_index().items()}
+        self._actions_of: dict[tuple, list[str]] = {}
         self.rows_known = engine == "compiled"
         self.once = once_only_effects(self.spec)
         self.remote = remote_events(self.spec)
         self.messages = {kind: message_event(kind) for kind in self.spec.emits
                          if message_event(kind)}
         self.last_seq = -1
-        self.last_where = ""
-        self.last_t = 0.0
+        self.last_path, self.last_line = "", 0
+        self.summaries: dict[str, TransferSummary] = {}
+        self.end_wall = float("-inf")
         self.diverged: set[str] = set()
 
-    def actions_of(self, rows: list[int]) -> list[str]:
-        actions = self.actions
-        return [name for index in rows for name in actions.get(index, ())]
+    def actions_of(self, rows: tuple[int, ...]) -> list[str]:
+        found = self._actions_of.get(rows)
+        if found is None:
+            actions = self.actions
+            found = self._actions_of[rows] = [name for index in rows
+                                              for name in actions.get(index, ())]
+        return found
 
 
 class ReplayError(TraceError):
@@ -250,7 +264,10 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
     specs = dict(specs or {})
     summaries = report.transfers
     outcomes = report.outcomes
+    steps = 0
     for path in files:
+        lane = None
+        side = table = None
         for line, record in iter_records(path, containing=wanted):
             if record.__class__ is not Step:
                 if isinstance(record, TableInfo):
@@ -264,34 +281,32 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
                     report.gaps.append(record)
                 continue
             step: Step = record
-            report.steps += 1
-            if progress is not None and not report.steps & 0x3FFF:
-                progress(report.steps)
+            steps += 1
+            if progress is not None and not steps & 0x3FFF:
+                progress(steps)
             if until is not None and step.seq > until:
                 continue
             if wanted is not None and step.transfer not in wanted and step.link_key not in wanted:
                 continue
-            lane_key = (step.side, step.table)
-            lane = lanes.get(lane_key)
-            if lane is None:
-                info = infos.get(lane_key)
-                if info is None:
-                    info = TableInfo(step.side, step.table, step.table.split("#")[0])
-                    report.notes.append(f"no table line for {step.table!r} of side {step.side!r}: "
-                                        "replaying it with its shipped spec and defaults")
-                lane = lanes[lane_key] = _Lane(info, engine, check_invariants, specs, report.notes)
-                if step.side not in report.sides:
-                    report.sides.append(step.side)
+            if step.side != side or step.table != table:     # steps come in runs per table
+                side, table = step.side, step.table
+                lane = lanes.get((side, table))
+                if lane is None:
+                    lane = lanes[(side, table)] = _new_lane(side, table, infos, engine,
+                                                             check_invariants, specs, report)
+                lane.last_path = path
             if step.seq <= lane.last_seq:
-                raise TraceError(path, line, f"seq {step.seq} of side {step.side!r} table "
-                                 f"{step.table!r} does not follow seq {lane.last_seq} "
-                                 f"({lane.last_where}): the files overlap (a dump and the full "
+                raise TraceError(path, line, f"seq {step.seq} of side {side!r} table {table!r} "
+                                 f"does not follow seq {lane.last_seq} ({lane.last_path}:"
+                                 f"{lane.last_line}): the files overlap (a dump and the full "
                                  "trace of one process?) or are out of order")
             lane.last_seq = step.seq
-            lane.last_where = f"{path}:{line}"
+            lane.last_line = line
             _replay_step(lane, step, path, line, report, summaries, outcomes, collect, max_live)
+    report.steps = steps
     if progress is not None:
         progress(report.steps)
+    report.end_wall = max((lane.end_wall for lane in lanes.values()), default=report.end_wall)
     for lane_key, lane in lanes.items():
         for tid in lane.table.live_ids():
             tx = lane.table.get(tid)
@@ -303,15 +318,28 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
     return report
 
 
+def _new_lane(side: str, table: str, infos: dict, engine: str, check_invariants: bool,
+              specs: dict, report: ReplayReport) -> _Lane:
+    info = infos.get((side, table))
+    if info is None:
+        info = TableInfo(side, table, table.split("#")[0])
+        report.notes.append(f"no table line for {table!r} of side {side!r}: replaying it with "
+                            "its shipped spec and defaults")
+    if side not in report.sides:
+        report.sides.append(side)
+    return _Lane(info, engine, check_invariants, specs, report.notes)
+
+
 def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayReport,
                  summaries: dict, outcomes: dict, collect: bool, max_live: int) -> None:
+    # The hot loop of a replay: one call per step, so the summary is kept inline.
     tid = step.transfer
-    key = (step.side, step.table, tid)
-    summary = summaries.get(key)
+    summary = lane.summaries.get(tid)
+    wall = step.t if step.wall is None else step.wall
     if summary is None:
-        summary = summaries[key] = TransferSummary(step.side, step.table, lane.spec, tid,
-                                                   step.link_key, step.t)
-        summary.created_wall = summary.since_wall = step.t if step.wall is None else step.wall
+        summary = lane.summaries[tid] = summaries[(step.side, step.table, tid)] = \
+            TransferSummary(step.side, step.table, lane.spec, tid, step.link_key, step.t)
+        summary.created_wall = summary.since_wall = wall
         if step.before is not None:
             summary.partial = True
         if collect:
@@ -319,34 +347,65 @@ def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayRe
     if collect:
         summary.steps.append(step)
         summary.lines.append((path, line))
-    lane.last_t = step.t if step.t > lane.last_t else lane.last_t
-    outcomes[step.outcome] = outcomes.get(step.outcome, 0) + 1
-    _summarize(lane, summary, step, report)
+    outcome = step.outcome
+    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    summary.last_t = step.t
+    summary.last_event = event = step.event
+    if wall > lane.end_wall:
+        lane.end_wall = wall
+    if step.after != summary.state:
+        summary.since = step.t
+        summary.since_wall = wall
+        summary.state = step.after
+    if outcome == "rejected":
+        summary.rejected.append((step.t, event, step.before))
+    elif outcome == RAISED:
+        summary.raised.append((step.t, event, step.error or ""))
+    if event in lane.remote:
+        summary.arrivals.append((event, step.t, step.source))
+    recorded_effects = step.effects
+    if recorded_effects:
+        _note_effects(lane, summary, step)
     if summary.partial:
         return
-    cls = lane.events.get(step.event)
+    cls = lane.events.get(event)
     if cls is None:
-        raise TraceError(path, line, f"event {step.event!r} is not declared by spec "
+        raise TraceError(path, line, f"event {event!r} is not declared by spec "
                          f"{lane.spec.name!r} (table {step.table!r}); declared: "
                          f"{', '.join(sorted(lane.events))}")
     try:
         ev = cls(tid, step.t, **step.data, source=step.source)
     except TypeError as exc:
-        raise TraceError(path, line, f"the payload of {step.event!r} does not fit its declaration "
+        raise TraceError(path, line, f"the payload of {event!r} does not fit its declaration "
                          f"in {lane.spec.name!r}: {exc}") from None
-    lane.probe.last = (None, None, None, None)
+    probe = lane.probe
+    probe.before = probe.rows = error = None
     table = lane.table
     try:
-        table.dispatch(ev)
-    except (TransitionError, InvariantViolation):
-        pass                          # the probe saw it, with the error
-    if len(table) > max_live:
+        result = table.dispatch(ev)
+    except (TransitionError, InvariantViolation) as exc:
+        result, error = None, exc     # rolled back; the probe still saw the state before
+    report.compared += 1
+    if not report.compared & 0xFFF and len(table) > max_live:
         raise TraceError(path, line, f"more than {max_live} transfers are live at once; a trace "
                          "this wide is refused (pass a smaller --transfer selection)")
-    report.compared += 1
+    before, rows = probe.before, probe.rows
+    # The common case, tested at once: same states, outcome, rows, actions and effects.
+    if (result is not None and before == step.before and result.state == step.after
+            and _OUTCOME_NAMES[result.outcome.index] == outcome
+            and (rows is None or step.rows is None or step.rows == rows)
+            and (rows is None or step.actions is None or step.actions == lane.actions_of(rows))):
+        produced = result.effects
+        if not recorded_effects and not produced:
+            return
+        if len(produced) == len(recorded_effects):
+            for recorded, effect in zip(recorded_effects, produced):
+                if not same_effect(recorded, effect, tid):
+                    break
+            else:
+                return
     if tid in lane.diverged:
         return
-    before, result, rows, error = lane.probe.last
     difference = _difference(lane, step, before, result, rows, error)
     if difference is not None:
         lane.diverged.add(tid)
@@ -356,50 +415,7 @@ def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayRe
             report.divergences[0].context = _context(path, line, step)
 
 
-def _difference(lane: _Lane, step: Step, before, result, rows, error):
-    if before != step.before:
-        return "state before", step.before, before
-    outcome = RAISED if result is None else result.outcome.value
-    if outcome != step.outcome:
-        if result is None:
-            return "outcome", step.outcome, f"{RAISED} ({type(error).__name__}: {error})"
-        return "outcome", step.outcome, outcome
-    after = before if result is None else result.state
-    if after != step.after:
-        return "state after", step.after, after
-    if step.rows is not None and rows is not None:
-        if step.rows != rows:
-            return "rows", step.rows, rows
-        if step.actions is not None and step.actions != lane.actions_of(rows):
-            return "actions", step.actions, lane.actions_of(rows)
-    recorded = step.effects
-    produced = () if result is None else result.effects
-    if recorded or produced:
-        mine = [effect_dict(e, step.transfer) for e in produced]
-        if mine != recorded:
-            return "effects", recorded, mine
-    if result is None and step.error is not None and not step.error.startswith(type(error).__name__):
-        return "error", step.error, f"{type(error).__name__}: {error}"
-    return None
-
-
-def _summarize(lane: _Lane, summary: TransferSummary, step: Step, report: ReplayReport) -> None:
-    summary.last_t = step.t
-    summary.last_event = step.event
-    wall = step.t if step.wall is None else step.wall
-    if wall > report.end_wall:
-        report.end_wall = wall
-    if step.after != summary.state:
-        summary.since = step.t
-        summary.since_wall = wall
-        summary.state = step.after
-    outcome = step.outcome
-    if outcome == "rejected":
-        summary.rejected.append((step.t, step.event, step.before))
-    elif outcome == RAISED:
-        summary.raised.append((step.t, step.event, step.error or ""))
-    if step.event in lane.remote:
-        summary.arrivals.append((step.event, step.t, step.source))
+def _note_effects(lane: _Lane, summary: TransferSummary, step: Step) -> None:
     for effect in step.effects:
         kind = effect.get("kind")
         if kind in lane.once:
@@ -407,6 +423,31 @@ def _summarize(lane: _Lane, summary: TransferSummary, step: Step, report: Replay
         peer_event = lane.messages.get(kind)
         if peer_event is not None:
             summary.sends.append((peer_event, step.t))
+
+
+def _difference(lane: _Lane, step: Step, before, result, rows, error):
+    if before != step.before:
+        return "state before", step.before, before
+    outcome = RAISED if result is None else _OUTCOME_NAMES[result.outcome.index]
+    if outcome != step.outcome:
+        if result is None:
+            return "outcome", step.outcome, f"{RAISED} ({type(error).__name__}: {error})"
+        return "outcome", step.outcome, outcome
+    after = before if result is None else result.state
+    if after != step.after:
+        return "state after", step.after, after
+    if step.rows is not None and rows is not None and tuple(step.rows) != rows:
+        return "rows", list(step.rows), list(rows)
+    if step.actions is not None and rows is not None and step.actions != lane.actions_of(rows):
+        return "actions", step.actions, lane.actions_of(rows)
+    recorded = step.effects
+    produced = () if result is None else result.effects
+    if len(recorded) != len(produced) or not all(
+            same_effect(r, e, step.transfer) for r, e in zip(recorded, produced)):
+        return "effects", recorded, [effect_dict(e, step.transfer) for e in produced]
+    if result is None and step.error is not None and not step.error.startswith(type(error).__name__):
+        return "error", step.error, f"{type(error).__name__}: {error}"
+    return None
 
 
 def _context(path: str, line: int, step: Step, keep: int = 5) -> list[str]:

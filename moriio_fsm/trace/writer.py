@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import msgspec
 
 from .format import Gap, Record, TableInfo, encode_line, new_header
-from .render import META, SEQ, Processor, StepRenderer
+from .render import SEQ, Processor, StepRenderer, meta_of
 
 log = logging.getLogger("moriio_fsm.trace")
 
@@ -148,7 +148,7 @@ class TraceWriter:
     def _drop(self, raw: tuple, count: int) -> None:
         with self._drop_lock:
             if self.dropped == self._reported_drops:
-                self._gap_side = raw[META].side
+                self._gap_side = meta_of(raw).side
             self.dropped += count
 
     def _run(self) -> None:
@@ -180,7 +180,7 @@ class TraceWriter:
                     log.error("trace writer %s: cannot render step seq %s: %s: %s",
                               self.path, item[SEQ], type(exc).__name__, exc)
                 continue
-            lines.append((item[META], line))
+            lines.append((meta_of(item), line))
             self._last_seq = item[SEQ]
             if len(lines) >= 4096:
                 self._write(lines)
