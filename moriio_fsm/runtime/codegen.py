@@ -16,7 +16,7 @@ if anything raises before the step's result exists it restores them and the stat
 timers, counters and the table change only after that point. The error names the
 binding and the spec row, read off the generated line the traceback stopped at. Check
 mode writes the same module plus a snapshot and one ``verify`` call per row. Trace mode
-(a table with a step recorder) writes the same module plus one ``shard.fired.append``
+(a table with a step recorder) writes the same module plus one ``shard.fired += (row,)``
 per row taken, so a trace names every row that ran; the plain module is unchanged.
 """
 
@@ -103,7 +103,8 @@ class GeneratedModule:
     def __init__(self, machine: Machine, plan: TimerPlan, *, result_cls: type,
                  no_effects: tuple, verify: bool, trace: bool = False):
         self.machine = machine
-        # Trace mode: every row taken appends its index to ``shard.fired``; eventless
+        # Trace mode: every row taken adds its index to the tuple ``shard.fired`` (a tuple:
+        # one row, the common case, allocates nothing and keeps nothing for the GC); eventless
         # functions return that index + 1 (still truthy) for the table's traced settle.
         self._trace = trace
         spec = machine.spec
@@ -327,7 +328,7 @@ class GeneratedModule:
         settle_emits = any(r.emits for r in closure_rows)
         settle = "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
         if self._trace:
-            self._line(f"{indent}shard.fired.append({row.index})  # trace: transition #{row.index}")
+            self._line(f"{indent}shard.fired += ({row.index},)  # trace: transition #{row.index}")
         for field in sorted(writes if dest is None else writes | follow_writes):
             self._line(f"{indent}saved_{field} = tx.{field}")
         if self._verify:

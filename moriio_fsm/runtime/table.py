@@ -89,14 +89,14 @@ class _Shard:
         self.early = early
         self.counts = [0] * len(Outcome)         # indexed by Outcome.index
         self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
-        self.fired: list[int] = []               # trace mode: rows the running step took
+        self.fired: tuple[int, ...] = ()         # trace mode: rows the running step took
 
 
 Recorder = Callable[[Event, Result], None]
 #: What a step recorder's ``bind_table(table)`` returns: called as
 #: ``record(event, state_before, result, rows)`` under the shard lock after every step;
 #: ``result`` is None when the step raised (``error`` then carries the exception) and
-#: ``rows`` lists the spec rows taken (None with the transitions executor).
+#: ``rows`` is the tuple of spec rows taken (None with the transitions executor).
 StepRecord = Callable[..., None]
 
 
@@ -370,7 +370,7 @@ class TransferTable:
             try:
                 tx = shard.live.get(tid)
                 before = None if tx is None else tx.state
-                rows = shard.fired = []
+                shard.fired = ()
                 try:
                     if tx is None:
                         result = absent(shard, ev)
@@ -384,12 +384,12 @@ class TransferTable:
                 except (TransitionError, InvariantViolation) as exc:
                     # Rolled back and raised to the caller; the trace keeps the attempt.
                     try:
-                        record(ev, before, None, rows if rows_known else None, exc)
+                        record(ev, before, None, shard.fired if rows_known else None, exc)
                     except Exception as rec_exc:
                         failed(ev, rec_exc)
                     raise
                 try:
-                    record(ev, before, result, rows if rows_known else None)
+                    record(ev, before, result, shard.fired if rows_known else None)
                 except Exception as exc:       # the step stands; a broken recorder is reported
                     failed(ev, exc)
                 return result
@@ -474,7 +474,7 @@ class TransferTable:
                     continue
                 ev = self._timer_events[index](tx.transfer_id, current)
                 before = tx.state
-                rows = shard.fired = []
+                shard.fired = ()
                 try:
                     result = self._run_step(shard, tx, ev)
                 except TransitionError as exc:
@@ -485,10 +485,10 @@ class TransferTable:
                     self._heap.push(retry, tx, index)
                     errors.append(exc)
                     if self._step_record is not None:
-                        self._record_step(ev, before, None, rows, exc)
+                        self._record_step(ev, before, None, shard.fired, exc)
                     continue
                 if self._step_record is not None:
-                    self._record_step(ev, before, result, rows)
+                    self._record_step(ev, before, result, shard.fired)
                 elif self._recorder is not None:
                     self._record(ev, result)
             finally:
@@ -712,7 +712,6 @@ class TransferTable:
         """``_settle`` for trace-mode steps: the eventless function returns the row it
         took (+ 1), noted in ``shard.fired``."""
         fire_eventless = self._fire_eventless_traced
-        fired = shard.fired
         for _ in range(self._max_hops):
             here = tx.state
             fire = fire_eventless.get(here)
@@ -721,7 +720,7 @@ class TransferTable:
             taken = fire(tx, ev, out)
             if not taken:
                 return
-            fired.append(taken - 1)
+            shard.fired += (taken - 1,)
             hops.append((here, tx.state))
         raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
                               f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
