@@ -8,9 +8,10 @@ The names a program needs: ``TraceRecorder`` (give it to a table as ``recorder=`
 
 from .format import FORMAT, RAISED, VERSION, Gap, Header, Step, TableInfo
 from .reader import Trace, TraceError, iter_records, read_trace
-from .recorder import TraceRecorder
+from .recorder import TraceRecorder, trace_events
+from .replay import replay
 from .writer import TraceWriter, write_trace
 
 __all__ = ["FORMAT", "RAISED", "VERSION", "Gap", "Header", "Step", "TableInfo", "Trace",
            "TraceError", "TraceRecorder", "TraceWriter", "iter_records", "read_trace",
-           "write_trace"]
+           "replay", "trace_events", "write_trace"]

@@ -79,6 +79,17 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None
 def _decode(path, number: int, raw: bytes) -> Record:
     try:
         return decode_line(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        if number == 1:
+            raise TraceError(path, 1, f"not a {FORMAT} file: the first line must be its header "
+                             f"({{\"type\": \"header\", \"format\": \"{FORMAT}\", ...}}), "
+                             f"got {_abbreviate(raw)}") from None
+        return _decode_error(path, number, raw)
+
+
+def _decode_error(path, number: int, raw: bytes) -> Record:
+    try:
+        return decode_line(raw)
     except msgspec.ValidationError as exc:
         raise TraceError(path, number, f"not a valid trace record ({exc}): {_abbreviate(raw)}") from None
     except msgspec.DecodeError as exc:

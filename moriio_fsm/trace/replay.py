@@ -416,8 +416,9 @@ def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayRe
 
 
 def _note_effects(lane: _Lane, summary: TransferSummary, step: Step) -> None:
-    for effect in step.effects:
-        kind = effect.get("kind")
+    # One row may emit several effects of a kind (one per layer): the once-only rule and
+    # the messages count the steps that emitted a kind, not its instances.
+    for kind in dict.fromkeys(effect.get("kind") for effect in step.effects):
         if kind in lane.once:
             summary.once.setdefault(kind, []).append(step.t)
         peer_event = lane.messages.get(kind)
