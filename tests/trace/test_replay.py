@@ -50,7 +50,7 @@ def test_tampered_actions_and_effects_are_caught(demo_trace):
 
 
 def test_filters_replay_one_transfer_or_stop_at_a_seq(demo_trace, capsys):
-    report = replay([demo_trace], transfer="tx-demo-failed_write")
+    report = replay([demo_trace], transfer="tx-demo-aborted")
     assert {s.transfer for s in report.transfers.values()} == {"tx-demo-aborted"}
     assert report.ok
     assert main(["replay", str(demo_trace), "--until", "3", "--json"]) == 0
