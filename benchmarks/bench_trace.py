@@ -17,27 +17,14 @@ import time
 from pathlib import Path
 
 from moriio_fsm.machines import build_table
-from moriio_fsm.runtime.declared import events
 from moriio_fsm.trace import Step, TraceRecorder, iter_records
 from moriio_fsm.trace.replay import replay
 
-NUM_LAYERS = 64
+# The same 64-layer lifecycle bench_dispatch.py times (this folder is on sys.path when a
+# benchmark runs as a script).
+from bench_dispatch import NUM_LAYERS, lifecycle_runtime as lifecycle  # noqa: E402
+
 EVENTS_PER_LIFECYCLE = 2 * NUM_LAYERS + 5
-BLOCK_IDS = list(range(16))
-
-
-def lifecycle(table, tid: str, now: float) -> None:
-    d = table.dispatch
-    d(events.prefill_started(tid, now, num_writers=1))
-    d(events.remote_blocks(tid, now, block_ids=BLOCK_IDS, decode_rank=0))
-    layer_scheduled, write_completed = events.layer_scheduled, events.layer_write_completed
-    for layer in range(NUM_LAYERS):
-        d(layer_scheduled(tid, now, layer))
-    d(events.seal(tid, now))
-    for layer in range(NUM_LAYERS):
-        d(write_completed(tid, now, layer))
-    d(events.request_finished(tid, now))
-    d(events.release(tid, now))
 
 
 def time_round(table, prefix: str, per_round: int) -> float:

@@ -12,8 +12,22 @@ from pathlib import Path
 import pytest
 
 from moriio_fsm.demo import run as run_demo
+from moriio_fsm.runtime.declared import events
 from moriio_fsm.sim.pd import PD, Layout, link
 from moriio_fsm.trace import TraceRecorder
+
+
+def lifecycle(table, tid: str, layers: int = 2, now: float = 0.0) -> None:
+    """One clean WRITE producer transfer of ``layers`` layers (3 + 2 * layers events)."""
+    d = table.dispatch
+    d(events.prefill_started(tid, now, num_writers=1))
+    d(events.remote_blocks(tid, now, block_ids=[1, 2], decode_rank=0))
+    for layer in range(layers):
+        d(events.layer_scheduled(tid, now, layer))
+    d(events.seal(tid, now))
+    for layer in range(layers):
+        d(events.layer_write_completed(tid, now, layer))
+    d(events.request_finished(tid, now))
 
 
 @pytest.fixture

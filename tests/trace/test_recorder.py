@@ -8,17 +8,7 @@ from moriio_fsm.machines import build_table
 from moriio_fsm.runtime.declared import events
 from moriio_fsm.trace import TraceRecorder, replay
 
-
-def _lifecycle(table, tid: str, layers: int = 2, now: float = 0.0) -> None:
-    d = table.dispatch
-    d(events.prefill_started(tid, now, num_writers=1))
-    d(events.remote_blocks(tid, now, block_ids=[1, 2], decode_rank=0))
-    for layer in range(layers):
-        d(events.layer_scheduled(tid, now, layer))
-    d(events.seal(tid, now))
-    for layer in range(layers):
-        d(events.layer_write_completed(tid, now, layer))
-    d(events.request_finished(tid, now))
+from .conftest import lifecycle as _lifecycle
 
 
 def test_each_dispatch_is_recorded_with_state_before_rows_actions_and_effects():

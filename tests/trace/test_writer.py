@@ -5,21 +5,14 @@ from __future__ import annotations
 import threading
 
 from moriio_fsm.machines import build_table
-from moriio_fsm.runtime.declared import events
 from moriio_fsm.trace import TraceRecorder, TraceWriter, iter_records, read_trace, replay
 from moriio_fsm.trace.format import Header
 
+from .conftest import lifecycle
 
-def _lifecycle(table, tid: str, layers: int = 4) -> None:
-    d = table.dispatch
-    d(events.prefill_started(tid, 0.0, num_writers=1))
-    d(events.remote_blocks(tid, 0.0, block_ids=list(range(16)), decode_rank=0))
-    for layer in range(layers):
-        d(events.layer_scheduled(tid, 0.0, layer))
-    d(events.seal(tid, 0.0))
-    for layer in range(layers):
-        d(events.layer_write_completed(tid, 0.0, layer))
-    d(events.request_finished(tid, 0.0))
+
+def _lifecycle(table, tid: str) -> None:
+    lifecycle(table, tid, layers=4)
 
 
 def test_lines_are_rendered_and_written_on_the_writer_thread_only(tmp_path, monkeypatch):
