@@ -140,13 +140,18 @@ class _Peer:
         self.withdrawn = False  # the remote engine was deregistered (or re-registered anew)
         self._exit = select.poll()
         self._exit.register(pidfd, select.POLLIN)  # a pidfd turns readable when its process exits
+        # A poll object refuses two threads at once ("concurrent poll() invocation"), and
+        # sessions of several threads ask whether the peer is gone.
+        self._exit_lock = threading.Lock()
         self._handles = weakref.finalize(self, _close_peer_handles, pidfd, registry)
 
     def gone(self) -> str | None:
         """Why transfers to this peer must fail, or None."""
         if self.withdrawn or not self._handles.alive:
             return f"remote engine {self.desc.key!r} was deregistered"
-        if self._exit.poll(0):
+        with self._exit_lock:
+            exited = self._exit.poll(0)
+        if exited:
             return f"process {self.desc.pid} of engine {self.desc.key!r} is gone"
         return None
 

@@ -475,3 +475,30 @@ def test_the_engine_descriptor_names_this_process_and_host(cma):
     desc = CrossMemoryEngineDesc.unpack(cma.consumer.get_engine_desc().pack())
     assert desc.pid == os.getpid() and desc.key == cma.consumer.key
     assert isinstance(CrossMemoryMemoryDesc.unpack(cma.target_mem.pack()), CrossMemoryMemoryDesc)
+
+
+def test_sessions_on_many_threads_never_trip_over_the_peer_liveness_check(cma):
+    """Posting from several threads at once (a forward thread and an I/O thread do) lands
+    every batch; the peer's exit check must not refuse concurrent callers."""
+    errors, statuses = [], []
+    lock = threading.Lock()
+
+    def post(offset):
+        try:
+            for _ in range(50):
+                status = cma.session.batch_write([offset], [offset], [64], cma.session.allocate_transfer_uid())
+                with lock:
+                    statuses.append(status)
+                cma.session.alive()
+        except Exception as exc:   # noqa: BLE001 - any error is the failure under test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=post, args=(i * 64,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    assert cma.producer.wait_all(statuses, WAIT_MS)
+    assert all(status.code() == StatusCode.SUCCESS for status in statuses)
+    assert torch.equal(cma.target[:8 * 64], cma.source[:8 * 64])
