@@ -1,0 +1,114 @@
+"""What a checking run says: one summary line per model, each broken rule with its shortest
+counterexample as numbered steps, the same as JSON, and a progress bar on long runs.
+
+Rules: text goes to the stream given (stdout for results, stderr for progress, which is
+drawn only on a terminal and only once a run has taken more than a second); nothing
+here changes a result.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from ..runtime.events import Effect, Event
+from .explore import Exploration, Finding
+from .pair import WorldNote
+from .single import Dispatch, TimePasses
+
+
+def summary(result: Exploration) -> str:
+    verdict = "ok" if result.ok else ("INCOMPLETE" if not result.complete else "FAILED")
+    line = (f"{result.name}: {verdict}: {result.states:,} states, {result.transitions:,} "
+            f"transitions, {result.ended:,} ended, {result.seconds:.1f} s")
+    if not result.complete:
+        line += " (stopped at the state limit: raise --max-states or lower the bounds)"
+    return line
+
+
+def steps_of(path: list) -> list:
+    """The flat list of steps of a counterexample (a pair's move holds several)."""
+    flat: list = []
+    for label in path:
+        if isinstance(label, tuple) and not hasattr(label, "_fields"):
+            flat.extend(label)
+        elif label is not None:
+            flat.append(label)
+    return flat
+
+
+def show_event(item: Event | Effect) -> str:
+    """``kind(field=value, ...)`` for an event or an effect (just ``kind`` without fields)."""
+    data = item.data
+    args = ", ".join(f"{name}={value!r}" for name, value in data.items())
+    return f"{item.kind}({args})" if data else item.kind
+
+
+def show_step(step) -> str:
+    if isinstance(step, TimePasses):
+        return f"t={step.now:g}  time passes"
+    if isinstance(step, WorldNote):
+        return f"      {step.text}"
+    if isinstance(step, Dispatch):
+        ev, result = step.event, step.result
+        head = f"t={ev.time:g}  {step.machine} <- {show_event(ev)}"
+        if result is None:
+            return head + ": RAISED (below)"
+        outcome = result.outcome.value
+        hops = " -> ".join([result.hops[0][0]] + [h[1] for h in result.hops]) if result.hops \
+            else result.state
+        effects = ", ".join(show_event(e) for e in result.effects)
+        return f"{head}: {outcome}, {hops}" + (f"; emits {effects}" if effects else "")
+    return str(step)
+
+
+def render_finding(finding: Finding) -> list[str]:
+    lines = [f"  broken: {finding.rule}: {finding.message}",
+             f"  shortest counterexample ({len(steps_of(finding.path))} steps):"]
+    for number, step in enumerate(steps_of(finding.path), 1):
+        lines.append(f"    {number:3d}. {show_step(step)}")
+    return lines
+
+
+def as_json(result: Exploration, traces: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": result.name, "ok": result.ok, "complete": result.complete,
+        "states": result.states, "transitions": result.transitions, "ended": result.ended,
+        "seconds": round(result.seconds, 3), "stuck": result.stuck,
+        "findings": [{"rule": f.rule, "message": f.message,
+                      "steps": [show_step(s).strip() for s in steps_of(f.path)],
+                      "trace": (traces or {}).get(f.rule)}
+                     for f in result.findings.values()],
+    }
+
+
+class ProgressBar:
+    """Draws ``name [#####.....] states transitions time`` on a terminal, in place.
+
+    The bar is explored over found: it fills as the queue of states to explore empties.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, after_s: float = 1.0, width: int = 24):
+        self.stream = stream if stream is not None else sys.stderr
+        self.after_s = after_s
+        self.width = width
+        self._drawn = False
+        self._enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __call__(self, name: str, states: int, transitions: int, queued: int,
+                 seconds: float) -> None:
+        if not self._enabled or seconds < self.after_s:
+            return
+        done = (states - queued) / states if states else 0.0
+        filled = int(done * self.width)
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r{name} [{bar}] {states:,} states {transitions:,} transitions "
+                          f"{seconds:.0f} s ")
+        self.stream.flush()
+        self._drawn = True
+
+    def clear(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._drawn = False
