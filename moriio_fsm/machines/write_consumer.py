@@ -164,9 +164,9 @@ def quarantine(tx, ev, out) -> None:
 
 @bindings.action
 def give_up_waiting(tx, ev, out) -> None:
-    if tx.request_finished:
-        tx.blocks_freed += 1
-        out.append(emits.free_blocks(tx.transfer_id, reason="safety_timeout"))
-    else:
+    # Silence proves nothing: a writer that never heard the release may still write.
+    tx.blocks_quarantined += 1
+    out.append(emits.quarantine_blocks(tx.transfer_id, reason="safety_timeout"))
+    if not tx.request_finished:
         tx.reported_failure += 1
         out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))

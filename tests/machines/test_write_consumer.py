@@ -76,11 +76,21 @@ def test_d_never_waits_forever_when_p_goes_silent(side):
     assert d.state == "waiting"
     d.advance(2.0)                                      # D's own timeout
     assert d.state == "stopping" and len(d.kinds("send_release")) == 1
-    d.advance(6.0)                                      # nobody confirmed: assume stopped
+    d.advance(6.0)                                      # nobody confirmed: quarantine
     assert d.state == "abandoned"
     [failure] = d.kinds("report_load_failure")
     assert failure.reason == "safety_timeout"
     assert d.table.stats()["anomalies"] == 1
+
+
+def test_a_safety_timeout_keeps_the_blocks_out_of_circulation_rather_than_free_them(side):
+    """Silence proves nothing: P may never have heard the release and write later."""
+    d = started(side, writers=1, safety_timeout_s=5.0)
+    d.send("request_finished")                          # blocks held, release sent
+    d.advance(6.0)
+    assert d.state == "abandoned"
+    assert len(d.kinds("quarantine_blocks")) == 1
+    assert not d.kinds("free_blocks") and not d.kinds("report_load_failure")
 
 
 def test_a_late_write_done_after_d_timed_out_still_completes_the_load(side):
