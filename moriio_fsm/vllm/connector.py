@@ -87,17 +87,14 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         if len(groups) != 1:
             raise ConnectorConfigError(f"MoRIIOFSMConnector moves single-group KV caches; this "
                                        f"model has {len(groups)} KV cache groups")
-        kv_format = LayerKVFormat.from_vllm(groups[0].kv_cache_spec)
+        self._kv_spec = groups[0].kv_cache_spec
         try:
             tp_rank = int(get_tensor_model_parallel_rank())
         except Exception:        # no distributed group (a test building the worker alone)
             tp_rank = 0
-        backend = getattr(vllm_config.attention_config, "backend", None) \
-            if hasattr(vllm_config, "attention_config") else None
         return WorkerHalf(self.settings, engine_id=self.engine_id, sides=sides, tp_rank=tp_rank,
-                          tp_size=self.tp_size, dp_rank=self.dp_rank, kv_format=kv_format,
-                          make_engine=make_engine(self.settings, self.host), host=self.host,
-                          attention_backend=str(backend or ""))
+                          tp_size=self.tp_size, dp_rank=self.dp_rank,
+                          make_engine=make_engine(self.settings, self.host), host=self.host)
 
     # -- scheduler side ------------------------------------------------------------------
 
@@ -119,7 +116,18 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
     # -- worker side ---------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches) -> None:
-        self._worker.register_kv_caches(kv_caches)
+        backend = self._attention_backend(kv_caches)
+        kv_format = LayerKVFormat.from_vllm(self._kv_spec, attention_backend=backend)
+        self._worker.register_kv_caches(kv_caches, kv_format, attention_backend=backend or "")
+
+    def _attention_backend(self, kv_caches) -> str | None:
+        """The name of the backend that allocated the cache (it decides the layout)."""
+        layers = self._vllm_config.compilation_config.static_forward_context
+        for name in kv_caches:
+            backend = getattr(layers.get(name), "attn_backend", None)
+            if backend is not None:
+                return backend.get_name()
+        return None
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         # Applied here, before the forward: vLLM may call start_load_kv only after it,

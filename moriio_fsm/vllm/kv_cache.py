@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from ..adapters.zmq import AgentMetadata, HandshakeReply
-from ..layout import LayerKVFormat, TransferPlanner, registration_regions
+from ..layout import (KVCacheSummary, LayerKVFormat, TransferPlanner, check_compatible,
+                      registration_regions)
 
 
 class LocalKvCache:
@@ -33,15 +34,10 @@ class LocalKvCache:
         self.num_blocks = min(g.num_blocks for g in geometries)
         first = geometries[0]
         self.attention_backend = attention_backend
-        self.description: dict[str, str | int] = {
-            "layout": first.layout.value,
-            "shape": "x".join(str(d) for d in first.shape[1:]) if len(first.shape) > 1 else "",
-            "dtype": str(first.dtype).removeprefix("torch."),
-            "block_size": kv_format.block_size,
-            "num_kv_heads": kv_format.num_kv_heads or 0,
-            "head_size": kv_format.head_size or 0,
-            "num_layers": len(self.names),
-        }
+        self.summary = KVCacheSummary.of(first)
+        for geometry in geometries[1:]:
+            # One format for every layer: a peer checks it once, at the handshake.
+            check_compatible(self.summary, KVCacheSummary.of(geometry), layer_name=geometry.layer_name)
         self.memory: dict[str, Any] = {}
         self._views: dict[str, torch.Tensor] = {}
         self._planners: dict[tuple, TransferPlanner] = {}
@@ -71,7 +67,7 @@ class LocalKvCache:
             num_blocks=self.num_blocks,
             block_len=first.piece_elements * first.element_size,
             attn_backend_name=self.attention_backend or "unknown",
-            kv_format=self.description)
+            kv_format=self.summary.to_wire())
         return HandshakeReply(metadata, {n: (self.memory[n].pack(),) for n in self.names})
 
     def plan(self, local_ids: tuple[int, ...], remote_ids: tuple[int, ...], remote_num_blocks: int,

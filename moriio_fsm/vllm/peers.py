@@ -1,4 +1,4 @@
-"""Links to peer engines: one handshake per peer rank, then one engine session per layer.
+"""Links to peer engines: one handshake per peer rank, then engine sessions per transfer.
 
 A link starts with the peer's handshake reply (asked on the transport's I/O thread, never
 on the forward thread), is refused when the two KV caches differ, and registers the
@@ -16,28 +16,14 @@ from typing import Any, Callable, Mapping
 
 from ..adapters.zmq import HandshakeReply
 from ..errors import MoriioFsmError
+from ..layout import KVCacheSummary, KVLayoutError, check_compatible
 from ..logs import get_logger
 
 log = get_logger("moriio_fsm.vllm")
 
-#: The KV-format keys two peers must agree on, in the order a mismatch is reported.
-MATCHING_KEYS = ("layout", "dtype", "block_size", "num_kv_heads", "head_size", "num_layers")
-
 
 class PeerMismatchError(MoriioFsmError, ValueError):
     """The peer's KV cache cannot exchange blocks with ours; the message names both values."""
-
-
-def mismatch(local: Mapping[str, Any], remote: Mapping[str, Any] | None, peer: str) -> str | None:
-    """Why the peer's KV format cannot pair with ours, or None when it can."""
-    if remote is None:
-        return f"{peer} did not describe its KV cache in the handshake (an older or foreign peer)"
-    for key in MATCHING_KEYS:
-        if local.get(key) != remote.get(key):
-            return (f"KV cache mismatch with {peer}: {key} is {local.get(key)!r} here and "
-                    f"{remote.get(key)!r} there; both instances must run the same model with "
-                    "the same dtype, block size and attention backend")
-    return None
 
 
 @dataclass
@@ -71,10 +57,12 @@ class PeerLinks:
     """Handshakes with peers through ``request`` and the links they produce, by address."""
 
     def __init__(self, request: Callable[[tuple[str, int]], concurrent.futures.Future],
-                 engine: Any, local_kv_format: Mapping[str, Any], *, max_links: int = 1024):
+                 engine: Any, local: KVCacheSummary, layer_names: list[str], *,
+                 max_links: int = 1024):
         self._request = request
         self._engine = engine
-        self._local_format = dict(local_kv_format)
+        self._local = local
+        self._layer_names = set(layer_names)
         self._max_links = max_links
         self._lock = threading.Lock()
         self._links: dict[tuple[str, int], concurrent.futures.Future] = {}
@@ -108,7 +96,7 @@ class PeerLinks:
 
     def _fail(self, address, future: concurrent.futures.Future, exc: BaseException) -> None:
         self.failures += 1
-        log.warning("handshake with %s:%d failed: %s", address[0], address[1], exc)
+        log.warning("vllm.handshake_failed", peer=f"{address[0]}:{address[1]}", error=str(exc))
         with self._lock:
             if self._links.get(address) is future:
                 del self._links[address]
@@ -117,9 +105,19 @@ class PeerLinks:
 
     def _register(self, address: tuple[str, int], reply: HandshakeReply) -> PeerLink:
         meta = reply.metadata
-        why = mismatch(self._local_format, meta.kv_format, f"peer {address[0]}:{address[1]}")
-        if why is not None:
-            raise PeerMismatchError(why)
+        peer = f"peer {address[0]}:{address[1]} ({meta.engine_id})"
+        if meta.kv_format is None:
+            raise PeerMismatchError(f"{peer} did not describe its KV cache in the handshake "
+                                    "(an older or foreign connector); refusing to exchange blocks")
+        try:
+            check_compatible(self._local, KVCacheSummary.from_wire(meta.kv_format))
+        except KVLayoutError as exc:
+            raise PeerMismatchError(f"{peer}: {exc}") from None
+        if set(reply.layer_memory) != self._layer_names:
+            missing = sorted(self._layer_names - set(reply.layer_memory))[:3]
+            extra = sorted(set(reply.layer_memory) - self._layer_names)[:3]
+            raise PeerMismatchError(f"{peer} has other KV cache layers: missing {missing}, "
+                                    f"extra {extra}; both instances must run the same model")
         engine = self._engine
         engine.register_remote_engine(engine.unpack_engine_desc(meta.agent_metadata))
         memory = {name: engine.unpack_memory_desc(descs[0]) for name, descs in reply.layer_memory.items()}

@@ -19,8 +19,8 @@ log = get_logger("moriio_fsm.vllm")
 
 def _quarantine(side: str, what: str):
     def quarantine_blocks(effect) -> None:
-        log.error("transfer %s: %s's blocks stay quarantined (%s): %s may still touch them",
-                  effect.transfer_id, side, effect.reason, what)
+        log.error("vllm.blocks_quarantined", transfer_id=effect.transfer_id, side=side,
+                  reason=effect.reason, why=f"{what} may still touch them")
     return quarantine_blocks
 
 

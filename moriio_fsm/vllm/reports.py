@@ -44,7 +44,7 @@ class VllmReports:
                 self._sending.add(request_id)
                 return True
             self.refused += 1
-        log.debug("not reporting %s as finished sending: vLLM does not wait for it", request_id)
+        log.debug("vllm.report_refused", request_id=request_id, why="vLLM does not wait for it")
         return False
 
     def received(self, request_id: str, failed_blocks: tuple[int, ...] = ()) -> bool:

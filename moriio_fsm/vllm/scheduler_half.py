@@ -56,7 +56,7 @@ class SchedulerHalf:
             return parse_transfer_params(request.kv_transfer_params)
         except TransferParamsError as exc:
             self.counts["bad_params"] += 1
-            log.warning("request %s: no KV transfer: %s", request.request_id, exc)
+            log.warning("vllm.bad_transfer_params", request_id=request.request_id, error=str(exc))
             return None
 
     def _prompt_blocks(self, num_prompt_tokens: int) -> int:
@@ -76,17 +76,19 @@ class SchedulerHalf:
             return 0, False
         if params.peer is None:
             self.counts["bad_params"] += 1
-            log.warning("request %s: do_remote_prefill without remote_host and ports; "
-                        "computing the prompt locally", request.request_id)
+            log.warning("vllm.bad_transfer_params", request_id=request.request_id,
+                        error="do_remote_prefill without remote_host and ports",
+                        then="computing the prompt locally")
             return 0, False
         wanted = request.num_prompt_tokens - num_computed_tokens
         if self.settings.read_mode:
             needed = self._prompt_blocks(request.num_prompt_tokens) - num_computed_tokens // self.block_size
             if len(params.remote_block_ids) < needed:
                 self.counts["bad_params"] += 1
-                log.warning("request %s: remote_block_ids has %d blocks, the prompt needs %d; "
-                            "computing the prompt locally", request.request_id,
-                            len(params.remote_block_ids), needed)
+                log.warning("vllm.bad_transfer_params", request_id=request.request_id,
+                            error=f"remote_block_ids has {len(params.remote_block_ids)} blocks, "
+                                  f"the prompt needs {needed}",
+                            then="computing the prompt locally")
                 return 0, False
         # The load is asynchronous in both modes: the forward thread never waits for it.
         return max(wanted, 0), wanted > 0

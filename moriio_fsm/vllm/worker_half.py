@@ -52,15 +52,13 @@ class WorkerHalf:
     """One rank's transfers: tables, drivers, transport, engine, poller, reports."""
 
     def __init__(self, settings: ConnectorSettings, *, engine_id: str, sides: tuple[str, ...],
-                 tp_rank: int, tp_size: int, dp_rank: int, kv_format: LayerKVFormat,
-                 make_engine: Callable[[str], Any], host: str, attention_backend: str = "",
+                 tp_rank: int, tp_size: int, dp_rank: int,
+                 make_engine: Callable[[str], Any], host: str,
                  clock: Callable[[], float] = time.monotonic, recorder: Any = None):
         self.settings = settings
         self.engine_id = engine_id
         self.tp_rank, self.tp_size, self.dp_rank = tp_rank, tp_size, dp_rank
-        self.kv_format = kv_format
         self.host = host
-        self.attention_backend = attention_backend
         self.clock = clock
         self._make_engine = make_engine
         self.reports = VllmReports()
@@ -131,12 +129,12 @@ class WorkerHalf:
         try:
             event = event_for(message, self.clock(), delivery.source)
         except Exception as exc:                 # never let one message stop the listener
-            log.warning("dropping message %s: %s", type(message).__name__, exc)
+            log.warning("vllm.message_dropped", message=type(message).__name__, error=str(exc))
             return
         side = self._side_of(event.kind)
         if side is None:
-            log.debug("dropping %s for %s: this rank runs no machine that takes it",
-                      event.kind, event.transfer_id)
+            log.debug("vllm.message_dropped", kind=event.kind, transfer_id=event.transfer_id,
+                      why="this rank runs no machine that takes it")
             return
         if type(message) is Heartbeat and message.reply_port is not None and delivery.peer.address:
             # Grants go back to the address the heartbeat came from, never to one it names.
@@ -168,7 +166,7 @@ class WorkerHalf:
                 try:
                     self._settled(side, driver.advance())
                 except Exception:
-                    log.exception("timer step of %s failed", side)
+                    log.exception("vllm.timer_step_failed", side=side)
             time.sleep(interval)
 
     # -- addressing ------------------------------------------------------------------------
@@ -191,12 +189,13 @@ class WorkerHalf:
 
     # -- vLLM's worker hooks -------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches: dict) -> None:
-        self.cache = LocalKvCache(kv_caches, self.kv_format, attention_backend=self.attention_backend)
+    def register_kv_caches(self, kv_caches: dict, kv_format: LayerKVFormat,
+                           attention_backend: str = "") -> None:
+        self.cache = LocalKvCache(kv_caches, kv_format, attention_backend=attention_backend)
         self.engine = self._make_engine(f"{self.engine_id}-dp{self.dp_rank}-tp{self.tp_rank}")
         self.cache.register(self.engine)
         self.peers = PeerLinks(lambda address: self.transport.request_handshake(address),
-                               self.engine, self.cache.description)
+                               self.engine, self.cache.summary, self.cache.names)
         port = self.settings.handshake_port + self.dp_rank * self.tp_size + self.tp_rank
         self.handshake_port = self.transport.serve_handshake(
             self.cache.handshake_reply(self.engine, self.engine_id), port=port,
@@ -218,7 +217,7 @@ class WorkerHalf:
     def _start_send(self, send: SendStart) -> None:
         info = TransferInfo(send.request_id, send.block_ids, send.peer)
         if not self.directory.add(send.transfer_id, info):
-            log.error("transfer %s not started: too many live transfers", send.transfer_id)
+            log.error("vllm.transfer_refused", transfer_id=send.transfer_id, why="too many live transfers")
             return
         writers = max(1, self.tp_size // (send.peer.tp_size if send.peer else 1))
         if send.peer is not None:
@@ -230,7 +229,7 @@ class WorkerHalf:
         info = TransferInfo(receive.request_id, receive.block_ids, receive.peer,
                             receive.remote_block_ids)
         if not self.directory.add(receive.transfer_id, info):
-            log.error("transfer %s not started: too many live transfers", receive.transfer_id)
+            log.error("vllm.transfer_refused", transfer_id=receive.transfer_id, why="too many live transfers")
             return
         now, tid = self.clock(), receive.transfer_id
         if receive.block_ids:

@@ -207,3 +207,26 @@ def run_until(instances, done, timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.002)
     return False
+
+
+def capture_wire(instance: Instance) -> list:
+    """Record every control message the instance's worker sends, then send it as before."""
+    sent = []
+    transport = instance.worker._worker.transport
+    original = transport.send
+
+    def send(destination, message):
+        sent.append((tuple(destination), message))
+        original(destination, message)
+
+    transport.send = send
+    return sent
+
+
+def write_pair_params(tid: str, producer: Instance, consumer: Instance) -> tuple[dict, dict]:
+    """What a proxy gives P and D in WRITE mode: each the other's address."""
+    to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+            "remote_notify_port": consumer.notify_port, "remote_handshake_port": consumer.handshake_port}
+    to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+            "remote_notify_port": producer.notify_port, "remote_handshake_port": producer.handshake_port}
+    return to_p, to_d

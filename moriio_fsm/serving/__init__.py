@@ -1,0 +1,1 @@
+"""Serving P/D with real vLLM engines: a tiny model, vLLM server processes, the proxy."""

@@ -1,0 +1,47 @@
+"""A tiny Llama with saved random weights: a real model vLLM loads, made offline in a second.
+
+vLLM's ``load_format="dummy"`` weights are so small that the output hardly depends on the
+KV cache, which would hide a wrong transfer; random weights at a normal scale make every
+token depend on every cached value. The same seed always gives the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: The model's shape: 2 layers, 2 KV heads of 32 (GQA), a 1024-token vocabulary.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1024,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def make_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
+    """Write ``config.json`` and random ``model.safetensors`` to ``folder`` (kept if present)."""
+    folder = Path(folder)
+    weights = folder / "model.safetensors"
+    if weights.is_file() and (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # Weights of a trained model's scale: every logit depends on the whole context.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.08)
+    model.save_pretrained(folder, safe_serialization=True)
+    config_path = folder / "config.json"
+    data = json.loads(config_path.read_text())
+    data["architectures"] = TINY_LLAMA["architectures"]
+    config_path.write_text(json.dumps(data, indent=1))
+    return folder

@@ -1,0 +1,254 @@
+"""The connector against vLLM's real Scheduler, in both modes, on the paths users hit.
+
+Each scenario runs a P and a D instance (vLLM's scheduler + the connector's halves, real
+sockets, the same-host engine, real KV tensors), checks D's tokens against a single
+instance that computed the prompt itself, checks the control messages on the wire, and
+ends with both schedulers empty: no request, every block free, every ref count 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
+from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed
+
+pytestmark = pytest.mark.integration
+
+PROMPT = list(range(10, 50))           # 40 tokens: three blocks, the last one partial
+LONG_PROMPT = list(range(100, 230))    # 130 tokens: chunked prefill (64 tokens a step)
+TOKENS = 5
+
+
+def reference(make_instance, prompt, tokens=TOKENS):
+    single = make_instance("single", "kv_consumer")
+    single.add("ref", prompt, tokens, None)
+    assert run_until([single], lambda: len(single.outputs.get("ref", [])) >= tokens)
+    return single.outputs["ref"]
+
+
+def both_empty(*instances):
+    return all(instance.empty() for instance in instances)
+
+
+def messages(sent, kind):
+    return [message for _, message in sent if type(message) is kind]
+
+
+# -- WRITE mode ----------------------------------------------------------------------------
+
+def test_write_happy_path_is_token_identical_and_leaves_both_schedulers_empty(make_instance):
+    expected = reference(make_instance, PROMPT)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    p_wire, d_wire = capture_wire(P), capture_wire(D)
+    to_p, to_d = write_pair_params("tx-w1", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    # D told P where its three blocks are, once; P answered write_done, once.
+    blocks = messages(d_wire, RemoteBlocks)
+    assert len(blocks) == 1 and blocks[0].transfer_id == "tx-w1" and blocks[0].req_id == "d-1"
+    assert len(blocks[0].block_ids) == 3 and blocks[0].decode_rank == 0
+    assert d_wire[0][0] == ("127.0.0.1", P.notify_port)
+    done = messages(p_wire, WriteDone)
+    assert [(m.transfer_id, m.num_writers, m.producer_rank) for m in done] == [("tx-w1", 1, 0)]
+    assert p_wire[0][0] == ("127.0.0.1", D.notify_port)
+    assert P.reported_sending == ["p-1"] and D.reported_recving == ["d-1"]
+
+
+def test_write_with_chunked_prefill_sends_only_after_the_whole_prompt(make_instance):
+    expected = reference(make_instance, LONG_PROMPT)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    p_wire = capture_wire(P)
+    to_p, to_d = write_pair_params("tx-w2", P, D)
+    P.add("p-1", LONG_PROMPT, 1, to_p)
+    D.add("d-1", LONG_PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    assert len(messages(p_wire, WriteDone)) == 1
+
+
+def test_d_aborts_while_waiting_for_remote_kv_keeps_its_blocks_until_p_answers(make_instance):
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    to_p, to_d = write_pair_params("tx-w3", P, D)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    for _ in range(3):
+        D.step()                           # allocated, WAITING_FOR_REMOTE_KVS, blocks announced
+    assert D.scheduler.requests["d-1"].status.name == "WAITING_FOR_REMOTE_KVS"
+    D.abort("d-1")
+    for _ in range(20):
+        D.step()
+    # P has not written yet and may still: D must not have handed the blocks back.
+    assert "d-1" in D.scheduler.requests and not D.empty()
+    P.add("p-1", PROMPT, 1, to_p)
+    assert run_until([P, D], lambda: both_empty(P, D))
+    assert D.outputs.get("d-1", []) == []
+    assert D.reported_recving == ["d-1"] and P.reported_sending == ["p-1"]
+
+
+def test_d_aborts_before_allocation_releases_p(make_instance):
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    d_wire = capture_wire(D)
+    to_p, to_d = write_pair_params("tx-w4", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    D.abort("d-1")                         # before D's scheduler ever allocated
+    assert run_until([P, D], lambda: both_empty(P, D))
+    releases = messages(d_wire, Release)
+    assert [r.transfer_id for r in releases] == ["tx-w4"]
+    assert D.reported_recving == []        # vLLM never waited for this load
+    assert P.reported_sending == ["p-1"]
+
+
+def test_p_aborts_during_chunked_prefill_tells_d_and_d_recomputes(make_instance):
+    expected = reference(make_instance, LONG_PROMPT)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    D.scheduler.recompute_kv_load_failures = True    # kv_load_failure_policy=recompute
+    p_wire = capture_wire(P)
+    to_p, to_d = write_pair_params("tx-w5", P, D)
+    D.add("d-1", LONG_PROMPT, TOKENS, to_d)
+    P.add("p-1", LONG_PROMPT, 1, to_p)
+    P.step()                               # the first of three prefill chunks
+    assert P.scheduler.requests["p-1"].num_computed_tokens < len(LONG_PROMPT)
+    P.abort("p-1")
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    failed = messages(p_wire, WriteFailed)
+    assert len(failed) == 1 and failed[0].transfer_id == "tx-w5"
+    assert D.outputs["d-1"] == expected    # recomputed after the failed load, still right
+    assert P.reported_sending == []        # P's blocks were never held for a write
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_failed_write_is_handled_by_the_load_failure_policy(make_instance, policy):
+    expected = reference(make_instance, PROMPT)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    D.scheduler.recompute_kv_load_failures = policy == "recompute"
+    to_p, to_d = write_pair_params("tx-w6", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    for _ in range(4):
+        D.step()                           # D's remote_blocks reach P's listener
+    P.worker._worker.engine.faults.fail_nth(1)        # the first layer's write fails
+    finished = (lambda: len(D.outputs.get("d-1", [])) >= TOKENS) if policy == "recompute" \
+        else (lambda: "d-1" not in D.scheduler.requests)
+    assert run_until([P, D], lambda: finished() and both_empty(P, D))
+    assert D.load_errors                   # the failed blocks were reported to vLLM
+    if policy == "recompute":
+        assert D.outputs["d-1"] == expected
+    else:
+        assert D.outputs.get("d-1", []) == []
+
+
+def test_a_p_that_never_answers_ends_in_a_failed_load_not_a_hang(make_instance):
+    expected = reference(make_instance, PROMPT)
+    # D waits write_timeout for P, then keeps its blocks for the safety timeout (P may still
+    # be writing) before it reports the load failed.
+    D = make_instance("D", "kv_consumer", extra={"machine_config": {
+        "write_consumer": {"write_timeout_s": 0.5, "safety_timeout_s": 1.0}}})
+    D.scheduler.recompute_kv_load_failures = True
+    silent_p = {"do_remote_prefill": True, "transfer_id": "tx-w7", "remote_host": "127.0.0.1",
+                "remote_notify_port": 9, "remote_handshake_port": 9}   # nobody listens there
+    D.add("d-1", PROMPT, TOKENS, silent_p)
+    assert run_until([D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and D.empty(), 20)
+    assert D.outputs["d-1"] == expected
+    assert D.load_errors
+
+
+# -- READ mode -----------------------------------------------------------------------------
+
+def read_p_params(P, tid):
+    return {"do_remote_decode": True, "transfer_id": tid}
+
+
+def test_read_happy_path_is_token_identical_and_leaves_both_schedulers_empty(make_instance):
+    expected = reference(make_instance, PROMPT)
+    P, D = make_instance("P", "kv_producer", True), make_instance("D", "kv_consumer", True)
+    p_wire, d_wire = capture_wire(P), capture_wire(D)
+    P.add("p-1", PROMPT, 1, read_p_params(P, "tx-r1"))
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    params = P.params_out["p-1"]
+    assert params["do_remote_prefill"] is True and params["transfer_id"] == "tx-r1"
+    assert len(params["remote_block_ids"]) == 3 and params["remote_notify_port"] == P.notify_port
+    assert "p-1" in P.scheduler.requests          # P holds the blocks for D's reads
+    D.add("d-1", PROMPT, TOKENS, params)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    beats = messages(d_wire, Heartbeat)
+    assert beats and beats[0].reply_port == D.worker._worker.transport.notify_port
+    assert [m.seq for m in messages(p_wire, LeaseGranted)][:1] == [beats[0].seq]
+    assert [r.transfer_id for r in messages(d_wire, Release)] == ["tx-r1"]
+    assert P.reported_sending == ["p-1"] and D.reported_recving == ["d-1"]
+
+
+def test_read_prefix_hit_on_d_reads_only_the_missing_blocks(make_instance):
+    expected = reference(make_instance, PROMPT + [7, 8, 9])
+    P = make_instance("P", "kv_producer", True)
+    D = make_instance("D", "kv_consumer", True, prefix_caching=True)
+    # D computed a request sharing the first two blocks before.
+    D.add("warm", PROMPT[:2 * BLOCK_SIZE] + [1], 1, None)
+    assert run_until([D], lambda: "warm" in D.outputs and D.empty())
+    P.add("p-1", PROMPT + [7, 8, 9], 1, read_p_params(P, "tx-r2"))
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    D.add("d-1", PROMPT + [7, 8, 9], TOKENS, P.params_out["p-1"])
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+
+
+def test_read_p_lease_expires_when_d_never_reads(make_instance):
+    P = make_instance("P", "kv_producer", True,
+                      extra={"machine_config": {"read_producer": {"lease_s": 0.3}}})
+    P.add("p-1", PROMPT, 1, read_p_params(P, "tx-r3"))
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    assert not P.empty()
+    assert run_until([P], lambda: P.empty(), 10)        # the lease ran out: blocks back
+    assert P.reported_sending == ["p-1"]
+
+
+def test_read_d_aborts_while_reading_and_both_end_empty(make_instance):
+    P = make_instance("P", "kv_producer", True)
+    D = make_instance("D", "kv_consumer", True,
+                      extra={"machine_config": {"read_consumer": {"read_timeout_s": 1.0}}})
+    P.add("p-1", PROMPT, 1, read_p_params(P, "tx-r4"))
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    D.worker._worker.engine.faults.stall_nth(1)    # one read never completes on its own
+    D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])
+    for _ in range(5):
+        D.step()
+        P.step()
+    D.abort("d-1")
+    assert run_until([P, D], lambda: both_empty(P, D), 20)
+    assert D.outputs.get("d-1", []) == []
+
+
+def test_read_with_a_p_that_is_gone_fails_the_load_and_recomputes(make_instance):
+    expected = reference(make_instance, PROMPT)
+    D = make_instance("D", "kv_consumer", True,
+                      extra={"machine_config": {"read_consumer": {"setup_timeout_s": 0.5}}})
+    D.scheduler.recompute_kv_load_failures = True
+    gone = {"do_remote_prefill": True, "transfer_id": "tx-r5", "remote_block_ids": [1, 2, 3],
+            "remote_engine_id": "P", "remote_host": "127.0.0.1", "remote_handshake_port": 9,
+            "remote_notify_port": 9}
+    D.add("d-1", PROMPT, TOKENS, gone)
+    assert run_until([D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and D.empty(), 20)
+    assert D.outputs["d-1"] == expected
+    assert D.load_errors
+
+
+# -- hostile input -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", [
+    {"do_remote_prefill": True, "transfer_id": "x" * 500, "remote_host": "127.0.0.1",
+     "remote_notify_port": 1, "remote_handshake_port": 1},
+    {"do_remote_prefill": True, "transfer_id": "tx", "remote_host": "127.0.0.1",
+     "remote_notify_port": "many", "remote_handshake_port": 1},
+    {"do_remote_prefill": "yes", "transfer_id": "tx"},
+    {"do_remote_prefill": True, "do_remote_decode": True, "transfer_id": "tx"},
+    {"do_remote_prefill": True, "transfer_id": "tx"},          # no peer address at all
+])
+def test_bad_transfer_params_compute_the_prompt_locally_and_never_crash(make_instance, params):
+    expected = reference(make_instance, PROMPT)
+    D = make_instance("D", "kv_consumer")
+    D.add("d-1", PROMPT, TOKENS, params)
+    assert run_until([D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and D.empty())
+    assert D.outputs["d-1"] == expected
