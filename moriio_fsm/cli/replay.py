@@ -35,7 +35,7 @@ def _replay(args: argparse.Namespace) -> int:
 def as_json(report) -> dict:
     return {
         "ok": report.ok, "files": report.files, "engine": report.engine, "steps": report.steps,
-        "compared": report.compared, "sides": report.sides, "outcomes": report.outcomes,
+        "compared": report.compared, "sides": report.sides,
         "divergences": [{"file": d.path, "line": d.line, "seq": d.step.seq, "side": d.step.side,
                          "table": d.step.table, "transfer": d.step.transfer,
                          "event": d.step.event, "t": d.step.t, "what": d.what,

@@ -347,62 +347,121 @@ class TransferTable:
         shards, mask, steps = self._shards, self._mask, self._steps
         absent, malformed = self._dispatch_absent, self._malformed
         record = self._step_record
-        rows_known = self.executor == "compiled"
+        # The transitions executor does not say which rows ran: its steps leave None.
+        no_rows = () if self.executor == "compiled" else None
         rejected_in = {state: Result(_REJECTED, state, _NO_EFFECTS) for state in self.spec.states}
         rejected_index = _REJECTED.index
         low, high = -MAX_TIME, MAX_TIME
         failed = self._step_recorder_failed
-        single = shards[0] if len(shards) == 1 else None
 
-        def traced_dispatch(ev: Event) -> Result:
+        def step_and_record(shard: _Shard, ev: Event, tid: str) -> Result:
+            """Under the shard's lock: the step, then its record."""
+            tx = shard.live.get(tid)
+            before = None if tx is None else tx.state
+            shard.fired = no_rows
             try:
-                time = ev.time
-                tid = ev.transfer_id
-                kind = time.__class__
-                if ((kind is not float and kind is not int) or not low < time < high
-                        or tid.__class__ is not str):   # NaN, infinite, huge, a non-str id
-                    return malformed()
-                shard = single if single is not None else shards[hash(tid) & mask]
-            except AttributeError:                # not an event at all
-                return malformed()
-            lock = shard.lock
-            lock.acquire()
-            try:
-                tx = shard.live.get(tid)
-                before = None if tx is None else tx.state
-                shard.fired = ()
-                try:
-                    if tx is None:
-                        result = absent(shard, ev)
+                if tx is None:
+                    result = absent(shard, ev)
+                else:
+                    step = steps[before].get(ev.kind)
+                    if step is None:
+                        shard.counts[rejected_index] += 1
+                        result = rejected_in[before]
                     else:
-                        step = steps[before].get(ev.kind)
-                        if step is None:
-                            shard.counts[rejected_index] += 1
-                            result = rejected_in[before]
-                        else:
-                            result = step(shard, tx, ev)    # counts its own outcome
-                except (TransitionError, InvariantViolation) as exc:
-                    # Rolled back and raised to the caller; the trace keeps the attempt.
-                    try:
-                        record(ev, before, None, shard.fired if rows_known else None, exc)
-                    except Exception as rec_exc:
-                        failed(ev, rec_exc)
-                    raise
+                        result = step(shard, tx, ev)    # counts its own outcome
+            except (TransitionError, InvariantViolation) as exc:
+                # Rolled back and raised to the caller; the trace keeps the attempt.
                 try:
-                    record(ev, before, result, shard.fired if rows_known else None)
-                except Exception as exc:       # the step stands; a broken recorder is reported
-                    failed(ev, exc)
-                return result
+                    record(ev, before, None, shard.fired, exc)
+                except Exception as rec_exc:
+                    failed(ev, rec_exc)
+                raise
             except TypeError:
                 # An unhashable source: nothing changed (steps turn their own errors into
                 # TransitionError before this point).
                 shard.counts[rejected_index] += 1
-                tx = shard.live.get(tid)
-                return Result(_REJECTED, None if tx is None else tx.state, _NO_EFFECTS)
-            finally:
-                lock.release()
+                return Result(_REJECTED, before, _NO_EFFECTS)
+            try:
+                record(ev, before, result, shard.fired)
+            except Exception as exc:       # the step stands; a broken recorder is reported
+                failed(ev, exc)
+            return result
 
-        return traced_dispatch
+        if len(shards) == 1:
+            # One shard: the body of step_and_record is written out here, since a call
+            # per event shows in the recorder's cost.
+            only = shards[0]
+            acquire, release, live_get = only.lock.acquire, only.lock.release, only.live.get
+            counts = only.counts
+
+            def traced_dispatch(ev: Event) -> Result:
+                try:
+                    time = ev.time
+                    tid = ev.transfer_id
+                except AttributeError:                # not an event at all
+                    return malformed()
+                kind = time.__class__
+                if ((kind is not float and kind is not int) or not low < time < high
+                        or tid.__class__ is not str):   # NaN, infinite, huge, a non-str id
+                    return malformed()
+                acquire()
+                try:
+                    tx = live_get(tid)
+                    if tx is None:
+                        before = None
+                        only.fired = no_rows
+                        result = absent(only, ev)
+                    else:
+                        before = tx.state
+                        only.fired = no_rows
+                        step = steps[before].get(ev.kind)
+                        if step is None:
+                            counts[rejected_index] += 1
+                            result = rejected_in[before]
+                        else:
+                            result = step(only, tx, ev)    # counts its own outcome
+                except (TransitionError, InvariantViolation) as exc:
+                    try:
+                        record(ev, before, None, only.fired, exc)
+                    except Exception as rec_exc:
+                        failed(ev, rec_exc)
+                    release()
+                    raise
+                except TypeError:
+                    counts[rejected_index] += 1
+                    release()
+                    return Result(_REJECTED, None if tx is None else tx.state, _NO_EFFECTS)
+                except BaseException:
+                    release()
+                    raise
+                try:
+                    record(ev, before, result, only.fired)
+                except Exception as exc:       # the step stands; a broken recorder is reported
+                    failed(ev, exc)
+                finally:
+                    release()
+                return result
+
+            return traced_dispatch
+
+        def traced_dispatch_sharded(ev: Event) -> Result:
+            try:
+                time = ev.time
+                tid = ev.transfer_id
+            except AttributeError:
+                return malformed()
+            kind = time.__class__
+            if ((kind is not float and kind is not int) or not low < time < high
+                    or tid.__class__ is not str):
+                return malformed()
+            shard = shards[hash(tid) & mask]
+            shard.lock.acquire()
+            try:
+                return step_and_record(shard, ev, tid)
+            finally:
+                shard.lock.release()
+
+        return traced_dispatch_sharded
 
     def _step_recorder_failed(self, ev: Event, exc: Exception) -> None:
         with self._errors_lock:
@@ -474,7 +533,7 @@ class TransferTable:
                     continue
                 ev = self._timer_events[index](tx.transfer_id, current)
                 before = tx.state
-                shard.fired = ()
+                shard.fired = () if self.executor == "compiled" else None
                 try:
                     result = self._run_step(shard, tx, ev)
                 except TransitionError as exc:
@@ -584,8 +643,7 @@ class TransferTable:
 
     def _record_step(self, ev: Event, before, result, rows, *error) -> None:
         try:
-            self._step_record(ev, before, result, rows if self.executor == "compiled" else None,
-                              *error)
+            self._step_record(ev, before, result, rows, *error)
         except Exception as exc:
             self._step_recorder_failed(ev, exc)
 

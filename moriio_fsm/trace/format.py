@@ -53,8 +53,9 @@ class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
     ``rows`` and ``actions`` are None when the table ran the transitions executor (which
     does not say which row fired). ``outcome`` is an ``Outcome`` value or ``"raised"``
     (then ``error`` says what; the step was rolled back, so ``after == before``).
-    ``wall`` is derived from ``mono`` and the wall clock read once when the recorder
-    started, so steps of one process never go back in time.
+    ``t`` is the event's time, the host's monotonic clock by the runtime's contract;
+    ``wall`` is derived from it and the clocks read once when the recorder started, so
+    the steps of one process never go back in time and sides line up on the wall clock.
     """
 
     seq: Annotated[int, msgspec.Meta(ge=0)]
@@ -73,7 +74,6 @@ class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
     effects: list[dict[str, Any]] = []
     error: Union[str, None] = None
     link: str = ""              # the key both sides' transfers of one request share
-    mono: Union[float, None] = None
     wall: Union[float, None] = None
     pid: Union[int, None] = None
     thread: Union[str, None] = None
@@ -96,7 +96,8 @@ class Gap(msgspec.Struct, tag="gap", tag_field="type", omit_defaults=True):
 Record = Union[Header, TableInfo, Step, Gap]
 
 _encoder = msgspec.json.Encoder(enc_hook=repr)
-_decoder = msgspec.json.Decoder(Record)
+#: Decodes one line into its record (``Header``, ``TableInfo``, ``Step`` or ``Gap``).
+DECODER = msgspec.json.Decoder(Record)
 
 
 def encode_line(record: Record) -> bytes:
@@ -106,7 +107,7 @@ def encode_line(record: Record) -> bytes:
 
 def decode_line(line: bytes) -> Record:
     """One JSON line as a record; ``msgspec.DecodeError`` / ``ValidationError`` otherwise."""
-    return _decoder.decode(line)
+    return DECODER.decode(line)
 
 
 def new_header(writer: str = "", part: int = 0) -> Header:

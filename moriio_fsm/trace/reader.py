@@ -18,7 +18,8 @@ from typing import Iterable, Iterator
 import msgspec
 
 from ..errors import MoriioFsmError
-from .format import FORMAT, MAX_LINE_BYTES, VERSION, Gap, Header, Record, Step, TableInfo, decode_line
+from .format import (DECODER, FORMAT, MAX_LINE_BYTES, VERSION, Gap, Header, Record, Step,
+                     TableInfo, decode_line)
 
 
 class TraceError(MoriioFsmError, ValueError):
@@ -48,10 +49,12 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read the trace file: {exc.strerror or exc}") from None
     with handle:
+        readline = handle.readline
+        decode = DECODER.decode
         number = 0
         while True:
             try:
-                raw = handle.readline(MAX_LINE_BYTES + 1)
+                raw = readline(MAX_LINE_BYTES + 1)
             except OSError as exc:
                 raise TraceError(path, number + 1, f"cannot read: {exc.strerror or exc}") from None
             if not raw:
@@ -59,18 +62,21 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None
                     raise TraceError(path, 0, f"the file is empty; expected a {FORMAT} header line")
                 return
             number += 1
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            if len(raw) > MAX_LINE_BYTES and raw[-1] != 10:
                 raise TraceError(path, number, f"the line is longer than {MAX_LINE_BYTES} bytes; "
                                  "a trace line holds one record and is far shorter")
-            if not raw.strip():
-                continue
             if (needles is not None and number > 1 and raw.startswith(_STEP_PREFIX)
-                    and raw.endswith(b"\n") and not any(n in raw for n in needles)):
+                    and raw[-1] == 10 and not any(n in raw for n in needles)):
                 continue
-            record = _decode(path, number, raw)
+            try:
+                record = decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                if raw.isspace():
+                    continue                     # a blank line
+                record = _decode(path, number, raw)      # raises, naming what is wrong
             if number == 1:
                 _check_header(path, record, raw)
-            elif isinstance(record, Header):
+            elif record.__class__ is Header:
                 raise TraceError(path, number, "a second header line; a trace file has one, "
                                  "on its first line (were two files concatenated?)")
             yield number, record

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 import structlog
+from msgspec.structs import astuple
 
 from ..runtime.events import Outcome
 from .format import RAISED, Step
@@ -25,7 +26,8 @@ Processor = Callable[[Any, str, dict], Any]
 #: only numbers, strings, tuples and the runtime's untracked Structs, so the garbage
 #: collector stops tracking it at once, however many a ring keeps: the table it came
 #: from is an index into ``TABLES`` rather than a reference.
-SEQ, MONO, THREAD, META, EVENT, BEFORE, RESULT, ROWS, ERROR = range(9)
+#: ``ERROR`` is only there for a step that raised.
+SEQ, THREAD, META, EVENT, BEFORE, RESULT, ROWS, ERROR = range(8)
 
 #: What rendering needs of every traced table, by index (append-only: a few per process).
 TABLES: list = []
@@ -71,23 +73,15 @@ _MISSING = object()
 
 def same_effect(recorded: dict, effect: Any, transfer_id: str) -> bool:
     """Whether ``effect`` is the one ``recorded`` (as ``effect_dict`` wrote it), without
-    building its dict: only tuple fields need turning into lists to compare."""
-    if recorded.get("kind") != effect.kind:
-        return False
-    fields = effect.__struct_fields__
-    extra = 1                                   # "kind"
-    if effect.transfer_id != transfer_id:
-        if recorded.get("transfer_id") != effect.transfer_id:
-            return False
-        extra = 2
-    if len(recorded) != len(fields) - 1 + extra:
-        return False
-    for name in fields[1:]:
-        value = getattr(effect, name)
-        seen = recorded.get(name, _MISSING)
-        if value != seen and (value.__class__ not in (tuple, list) or _as_json(value) != seen):
-            return False
-    return True
+    building its dict: the recorded values in order against the effect's fields (only
+    tuples need turning into lists)."""
+    values = astuple(effect)
+    seen = list(recorded.values())
+    if values[0] == transfer_id and len(seen) == len(values) and seen[0] == effect.kind:
+        seen[0] = transfer_id
+        if seen == list(values):
+            return True
+    return effect_dict(effect, transfer_id) == recorded
 
 
 def effect_dict(effect: Any, transfer_id: str) -> dict[str, Any]:
@@ -106,7 +100,8 @@ def effect_dict(effect: Any, transfer_id: str) -> dict[str, Any]:
 def step_fields(_logger: Any, _name: str, event_dict: dict) -> dict:
     """The first processor: the raw record under ``"raw"`` becomes the step's fields."""
     raw = event_dict.pop("raw")
-    meta, ev, result, rows, error = TABLES[raw[META]], raw[EVENT], raw[RESULT], raw[ROWS], raw[ERROR]
+    meta, ev, result, rows = TABLES[raw[META]], raw[EVENT], raw[RESULT], raw[ROWS]
+    error = raw[ERROR] if len(raw) > ERROR else None
     tid = ev.transfer_id
     before = raw[BEFORE]
     event_dict.update({
@@ -117,7 +112,7 @@ def step_fields(_logger: Any, _name: str, event_dict: dict) -> dict:
         "outcome": RAISED if result is None else _OUTCOME_NAMES[result.outcome.index],
         "rows": rows, "actions": meta.actions_of(rows),
         "effects": [] if result is None else [effect_dict(e, tid) for e in result.effects],
-        "mono": raw[MONO], "wall": meta.wall_of(raw[MONO]), "pid": _PID,
+        "wall": meta.wall_of(ev.time), "pid": _PID,
         "thread": thread_name(raw[THREAD]),
     })
     link = meta.link_of(tid)

@@ -60,7 +60,7 @@ class TransferSummary:
     """What the analysis needs of one transfer of one side, kept while replaying."""
 
     __slots__ = ("side", "table", "spec", "transfer", "link", "created", "since", "since_wall",
-                 "created_wall", "last_t",
+                 "created_wall", "last", "last_t",
                  "last_event", "state", "rejected", "once", "sends", "arrivals", "raised",
                  "partial", "steps", "lines")
 
@@ -68,6 +68,7 @@ class TransferSummary:
         self.side, self.table, self.spec, self.transfer, self.link = side, table, spec, transfer, link
         self.created = self.since = self.last_t = t
         self.created_wall = self.since_wall = t
+        self.last: Step | None = None                       # the transfer's latest step
         self.last_event = ""
         self.state: str | None = None
         self.rejected: list[tuple[float, str, str | None]] = []
@@ -100,7 +101,6 @@ class ReplayReport:
     gaps: list[Gap] = field(default_factory=list)
     sides: list[str] = field(default_factory=list)
     until: int | None = None
-    outcomes: dict[str, int] = field(default_factory=dict)
     #: The latest wall clock (or ``t`` where a step has none) of any step: where the
     #: traces end, comparable across sides.
     end_wall: float = float("-inf")
@@ -160,6 +160,7 @@ class _Lane:
         self.remote = remote_events(self.spec)
         self.messages = {kind: message_event(kind) for kind in self.spec.emits
                          if message_event(kind)}
+        self.noted = frozenset(self.once) | frozenset(self.messages)   # kinds the analysis needs
         self.last_seq = -1
         self.last_path, self.last_line = "", 0
         self.summaries: dict[str, TransferSummary] = {}
@@ -262,51 +263,16 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
     lanes: dict[tuple[str, str], _Lane] = {}
     infos: dict[tuple[str, str], TableInfo] = {}
     specs = dict(specs or {})
-    summaries = report.transfers
-    outcomes = report.outcomes
-    steps = 0
     for path in files:
-        lane = None
-        side = table = None
-        for line, record in iter_records(path, containing=wanted):
-            if record.__class__ is not Step:
-                if isinstance(record, TableInfo):
-                    key = (record.side, record.table)
-                    known = infos.get(key)
-                    if known is not None and known != record and key in lanes:
-                        raise TraceError(path, line, f"table {record.table!r} of side "
-                                         f"{record.side!r} is described differently from before")
-                    infos[key] = record
-                elif isinstance(record, Gap):
-                    report.gaps.append(record)
-                continue
-            step: Step = record
-            steps += 1
-            if progress is not None and not steps & 0x3FFF:
-                progress(steps)
-            if until is not None and step.seq > until:
-                continue
-            if wanted is not None and step.transfer not in wanted and step.link_key not in wanted:
-                continue
-            if step.side != side or step.table != table:     # steps come in runs per table
-                side, table = step.side, step.table
-                lane = lanes.get((side, table))
-                if lane is None:
-                    lane = lanes[(side, table)] = _new_lane(side, table, infos, engine,
-                                                             check_invariants, specs, report)
-                lane.last_path = path
-            if step.seq <= lane.last_seq:
-                raise TraceError(path, line, f"seq {step.seq} of side {side!r} table {table!r} "
-                                 f"does not follow seq {lane.last_seq} ({lane.last_path}:"
-                                 f"{lane.last_line}): the files overlap (a dump and the full "
-                                 "trace of one process?) or are out of order")
-            lane.last_seq = step.seq
-            lane.last_line = line
-            _replay_step(lane, step, path, line, report, summaries, outcomes, collect, max_live)
-    report.steps = steps
+        _replay_file(path, report, lanes, infos, specs, wanted, until, engine, check_invariants,
+                     collect, progress, max_live)
     if progress is not None:
         progress(report.steps)
-    report.end_wall = max((lane.end_wall for lane in lanes.values()), default=report.end_wall)
+    for summary in report.transfers.values():
+        if summary.last is not None:
+            summary.last_t, summary.last_event = summary.last.t, summary.last.event
+            wall = summary.last.t if summary.last.wall is None else summary.last.wall
+            report.end_wall = max(report.end_wall, wall)
     for lane_key, lane in lanes.items():
         for tid in lane.table.live_ids():
             tx = lane.table.get(tid)
@@ -316,6 +282,132 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
 
     report.anomalies = find_anomalies(report)
     return report
+
+
+def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, specs: dict,
+                 wanted: set | None, until: int | None, engine: str, check_invariants: bool,
+                 collect: bool, progress, max_live: int) -> None:
+    """The hot loop of a replay: one pass per step, everything it touches a local, the
+    transfer's summary kept inline (a call per step would cost as much as the step)."""
+    summaries = report.transfers
+    steps, compared = report.steps, report.compared
+    lane = None
+    side = table_key = None
+    outcome_names = _OUTCOME_NAMES
+    for line, record in iter_records(path, containing=wanted):
+        if record.__class__ is not Step:
+            if isinstance(record, TableInfo):
+                key = (record.side, record.table)
+                known = infos.get(key)
+                if known is not None and known != record and key in lanes:
+                    raise TraceError(path, line, f"table {record.table!r} of side "
+                                     f"{record.side!r} is described differently from before")
+                infos[key] = record
+            elif isinstance(record, Gap):
+                report.gaps.append(record)
+            continue
+        step: Step = record
+        steps += 1
+        if progress is not None and not steps & 0x3FFF:
+            progress(steps)
+        if until is not None and step.seq > until:
+            continue
+        tid = step.transfer
+        if wanted is not None and tid not in wanted and step.link_key not in wanted:
+            continue
+        if step.side != side or step.table != table_key:     # steps come in runs per table
+            side, table_key = step.side, step.table
+            lane = lanes.get((side, table_key))
+            if lane is None:
+                lane = lanes[(side, table_key)] = _new_lane(side, table_key, infos, engine,
+                                                             check_invariants, specs, report)
+            lane.last_path = path
+            events, remote, noted, probe = lane.events, lane.remote, lane.noted, lane.probe
+            dispatch, lane_summaries, diverged = lane.table.dispatch, lane.summaries, lane.diverged
+        if step.seq <= lane.last_seq:
+            raise TraceError(path, line, f"seq {step.seq} of side {side!r} table {table_key!r} "
+                             f"does not follow seq {lane.last_seq} ({lane.last_path}:"
+                             f"{lane.last_line}): the files overlap (a dump and the full trace "
+                             "of one process?) or are out of order")
+        lane.last_seq = step.seq
+        lane.last_line = line
+        # -- the transfer's summary (what the anomaly analysis needs) ----------------------
+        summary = lane_summaries.get(tid)
+        if summary is None:
+            summary = lane_summaries[tid] = summaries[(side, table_key, tid)] = \
+                TransferSummary(side, table_key, lane.spec, tid, step.link_key, step.t)
+            summary.created_wall = summary.since_wall = step.t if step.wall is None else step.wall
+            summary.partial = step.before is not None
+            if collect:
+                summary.steps, summary.lines = [], []
+        if collect:
+            summary.steps.append(step)
+            summary.lines.append((path, line))
+        summary.last = step
+        after = step.after
+        if after != summary.state:
+            summary.since = step.t
+            summary.since_wall = step.t if step.wall is None else step.wall
+            summary.state = after
+        outcome = step.outcome
+        if outcome == "rejected":
+            summary.rejected.append((step.t, step.event, step.before))
+        elif outcome == RAISED:
+            summary.raised.append((step.t, step.event, step.error or ""))
+        event = step.event
+        if event in remote:
+            summary.arrivals.append((event, step.t, step.source))
+        recorded_effects = step.effects
+        if recorded_effects and (len(recorded_effects) > 1
+                                 or recorded_effects[0].get("kind") in noted):
+            _note_effects(lane, summary, step)
+        if summary.partial:
+            continue
+        # -- the step again, through the fresh table ---------------------------------------
+        cls = events.get(event)
+        if cls is None:
+            raise TraceError(path, line, f"event {event!r} is not declared by spec "
+                             f"{lane.spec.name!r} (table {table_key!r}); declared: "
+                             f"{', '.join(sorted(events))}")
+        try:
+            ev = cls(tid, step.t, **step.data, source=step.source)
+        except TypeError as exc:
+            raise TraceError(path, line, f"the payload of {event!r} does not fit its "
+                             f"declaration in {lane.spec.name!r}: {exc}") from None
+        error = None
+        try:
+            result = dispatch(ev)
+        except (TransitionError, InvariantViolation) as exc:
+            result, error = None, exc    # rolled back; the probe still saw the state before
+        compared += 1
+        if not compared & 0xFFF and len(lane.table) > max_live:
+            raise TraceError(path, line, f"more than {max_live} transfers are live at once; a "
+                             "trace this wide is refused (pass a smaller --transfer selection)")
+        before, rows = probe.before, probe.rows
+        # The common case, tested at once: same states, outcome, rows, actions and effects.
+        if (result is not None and before == step.before and result.state == after
+                and outcome_names[result.outcome.index] == outcome
+                and (rows is None or step.rows is None or step.rows == rows)
+                and (rows is None or step.actions is None or step.actions == lane.actions_of(rows))):
+            produced = result.effects
+            if not recorded_effects and not produced:
+                continue
+            if len(produced) == len(recorded_effects):
+                for recorded, effect in zip(recorded_effects, produced):
+                    if not same_effect(recorded, effect, tid):
+                        break
+                else:
+                    continue
+        if tid in diverged:
+            continue
+        difference = _difference(lane, step, before, result, rows, error)
+        if difference is not None:
+            diverged.add(tid)
+            what, recorded, replayed = difference
+            report.divergences.append(Divergence(path, line, step, what, recorded, replayed))
+            if len(report.divergences) == 1:
+                report.divergences[0].context = _context(path, line, step)
+    report.steps, report.compared = steps, compared
 
 
 def _new_lane(side: str, table: str, infos: dict, engine: str, check_invariants: bool,
@@ -328,91 +420,6 @@ def _new_lane(side: str, table: str, infos: dict, engine: str, check_invariants:
     if side not in report.sides:
         report.sides.append(side)
     return _Lane(info, engine, check_invariants, specs, report.notes)
-
-
-def _replay_step(lane: _Lane, step: Step, path: str, line: int, report: ReplayReport,
-                 summaries: dict, outcomes: dict, collect: bool, max_live: int) -> None:
-    # The hot loop of a replay: one call per step, so the summary is kept inline.
-    tid = step.transfer
-    summary = lane.summaries.get(tid)
-    wall = step.t if step.wall is None else step.wall
-    if summary is None:
-        summary = lane.summaries[tid] = summaries[(step.side, step.table, tid)] = \
-            TransferSummary(step.side, step.table, lane.spec, tid, step.link_key, step.t)
-        summary.created_wall = summary.since_wall = wall
-        if step.before is not None:
-            summary.partial = True
-        if collect:
-            summary.steps, summary.lines = [], []
-    if collect:
-        summary.steps.append(step)
-        summary.lines.append((path, line))
-    outcome = step.outcome
-    outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    summary.last_t = step.t
-    summary.last_event = event = step.event
-    if wall > lane.end_wall:
-        lane.end_wall = wall
-    if step.after != summary.state:
-        summary.since = step.t
-        summary.since_wall = wall
-        summary.state = step.after
-    if outcome == "rejected":
-        summary.rejected.append((step.t, event, step.before))
-    elif outcome == RAISED:
-        summary.raised.append((step.t, event, step.error or ""))
-    if event in lane.remote:
-        summary.arrivals.append((event, step.t, step.source))
-    recorded_effects = step.effects
-    if recorded_effects:
-        _note_effects(lane, summary, step)
-    if summary.partial:
-        return
-    cls = lane.events.get(event)
-    if cls is None:
-        raise TraceError(path, line, f"event {event!r} is not declared by spec "
-                         f"{lane.spec.name!r} (table {step.table!r}); declared: "
-                         f"{', '.join(sorted(lane.events))}")
-    try:
-        ev = cls(tid, step.t, **step.data, source=step.source)
-    except TypeError as exc:
-        raise TraceError(path, line, f"the payload of {event!r} does not fit its declaration "
-                         f"in {lane.spec.name!r}: {exc}") from None
-    probe = lane.probe
-    probe.before = probe.rows = error = None
-    table = lane.table
-    try:
-        result = table.dispatch(ev)
-    except (TransitionError, InvariantViolation) as exc:
-        result, error = None, exc     # rolled back; the probe still saw the state before
-    report.compared += 1
-    if not report.compared & 0xFFF and len(table) > max_live:
-        raise TraceError(path, line, f"more than {max_live} transfers are live at once; a trace "
-                         "this wide is refused (pass a smaller --transfer selection)")
-    before, rows = probe.before, probe.rows
-    # The common case, tested at once: same states, outcome, rows, actions and effects.
-    if (result is not None and before == step.before and result.state == step.after
-            and _OUTCOME_NAMES[result.outcome.index] == outcome
-            and (rows is None or step.rows is None or step.rows == rows)
-            and (rows is None or step.actions is None or step.actions == lane.actions_of(rows))):
-        produced = result.effects
-        if not recorded_effects and not produced:
-            return
-        if len(produced) == len(recorded_effects):
-            for recorded, effect in zip(recorded_effects, produced):
-                if not same_effect(recorded, effect, tid):
-                    break
-            else:
-                return
-    if tid in lane.diverged:
-        return
-    difference = _difference(lane, step, before, result, rows, error)
-    if difference is not None:
-        lane.diverged.add(tid)
-        what, recorded, replayed = difference
-        report.divergences.append(Divergence(path, line, step, what, recorded, replayed))
-        if len(report.divergences) == 1:
-            report.divergences[0].context = _context(path, line, step)
 
 
 def _note_effects(lane: _Lane, summary: TransferSummary, step: Step) -> None:

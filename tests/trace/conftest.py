@@ -47,7 +47,7 @@ def traced_pd(folder: Path, layout: Layout, seed: int = 3, drop=None):
 
     def recorder_for(node: str):
         recorders[node] = TraceRecorder(node, file=folder / f"{node}.jsonl", link=link,
-                                        clock=lambda: holder["pd"].world.now)
+                                        virtual_time=True)
         return recorders[node]
 
     pd = holder["pd"] = PD(seed, layout, recorders=recorder_for)

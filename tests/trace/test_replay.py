@@ -64,7 +64,8 @@ def _traced_run(folder, layout: Layout, seed: int):
     recorders = {}
 
     def recorder_for(node: str) -> TraceRecorder:
-        recorders[node] = TraceRecorder(node, file=folder / f"{node}.jsonl", link=link)
+        recorders[node] = TraceRecorder(node, file=folder / f"{node}.jsonl", link=link,
+                                        virtual_time=True)
         return recorders[node]
 
     sim_report = run(seed, layout, transfers=6, abort_rate=0.0, recorders=recorder_for)
