@@ -47,11 +47,13 @@ def check_spec(spec: str | Path, bounds: Bounds | None = None, *,
 def check_pair(mode: str, bounds: Bounds | None = None, *,
                configs: dict[str, dict[str, Any]] | None = None,
                specs: dict[str, str] | None = None,
+               machines: dict[str, Machine] | None = None,
                progress: Progress | None = None) -> Exploration:
     """Explore one P and one D rank of ``mode`` ("write" or "read") together. ``configs``
-    overrides timeouts per machine; ``specs`` replaces a machine's spec by a file."""
+    overrides timeouts per machine; ``specs`` replaces a machine's spec by a file and
+    ``machines`` a machine by one built already (with planted bindings, say)."""
     bounds = bounds or Bounds()
-    model = PairModel(mode, bounds, configs=configs, specs=specs)
+    model = PairModel(mode, bounds, configs=configs, specs=specs, machines=machines)
     result, _ = search(model, budget=bounds.faults, max_states=bounds.max_states,
                        progress=progress)
     result.model = model

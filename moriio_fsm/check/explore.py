@@ -7,7 +7,7 @@ a state may still spend (it leaves out dearer moves); a state is explored again 
 is reached more cheaply, since the cheaper arrival can go further. A state
 the model calls ended is never expanded. Liveness is decided over the moves the model
 marks ``peer_free`` (timers, time, the host): a state none of whose peer-free paths ends
-is stuck. A run that reaches ``max_states`` stops and is reported incomplete (liveness
+is stuck (a path that ends in a broken step counts as ending: that step is reported). A run that reaches ``max_states`` stops and is reported incomplete (liveness
 is then not decided). The models (``single.py``, ``pair.py``) know the machines; this
 file knows only states, moves and paths.
 """
@@ -94,6 +94,7 @@ class Search:
         self.depth: list[int] = []
         self.edges: list[list[int] | None] = []
         self.is_end: list[bool] = []
+        self.is_end_by_breach: set[int] = set()
         self.result = Exploration(model.name)
 
     def run(self) -> Exploration:
@@ -127,6 +128,10 @@ class Search:
                 if move.breaches:
                     self._found(move.breaches, here, move.label, move.state)
                 if move.state is None:
+                    if move.peer_free:
+                        # A step that broke a rule is reported already; the transfer is
+                        # not also stuck for want of it.
+                        self.is_end_by_breach.add(here)
                     continue
                 there = self.ids.get(move.state)
                 if there is None:
@@ -197,7 +202,7 @@ class Search:
         can_end = [False] * len(self.states)
         pending: deque[int] = deque()
         for index, edges in enumerate(self.edges):
-            if self.is_end[index]:
+            if self.is_end[index] or index in self.is_end_by_breach:
                 can_end[index] = True
                 pending.append(index)
                 continue
@@ -211,7 +216,7 @@ class Search:
         stuck = [index for index, ok in enumerate(can_end) if not ok]
         self.result.stuck = len(stuck)
         if stuck:
-            first = min(stuck, key=lambda index: self.depth[index])
+            first = self._where_stuck(min(stuck, key=lambda index: self.depth[index]))
             describe = getattr(self.model, "describe_stuck", None)
             why = describe(self.states[first]) if describe else ""
             self.result.findings["ends_without_peer"] = Finding(
@@ -219,6 +224,23 @@ class Search:
                 f"{len(stuck)} reachable state(s) from which no final state can be reached "
                 f"with timers and local events alone{': ' + why if why else ''}",
                 self.path_to(first), self.states[first])
+
+
+    def _where_stuck(self, start: int) -> int:
+        """Where a stuck state ends up waiting: the state its peer-free moves lead
+        farthest to (the one to show; ``start`` itself may still have moves left)."""
+        distance = {start: 0}
+        pending = deque([start])
+        farthest = start
+        while pending:
+            here = pending.popleft()
+            if distance[here] > distance[farthest]:
+                farthest = here
+            for there in self.edges[here] or ():
+                if there not in distance:
+                    distance[there] = distance[here] + 1
+                    pending.append(there)
+        return farthest
 
 
 def search(model: Model, *, budget: int, max_states: int,

@@ -132,16 +132,22 @@ class PairModel:
     """The world of one P and one D rank of ``mode`` (``Model`` for ``explore.search``)."""
 
     def __init__(self, mode: str, bounds: Bounds, *, configs: dict | None = None,
-                 specs: dict[str, str] | None = None):
+                 specs: dict[str, str] | None = None, machines: dict | None = None):
         if mode not in MODES:
             raise CheckUsageError(f"unknown pair mode {mode!r}; expected one of "
                                   f"{', '.join(sorted(MODES))}")
         self.mode = mode
         self.name = f"{mode} pair ({' x '.join(MODES[mode])})"
         self.bounds = bounds
-        configs = {**PAIR_CONFIGS[mode], **(configs or {})}
-        specs = specs or {}
-        self.machines = [build_machine(specs.get(name, name), config=configs.get(name))
+        configs = {name: {**PAIR_CONFIGS[mode].get(name, {}), **(configs or {}).get(name, {})}
+                   for name in MODES[mode]}
+        specs, machines = specs or {}, machines or {}
+        unknown = sorted((set(specs) | set(machines) | set(configs)) - set(MODES[mode]))
+        if unknown:
+            raise CheckUsageError(f"the {mode} pair runs {' and '.join(MODES[mode])}, not "
+                                  f"{', '.join(unknown)}")
+        self.machines = [machines.get(name) or build_machine(specs.get(name, name),
+                                                             config=configs.get(name))
                          for name in MODES[mode]]
         self.steppers = [Stepper(machine) for machine in self.machines]
         self.side_names = ("P", "D")
@@ -514,6 +520,10 @@ class PairModel:
         if key is None or key[0] in self._final[side]:
             return ()
         return key[1]
+
+    def trace_sides(self) -> dict[str, tuple[str, Any]]:
+        """Trace side and machine of each machine label in this model's counterexamples."""
+        return {self._who(side): (self.side_names[side], self.machines[side]) for side in (0, 1)}
 
     def _who(self, side: int) -> str:
         return f"{self.side_names[side]} {self.machines[side].spec.name}"

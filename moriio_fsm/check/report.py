@@ -1,15 +1,15 @@
 """What a checking run says: one summary line per model, each broken rule with its shortest
 counterexample as numbered steps, the same as JSON, and a progress bar on long runs.
 
-Rules: text goes to the stream given (stdout for results, stderr for progress, which is
-drawn only on a terminal and only once a run has taken more than a second); nothing
-here changes a result.
+Rules: results are returned as text or JSON for the caller to print; the progress bar
+draws on stderr, only on a terminal and only once a run has taken more than a second;
+nothing here changes a result.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 from ..runtime.events import Effect, Event
 from .explore import Exploration, Finding
@@ -83,32 +83,43 @@ def as_json(result: Exploration, traces: dict[str, str] | None = None) -> dict[s
 
 
 class ProgressBar:
-    """Draws ``name [#####.....] states transitions time`` on a terminal, in place.
+    """A progress bar on stderr for runs that take more than ``after_s``, on a terminal
+    only: explored states over states found (it fills as the queue empties), with the
+    counts and the time. Use it as a context manager; call it as a search's progress."""
 
-    The bar is explored over found: it fills as the queue of states to explore empties.
-    """
-
-    def __init__(self, stream: TextIO | None = None, *, after_s: float = 1.0, width: int = 24):
-        self.stream = stream if stream is not None else sys.stderr
+    def __init__(self, *, after_s: float = 1.0):
         self.after_s = after_s
-        self.width = width
-        self._drawn = False
-        self._enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar = None
+        self._task = None
+        self._enabled = sys.stderr.isatty()
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def __call__(self, name: str, states: int, transitions: int, queued: int,
                  seconds: float) -> None:
         if not self._enabled or seconds < self.after_s:
             return
-        done = (states - queued) / states if states else 0.0
-        filled = int(done * self.width)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{name} [{bar}] {states:,} states {transitions:,} transitions "
-                          f"{seconds:.0f} s ")
-        self.stream.flush()
-        self._drawn = True
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def clear(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._drawn = False
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+            self._bar.start()
+        if self._task is None or self._bar.tasks[0].description != name:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._task = self._bar.add_task(name, total=1, counts="")
+        self._bar.update(self._task, total=max(states, 1), completed=states - queued,
+                         counts=f"{states:,} states, {transitions:,} transitions")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+            self._task = None

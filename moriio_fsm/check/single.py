@@ -158,3 +158,7 @@ class MachineModel:
 
     def context_of(self, state) -> dict[str, Any]:
         return self.stepper.context_of(state[1])
+
+    def trace_sides(self) -> dict[str, tuple[str, Machine]]:
+        """Trace side and machine of each machine label in this model's counterexamples."""
+        return {self.name: ("checker", self.machine)}

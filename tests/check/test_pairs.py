@@ -9,6 +9,13 @@ back, and both sides end on their own.
 from __future__ import annotations
 
 from moriio_fsm.check import Bounds, check_pair
+from moriio_fsm.check.pair import PAIR_CONFIGS
+from moriio_fsm.check.report import steps_of
+from moriio_fsm.check.single import Dispatch
+from moriio_fsm.lang.loader import load_spec
+from moriio_fsm.machines import load_bindings, resolve_config, spec_path
+from moriio_fsm.machines.binding import emits
+from moriio_fsm.runtime.machine import Machine
 
 SMALL = Bounds(layers=1, faults=0, tick_s="off")
 
@@ -27,3 +34,60 @@ def test_ds_blocks_never_go_back_while_ps_writes_may_land():
 def test_the_read_pair_holds_within_small_bounds():
     result = check_pair("read", SMALL)
     assert result.ok, list(result.findings)
+
+
+def test_the_old_safety_timeout_planted_again_is_found(tmp_path):
+    """A regression guard for the fix above: the freeing safety timeout, planted in a copy
+    of the spec, must be found again (both ways it goes wrong)."""
+    text = spec_path("write_consumer").read_text()
+    for old, new in OLD_SAFETY_TIMEOUT:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "write_consumer.yaml"
+    path.write_text(text)
+    spec = load_spec(path)
+    old_d = Machine(spec, load_bindings(spec).replaced(give_up_waiting), resolve_config(spec, None))
+    result = check_pair("write", SMALL, machines={"write_consumer": old_d})
+    assert {"freed_under_operation", "operation_on_freed_blocks"} <= set(result.findings)
+    steps = [s.event.kind for s in steps_of(result.findings["operation_on_freed_blocks"].path)
+             if isinstance(s, Dispatch)]
+    assert steps[-2:] == ["safety_timeout", "layer_scheduled"]      # P's first write, too late
+
+
+def can_read(tx, ev) -> bool:          # planted: D reads whatever its lease says
+    return tx.reads_wanted
+
+
+def test_a_reader_that_ignores_its_lease_is_caught_reading_freed_blocks():
+    spec = load_spec(spec_path("read_consumer"))
+    config = resolve_config(spec, PAIR_CONFIGS["read"]["read_consumer"])
+    reader = Machine(spec, load_bindings(spec).replaced(can_read), config)
+    result = check_pair("read", SMALL, machines={"read_consumer": reader})
+    assert "P's blocks went back (free_blocks) while a read from them" in \
+        result.findings["freed_under_operation"].message
+    assert "a read of layer 0 was posted on P's blocks after they went back" in \
+        result.findings["operation_on_freed_blocks"].message
+
+
+OLD_SAFETY_TIMEOUT = [
+    ("""      Nobody confirmed the writes stopped in time: keep the blocks out of circulation for
+      good, and fail the load if the request still waits.
+    writes: [blocks_quarantined, reported_failure]""",
+     """      Nobody confirmed the writes stopped in time; assume they did.
+    writes: [blocks_freed, reported_failure]"""),
+    ("""actions: [give_up_waiting],
+     emits: [quarantine_blocks, report_load_failure]}""",
+     """actions: [give_up_waiting],
+     emits: [free_blocks, report_load_failure]}"""),
+    ("""  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers\"""",
+     """  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers or state == 'abandoned'\""""),
+]
+
+
+def give_up_waiting(tx, ev, out) -> None:      # the rule as it was
+    if tx.request_finished:
+        tx.blocks_freed += 1
+        out.append(emits.free_blocks(tx.transfer_id, reason="safety_timeout"))
+    else:
+        tx.reported_failure += 1
+        out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
