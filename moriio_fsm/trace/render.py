@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 import structlog
-from msgspec.structs import astuple
+from msgspec.structs import asdict
 
 from ..runtime.events import Outcome
 from .format import RAISED, Step
@@ -72,16 +72,14 @@ _MISSING = object()
 
 
 def same_effect(recorded: dict, effect: Any, transfer_id: str) -> bool:
-    """Whether ``effect`` is the one ``recorded`` (as ``effect_dict`` wrote it), without
-    building its dict: the recorded values in order against the effect's fields (only
-    tuples need turning into lists)."""
-    values = astuple(effect)
-    seen = list(recorded.values())
-    if values[0] == transfer_id and len(seen) == len(values) and seen[0] == effect.kind:
-        seen[0] = transfer_id
-        if seen == list(values):
-            return True
-    return effect_dict(effect, transfer_id) == recorded
+    """Whether ``effect`` is the one ``recorded`` (as ``effect_dict`` wrote it): its
+    fields as a dict, compared in one go; only an effect with tuple fields (which the
+    trace holds as lists) takes the slower way."""
+    fields = asdict(effect)
+    if fields.pop("transfer_id") != transfer_id:
+        fields["transfer_id"] = effect.transfer_id
+    fields["kind"] = effect.kind
+    return fields == recorded or effect_dict(effect, transfer_id) == recorded
 
 
 def effect_dict(effect: Any, transfer_id: str) -> dict[str, Any]:

@@ -115,10 +115,12 @@ class ReplayReport:
 
 
 class _Probe:
-    """The replay table's step recorder: keeps the state before the last step and the
-    rows it took (its result and error reach the replay directly)."""
+    """The replay table's step recorder: keeps the last step's event, the state before
+    it and the rows it took (its result and error reach the replay directly). A table
+    records no malformed event, so ``ev`` tells whether this step was recorded."""
 
     def __init__(self) -> None:
+        self.ev = None
         self.before: str | None = None
         self.rows: tuple | None = None
 
@@ -126,6 +128,7 @@ class _Probe:
         probe = self
 
         def record(ev, before, result, rows, error=None):
+            probe.ev = ev
             probe.before = before
             probe.rows = rows
         return record
@@ -154,7 +157,7 @@ class _Lane:
         self.spec = machine.spec
         self.events = machine.event_classes
         self.actions = {i: row.action_names for i, row in machine.rows_by_index().items()}
-        self._actions_of: dict[tuple, list[str]] = {}
+        self.actions_cache: dict[tuple, list[str]] = {}    # rows -> their actions
         self.rows_known = engine == "compiled"
         self.once = once_only_effects(self.spec)
         self.remote = remote_events(self.spec)
@@ -168,11 +171,11 @@ class _Lane:
         self.diverged: set[str] = set()
 
     def actions_of(self, rows: tuple[int, ...]) -> list[str]:
-        found = self._actions_of.get(rows)
+        found = self.actions_cache.get(rows)
         if found is None:
             actions = self.actions
-            found = self._actions_of[rows] = [name for index in rows
-                                              for name in actions.get(index, ())]
+            found = self.actions_cache[rows] = [name for index in rows
+                                                for name in actions.get(index, ())]
         return found
 
 
@@ -323,14 +326,15 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
                                                              check_invariants, specs, report)
             lane.last_path = path
             events, remote, noted, probe = lane.events, lane.remote, lane.noted, lane.probe
+            actions_cached = lane.actions_cache.get
             dispatch, lane_summaries, diverged = lane.table.dispatch, lane.summaries, lane.diverged
-        if step.seq <= lane.last_seq:
-            raise TraceError(path, line, f"seq {step.seq} of side {side!r} table {table_key!r} "
-                             f"does not follow seq {lane.last_seq} ({lane.last_path}:"
-                             f"{lane.last_line}): the files overlap (a dump and the full trace "
-                             "of one process?) or are out of order")
-        lane.last_seq = step.seq
-        lane.last_line = line
+        seq = step.seq
+        if seq <= lane.last_seq:
+            raise TraceError(path, line, f"seq {seq} of side {side!r} table {table_key!r} "
+                             f"does not follow seq {lane.last_seq} (in {lane.last_path}): the "
+                             "files overlap (a dump and the full trace of one process?) or are "
+                             "out of order")
+        lane.last_seq = seq
         # -- the transfer's summary (what the anomaly analysis needs) ----------------------
         summary = lane_summaries.get(tid)
         if summary is None:
@@ -383,12 +387,16 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
         if not compared & 0xFFF and len(lane.table) > max_live:
             raise TraceError(path, line, f"more than {max_live} transfers are live at once; a "
                              "trace this wide is refused (pass a smaller --transfer selection)")
-        before, rows = probe.before, probe.rows
-        # The common case, tested at once: same states, outcome, rows, actions and effects.
+        if probe.ev is ev:
+            before, rows = probe.before, probe.rows
+        else:                            # malformed: refused before any transfer was looked up
+            before, rows = None, None
+        # The common case, tested at once: same states, outcome, rows, actions and effects
+        # (actions through the cache of actions_of; a miss takes the slow way below).
         if (result is not None and before == step.before and result.state == after
                 and outcome_names[result.outcome.index] == outcome
                 and (rows is None or step.rows is None or step.rows == rows)
-                and (rows is None or step.actions is None or step.actions == lane.actions_of(rows))):
+                and (rows is None or step.actions is None or step.actions == actions_cached(rows))):
             produced = result.effects
             if not recorded_effects and not produced:
                 continue
