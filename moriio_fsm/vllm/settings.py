@@ -121,6 +121,36 @@ def _curve(key: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
+_FAULT_KEYS = {"fail_nth": "int", "stall_nth": "int", "drop_nth": "int", "drop_all": "bool",
+               "fail_rate": "rate", "latency_s": "seconds", "seed": "int"}
+
+
+def _faults(key: str, value: Any) -> dict[str, Any]:
+    """Faults the engine injects into this instance's transfers (testing, chaos runs)."""
+    if not isinstance(value, dict):
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping of "
+                                   f"{', '.join(_FAULT_KEYS)}")
+    checked: dict[str, Any] = {}
+    for name, raw in value.items():
+        kind = _FAULT_KEYS.get(name)
+        where = f"{key}.{name}"
+        if kind is None:
+            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown fault {name!r}; "
+                                       f"expected one of {', '.join(_FAULT_KEYS)}")
+        if kind == "int":
+            checked[name] = _int(where, raw, 0 if name == "seed" else 1, 1 << 31)
+        elif kind == "bool":
+            checked[name] = _flag(where, raw)
+        elif kind == "rate":
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 1:
+                raise ConnectorConfigError(f"kv_connector_extra_config[{where!r}]: expected a "
+                                           f"probability in [0, 1], got {raw!r}")
+            checked[name] = float(raw)
+        else:
+            checked[name] = 0.0 if raw == 0 else _seconds(where, raw)
+    return checked
+
+
 # key -> (parser, default). Upstream's keys first, with upstream's defaults.
 _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "handshake_port": (lambda k, v: _int(k, v, 1, 65535), 6301),
@@ -145,6 +175,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "trace_ring_size": (lambda k, v: _int(k, v, 0, 1 << 20), 0),
     "lease_s": (_seconds, 30.0),
     "tick_interval": (_seconds, 0.02),
+    "fault_injection": (_faults, {}),
 }
 
 
@@ -178,6 +209,7 @@ class ConnectorSettings:
     trace_ring_size: int = 0
     lease_s: float = 30.0
     tick_interval: float = 0.02
+    fault_injection: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":

