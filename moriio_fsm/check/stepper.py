@@ -26,6 +26,8 @@ from .bounds import CheckUsageError
 TRANSFER_ID = "tx-check"
 
 _REJECTED = Outcome.REJECTED
+#: Records kept by ``Stepper.load``: a search loads the same few keys again and again.
+_LOADED_KEPT = 4096
 
 
 class _QuietAboutCheckedTransfers(logging.Filter):
@@ -85,6 +87,7 @@ class Stepper:
         self._timer_events = tuple(machine.event_classes[timer.event]
                                    for timer in machine.spec.timers.values())
         self._created = 0
+        self._loaded: dict[tuple, Any] = {}
         self._creations: dict[tuple, tuple] = {}
 
     # -- keys --------------------------------------------------------------------------
@@ -101,12 +104,22 @@ class Stepper:
         return (tx.state, tuple(tx.deadlines), *values)
 
     def load(self, key: tuple):
+        """The record of ``key``. Callers must not change it: it is kept for the next
+        ``load`` of the same key (``run`` steps on a copy)."""
+        tx = self._loaded.get(key)
+        if tx is not None:
+            return tx
+        if len(self._loaded) >= _LOADED_KEPT:
+            self._loaded.clear()
         tx = self._record_class.__new__(self._record_class)
         tx.transfer_id = TRANSFER_ID
         tx.state = key[0]
         tx.deadlines = list(key[1])
         for name, value in zip(self.fields, key[2:]):
-            setattr(tx, name, _thaw(value))
+            setattr(tx, name, value)
+        for index in self._unhashable:
+            setattr(tx, self.fields[index], _thaw(key[2 + index]))
+        self._loaded[key] = tx
         return tx
 
     @staticmethod

@@ -95,8 +95,10 @@ def _check(args: argparse.Namespace) -> int:
             raise ValueError(f"--spec {', '.join(stray)}: no pair checked here runs that machine "
                              "(--spec applies to pair:write and pair:read; check a spec file "
                              "alone by naming it)")
-        bounds = Bounds(layers=args.layers, writers=args.writers, peer_events=args.peer_events,
-                        faults=args.faults, tick_s=args.tick, max_states=args.max_states)
+        bounds = Bounds(layers=2 if args.layers is None else args.layers, writers=args.writers,
+                        peer_events=args.peer_events, faults=args.faults, tick_s=args.tick,
+                        max_states=args.max_states)
+        pair_bounds = bounds.with_(layers=1 if args.layers is None else args.layers)
     except (ValueError, CheckUsageError) as exc:
         return _fail(str(exc))
     out = Path(args.out)
@@ -106,7 +108,7 @@ def _check(args: argparse.Namespace) -> int:
         try:
             with ProgressBar() as progress:
                 if kind == "pair":
-                    result = check_pair(what, bounds, configs=configs, progress=progress,
+                    result = check_pair(what, pair_bounds, configs=configs, progress=progress,
                                         specs={name: path for name, path in specs.items()
                                                if name in MODES[what]})
                 else:
@@ -152,8 +154,8 @@ def register(sub) -> None:
                     "pair:write or pair:read (a producer and a consumer over a faulty channel), "
                     "or all. Exit 0: all holds; 1: a rule broke; 2: bad usage.")
     p.add_argument("specs", nargs="+", metavar="SPEC")
-    p.add_argument("--layers", type=int, default=2, metavar="N",
-                   help="layers per transfer (default 2; pairs: try 1 first)")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="layers per transfer (default 2 for one machine, 1 for a pair)")
     p.add_argument("--writers", type=int, default=1, metavar="N",
                    help="ranks on the other side of one machine (default 1)")
     p.add_argument("--peer-events", type=int, default=4, metavar="N",
