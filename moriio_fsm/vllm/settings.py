@@ -112,13 +112,30 @@ def _machine_overrides(key: str, value: Any) -> dict[str, dict[str, Any]]:
 
 
 def _curve(key: str, value: Any) -> dict[str, Any] | None:
+    """CURVE keys for every control socket: checked here, so a typo stops the start."""
     if value is None:
         return None
-    if not isinstance(value, dict) or not {"public_key", "secret_key"} <= set(value):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping "
-                                   "with public_key and secret_key (Z85 strings), and "
-                                   "optionally authorized_client_keys and server_public_key")
-    return dict(value)
+    allowed = {"public_key", "secret_key", "authorized_client_keys", "server_keys"}
+    if not isinstance(value, dict) or not {"public_key", "secret_key"} <= set(value) \
+            or not set(value) <= allowed:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping with "
+                                   "public_key and secret_key (Z85 strings), and optionally "
+                                   "authorized_client_keys (a list) and server_keys (host -> key)")
+    from ..adapters.zmq import CurveConfig
+
+    options = dict(value)
+    options["authorized_client_keys"] = frozenset(
+        k.encode() if isinstance(k, str) else k for k in options.get("authorized_client_keys", ()))
+    options["server_keys"] = {h: (k.encode() if isinstance(k, str) else k)
+                              for h, k in dict(options.get("server_keys", {})).items()}
+    for name in ("public_key", "secret_key"):
+        if isinstance(options[name], str):
+            options[name] = options[name].encode()
+    try:
+        CurveConfig(**options)
+    except (ValueError, TypeError) as exc:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: {exc}") from None
+    return options
 
 
 _FAULT_KEYS = {"fail_nth": "int", "stall_nth": "int", "drop_nth": "int", "drop_all": "bool",

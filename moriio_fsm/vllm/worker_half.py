@@ -121,7 +121,7 @@ class WorkerHalf:
             return {}
         from ..adapters.zmq import CurveConfig
 
-        return {"curve": CurveConfig(**self.settings.curve)}
+        return {"curve": CurveConfig(**dict(self.settings.curve))}
 
     def _handlers(self, machine: str) -> dict:
         if machine.startswith("write"):

@@ -230,3 +230,6 @@ def write_pair_params(tid: str, producer: Instance, consumer: Instance) -> tuple
     to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
             "remote_notify_port": producer.notify_port, "remote_handshake_port": producer.handshake_port}
     return to_p, to_d
+
+
+PROMPT_FOR_METRICS = list(range(300, 340))

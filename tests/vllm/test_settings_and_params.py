@@ -1,0 +1,128 @@
+"""The connector's two inputs from outside: its extra config (at start) and each request's params.
+
+Upstream MoRIIO's keys keep their meanings and defaults; every unknown or ill-typed value
+is refused with the key named. Request params come from clients, so hostile ones must be
+refused with a clear error, never reach a socket, never crash the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import zmq
+
+from moriio_fsm.vllm.params import TransferParamsError, parse_transfer_params
+from moriio_fsm.vllm.settings import ConnectorConfigError, ConnectorSettings
+
+
+def test_upstream_defaults_and_meanings():
+    settings = ConnectorSettings.from_extra_config({})
+    assert (settings.handshake_port, settings.notify_port) == (6301, 61005)
+    assert settings.mode == "write" and settings.backend == "rdma" and settings.http_port is None
+    assert (settings.transfer_timeout, settings.defer_timeout, settings.recv_abort_timeout) == (30.0, 60.0, 120.0)
+    assert (settings.qp_per_transfer, settings.post_batch_size, settings.num_workers) == (1, -1, 1)
+
+
+def test_upstream_string_forms_are_accepted():
+    settings = ConnectorSettings.from_extra_config(
+        {"read_mode": "True", "handshake_port": "7000", "notify_port": "", "transfer_timeout": "5",
+         "http_port": 8000, "proxy_ip": "10.0.0.1", "proxy_ping_port": "36367"})
+    assert settings.read_mode and settings.handshake_port == 7000 and settings.notify_port == 61005
+    assert settings.transfer_timeout == 5.0 and settings.http_port == 8000
+
+
+def test_upstream_timeouts_reach_the_machines_and_d_outwaits_p():
+    settings = ConnectorSettings.from_extra_config({"transfer_timeout": 4, "defer_timeout": 6,
+                                                    "recv_abort_timeout": 9})
+    producer = settings.machine_overrides("write_producer")
+    consumer = settings.machine_overrides("write_consumer")
+    assert producer == {"defer_timeout_s": 6.0, "transfer_timeout_s": 4.0}
+    assert consumer["write_timeout_s"] == 9.0
+    # D keeps blocks longer than P's longest drain (transfer timeout + abandon timeout 10 s).
+    assert consumer["safety_timeout_s"] > producer["transfer_timeout_s"] + 10.0
+    overridden = ConnectorSettings.from_extra_config(
+        {"machine_config": {"write_consumer": {"safety_timeout_s": 99}}})
+    assert overridden.machine_overrides("write_consumer")["safety_timeout_s"] == 99
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"handshake_prot": 1}, "handshake_prot"),
+    ({"notify_port": "port"}, "notify_port"),
+    ({"notify_port": 70000}, "notify_port"),
+    ({"transfer_timeout": math.nan}, "transfer_timeout"),
+    ({"defer_timeout": -1}, "defer_timeout"),
+    ({"recv_abort_timeout": math.inf}, "recv_abort_timeout"),
+    ({"read_mode": "perhaps"}, "read_mode"),
+    ({"backend": "tcp"}, "backend"),
+    ({"qp_per_transfer": True}, "qp_per_transfer"),
+    ({"trusted_peers": [1, 2]}, "trusted_peers"),
+    ({"machine_config": {"write_producer": {"transfer_timeout_s": 0}}}, "machine_config"),
+    ({"machine_config": {"nfs_mount": {}}}, "machine_config"),
+    ({"curve": {"public_key": "x"}}, "curve"),
+    ({"fault_injection": {"fail_rate": 1.5}}, "fault_injection"),
+    ({"trace_ring_size": -3}, "trace_ring_size"),
+])
+def test_a_bad_key_stops_the_start_naming_the_key(extra, named):
+    with pytest.raises(ConnectorConfigError, match=named):
+        ConnectorSettings.from_extra_config(extra)
+
+
+def test_curve_keys_are_checked_at_start():
+    public, secret = zmq.curve_keypair()
+    settings = ConnectorSettings.from_extra_config(
+        {"curve": {"public_key": public.decode(), "secret_key": secret.decode(),
+                   "authorized_client_keys": [public.decode()]}})
+    assert settings.curve["public_key"] == public
+    with pytest.raises(ConnectorConfigError, match="public_key"):
+        ConnectorSettings.from_extra_config({"curve": {"public_key": '"' * 40, "secret_key": secret}})
+
+
+# -- request params ------------------------------------------------------------------------
+
+GOOD = {"do_remote_prefill": True, "transfer_id": "tx-1", "remote_host": "10.0.0.2",
+        "remote_notify_port": 61005, "remote_handshake_port": 6301, "remote_block_ids": [4, 5],
+        "remote_engine_id": "P", "remote_dp_rank": 1, "remote_tp_size": 2}
+
+
+def test_upstream_params_are_read_with_their_meanings():
+    params = parse_transfer_params(GOOD)
+    assert params.transfer_id == "tx-1" and params.do_remote_prefill and not params.do_remote_decode
+    assert params.peer.host == "10.0.0.2" and params.peer.dp_rank == 1 and params.peer.tp_size == 2
+    assert params.remote_block_ids == (4, 5)
+    # The older "tp_size" key and one list per KV cache group are understood too.
+    legacy = parse_transfer_params({**GOOD, "remote_tp_size": None, "tp_size": 4,
+                                    "remote_block_ids": [[4, 5]]})
+    assert legacy.peer.tp_size == 4 and legacy.remote_block_ids == (4, 5)
+    assert parse_transfer_params(None) is None
+    assert parse_transfer_params({"do_remote_decode": False, "do_remote_prefill": False}) is None
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"transfer_id": ""}, "transfer_id"),
+    ({"transfer_id": "tx 1\n"}, "transfer_id"),
+    ({"transfer_id": 7}, "transfer_id"),
+    ({"transfer_id": "t" * 201}, "transfer_id"),
+    ({"remote_host": ""}, "remote_host"),
+    ({"remote_host": ["10.0.0.2"]}, "remote_host"),
+    ({"remote_notify_port": 0}, "remote_notify_port"),
+    ({"remote_notify_port": None}, "remote_notify_port"),
+    ({"remote_handshake_port": 1 << 20}, "remote_handshake_port"),
+    ({"remote_dp_rank": -1}, "remote_dp_rank"),
+    ({"remote_tp_size": 0.5}, "remote_tp_size"),
+    ({"remote_block_ids": [1, -2]}, "remote_block_ids"),
+    ({"remote_block_ids": [1, "2"]}, "remote_block_ids"),
+    ({"remote_block_ids": [[1], [2]]}, "remote_block_ids"),
+    ({"remote_block_ids": list(range((1 << 20) + 1))}, "remote_block_ids"),
+    ({"do_remote_prefill": "true"}, "do_remote_prefill"),
+    ({"do_remote_decode": True}, "both"),
+    ({"remote_engine_id": 5}, "remote_engine_id"),
+])
+def test_hostile_params_are_refused_naming_the_key(change, named):
+    with pytest.raises(TransferParamsError, match=named):
+        parse_transfer_params({**GOOD, **change})
+
+
+def test_params_that_are_not_a_mapping_are_refused():
+    with pytest.raises(TransferParamsError, match="mapping"):
+        parse_transfer_params(["do_remote_prefill"])
