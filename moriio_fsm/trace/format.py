@@ -93,11 +93,40 @@ class Gap(msgspec.Struct, tag="gap", tag_field="type", omit_defaults=True):
     reason: str = ""
 
 
+class ReplayStep(msgspec.Struct, tag="step", tag_field="type"):
+    """A step as replay reads it: every field it checks or reports, not who wrote it
+    (``pid``, ``thread``), so decoding skips those."""
+
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    side: str
+    table: str
+    transfer: str
+    event: str
+    t: float
+    outcome: str
+    data: dict[str, Any] = {}
+    source: str = ""
+    before: Union[str, None] = None
+    after: Union[str, None] = None
+    rows: Union[tuple[int, ...], None] = None
+    actions: Union[list[str], None] = None
+    effects: list[dict[str, Any]] = []
+    error: Union[str, None] = None
+    link: str = ""
+    wall: Union[float, None] = None
+
+    @property
+    def link_key(self) -> str:
+        return self.link or self.transfer
+
+
 Record = Union[Header, TableInfo, Step, Gap]
 
 _encoder = msgspec.json.Encoder(enc_hook=repr)
 #: Decodes one line into its record (``Header``, ``TableInfo``, ``Step`` or ``Gap``).
 DECODER = msgspec.json.Decoder(Record)
+#: The same, with steps as ``ReplayStep``.
+REPLAY_DECODER = msgspec.json.Decoder(Union[Header, TableInfo, ReplayStep, Gap])
 
 
 def encode_line(record: Record) -> bytes:

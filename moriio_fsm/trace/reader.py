@@ -38,11 +38,12 @@ def _abbreviate(raw: bytes, limit: int = 80) -> str:
 _STEP_PREFIX = b'{"type":"step"'
 
 
-def iter_records(path: str | Path, *, containing: Iterable[str] | None = None
-                 ) -> Iterator[tuple[int, Record]]:
+def iter_records(path: str | Path, *, containing: Iterable[str] | None = None,
+                 decoder: msgspec.json.Decoder = DECODER) -> Iterator[tuple[int, Record]]:
     """``(line number, record)`` for every line of the trace file ``path``, header first.
     ``containing``: skip, without decoding, step lines that hold none of these strings
-    (a cheap filter for one transfer's records; every other line is read as usual)."""
+    (a cheap filter for one transfer's records; every other line is read as usual).
+    ``decoder``: ``format.REPLAY_DECODER`` reads steps as ``ReplayStep``."""
     needles = None if containing is None else [msgspec.json.encode(n)[1:-1] for n in containing]
     try:
         handle = open(path, "rb")
@@ -50,7 +51,7 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None
         raise TraceError(path, 0, f"cannot read the trace file: {exc.strerror or exc}") from None
     with handle:
         readline = handle.readline
-        decode = DECODER.decode
+        decode = decoder.decode
         number = 0
         while True:
             try:

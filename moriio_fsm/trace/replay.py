@@ -26,7 +26,7 @@ from ..lang.errors import SpecError
 from ..runtime.errors import InvariantViolation, TransitionError
 from ..runtime.events import Outcome
 from .facts import message_event, once_only_effects, remote_events
-from .format import RAISED, Gap, Header, Step, TableInfo
+from .format import RAISED, REPLAY_DECODER, Gap, Header, ReplayStep, Step, TableInfo
 from .reader import TraceError, iter_records
 from .render import effect_dict, same_effect
 
@@ -43,7 +43,7 @@ class Divergence:
 
     path: str
     line: int
-    step: Step
+    step: ReplayStep
     what: str
     recorded: Any
     replayed: Any
@@ -68,7 +68,7 @@ class TransferSummary:
         self.side, self.table, self.spec, self.transfer, self.link = side, table, spec, transfer, link
         self.created = self.since = self.last_t = t
         self.created_wall = self.since_wall = t
-        self.last: Step | None = None                       # the transfer's latest step
+        self.last: ReplayStep | None = None                       # the transfer's latest step
         self.last_event = ""
         self.state: str | None = None
         self.rejected: list[tuple[float, str, str | None]] = []
@@ -77,7 +77,7 @@ class TransferSummary:
         self.arrivals: list[tuple[str, float, str]] = []    # (event, t, source)
         self.raised: list[tuple[float, str, str]] = []      # (t, event, error)
         self.partial = False
-        self.steps: list[Step] | None = None                # collected (explain)
+        self.steps: list[ReplayStep] | None = None                # collected (explain)
         self.lines: list[tuple[str, int]] | None = None
 
     @property
@@ -297,8 +297,8 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
     lane = None
     side = table_key = None
     outcome_names = _OUTCOME_NAMES
-    for line, record in iter_records(path, containing=wanted):
-        if record.__class__ is not Step:
+    for line, record in iter_records(path, containing=wanted, decoder=REPLAY_DECODER):
+        if record.__class__ is not ReplayStep:
             if isinstance(record, TableInfo):
                 key = (record.side, record.table)
                 known = infos.get(key)
@@ -309,7 +309,7 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
             elif isinstance(record, Gap):
                 report.gaps.append(record)
             continue
-        step: Step = record
+        step: ReplayStep = record
         steps += 1
         if progress is not None and not steps & 0x3FFF:
             progress(steps)
@@ -430,7 +430,7 @@ def _new_lane(side: str, table: str, infos: dict, engine: str, check_invariants:
     return _Lane(info, engine, check_invariants, specs, report.notes)
 
 
-def _note_effects(lane: _Lane, summary: TransferSummary, step: Step) -> None:
+def _note_effects(lane: _Lane, summary: TransferSummary, step: ReplayStep) -> None:
     # One row may emit several effects of a kind (one per layer): the once-only rule and
     # the messages count the steps that emitted a kind, not its instances.
     for kind in dict.fromkeys(effect.get("kind") for effect in step.effects):
@@ -441,7 +441,7 @@ def _note_effects(lane: _Lane, summary: TransferSummary, step: Step) -> None:
             summary.sends.append((peer_event, step.t))
 
 
-def _difference(lane: _Lane, step: Step, before, result, rows, error):
+def _difference(lane: _Lane, step: ReplayStep, before, result, rows, error):
     if before != step.before:
         return "state before", step.before, before
     outcome = RAISED if result is None else _OUTCOME_NAMES[result.outcome.index]
@@ -466,7 +466,7 @@ def _difference(lane: _Lane, step: Step, before, result, rows, error):
     return None
 
 
-def _context(path: str, line: int, step: Step, keep: int = 5) -> list[str]:
+def _context(path: str, line: int, step: ReplayStep, keep: int = 5) -> list[str]:
     """The transfer's previous steps in the same file, as short lines."""
     from collections import deque
 
