@@ -189,7 +189,8 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "trusted_peers": (_text_list, ()),
     "curve": (_curve, None),
     "trace_file": (_optional_text, None),
-    "trace_ring_size": (lambda k, v: _int(k, v, 0, 1 << 20), 0),
+    "trace_dump_file": (_optional_text, None),
+    "trace_ring_size": (lambda k, v: _int(k, v, 0, 1 << 20), 4096),
     "lease_s": (_seconds, 30.0),
     "tick_interval": (_seconds, 0.02),
     "fault_injection": (_faults, {}),
@@ -202,7 +203,10 @@ class ConnectorSettings:
 
     ``machine_config`` overrides one machine's timeouts by name (``{"write_consumer":
     {"safety_timeout_s": 90}}``); upstream's three timeouts map onto the machines in
-    ``machine_overrides``.
+    ``machine_overrides``. Traces: a flight recorder keeps the last ``trace_ring_size``
+    steps (0: no recording unless a file is named); ``trace_file`` writes every step as
+    JSONL and ``trace_dump_file`` the steps of transfers that end badly; both may name
+    ``{engine_id}``, ``{dp_rank}`` and ``{tp_rank}`` (each rank writes its own file).
     """
 
     handshake_port: int = 6301
@@ -223,7 +227,8 @@ class ConnectorSettings:
     trusted_peers: tuple[str, ...] = ()
     curve: Mapping[str, Any] | None = None
     trace_file: str | None = None
-    trace_ring_size: int = 0
+    trace_dump_file: str | None = None
+    trace_ring_size: int = 4096
     lease_s: float = 30.0
     tick_interval: float = 0.02
     fault_injection: Mapping[str, Any] = field(default_factory=dict)

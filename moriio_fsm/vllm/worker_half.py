@@ -96,6 +96,9 @@ class WorkerHalf:
         self._closed = False
         self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
         self._saved_this_step: set[tuple[str, int]] = set()
+        if recorder is None:
+            recorder = self._make_recorder()
+        self.recorder = recorder
         self.drivers: dict[str, Driver] = {}
         self._finals: dict[str, frozenset[str]] = {}
         for side in sides:
@@ -115,6 +118,27 @@ class WorkerHalf:
         self.poller = CompletionPoller(self._dispatch_adapter_event)
         self._ticker = threading.Thread(target=self._tick, name="moriio-fsm-timers", daemon=True)
         self._ticker.start()
+
+    def _trace_path(self, template: str | None) -> str | None:
+        if not template:
+            return None
+        path = template.format(engine_id=self.engine_id, dp_rank=self.dp_rank, tp_rank=self.tp_rank)
+        if path == template and (self.tp_size > 1 or self.dp_rank > 0):
+            stem, dot, suffix = path.rpartition(".")
+            path = f"{stem}-dp{self.dp_rank}-tp{self.tp_rank}{dot}{suffix}" if dot else \
+                f"{path}-dp{self.dp_rank}-tp{self.tp_rank}"
+        return path
+
+    def _make_recorder(self):
+        """The trace recorder the settings ask for (a flight recorder by default), or None."""
+        settings = self.settings
+        file, dump = self._trace_path(settings.trace_file), self._trace_path(settings.trace_dump_file)
+        if settings.trace_ring_size == 0 and file is None and dump is None:
+            return None
+        from ..trace import TraceRecorder
+
+        return TraceRecorder(f"{self.engine_id}-dp{self.dp_rank}-tp{self.tp_rank}",
+                             ring=max(settings.trace_ring_size, 1), file=file, dump=dump)
 
     def _curve(self) -> dict:
         if not self.settings.curve:
@@ -357,6 +381,8 @@ class WorkerHalf:
         if self.peers is not None:
             self.peers.close()
         self.transport.close()
+        if self.recorder is not None and hasattr(self.recorder, "close"):
+            self.recorder.close()
         if self.engine is not None:
             try:
                 if self.cache is not None:
