@@ -1,0 +1,164 @@
+"""One P or D rank of a chaos run: a table and a real ``Driver`` per machine it runs, and the
+handlers that carry out every effect (messages through the wire, operations on the
+engine, blocks to the ledger).
+
+Rules: a handler does what a connector would do, nothing more; every lifecycle rule stays
+in the specs. Randomness (an operation's fate, a teardown never answered) comes from the
+run's seeded generator. A crashed rank takes nothing any more.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..adapters.zmq.codec import (Heartbeat, LeaseGranted, Release, RemoteBlocks, Role,
+                                  WriteDone, WriteFailed)
+from ..machines import build_table
+from ..runtime.declared import events
+from ..runtime.driver import Driver
+from ..runtime.events import Event
+from .settings import CONFIG
+
+if TYPE_CHECKING:
+    from .run import ChaosRun
+
+PRODUCER_MACHINES = {"write": "write_producer", "read": "read_producer"}
+CONSUMER_MACHINES = {"write": "write_consumer", "read": "read_consumer"}
+
+
+class Rank:
+    """A P rank (role PRODUCER) or a D rank (role CONSUMER)."""
+
+    def __init__(self, run: "ChaosRun", name: str, role: Role):
+        self.run = run
+        self.name = name
+        self.role = role
+        self.alive = True
+        machines = PRODUCER_MACHINES if role is Role.PRODUCER else CONSUMER_MACHINES
+        self._machine_of = machines
+        self.drivers: dict[str, Driver] = {}
+        for machine in machines.values():
+            table = build_table(run.specs.get(machine, machine), config=CONFIG[machine])
+            handlers = getattr(self, f"_{machine}_handlers")()
+            self.drivers[machine] = Driver(table, handlers, clock=lambda: run.now)
+
+    def dispatch(self, ev: Event) -> None:
+        if not self.alive:
+            return
+        mode = self.run.mode_of.get(ev.transfer_id)
+        if mode is None:
+            return                      # an id this run never started: a listener drops it
+        self.drivers[self._machine_of[mode]].dispatch(ev)
+
+    def advance(self, now: float) -> None:
+        if self.alive:
+            for driver in self.drivers.values():
+                driver.advance(now)
+
+    def state_of(self, transfer_id: str) -> str | None:
+        mode = self.run.mode_of[transfer_id]
+        return self.drivers[self._machine_of[mode]].table.state_of(transfer_id)
+
+    def is_final(self, transfer_id: str) -> bool:
+        mode = self.run.mode_of[transfer_id]
+        table = self.drivers[self._machine_of[mode]].table
+        return table.get(transfer_id) is None
+
+    # -- what both sides' handlers share ----------------------------------------------------
+
+    def _blocks(self, transfer_id: str):
+        return self.run.ledger.blocks(self.name, transfer_id)
+
+    def _hand_back(self, why: str):
+        return lambda e: self.run.ledger.hand_back(self._blocks(e.transfer_id), why)
+
+    def _quarantine(self, e) -> None:
+        self.run.ledger.quarantine(self._blocks(e.transfer_id))
+
+    def _post(self, op: str, e, peer: str, source, target) -> None:
+        self.run.post(self, op, e.transfer_id, e.layer, e.block_ids, peer, source, target)
+
+    def _tear_down(self, op: str, e) -> Event | None:
+        if self.run.rng.random() < self.run.settings.fault_rate:
+            return None                 # the stalled engine never answers
+        self.run.tear_down(self, e.transfer_id, e.layers)
+        kind = events.writes_abandoned if op == "write" else events.reads_abandoned
+        return kind(e.transfer_id, self.run.now)
+
+    def _peer(self, transfer_id: str) -> str:
+        producer, consumer = self.run.placement[transfer_id]
+        return consumer if self.role is Role.PRODUCER else producer
+
+    def _notify(self, message) -> None:
+        self.run.wire.notify(self.name, self._peer(message.transfer_id), message)
+
+    # -- the four machines' handlers ---------------------------------------------------------
+
+    def _write_producer_handlers(self) -> dict[str, Any]:
+        ledger = self.run.ledger
+
+        def post_write(e) -> None:
+            peer = self._peer(e.transfer_id)
+            self._post("write", e, peer, self._blocks(e.transfer_id),
+                       ledger.blocks(peer, e.transfer_id))
+
+        return {
+            "post_write": post_write,
+            "abandon_writes": lambda e: self._tear_down("write", e),
+            "send_write_done": lambda e: self._notify(WriteDone(
+                e.transfer_id, e.num_writers, producer_rank=0)),
+            "send_write_failed": lambda e: self._notify(WriteFailed(
+                e.transfer_id, reason=e.reason, writes_stopped=e.writes_stopped, producer_rank=0)),
+            "free_blocks": self._hand_back("freed"),
+            "quarantine_blocks": self._quarantine,
+        }
+
+    def _write_consumer_handlers(self) -> dict[str, Any]:
+        return {
+            "send_remote_blocks": lambda e: self._notify(RemoteBlocks(
+                e.transfer_id, e.req_id, tuple(e.block_ids), decode_rank=0)),
+            "send_release": lambda e: self._notify(Release(e.transfer_id, 1, consumer_rank=0)),
+            "hold_blocks": lambda e: None,
+            "report_received": self._hand_back("reported_received"),
+            "report_load_failure": self._hand_back("reported_failure"),
+            "free_blocks": self._hand_back("freed"),
+            "quarantine_blocks": self._quarantine,
+        }
+
+    def _read_producer_handlers(self) -> dict[str, Any]:
+        return {
+            "hold_for_reads": lambda e: self.run.start_reader(e.transfer_id),
+            "send_lease_granted": lambda e: self._notify(LeaseGranted(
+                e.transfer_id, e.seq, e.lease_s, consumer_rank=e.consumer_rank)),
+            "free_blocks": self._hand_back("freed"),
+        }
+
+    def _read_consumer_handlers(self) -> dict[str, Any]:
+        ledger = self.run.ledger
+
+        def handshake(e) -> None:
+            tid = e.transfer_id
+
+            def answered(ok: bool) -> None:
+                self.dispatch(events.handshake_done(tid, self.run.now) if ok else
+                              events.handshake_failed(tid, self.run.now, "bad reply"))
+
+            self.run.wire.handshake(self.name, self._peer(tid), answered)
+
+        def post_read(e) -> None:
+            peer = self._peer(e.transfer_id)
+            self._post("read", e, peer, ledger.blocks(peer, e.transfer_id),
+                       self._blocks(e.transfer_id))
+
+        return {
+            "request_handshake": handshake,
+            "send_heartbeat": lambda e: self._notify(Heartbeat(e.transfer_id, e.seq, consumer_rank=0)),
+            "post_read": post_read,
+            "abandon_reads": lambda e: self._tear_down("read", e),
+            "send_release": lambda e: self._notify(Release(e.transfer_id, 1, consumer_rank=0)),
+            "hold_blocks": lambda e: None,
+            "report_received": self._hand_back("reported_received"),
+            "report_load_failure": self._hand_back("reported_failure"),
+            "free_blocks": self._hand_back("freed"),
+            "quarantine_blocks": self._quarantine,
+        }
