@@ -47,16 +47,8 @@ class TableInfo(msgspec.Struct, tag="table", tag_field="type", omit_defaults=Tru
     options: dict[str, Any] = {}
 
 
-class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
-    """One dispatch: the event, the state before and after, the rows, effects and outcome.
-
-    ``rows`` and ``actions`` are None when the table ran the transitions executor (which
-    does not say which row fired). ``outcome`` is an ``Outcome`` value or ``"raised"``
-    (then ``error`` says what; the step was rolled back, so ``after == before``).
-    ``t`` is the event's time, the host's monotonic clock by the runtime's contract;
-    ``wall`` is derived from it and the clocks read once when the recorder started, so
-    the steps of one process never go back in time and sides line up on the wall clock.
-    """
+class _StepFields(msgspec.Struct, omit_defaults=True):
+    """The fields of a step line that say what happened (``Step`` adds who wrote it)."""
 
     seq: Annotated[int, msgspec.Meta(ge=0)]
     side: str
@@ -75,12 +67,30 @@ class Step(msgspec.Struct, tag="step", tag_field="type", omit_defaults=True):
     error: Union[str, None] = None
     link: str = ""              # the key both sides' transfers of one request share
     wall: Union[float, None] = None
-    pid: Union[int, None] = None
-    thread: Union[str, None] = None
 
     @property
     def link_key(self) -> str:
         return self.link or self.transfer
+
+
+class Step(_StepFields, tag="step", tag_field="type", omit_defaults=True):
+    """One dispatch: the event, the state before and after, the rows, effects and outcome.
+
+    ``rows`` and ``actions`` are None when the table ran the transitions executor (which
+    does not say which row fired). ``outcome`` is an ``Outcome`` value or ``"raised"``
+    (then ``error`` says what; the step was rolled back, so ``after == before``).
+    ``t`` is the event's time, the host's monotonic clock by the runtime's contract;
+    ``wall`` is derived from it and the clocks read once when the recorder started, so
+    the steps of one process never go back in time and sides line up on the wall clock.
+    """
+
+    pid: Union[int, None] = None
+    thread: Union[str, None] = None
+
+
+class ReplayStep(_StepFields, tag="step", tag_field="type", omit_defaults=True):
+    """A step as replay reads it: every field it checks or reports, not who wrote it
+    (``pid``, ``thread``), so decoding skips those."""
 
 
 class Gap(msgspec.Struct, tag="gap", tag_field="type", omit_defaults=True):
@@ -91,33 +101,6 @@ class Gap(msgspec.Struct, tag="gap", tag_field="type", omit_defaults=True):
     dropped: int
     after_seq: int = 0
     reason: str = ""
-
-
-class ReplayStep(msgspec.Struct, tag="step", tag_field="type"):
-    """A step as replay reads it: every field it checks or reports, not who wrote it
-    (``pid``, ``thread``), so decoding skips those."""
-
-    seq: Annotated[int, msgspec.Meta(ge=0)]
-    side: str
-    table: str
-    transfer: str
-    event: str
-    t: float
-    outcome: str
-    data: dict[str, Any] = {}
-    source: str = ""
-    before: Union[str, None] = None
-    after: Union[str, None] = None
-    rows: Union[tuple[int, ...], None] = None
-    actions: Union[list[str], None] = None
-    effects: list[dict[str, Any]] = []
-    error: Union[str, None] = None
-    link: str = ""
-    wall: Union[float, None] = None
-
-    @property
-    def link_key(self) -> str:
-        return self.link or self.transfer
 
 
 Record = Union[Header, TableInfo, Step, Gap]
