@@ -113,16 +113,23 @@ class Rank:
             "quarantine_blocks": self._quarantine,
         }
 
-    def _write_consumer_handlers(self) -> dict[str, Any]:
+    def _consumer_endings(self) -> dict[str, Any]:
+        """What both consumers do as a transfer ends: release P, keep vLLM from freeing the
+        blocks, give them back (as a load, a failed load, or freed) or quarantine them."""
         return {
-            "send_remote_blocks": lambda e: self._notify(RemoteBlocks(
-                e.transfer_id, e.req_id, tuple(e.block_ids), decode_rank=0)),
             "send_release": lambda e: self._notify(Release(e.transfer_id, 1, consumer_rank=0)),
             "hold_blocks": lambda e: None,
             "report_received": self._hand_back("reported_received"),
             "report_load_failure": self._hand_back("reported_failure"),
             "free_blocks": self._hand_back("freed"),
             "quarantine_blocks": self._quarantine,
+        }
+
+    def _write_consumer_handlers(self) -> dict[str, Any]:
+        return {
+            "send_remote_blocks": lambda e: self._notify(RemoteBlocks(
+                e.transfer_id, e.req_id, tuple(e.block_ids), decode_rank=0)),
+            **self._consumer_endings(),
         }
 
     def _read_producer_handlers(self) -> dict[str, Any]:
@@ -155,10 +162,5 @@ class Rank:
             "send_heartbeat": lambda e: self._notify(Heartbeat(e.transfer_id, e.seq, consumer_rank=0)),
             "post_read": post_read,
             "abandon_reads": lambda e: self._tear_down("read", e),
-            "send_release": lambda e: self._notify(Release(e.transfer_id, 1, consumer_rank=0)),
-            "hold_blocks": lambda e: None,
-            "report_received": self._hand_back("reported_received"),
-            "report_load_failure": self._hand_back("reported_failure"),
-            "free_blocks": self._hand_back("freed"),
-            "quarantine_blocks": self._quarantine,
+            **self._consumer_endings(),
         }

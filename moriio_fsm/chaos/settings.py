@@ -14,20 +14,16 @@ import math
 from dataclasses import dataclass
 
 from ..errors import MoriioFsmError
+from ..sim.pd import CONFIG as SIMULATED_TIMEOUTS
 
 
 class ChaosUsageError(MoriioFsmError, ValueError):
     """A chaos run was asked for with a setting it cannot take."""
 
 
-#: The machines' timeouts on the run's virtual clock (seconds).
-CONFIG = {
-    "write_producer": {"defer_timeout_s": 6.0, "transfer_timeout_s": 3.0, "abandon_timeout_s": 1.0},
-    "write_consumer": {"write_timeout_s": 12.0, "safety_timeout_s": 6.0},
-    "read_producer": {"lease_s": 3.0, "max_hold_s": 30.0},
-    "read_consumer": {"setup_timeout_s": 3.0, "read_timeout_s": 1.0, "renew_interval_s": 0.5,
-                      "lease_margin_s": 0.6, "abandon_timeout_s": 0.3},
-}
+#: The machines' timeouts on the run's virtual clock (seconds): the joint P/D
+#: simulation's, scaled down the same way for the same reason.
+CONFIG = SIMULATED_TIMEOUTS
 
 
 @dataclass(frozen=True)

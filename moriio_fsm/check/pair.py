@@ -424,14 +424,20 @@ class PairModel:
             joint.p_blocks = QUARANTINED
 
     def _write_d(self, joint: Joint, effect: Effect, breaches: list) -> None:
-        kind = effect.kind
-        if kind == "send_remote_blocks":
+        if effect.kind == "send_remote_blocks":
             self._send(joint, "P", "remote_blocks", block_ids=effect.block_ids, decode_rank=0,
                        req_id=effect.req_id)
-        elif kind == "send_release":
+        else:
+            self._consumer_end(joint, effect, "a write into them", breaches)
+
+    def _consumer_end(self, joint: Joint, effect: Effect, what: str, breaches: list) -> None:
+        """What both consumers do as a transfer ends: release P, give the blocks back (to
+        vLLM, as a load or a failed one) or quarantine them."""
+        kind = effect.kind
+        if kind == "send_release":
             self._send(joint, "P", "release", consumer_tp_size=1, consumer_rank=0)
         elif kind in ("report_received", "report_load_failure", "free_blocks"):
-            self._hand_back(joint, 1, kind, joint.in_flight, "a write into them", breaches)
+            self._hand_back(joint, 1, kind, joint.in_flight, what, breaches)
         elif kind == "quarantine_blocks":
             joint.d_blocks = QUARANTINED
 
@@ -458,12 +464,8 @@ class PairModel:
             self._post(joint, effect.layer, "read", breaches)
         elif kind == "abandon_reads":
             joint.teardown |= _bits(effect.layers) & joint.in_flight
-        elif kind == "send_release":
-            self._send(joint, "P", "release", consumer_tp_size=1, consumer_rank=0)
-        elif kind in ("report_received", "report_load_failure", "free_blocks"):
-            self._hand_back(joint, 1, kind, joint.in_flight, "a read into them", breaches)
-        elif kind == "quarantine_blocks":
-            joint.d_blocks = QUARANTINED
+        else:
+            self._consumer_end(joint, effect, "a read into them", breaches)
 
     # -- the ledger --------------------------------------------------------------------
 
