@@ -139,7 +139,10 @@ def _curve(key: str, value: Any) -> dict[str, Any] | None:
 
 
 _FAULT_KEYS = {"fail_nth": "int", "stall_nth": "int", "drop_nth": "int", "drop_all": "bool",
-               "fail_rate": "rate", "latency_s": "seconds", "seed": "int"}
+               "fail_rate": "rate", "latency_s": "seconds", "seed": "int",
+               # control messages (message_faults.py)
+               "message_loss_rate": "rate", "message_dup_rate": "rate",
+               "message_delay_rate": "rate", "message_delay_s": "seconds"}
 
 
 def _faults(key: str, value: Any) -> dict[str, Any]:

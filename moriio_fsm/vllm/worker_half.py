@@ -24,6 +24,7 @@ from ..runtime.declared import events
 from ..runtime.driver import Driver
 from .directory import TransferDirectory, TransferInfo
 from .kv_cache import LocalKvCache
+from .message_faults import MessageFaults, wants_message_faults
 from .metrics import TransferMetrics
 from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
 from .peers import PeerLinks
@@ -49,8 +50,13 @@ def peer_ranks(my_rank: int, my_tp: int, peer_tp: int) -> list[int]:
     return [my_rank * peer_tp // my_tp]
 
 
+ENGINE_FAULTS = ("fail_nth", "stall_nth", "drop_nth", "drop_all", "fail_rate", "latency_s")
+
+
 def inject_faults(engine: Any, faults: dict) -> None:
     """Arm the engine's fault injection from the ``fault_injection`` setting."""
+    if not any(faults.get(name) for name in ENGINE_FAULTS):
+        return                       # only control-message faults (message_faults.py)
     rules = getattr(engine, "faults", None)
     if rules is None:
         raise ConnectorConfigError(f"kv_connector_extra_config['fault_injection']: the "
@@ -115,6 +121,9 @@ class WorkerHalf:
                             bind_host=settings.host_ip or host,
                             trusted_peers=settings.trusted_peers, **self._curve()),
             self._on_message, on_send_failure=self._on_send_failure)
+        faults = dict(settings.fault_injection)
+        self.message_faults = (MessageFaults(self.transport.send, faults)
+                               if wants_message_faults(faults) else None)
         self.poller = CompletionPoller(self._dispatch_adapter_event)
         self._ticker = threading.Thread(target=self._tick, name="moriio-fsm-timers", daemon=True)
         self._ticker.start()
@@ -235,7 +244,10 @@ class WorkerHalf:
 
     def send(self, destination: tuple[str, int], message) -> None:
         """Queue a message; an immediate refusal raises, so the driver reports notify_failed."""
-        self.transport.send(destination, message)
+        if self.message_faults is not None:
+            self.message_faults.send(destination, message)
+        else:
+            self.transport.send(destination, message)
 
     # -- vLLM's worker hooks -------------------------------------------------------------------
 
@@ -378,6 +390,8 @@ class WorkerHalf:
         self._closed = True
         self._ticker.join(timeout=2.0)
         self.poller.close()
+        if self.message_faults is not None:
+            self.message_faults.close()
         if self.peers is not None:
             self.peers.close()
         self.transport.close()

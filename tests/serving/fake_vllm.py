@@ -1,0 +1,90 @@
+"""A stand-in for a vLLM OpenAI server, for the proxy's tests: it records what it was sent
+and answers as told (a completion, a stream, an HTTP error, an error event, a delay).
+
+It speaks just enough of ``/v1/completions`` and ``/health`` to show what the proxy
+forwards; the real engines are tested in tests/integration.
+"""
+
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class FakeVllm:
+    """One fake server; ``behaviour`` may be changed between requests."""
+
+    def __init__(self, name: str, tokens: list[int] | None = None):
+        self.name = name
+        self.port = free_port()
+        self.tokens = tokens or [1, 2, 3]
+        self.received: list[dict] = []
+        self.status = 200
+        self.delay_s = 0.0
+        self.error_event = False       # stream: an error event instead of the tokens
+        self.reply_params: dict | None = {"remote_engine_id": name, "remote_block_ids": [4]}
+        self.disconnected = 0
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return JSONResponse({}, status_code=200)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            self.received.append(body)
+            if self.delay_s:
+                waited = 0.0
+                while waited < self.delay_s:
+                    if await request.is_disconnected():
+                        self.disconnected += 1
+                        return JSONResponse({}, status_code=499)
+                    await asyncio.sleep(0.02)
+                    waited += 0.02
+            if self.status != 200:
+                return JSONResponse({"error": {"message": f"{name} says no"}}, status_code=self.status)
+            if body.get("stream"):
+                return StreamingResponse(self._events(), media_type="text/event-stream")
+            return JSONResponse({"choices": [{"token_ids": self.tokens, "finish_reason": "length"}],
+                                 "kv_transfer_params": self.reply_params, "server": name})
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    async def _events(self):
+        if self.error_event:
+            yield "data: " + json.dumps({"error": {"message": "Internal server error", "code": 500}}) + "\n\n"
+            return
+        for token in self.tokens:
+            yield "data: " + json.dumps({"choices": [{"token_ids": [token]}]}) + "\n\n"
+            await asyncio.sleep(0.01)
+        yield "data: [DONE]\n\n"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spec(self, notify: int = 7001, handshake: int = 7002) -> str:
+        return f"{self.url},kv=127.0.0.1:{notify}:{handshake}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
