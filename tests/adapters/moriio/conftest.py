@@ -16,11 +16,12 @@ from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
 from moriio_fsm.adapters.moriio._registry import REGISTRY_NAME_PREFIX
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
+from moriio_fsm.adapters.nixl import probe_nixl
 
-ENGINE_KINDS = ["loopback", "cross_memory", "mori"]
+ENGINE_KINDS = ["loopback", "cross_memory", "nixl", "mori"]
 # The engines that take LoopbackFaults as engine.faults.
 FAULT_ENGINE_KINDS = ["loopback", "cross_memory"]
-ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-")
+ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-", "nixl-")
 
 _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
 _ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "anon_inode:[pidfd]")
@@ -96,6 +97,13 @@ def make_engine(kind: str, key: str, **options):
         return LoopbackEngine(key, **options)
     if kind == "cross_memory":
         return CrossMemoryEngine(key, **options)
+    if kind == "nixl":
+        availability = probe_nixl()
+        if not availability.available:
+            pytest.skip(f"NixlEngine not tested: {availability.reason}")
+        from moriio_fsm.adapters.nixl import NixlEngine
+
+        return NixlEngine(key, "127.0.0.1", **options)
     availability = probe_mori()
     if not availability.available:
         pytest.skip(f"MoriEngine not tested: {availability.reason}")

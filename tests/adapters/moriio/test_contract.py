@@ -1,6 +1,6 @@
 """The engine contract: what the state machines rely on, checked against every engine.
 
-Runs once per engine kind; MoriEngine is skipped with the reason where mori.io
+Runs once per engine kind; NixlEngine and MoriEngine are skipped with the reason where nixl or mori.io
 does not import.
 """
 
