@@ -1,4 +1,4 @@
-"""The moriio-fsm command line: validate and demo, as a user runs them."""
+"""The moriio-fsm command line: validate and scenarios, as a user runs them."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_validate_catches_a_spec_whose_bindings_disagree(tmp_path, capsys):
         capsys.readouterr().err
 
 
-def test_demo_shows_each_scenario_path(capsys):
-    assert main(["demo"]) == 0
+def test_scenarios_show_each_path(capsys):
+    assert main(["scenarios"]) == 0
     out = capsys.readouterr().out
     assert "path: allocated -> scheduling -> sealed -> completed -> released" in out
     assert "path: allocated -> scheduling -> sealed -> draining -> closing -> failed" in out

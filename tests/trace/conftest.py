@@ -1,4 +1,4 @@
-"""Traces the trace tests share: the demo's, a fault-free joint P/D run, and a stuck transfer.
+"""Traces the trace tests share: the scenarios', a fault-free joint P/D run, and a stuck transfer.
 
 The stuck one: two P ranks write into one D rank; D's remote_blocks never reaches P1,
 so P1's transfer expires, and its write_failed to D is lost too: D waits for a verdict
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio_fsm.demo import run as run_demo
+from moriio_fsm.scenarios import run as run_demo
 from moriio_fsm.runtime.declared import events
 from moriio_fsm.sim.pd import PD, Layout, link
 from moriio_fsm.trace import TraceRecorder

@@ -94,7 +94,7 @@ def test_a_flood_beyond_the_queue_is_dropped_counted_and_marked_as_a_gap(tmp_pat
 
 
 def test_dump_on_anomaly_keeps_only_the_transfers_that_ended_badly(demo_trace, tmp_path):
-    from moriio_fsm.demo import run as run_demo
+    from moriio_fsm.scenarios import run as run_demo
 
     dump = tmp_path / "dump.jsonl"
     recorder = TraceRecorder("demo", dump=dump)

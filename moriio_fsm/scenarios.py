@@ -1,9 +1,9 @@
-"""The ``moriio-fsm demo`` scenarios: WRITE producer transfers driven through a driver.
+"""The ``moriio-fsm scenarios``: WRITE producer transfers driven through a driver.
 
 Each scenario is a list of events (the time is part of each event, so runs are exact
 and repeatable); a ``Driver`` dispatches them, fires due timers and carries out every
 effect through handlers that only note what they were asked to do (the abandon handler
-also answers, as an engine adapter would). The demo reports each transfer's path of
+also answers, as an engine adapter would). It reports each transfer's path of
 states with the effects every step emitted.
 """
 
@@ -64,7 +64,7 @@ def _layers(tid: str, make, start: float) -> list[Event]:
 
 
 def scenarios() -> list[Scenario]:
-    """The demo's transfers, one per lifecycle path worth seeing."""
+    """The transfers, one per lifecycle path worth seeing."""
     create, blocks, seal = events.prefill_started, events.remote_blocks, events.seal
     scheduled, completed = events.layer_scheduled, events.layer_write_completed
     failed, finished = events.layer_write_failed, events.request_finished
@@ -116,7 +116,7 @@ def _driver(scenario: Scenario, make_table: Callable) -> Driver:
         return None
 
     def abandon(effect: Effect):
-        # A real adapter tears the sessions down; the demo's answers at once, or never.
+        # A real adapter tears the sessions down; these answer at once, or never.
         if scenario.adapter_answers:
             return events.writes_abandoned(effect.transfer_id, scenario.advance_to)
         return None

@@ -1,0 +1,35 @@
+"""``moriio-fsm scenarios``: drive WRITE producer transfers through the runtime and show their paths."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _scenarios(args: argparse.Namespace) -> int:
+    from .. import scenarios
+
+    recorder = None
+    if args.trace:
+        from ..trace import TraceRecorder
+
+        try:
+            recorder = TraceRecorder("scenarios", file=args.trace)
+        except ValueError as exc:
+            print(f"moriio-fsm: {exc}", file=sys.stderr)
+            return 2
+    try:
+        print(scenarios.render(scenarios.run(recorder=recorder)))
+    finally:
+        if recorder is not None:
+            recorder.close()
+    if recorder is not None:
+        print(f"trace: {args.trace} ({recorder.writer.stats()['written']} steps; try "
+              f"moriio-fsm replay {args.trace})", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("scenarios", help="drive WRITE producer transfers through the runtime, no vLLM needed")
+    p.add_argument("--trace", metavar="FILE", help="also write the scenarios' trace to FILE")
+    p.set_defaults(run=_scenarios)
