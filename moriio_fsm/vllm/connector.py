@@ -38,11 +38,15 @@ def _sides(kv_role: str | None) -> tuple[str, ...]:
 
 
 def make_engine(settings: ConnectorSettings, host: str):
-    """The transfer engine the ``backend`` setting names (mori.io is imported only here)."""
+    """The transfer engine the ``backend`` setting names (mori.io and nixl are imported only here)."""
     if settings.backend == "same_host":
         from ..adapters.moriio.cross_memory import CrossMemoryEngine
 
         return lambda key: CrossMemoryEngine(key, host)
+    if settings.backend == "nixl":
+        from ..adapters.nixl import NixlEngine
+
+        return lambda key: NixlEngine(key, host, ucx=dict(settings.ucx))
     from ..adapters.moriio import MoriEngine
 
     return lambda key: MoriEngine(key, host, qp_per_transfer=settings.qp_per_transfer,

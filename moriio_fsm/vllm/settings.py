@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 from ..errors import MoriioFsmError
 
-#: Engine backends: mori.io's two (real RDMA / XGMI hardware) and the same-host engine.
-BACKENDS = ("rdma", "xgmi", "same_host")
+#: Engine backends: mori.io's two (real RDMA / XGMI hardware), the same-host engine and NIXL (UCX).
+BACKENDS = ("rdma", "xgmi", "same_host", "nixl")
 
 
 class ConnectorConfigError(MoriioFsmError, ValueError):
@@ -138,6 +138,16 @@ def _curve(key: str, value: Any) -> dict[str, Any] | None:
     return options
 
 
+def _ucx(key: str, value: Any) -> dict[str, str]:
+    """UCX_* environment variables the nixl backend starts its engine with (they win over the environment)."""
+    from ..adapters.nixl.ucx_env import check_ucx_overrides
+
+    try:
+        return check_ucx_overrides(f"kv_connector_extra_config[{key!r}]", value)
+    except ValueError as exc:
+        raise ConnectorConfigError(str(exc)) from None
+
+
 _FAULT_KEYS = {"fail_nth": "int", "stall_nth": "int", "drop_nth": "int", "drop_all": "bool",
                "fail_rate": "rate", "latency_s": "seconds", "seed": "int",
                # control messages (message_faults.py)
@@ -197,6 +207,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "lease_s": (_seconds, 30.0),
     "tick_interval": (_seconds, 0.02),
     "fault_injection": (_faults, {}),
+    "ucx": (_ucx, {}),
 }
 
 
@@ -210,6 +221,8 @@ class ConnectorSettings:
     steps (0: no recording unless a file is named); ``trace_file`` writes every step as
     JSONL and ``trace_dump_file`` the steps of transfers that end badly; both may name
     ``{engine_id}``, ``{dp_rank}`` and ``{tp_rank}`` (each rank writes its own file).
+    ``ucx`` (backend ``nixl`` only) maps UCX_* variables to strings, set in the worker's
+    environment before its engine starts (``UCX_TLS``, ``UCX_NET_DEVICES``, ...).
     """
 
     handshake_port: int = 6301
@@ -235,6 +248,7 @@ class ConnectorSettings:
     lease_s: float = 30.0
     tick_interval: float = 0.02
     fault_injection: Mapping[str, Any] = field(default_factory=dict)
+    ucx: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":
@@ -254,6 +268,10 @@ class ConnectorSettings:
             else:
                 values[key] = parse(key, raw)
         values["machine_config"] = MappingProxyType(values["machine_config"])
+        if values["ucx"] and values["backend"] != "nixl":
+            raise ConnectorConfigError(f"kv_connector_extra_config['ucx']: UCX settings apply to the nixl "
+                                       f"backend only; backend is {values['backend']!r}")
+        values["ucx"] = MappingProxyType(values["ucx"])
         return cls(**values)
 
     @property

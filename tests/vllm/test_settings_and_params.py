@@ -68,6 +68,38 @@ def test_a_bad_key_stops_the_start_naming_the_key(extra, named):
         ConnectorSettings.from_extra_config(extra)
 
 
+def test_the_nixl_backend_takes_ucx_variables():
+    settings = ConnectorSettings.from_extra_config(
+        {"backend": "NIXL", "ucx": {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0"}})
+    assert settings.backend == "nixl"
+    assert dict(settings.ucx) == {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0"}
+    assert dict(ConnectorSettings.from_extra_config({"backend": "nixl"}).ucx) == {}
+
+
+def test_the_nixl_backend_makes_a_nixl_engine_with_the_ucx_variables(monkeypatch):
+    from moriio_fsm.adapters import nixl
+    from moriio_fsm.vllm.connector import make_engine
+
+    made = []
+    monkeypatch.setattr(nixl, "NixlEngine", lambda key, host, **options: made.append((key, host, options)))
+    settings = ConnectorSettings.from_extra_config({"backend": "nixl", "ucx": {"UCX_TLS": "tcp"}})
+    make_engine(settings, "127.0.0.1")("P-0")
+    assert made == [("P-0", "127.0.0.1", {"ucx": {"UCX_TLS": "tcp"}})]
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"backend": "nixl", "ucx": {"TLS": "tcp"}}, r"ucx.*'TLS'.*UCX_"),
+    ({"backend": "nixl", "ucx": {"UCX_TLS": 5}}, r"ucx.*'UCX_TLS'.*string"),
+    ({"backend": "nixl", "ucx": {"UCX_TLS": ["tcp"]}}, r"'UCX_TLS'"),
+    ({"backend": "nixl", "ucx": "UCX_TLS=tcp"}, r"ucx.*mapping"),
+    ({"backend": "same_host", "ucx": {"UCX_TLS": "tcp"}}, r"ucx.*nixl backend only.*same_host"),
+    ({"ucx": {"UCX_TLS": "tcp"}}, r"ucx.*nixl backend only.*rdma"),
+])
+def test_bad_ucx_settings_are_refused_naming_the_variable(extra, named):
+    with pytest.raises(ConnectorConfigError, match=named):
+        ConnectorSettings.from_extra_config(extra)
+
+
 def test_curve_keys_are_checked_at_start():
     public, secret = zmq.curve_keypair()
     settings = ConnectorSettings.from_extra_config(
