@@ -67,3 +67,9 @@ def test_console_script_is_installed():
     done = subprocess.run([exe, "validate", "/nonexistent/spec.yaml"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "cannot read spec" in done.stderr
+
+
+def test_without_vllms_cpu_build_the_demo_says_how_to_install_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MORIIO_FSM_VLLM_PYTHON", str(tmp_path / "no-python"))
+    assert main(["demo", "--workdir", str(tmp_path)]) == 2
+    assert "scripts/setup-vllm-cpu.sh" in capsys.readouterr().err

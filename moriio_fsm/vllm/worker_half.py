@@ -328,6 +328,10 @@ class WorkerHalf:
             self.dispatch(side, events.request_finished(tid, now))
             return
         if table.get(tid) is None:
+            if side == "receive" and self.settings.read_mode:
+                # D holds nothing of a READ that never started here (no blocks were
+                # allocated) or that already ended; P's lease frees P's side.
+                return
             # The transfer never started here: start it so its machine ends it properly
             # (tells the peer, hands the blocks back if vLLM waits for them).
             self.directory.add(tid, TransferInfo(ended.request_id, (), ended.peer))

@@ -1,0 +1,50 @@
+"""``moriio-fsm proxy``: the P/D proxy in front of running P and D vLLM servers.
+
+Exit code 0 after a clean stop (Ctrl-C); 2 when an instance spec or option is wrong
+(the message names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    from ..serving.proxy import Instance, ProxyConfig, ProxyConfigError, build_app
+
+    try:
+        config = ProxyConfig(args.mode, [Instance.parse(f"P{i}", s) for i, s in enumerate(args.prefill)],
+                             [Instance.parse(f"D{i}", s) for i, s in enumerate(args.decode)],
+                             request_timeout_s=args.timeout)
+    except ProxyConfigError as exc:
+        print(f"moriio-fsm proxy: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    print(f"moriio-fsm proxy: {args.mode.upper()} mode on http://{args.host}:{args.port} "
+          f"({len(config.prefills)} P, {len(config.decodes)} D)", file=sys.stderr)
+    uvicorn.run(build_app(config), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def add_proxy_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=8000, help="the proxy's port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="the proxy's address (default 127.0.0.1)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="longest wait for an instance's answer, seconds (default 120)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("proxy", help="the P/D proxy in front of running P and D vLLM servers",
+                       description="An OpenAI-compatible /v1/completions (streaming or not) that "
+                                   "sends each request's prefill to a P and its decode to a D, "
+                                   "round robin, skipping instances that are down.")
+    p.add_argument("--mode", choices=("write", "read"), required=True,
+                   help="the connector's mode on P and D")
+    p.add_argument("--prefill", action="append", required=True, metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
+                   help="a P instance (repeat for more); WRITE mode needs where its connector listens")
+    p.add_argument("--decode", action="append", required=True, metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
+                   help="a D instance (repeat for more)")
+    add_proxy_options(p)
+    p.set_defaults(run=_proxy)

@@ -1,0 +1,65 @@
+"""``moriio-fsm serve-pd``: start P and D vLLM servers with the connector, and the proxy in front.
+
+Waits until every server is healthy (progress on stderr), serves until Ctrl-C, then stops
+every process it started. Exit code 0 after a clean stop; 2 when vLLM's CPU build is
+missing, an option is wrong or a server could not start (its log's tail is shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..serving.launcher import PdDeployment
+    from ..serving.proxy import build_app
+    from ..serving.tiny_model import make_tiny_llama
+    from ..serving.vllm_server import ServerError
+
+    workdir = Path(args.workdir)
+    model = args.model or str(make_tiny_llama(workdir / "tiny-llama"))
+    try:
+        deployment = PdDeployment(model, args.mode, workdir, prefills=args.prefills,
+                                  decodes=args.decodes, failure_policy=args.on_load_failure,
+                                  kv_cache_bytes=args.kv_cache_mib << 20)
+    except ValueError as exc:
+        print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    with deployment:
+        try:
+            deployment.start()
+        except ServerError as exc:
+            print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
+            return 2
+        print(f"P/D serving {model} ({args.mode.upper()} mode) on http://{args.host}:{args.port}/v1/completions; "
+              f"logs and traces in {workdir}; Ctrl-C stops everything", file=sys.stderr)
+        try:
+            uvicorn.run(build_app(deployment.proxy_config(request_timeout_s=args.timeout)),
+                        host=args.host, port=args.port, log_level="warning")
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def register(sub) -> None:
+    from .proxy import add_proxy_options
+
+    p = sub.add_parser("serve-pd", help="start P and D vLLM servers with the connector, and the proxy",
+                       description="Start prefill and decode vLLM servers (vLLM's CPU build, one core "
+                                   "each, 127.0.0.1) with the connector, and the P/D proxy in front.")
+    p.add_argument("--model", help="a local model folder (default: make the tiny Llama in WORKDIR)")
+    p.add_argument("--mode", choices=("write", "read"), default="write", help="default write")
+    p.add_argument("--prefills", type=int, default=1, metavar="N", help="P instances (default 1)")
+    p.add_argument("--decodes", type=int, default=1, metavar="N", help="D instances (default 1)")
+    p.add_argument("--kv-cache-mib", type=int, default=256, metavar="MIB",
+                   help="each server's KV cache (default 256)")
+    p.add_argument("--on-load-failure", choices=("fail", "recompute"), default="fail",
+                   help="D's kv_load_failure_policy (default fail)")
+    p.add_argument("--workdir", default="moriio-fsm-serve", metavar="DIR",
+                   help="logs and traces (default ./moriio-fsm-serve)")
+    add_proxy_options(p)
+    p.set_defaults(run=_serve)
