@@ -1,8 +1,9 @@
-"""Throughput of LoopbackEngine and CrossMemoryEngine batch_write across two processes against a plain torch copy.
+"""Throughput of the transfer engines' batch_write across two processes against a plain torch copy.
 
-Rules: process D owns a 256 MiB shared tensor (loopback) and a 256 MiB tensor it allocated itself (cross-memory);
-P writes each in 64 KiB and 1 MiB chunks at scattered offsets (no two merge) and, in the same rounds, with one
-``Tensor.copy_``; ratios are medians of interleaved rounds.
+Rules: process D owns a 256 MiB shared tensor (loopback) and 256 MiB tensors it allocated itself (cross-memory, and
+NixlEngine over UCX TCP and over UCX shared memory, where nixl imports); P writes each in 64 KiB and 1 MiB chunks at
+scattered offsets (no two merge) and, in the same rounds, with one ``Tensor.copy_``; ratios are medians of
+interleaved rounds.
 """
 
 from __future__ import annotations
@@ -19,8 +20,23 @@ import torch
 from moriio_fsm.adapters.moriio import LoopbackEngine
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.adapters.moriio.shared_memory import PeerMapping
+from moriio_fsm.adapters.nixl import probe_nixl
 
 MIB = 1 << 20
+# NIXL engines measured, by name: the UCX transports each runs with (both 127.0.0.1). TCP alone
+# moves bytes through D's socket (D's engine thread progresses UCX to take them); with "sm"
+# UCX writes by cross-memory attach, as the same-host engine does.
+NIXL_TRANSPORTS = {"nixl-tcp": "tcp,self", "nixl-sm": "tcp,self,sm"}
+
+
+def nixl_engines(side: str) -> dict:
+    """One NixlEngine per transport, or none (with the reason printed by P) when nixl does not import."""
+    if not probe_nixl().available:
+        return {}
+    from moriio_fsm.adapters.nixl import NixlEngine
+
+    return {name: NixlEngine(f"bench-{side}-{name}", "127.0.0.1", ucx={"UCX_TLS": tls})
+            for name, tls in NIXL_TRANSPORTS.items()}
 
 
 def run_decode_side(conn, total_bytes: int) -> None:
@@ -31,14 +47,25 @@ def run_decode_side(conn, total_bytes: int) -> None:
                   "cross-memory": torch.zeros(total_bytes, dtype=torch.uint8)}
         mem = engine.register_torch_tensor(caches["loopback"])
         cma_mem = cma.register_torch_tensor(caches["cross-memory"])
-        conn.send((engine.get_engine_desc().pack(), mem.pack(), cma.get_engine_desc().pack(), cma_mem.pack()))
-        while True:
-            request = conn.recv()
-            if request[0] == "stop":
-                break
-            # ("check", engine, [(offset, expected_bytes), ...]): did the writes land here?
-            cache = caches[request[1]]
-            conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[2]))
+        nixl = nixl_engines("decode")
+        try:
+            nixl_descs = {}
+            for name, nixl_engine in nixl.items():
+                caches[name] = torch.zeros(total_bytes, dtype=torch.uint8)
+                nixl_descs[name] = (nixl_engine.get_engine_desc().pack(),
+                                    nixl_engine.register_torch_tensor(caches[name]).pack())
+            conn.send((engine.get_engine_desc().pack(), mem.pack(), cma.get_engine_desc().pack(), cma_mem.pack(),
+                       nixl_descs))
+            while True:
+                request = conn.recv()
+                if request[0] == "stop":
+                    break
+                # ("check", engine, [(offset, expected_bytes), ...]): did the writes land here?
+                cache = caches[request[1]]
+                conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[2]))
+        finally:
+            for nixl_engine in nixl.values():
+                nixl_engine.close()
     conn.close()
 
 
@@ -72,10 +99,14 @@ def main() -> int:
     decode = ctx.Process(target=run_decode_side, args=(there, total), daemon=True)
     decode.start()
     ratios = {}
+    nixl: dict = {}
     try:
         if not here.poll(120):
             raise RuntimeError("decode process did not start within 120 s")
-        engine_desc_bytes, mem_bytes, cma_desc_bytes, cma_mem_bytes = here.recv()
+        engine_desc_bytes, mem_bytes, cma_desc_bytes, cma_mem_bytes, nixl_descs = here.recv()
+        if not nixl_descs:
+            print(f"nixl: not measured ({probe_nixl().reason})", flush=True)
+        nixl = nixl_engines("prefill") if nixl_descs else {}
         with LoopbackEngine("bench-prefill") as engine, CrossMemoryEngine("bench-prefill-cma") as cma:
             source = engine.allocate_shared_tensor(total)
             source.copy_(torch.randint(0, 256, (total,), dtype=torch.uint8))
@@ -89,6 +120,10 @@ def main() -> int:
                 "cross-memory": cma.create_session(cma.register_torch_tensor(source),
                                                    cma.unpack_memory_desc(cma_mem_bytes)),
             }
+            for name, nixl_engine in nixl.items():
+                nixl_engine.register_remote_engine(nixl_engine.unpack_engine_desc(nixl_descs[name][0]))
+                sessions[name] = nixl_engine.create_session(nixl_engine.register_torch_tensor(source),
+                                                            nixl_engine.unpack_memory_desc(nixl_descs[name][1]))
             if None in sessions.values():
                 raise RuntimeError(f"could not open a session to the decode process: {sessions}")
             # The baseline copies into the very same shared pages, mapped here.
@@ -121,8 +156,14 @@ def main() -> int:
                       f"plain copy {total / plain_median / 1e9:.2f} GB/s", flush=True)
                 print(f"{label}: cross-memory {total / medians['cross-memory'] / 1e9:.2f} GB/s "
                       "(into a tensor D allocated itself)", flush=True)
+                for name in nixl:
+                    ratios[label][f"{name}/cross-memory"] = medians["cross-memory"] / medians[name]
+                    print(f"{label}: {name} {total / medians[name] / 1e9:.2f} GB/s "
+                          f"(UCX_TLS={NIXL_TRANSPORTS[name]}, into a tensor D allocated itself)", flush=True)
             del destination
     finally:
+        for nixl_engine in nixl.values():
+            nixl_engine.close()
         try:
             here.send(("stop",))
         except OSError:
@@ -137,6 +178,12 @@ def main() -> int:
         print(f"cross_memory_copy_ratio_{label}: {ratios[label]['cross-memory']:.3f}")
     for label in ("64k", "1m"):
         print(f"cross_memory_vs_loopback_{label}: {ratios[label]['cross-memory/loopback']:.3f}")
+    for name in nixl:
+        key = name.replace("-", "_")
+        for label in ("64k", "1m"):
+            print(f"{key}_copy_ratio_{label}: {ratios[label][name]:.3f}")
+        for label in ("64k", "1m"):
+            print(f"{key}_vs_cross_memory_{label}: {ratios[label][f'{name}/cross-memory']:.3f}")
     return 0
 
 
