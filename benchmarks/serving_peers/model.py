@@ -1,0 +1,54 @@
+"""A Llama of a chosen shape with saved random weights, for the serving race.
+
+The race needs more KV per token than the demo's tiny model (at least 16 MiB per
+request), so the shape is a parameter here; the weights are random at a trained model's
+scale (every token depends on the whole context) and the same seed gives the same model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: 8 layers x 8 KV heads x head_dim 64 x (K and V) x bf16 = 16 KiB of KV per token; a narrow
+#: residual (256) and MLP keep one prefill of ~1100 tokens cheap on one core.
+RACE_LLAMA = {
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 8, "vocab_size": 1024,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def kv_bytes_per_token(shape: dict, dtype_bytes: int = 2) -> int:
+    """K and V of every layer for one token."""
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype_bytes
+
+
+def make_llama(folder: str | Path, shape: dict | None = None, seed: int = 0) -> Path:
+    """Write ``config.json`` and random ``model.safetensors`` to ``folder`` (kept when the shape matches)."""
+    shape = dict(RACE_LLAMA if shape is None else shape)
+    folder = Path(folder)
+    stamp = folder / "race-shape.json"
+    wanted = json.dumps({"shape": shape, "seed": seed}, sort_keys=True)
+    if (folder / "model.safetensors").is_file() and stamp.is_file() and stamp.read_text() == wanted:
+        return folder
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                # std 1/sqrt(hidden): logits stay sensitive to every cached value without overflowing.
+                parameter.normal_(0.0, shape["hidden_size"] ** -0.5 * 1.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    config_path = folder / "config.json"
+    data = json.loads(config_path.read_text())
+    data["architectures"] = ["LlamaForCausalLM"]
+    data["torch_dtype"] = "bfloat16"
+    config_path.write_text(json.dumps(data, indent=1))
+    stamp.write_text(wanted)
+    return folder
