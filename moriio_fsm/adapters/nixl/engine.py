@@ -197,7 +197,7 @@ class NixlEngine(TransferEngine):
 
     def __init__(self, key: str, host: str = "127.0.0.1", port: int = 0, *,
                  ucx: dict[str, str] | None = None, transfer_timeout_s: float = 120.0,
-                 idle_progress_s: float = 0.0005, min_poll_s: float = 0.00002,
+                 idle_progress_s: float = 0.001, min_poll_s: float = 0.00002,
                  deregister_wait_s: float = 10.0) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"engine key must be a non-empty string, got {key!r}")
