@@ -190,7 +190,8 @@ class NixlEngine(TransferEngine):
     writes into its memory: deregister only memory that peers stopped using (the
     machines hand blocks back only then).
 
-    The UCX environment comes from ``ucx_environment`` (``ucx`` overrides, then the
+    ``port`` is kept for the interface the engines share; UCX picks its own ports. The UCX
+    environment comes from ``ucx_environment`` (``ucx`` overrides, then the
     process environment, then defaults: TCP, shared memory and self on the interface of
     ``host``), applied to ``os.environ`` before the agent starts.
     """
@@ -218,7 +219,13 @@ class NixlEngine(TransferEngine):
         self._agent = api.nixl_agent(key, config)
         if "UCX" not in self._agent.get_plugin_list():
             raise NixlUnavailableError(f"nixl has no UCX plugin here (plugins: {self._agent.get_plugin_list()})")
-        self._agent.create_backend("UCX", {})
+        try:
+            self._agent.create_backend("UCX", {})
+        except Exception as exc:
+            settings = ", ".join(f"{name}={os.environ[name]}" for name in sorted(os.environ)
+                                 if name.startswith("UCX_"))
+            raise NixlUnavailableError(f"NIXL's UCX backend did not start for engine {key!r} ({settings}): "
+                                       f"{type(exc).__name__}: {exc}") from None
         self._desc = NixlEngineDesc(key=key, agent_metadata=self._agent.get_agent_metadata(), host=host,
                                     hostname=socket.gethostname(), pid=os.getpid())
         self._host = host

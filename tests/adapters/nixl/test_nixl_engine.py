@@ -157,3 +157,11 @@ def test_engine_keys_must_be_non_empty_strings(nixl_engine):
         nixl_engine("")
     with pytest.raises(ValueError, match="engine key"):
         nixl_engine(None)
+
+
+def test_a_ucx_setting_that_leaves_no_transport_stops_the_start_naming_it(nixl_engine, monkeypatch):
+    from moriio_fsm.adapters.nixl import NixlUnavailableError
+
+    monkeypatch.setenv("UCX_TLS", "tcp,self,sm")  # restored after the override below rewrites it
+    with pytest.raises(NixlUnavailableError, match="UCX_TLS=no_such_transport"):
+        nixl_engine("nixl-no-transport", ucx={"UCX_TLS": "no_such_transport"})
