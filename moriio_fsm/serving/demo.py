@@ -308,6 +308,7 @@ class DemoResult:
     faulty: bool = False
     model: str = ""
     expected: list[list[int]] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)      # every server process group started
 
 
 def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
@@ -355,7 +356,8 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
     pictures = draw_diagrams(options.mode, traces, options.workdir / "diagrams")
     return DemoResult(outcomes, leaked, holdings, times, report.ok, len(report.anomalies),
                       killed[0] if killed else None, traces, pictures, faulty=options.faults > 0,
-                      model=model, expected=expected)
+                      model=model, expected=expected,
+                      pids=[m.server.pid for m in deployment.members])
 
 
 def render(result: DemoResult, options: DemoOptions) -> str:

@@ -8,6 +8,8 @@ must end with no request left and every KV block back; the traces must replay cl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from moriio_fsm.serving import demo
@@ -27,7 +29,20 @@ def reference(tmp_path_factory):
     return first
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` still exists (zombies excluded)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def check_clean(result):
+    assert result.pids and not any(group_alive(pid) for pid in result.pids)   # all stopped
     assert result.line == (f"requests={REQUESTS} identical={REQUESTS} mismatched=0 failed=0 "
                            "leaked_blocks=0")
     assert result.ok and result.replay_ok
@@ -67,6 +82,7 @@ def test_under_faults_every_request_matches_or_fails_clearly_and_nothing_leaks(r
         else:
             assert outcome.e2e_s < limit
     assert "P0" not in result.holdings                # the killed one is not asked
+    assert not any(group_alive(pid) for pid in result.pids)
     assert result.ok
     text = demo.render(result, options)
     assert text.splitlines()[-1] == result.line and "P0 killed mid-run" in text
