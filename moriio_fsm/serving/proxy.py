@@ -303,6 +303,8 @@ class Proxy:
             return await self._open_decode(decode, d_body, transfer_id, stream, None)
         # WRITE: both at once; D waits for P's writes, P for D's block ids.
         p_task = asyncio.ensure_future(self._run_prefill(prefill, p_body, transfer_id))
+        # P's failure after D answered changes nothing for the client: note it as seen.
+        p_task.add_done_callback(lambda task: task.cancelled() or task.exception())
         d_body = self._decode_body(body, transfer_id, prefill, None)
         try:
             return await self._open_decode(decode, d_body, transfer_id, stream, p_task)
