@@ -10,6 +10,7 @@ Ctrl-C: use the deployment as a context manager).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
@@ -24,18 +25,31 @@ CONNECTOR = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "
 FAILURE_POLICIES = ("fail", "recompute")
 
 
+#: Ports are taken below Linux's ephemeral range (32768-60999 by default): a port picked
+#: there can be handed to some other process's outgoing connection in the seconds before
+#: the server that was to listen on it has started.
+PORT_RANGE = (20000, 32000)
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 just now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports free on 127.0.0.1 just now, outside the ephemeral range."""
+    chance = random.SystemRandom()
+    found: list[int] = []
+    for _ in range(count * 200):
+        if len(found) == count:
+            break
+        port = chance.randrange(*PORT_RANGE)
+        if port in found:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+    if len(found) < count:
+        raise OSError(f"found only {len(found)} free ports in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
+    return found
 
 
 def usable_cores() -> list[int]:
