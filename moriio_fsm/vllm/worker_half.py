@@ -328,6 +328,8 @@ class WorkerHalf:
             self.dispatch(side, events.request_finished(tid, now))
             return
         if table.get(tid) is None:
+            if table.state_of(tid) is not None:
+                return                   # it ended here already: the request's end is news to no one
             if side == "receive" and self.settings.read_mode:
                 # D holds nothing of a READ that never started here (no blocks were
                 # allocated) or that already ended; P's lease frees P's side.
