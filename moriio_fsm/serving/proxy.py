@@ -252,6 +252,38 @@ class Proxy:
         instance.served += 1
         return data
 
+    async def _accept_prefill(self, instance: Instance, body: dict, transfer_id: str):
+        """Open P's streamed part; returns once P answered 200 (it has the request)."""
+        request = self.client.build_request("POST", f"{instance.url}/v1/completions", json=body,
+                                            headers={"X-Request-Id": transfer_id})
+        try:
+            reply = await self.client.send(request, stream=True)
+        except (self._httpx.ConnectError, self._httpx.RemoteProtocolError,
+                self._httpx.ReadError, self._httpx.WriteError, self._httpx.PoolTimeout,
+                self._httpx.ConnectTimeout) as exc:
+            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
+        if reply.status_code != 200:
+            try:
+                text = (await reply.aread()).decode(errors="replace")
+            finally:
+                await reply.aclose()
+            raise TransferFailed(502, f"transfer {transfer_id}: prefill {instance.name} "
+                                      f"({instance.url}) answered {reply.status_code}: {_short(text)}")
+        return reply
+
+    async def _finish_prefill(self, instance: Instance, reply, transfer_id: str) -> None:
+        """Read P's stream to its end; an error event or a broken stream fails the part."""
+        try:
+            async for line in reply.aiter_lines():
+                if line.startswith("data: {") and '"error"' in line:
+                    raise TransferFailed(502, f"transfer {transfer_id}: prefill {instance.name} "
+                                              f"failed: {_short(line[6:])}")
+        except self._httpx.HTTPError as exc:
+            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            await reply.aclose()
+        instance.served += 1
+
     async def complete(self, body: Any) -> tuple[str, "Answer"]:
         """Route one completion; returns its transfer id and D's answer (a stream or JSON)."""
         self.counts["requests"] += 1
@@ -301,8 +333,14 @@ class Proxy:
                                           "READ mode?)")
             d_body = self._decode_body(body, transfer_id, prefill, params)
             return await self._open_decode(decode, d_body, transfer_id, stream, None)
-        # WRITE: both at once; D waits for P's writes, P for D's block ids.
-        p_task = asyncio.ensure_future(self._run_prefill(prefill, p_body, transfer_id))
+        # WRITE: D is asked once P accepted its part (P's stream opened), so that D never
+        # waits for, and holds blocks against, a P that never got the request; then both
+        # run at once: D waits for P's writes, P for D's block ids.
+        try:
+            p_reply = await self._accept_prefill(prefill, dict(p_body, stream=True), transfer_id)
+        except _Unreachable as exc:
+            raise _PrefillDown(str(exc)) from None
+        p_task = asyncio.ensure_future(self._finish_prefill(prefill, p_reply, transfer_id))
         # P's failure after D answered changes nothing for the client: note it as seen.
         p_task.add_done_callback(lambda task: task.cancelled() or task.exception())
         d_body = self._decode_body(body, transfer_id, prefill, None)

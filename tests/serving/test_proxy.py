@@ -4,6 +4,7 @@ round robin, instances that are down, failed transfers named in the error, hosti
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -51,7 +52,7 @@ def test_write_mode_sends_both_parts_with_each_others_address(fakes, proxy_for):
     assert reply.json()["choices"][0]["token_ids"] == [5, 6, 7]
     tid = reply.headers["x-transfer-id"]
     (to_p,), (to_d,) = p.received, d.received
-    assert to_p["max_tokens"] == 1 and to_p["stream"] is False
+    assert to_p["max_tokens"] == 1 and to_p["stream"] is True     # D goes once P's stream opened
     assert to_p["kv_transfer_params"] == {"do_remote_decode": True, "transfer_id": tid,
                                           "remote_host": "127.0.0.1", "remote_notify_port": 7201,
                                           "remote_handshake_port": 7202}
@@ -150,19 +151,38 @@ def test_read_mode_prefill_error_fails_before_d_is_asked(fakes, proxy_for):
     assert d.received == []
 
 
-def test_write_mode_p_failing_first_ends_ds_wait_at_once(fakes, proxy_for):
+def test_write_mode_d_is_not_asked_when_p_refuses(fakes, proxy_for):
     p, d = fakes("P"), fakes("D")
     p.status = 500
+    proxy = proxy_for("write", [p.spec()], [d.spec()])
+    reply = post(proxy, {"prompt": [1]})
+    assert reply.status_code == 502 and "prefill P0" in reply.json()["error"]["message"]
+    assert d.received == []          # D holds no blocks for a transfer P never started
+
+
+def test_write_mode_an_unreachable_p_is_retried_before_d_is_asked(fakes, proxy_for):
+    alive, d = fakes("P1"), fakes("D")
+    dead = f"http://127.0.0.1:{free_port()},kv=127.0.0.1:1:2"
+    proxy = proxy_for("write", [dead, alive.spec(7301, 7302)], [d.spec()])
+    reply = post(proxy, {"prompt": [1]})
+    assert reply.status_code == 200
+    (to_d,) = d.received             # one D request, naming the P that took the transfer
+    assert to_d["kv_transfer_params"]["remote_notify_port"] == 7301
+
+
+def test_write_mode_p_failing_mid_stream_ends_ds_wait_at_once(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    p.error_event = True             # P accepted, then its stream carries an error
     d.delay_s = 20.0                 # D would wait for writes that never come
     proxy = proxy_for("write", [p.spec()], [d.spec()])
     reply = post(proxy, {"prompt": [1]})
     assert reply.status_code == 502 and "prefill P0" in reply.json()["error"]["message"]
-    for _ in range(100):             # D's request was closed, so vLLM would abort it
-        if d.disconnected:
+    # D was not asked yet, or its request was closed (so vLLM would abort it)
+    for _ in range(100):
+        if d.disconnected == len(d.received):
             break
-        import time
         time.sleep(0.05)
-    assert d.disconnected == 1
+    assert d.disconnected == len(d.received) <= 1
 
 
 @pytest.mark.parametrize("body, expected", [
