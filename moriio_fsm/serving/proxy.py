@@ -403,6 +403,12 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: What a D failure most often means behind this proxy, and where its story is.
+WHERE_TO_LOOK = (" (D could not load the prompt's KV cache, or its engine failed; "
+                 "`moriio-fsm explain` on D's and P's connector traces with --transfer "
+                 "shows what happened to the transfer)")
+
+
 class Answer:
     """D's open reply: read it whole (``json``) or pass its events on (``events``)."""
 
@@ -436,8 +442,7 @@ class Answer:
         return TransferFailed(502 if status >= 500 else status,
                               f"transfer {self.transfer_id}: decode {self.decode.name} "
                               f"({self.decode.url}) answered {status}: {_short(text)}"
-                              + (" (D could not load the prompt's KV cache, or its engine "
-                                 "failed; D's connector trace has the transfer)" if status >= 500 else ""),
+                              + (WHERE_TO_LOOK if status >= 500 else ""),
                               "kv_transfer_failed" if status >= 500 else "invalid_request_error")
 
     async def _settle_prefill(self) -> None:
@@ -515,7 +520,7 @@ class Answer:
             return line
         error["transfer_id"] = self.transfer_id
         error["message"] = (f"transfer {self.transfer_id}: decode {self.decode.name} failed: "
-                            f"{error.get('message', '')}")
+                            f"{error.get('message', '')}{WHERE_TO_LOOK}")
         return "data: " + json.dumps(event)
 
 
