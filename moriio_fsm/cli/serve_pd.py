@@ -35,6 +35,9 @@ def _serve(args: argparse.Namespace) -> int:
         except ServerError as exc:
             print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:                 # Ctrl-C while starting: all stopped on exit
+            print("moriio-fsm serve-pd: interrupted while starting; stopped", file=sys.stderr)
+            return 130
         print(f"P/D serving {model} ({args.mode.upper()} mode) on http://{args.host}:{args.port}/v1/completions; "
               f"logs and traces in {workdir}; Ctrl-C stops everything", file=sys.stderr)
         try:
