@@ -22,11 +22,17 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
         return 2
+    from ._signals import stop_on_signals
+
+    stop_on_signals()
     try:
         result = demo.run(options)
-    except ServerError as exc:
+    except (ServerError, demo.DemoError) as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("moriio-fsm demo: interrupted; every server it started is stopped", file=sys.stderr)
+        return 130
     print(demo.render(result, options))
     return 0 if result.ok else 1
 

@@ -11,7 +11,8 @@ import sys
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from ..serving.proxy import Instance, ProxyConfig, ProxyConfigError, build_app
+    from ..serving.instances import Instance, ProxyConfig, ProxyConfigError
+    from ..serving.proxy_app import build_app
 
     try:
         config = ProxyConfig(args.mode, [Instance.parse(f"P{i}", s) for i, s in enumerate(args.prefill)],

