@@ -19,6 +19,7 @@ import argparse
 import http.client
 import json
 import os
+import pickle
 import random
 import shutil
 import statistics
@@ -499,11 +500,32 @@ def attach_our_transfers(result: dict) -> list[dict]:
     return used
 
 
+def merge(results: dict, name: str, result: dict) -> None:
+    """Add one round's result of a connector to what the earlier rounds gave."""
+    into = results.setdefault(name, {"name": name, "samples": [], "error": None, "rounds": []})
+    into["samples"].extend(result["samples"])
+    into["rounds"].append(result)
+    if result.get("error"):
+        into["error"] = result["error"] if not into["error"] else into["error"] + "\n" + result["error"]
+    for key in ("memcpy_Bps", "memcpy_1t_Bps"):
+        if result.get(key):
+            into[key] = max(into.get(key) or 0, result[key])
+    into["external_tokens"] = into.get("external_tokens", 0) + result.get("external_tokens", 0)
+    rounds = [r for r in into["rounds"] if r.get("cpu_per_request") is not None]
+    if rounds:
+        count = sum(len(r["samples"]) for r in rounds) or 1
+        for key in ("cpu_per_request", "wait_per_request"):
+            into[key] = sum(r[key] * len(r["samples"]) for r in rounds) / count
+        into["load"] = statistics.mean(r["load"] for r in rounds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=12, help="measured prompts per connector (default 12)")
     parser.add_argument("--warmups", type=int, default=2, help="unmeasured prompts first (default 2)")
     parser.add_argument("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 full blocks, 16 MiB of KV)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds over the connectors, order reversed every other round (default 2)")
     parser.add_argument("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
     parser.add_argument("--only", default=",".join(CONNECTORS), help="connectors to run, comma-separated")
     parser.add_argument("--work", default="/tmp/moriio-bench-serving", help="model, logs and traces")
@@ -545,26 +567,32 @@ def main(argv: list[str] | None = None) -> int:
     for peer in PEER_NAMES:
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")
 
+    # Rounds: each connector once per round, the order reversed every other round, each round
+    # with its own share of the prompts, so a load that comes and goes hits all of them alike.
     results: dict[str, dict] = {}
-    expected = None
-    for name in [n for n in CONNECTORS if n in wanted]:
-        if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
-            results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
-            continue
-        print(f"running {name} ...", flush=True)
-        start = time.monotonic()
-        result = run_contender(race, name, prompts, warmups, expected)
-        result["warmups"] = len(warmups)
-        result["wall_s"] = time.monotonic() - start
-        results[name] = result
-        if name == "single" and result["samples"]:
-            expected = [s.tokens for s in result["samples"]]
-        if result.get("error"):
-            print(f"  {name}: failed: {result['error']}")
-    if "mooncake" in results:
-        attach_peer_transfers(results["mooncake"])
-    our_timelines = {n: attach_our_transfers(results[n]) for n in ("ours-write", "ours-read") if n in results}
-
+    our_timelines: dict[str, list] = {}
+    order = [n for n in CONNECTORS if n in wanted]
+    for round_index in range(args.rounds):
+        share = [(i, p) for i, p in enumerate(prompts) if i % args.rounds == round_index]
+        for name in (order if round_index % 2 == 0 else order[::-1]):
+            if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
+                results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
+                continue
+            print(f"round {round_index + 1}/{args.rounds}: running {name} ...", flush=True)
+            result = run_contender(race, name, [p for _, p in share], warmups, None)
+            for (index, _), sample in zip(share, result["samples"]):
+                sample.index = index
+            if name == "mooncake":
+                attach_peer_transfers(result)
+            if name.startswith("ours"):
+                our_timelines.setdefault(name, []).extend(attach_our_transfers(result))
+            if result.get("error"):
+                print(f"  {name}: failed: {result['error']}")
+            merge(results, name, result)
+    expected = {s.index: s.tokens for s in results.get("single", {}).get("samples", [])}
+    with open(work / "results.pickle", "wb") as handle:   # --report-only renders it again
+        pickle.dump({"results": results, "expected": expected, "timelines": our_timelines,
+                     "workarounds": race.workaround_log.read_text() if race.workaround_log.exists() else ""}, handle)
     applied = {}
     if race.workaround_log.exists():
         for line in race.workaround_log.read_text().splitlines():
@@ -597,7 +625,7 @@ def report(results: dict, expected, our_timelines) -> int:
         if result.get("error") and not samples:
             print(f"{name:<11} {'-':>7}  did not run: {result['error'].splitlines()[0]}")
             continue
-        ok = sum(1 for i, s in enumerate(samples) if expected and i < len(expected) and s.tokens == expected[i])
+        ok = sum(1 for s in samples if s.tokens == expected.get(getattr(s, "index", -1)))
         xfers = [s.transfer_s for s in samples if s.transfer_s]
         nbytes = [s.kv_bytes for s in samples if s.kv_bytes]
         ttft = [s.ttft for s in samples]
