@@ -500,6 +500,21 @@ def attach_our_transfers(result: dict) -> list[dict]:
     return used
 
 
+def print_workarounds(log: str) -> None:
+    applied = {}
+    for line in log.splitlines():
+        _, peer, rest = line.split(" ", 2)
+        name, _, what = rest.partition(": ")
+        applied[peer, name] = what
+    print()
+    print("workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):")
+    for peer in PEER_NAMES:
+        for name in WORKAROUNDS[peer]:
+            print(f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}")
+    print("  ours, single: none (the connector asks for AMX itself)")
+    print()
+
+
 def merge(results: dict, name: str, result: dict) -> None:
     """Add one round's result of a connector to what the earlier rounds gave."""
     into = results.setdefault(name, {"name": name, "samples": [], "error": None, "rounds": []})
@@ -533,7 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", dest="pin_servers", action="store_false",
                         help="do not confine each server's processes to its core (taskset)")
     parser.add_argument("--no-netns", action="store_true", help="do not enter a private network namespace")
+    parser.add_argument("--report-only", action="store_true", help="print the report of the last run in --work again")
     args = parser.parse_args(argv)
+    if args.report_only:
+        with open(Path(args.work) / "results.pickle", "rb") as handle:
+            saved = pickle.load(handle)
+        print_workarounds(saved["workarounds"])
+        return report(saved["results"], saved["expected"], saved["timelines"])
 
     if not args.no_netns and os.environ.get("BENCH_IN_NETNS") != "1" and shutil.which("unshare"):
         # Everything below listens on the loopback of a namespace of its own.
@@ -593,19 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(work / "results.pickle", "wb") as handle:   # --report-only renders it again
         pickle.dump({"results": results, "expected": expected, "timelines": our_timelines,
                      "workarounds": race.workaround_log.read_text() if race.workaround_log.exists() else ""}, handle)
-    applied = {}
-    if race.workaround_log.exists():
-        for line in race.workaround_log.read_text().splitlines():
-            _, peer, rest = line.split(" ", 2)
-            name, _, what = rest.partition(": ")
-            applied[peer, name] = what
-    print()
-    print("workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):")
-    for peer in PEER_NAMES:
-        for name in WORKAROUNDS[peer]:
-            print(f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}")
-    print("  ours, single: none (the connector asks for AMX itself)")
-    print()
+    print_workarounds(race.workaround_log.read_text() if race.workaround_log.exists() else "")
     return report(results, expected, our_timelines)
 
 
@@ -703,7 +712,7 @@ def report(results: dict, expected, our_timelines) -> int:
         eff = ours["bytes"] / ours["xfer"] / memcpy
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
-    print(f"kv_copy_efficiency: {eff:.3f}")
+    print(f"kv_copy_efficiency: {eff:.4f}")
     return 0
 
 
