@@ -31,7 +31,11 @@ BLOCK = 128
 VOCAB = 1024
 #: Timeouts of a fault run: short, so that a lost message ends its transfer in seconds.
 FAULT_TIMEOUTS = {"transfer_timeout": 4.0, "defer_timeout": 8.0, "recv_abort_timeout": 8.0,
-                  "lease_s": 8.0}
+                  # READ: a lease must outlast D's read timeout plus its margin (4 + 2 here)
+                  "lease_s": 10.0,
+                  "machine_config": {"read_consumer": {"setup_timeout_s": 8.0, "read_timeout_s": 4.0,
+                                                       "renew_interval_s": 2.0, "lease_margin_s": 2.0,
+                                                       "abandon_timeout_s": 1.0}}}
 
 
 class DemoError(MoriioFsmError, RuntimeError):

@@ -272,7 +272,29 @@ class ConnectorSettings:
             raise ConnectorConfigError(f"kv_connector_extra_config['ucx']: UCX settings apply to the nixl "
                                        f"backend only; backend is {values['backend']!r}")
         values["ucx"] = MappingProxyType(values["ucx"])
-        return cls(**values)
+        settings = cls(**values)
+        if settings.read_mode:
+            settings._check_lease_fits_a_read()
+        return settings
+
+    def _check_lease_fits_a_read(self) -> None:
+        """D posts a read only under a lease longer than its read timeout plus its margin
+        (the READ consumer's safety rule): a shorter lease would let no read ever start."""
+        from ..machines import load_machine_spec, resolve_config
+
+        try:
+            reader = resolve_config(load_machine_spec("read_consumer"),
+                                    dict(self.machine_config.get("read_consumer", {})))
+        except ValueError as exc:
+            raise ConnectorConfigError(f"kv_connector_extra_config['machine_config']"
+                                       f"['read_consumer']: {exc}") from None
+        needed = reader["read_timeout_s"] + reader["lease_margin_s"]
+        if self.lease_s <= needed:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config['lease_s']: {self.lease_s} s leaves no read room: D "
+                f"posts a read only under a lease longer than read_timeout_s "
+                f"({reader['read_timeout_s']}) + lease_margin_s ({reader['lease_margin_s']}) = "
+                f"{needed} s; raise lease_s or lower those in machine_config['read_consumer']")
 
     @property
     def mode(self) -> str:

@@ -158,3 +158,12 @@ def test_hostile_params_are_refused_naming_the_key(change, named):
 def test_params_that_are_not_a_mapping_are_refused():
     with pytest.raises(TransferParamsError, match="mapping"):
         parse_transfer_params(["do_remote_prefill"])
+
+
+def test_a_read_lease_too_short_for_any_read_is_refused_naming_the_keys():
+    with pytest.raises(ConnectorConfigError, match=r"lease_s.*read_timeout_s \(10.0\) \+ lease_margin_s \(5.0\)"):
+        ConnectorSettings.from_extra_config({"read_mode": True, "lease_s": 15})
+    ok = ConnectorSettings.from_extra_config({"read_mode": True, "lease_s": 8, "machine_config": {
+        "read_consumer": {"read_timeout_s": 4, "lease_margin_s": 2}}})
+    assert ok.lease_s == 8
+    ConnectorSettings.from_extra_config({"read_mode": False, "lease_s": 1})   # WRITE holds no lease
