@@ -99,7 +99,7 @@ class PdDeployment:
             raise ValueError(f"failure_policy: expected one of {', '.join(FAILURE_POLICIES)}, "
                              f"got {self.failure_policy!r}")
         for count, what in ((self.prefills, "prefills"), (self.decodes, "decodes")):
-            if not isinstance(count, int) or not 1 <= count <= 8:
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 8:
                 raise ValueError(f"{what}: expected 1 to 8 instances, got {count!r}")
         self.workdir = Path(self.workdir)
 

