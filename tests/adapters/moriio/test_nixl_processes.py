@@ -176,15 +176,17 @@ def test_a_peer_killed_mid_transfer_leaves_every_status_final_and_failed_after(d
 
 def test_a_stopped_peer_ends_in_a_cancelled_transfer_not_a_hang(doomed, transport):
     """Over TCP nothing lands while the peer is stopped, and the engine's transfer timeout ends the status;
-    over shared memory the initiator moves the bytes itself, so the write succeeds into the stopped process."""
+    over shared memory the initiator usually moves the bytes itself (the write then succeeds into the
+    stopped process), but UCX may pick a protocol that needs the peer's progress: then the timeout
+    ends it the same way. Either way the status ends; it never hangs."""
     decode, prefill_engine, session = doomed
     os.kill(decode.pid, signal.SIGSTOP)
     wait_until_stopped(decode.pid)
     status = session.write(0, 0, REGION, session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS), "a transfer to a stopped peer never ended"
-    if transport == "tcp":
+    if transport == "tcp" or not status.succeeded():
         assert status.code() == StatusCode.ERR_RDMA_OP and "cancelled" in status.message(), status.message()
+        os.kill(decode.pid, signal.SIGCONT)
         return
-    assert status.succeeded(), status.message()
     os.kill(decode.pid, signal.SIGCONT)
     assert decode.dump(REGION - 4096, 4096) == bytes([1]) * 4096
