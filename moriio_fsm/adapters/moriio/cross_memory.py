@@ -28,9 +28,10 @@ import torch
 
 from . import _iovec
 from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
+from .huge_pages import advise_huge_pages
 from ._registry import TOKEN_BYTES, PublishedRegistry, RegistryUnavailable, RegistryView
 from .engine import ArgumentProblem, CheckedBatch, TransferEngine, TransferSession, check_transfer_batch, require_bytes
-from .faults import InjectedFailure, LoopbackFaults, PostedTransfer
+from .faults import NO_FAULT, InjectedFailure, LoopbackFaults, PostedTransfer
 from .status import LocalTransferStatus, StatusCode, failed_status
 
 __all__ = [
@@ -106,6 +107,20 @@ def _decode(what: str, kind: type, packed: Any):
         return msgspec.msgpack.decode(data, type=kind)
     except msgspec.DecodeError as exc:  # ValidationError included
         raise ValueError(f"{what} is not a packed {kind.__name__}: {exc}") from None
+
+
+def _absolute_ranges(group: list[_Posted]) -> tuple[list[int], list[int], list[int], int]:
+    """The ranges of several batches as absolute addresses (local, remote), sizes and their total."""
+    local: list[int] = []
+    remote: list[int] = []
+    sizes: list[int] = []
+    for posted in group:
+        batch, session = posted.batch, posted.session
+        local_base, remote_base = session.local_mem.address, session.remote_mem.address
+        local.extend(local_base + offset for offset in batch.local_offsets)
+        remote.extend(remote_base + offset for offset in batch.remote_offsets)
+        sizes.extend(batch.sizes)
+    return local, remote, sizes, sum(sizes)
 
 
 def _host_identity() -> tuple[str, int]:
@@ -263,30 +278,31 @@ class CrossMemorySession(TransferSession):
             return failed_status(checked.code, f"batch_{op}: {checked.message}")
         return self._engine._submit(self, op, checked)
 
-    def _carry_out(self, op: str, batch: CheckedBatch) -> tuple[int, str]:
-        """Move one batch while both registrations are held; (final code, message)."""
+    def _hold(self) -> tuple[int, str] | None:
+        """Hold both registrations for a copy; the failure that forbids it, or None (then ``_let_go`` after)."""
+        if self._engine.closed:  # taken off the queue just before close: ends as close ends the queued ones
+            return StatusCode.ERR_BAD_STATE, f"engine {self._engine.key!r} closed before the transfer completed"
         reason = self._why_dead()
         if reason is not None:
             return StatusCode.ERR_RDMA_OP, reason
-        local, remote, peer = self.local_mem, self.remote_mem, self._peer
+        local, remote = self.local_mem, self.remote_mem
         own_table = self._engine._own.registry
         if not own_table.hold(local.slot, local.mem_id, local.address, local.size):
             return StatusCode.ERR_RDMA_OP, f"local memory {local.mem_id} was deregistered"
-        try:
-            if not peer.registry.hold(remote.slot, remote.mem_id, remote.address, remote.size):
-                return (StatusCode.ERR_RDMA_OP, f"remote memory {remote.mem_id} of engine "
-                        f"{remote.engine_key!r} was deregistered (or its engine closed)")
-            try:
-                self._engine._move(op, remote.pid, local.address, remote.address, batch)
-            except CrossMemoryError as exc:
-                return StatusCode.ERR_RDMA_OP, str(exc)
-            finally:
-                peer.registry.release(remote.slot)
-        finally:
+        if not self._peer.registry.hold(remote.slot, remote.mem_id, remote.address, remote.size):
             own_table.release(local.slot)
+            return (StatusCode.ERR_RDMA_OP, f"remote memory {remote.mem_id} of engine "
+                    f"{remote.engine_key!r} was deregistered (or its engine closed)")
+        return None
+
+    def _let_go(self) -> None:
+        self._peer.registry.release(self.remote_mem.slot)
+        self._engine._own.registry.release(self.local_mem.slot)
+
+    def _after_copy(self) -> tuple[int, str]:
         # A pid is reused only after its process died; if it is still alive now, every
-        # byte above went to the process the descriptor names.
-        reason = peer.gone()
+        # byte copied went to the process the descriptor names.
+        reason = self._peer.gone()
         if reason is not None:
             return StatusCode.ERR_RDMA_OP, f"{reason} (it ended during the transfer)"
         return StatusCode.SUCCESS, ""
@@ -305,23 +321,40 @@ class CrossMemoryEngine(TransferEngine):
     Deregistering memory, or closing, waits up to ``deregister_wait_s`` for peers' copies
     in flight into it; later transfers against it fail. A batch of at least
     ``PARALLEL_COPY_MIN_BYTES`` is split by bytes across ``copy_threads`` threads (the
-    kernel pins and copies page by page, so one thread leaves memory bandwidth unused).
+    kernel pins and copies page by page, so one thread leaves memory bandwidth unused);
+    by default as many as the cores this process may run on, at most two. Batches due
+    at once are handed to the kernel together (a layer-by-layer transfer posted in a
+    burst costs one hand-off, not one per layer). With ``huge_pages`` registered memory
+    is advised onto transparent huge pages (``huge_pages.py``): the kernel then pins one
+    2 MiB page where it pinned 512 small ones, which made copies about 15% faster here.
+    With ``inline_copies`` (by default when this process may run on one core only) a batch
+    no fault delays is copied by the thread that posts it, and the status it returns is
+    already final: where the worker could only take turns with the poster on the same
+    core, it would add two thread hand-offs, each a wait for the GIL of up to its switch
+    interval (5 ms) while the other thread runs Python.
     ``close`` fails every transfer still queued, stalled or held with ERR_BAD_STATE, stops
     the worker and copy threads and drops every fault rule.
     """
 
     PARALLEL_COPY_MIN_BYTES = 8 << 20
+    #: At most this many due batches go to the kernel together (see ``_copy_together``).
+    MAX_COALESCED = 64
 
     def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
                  copy_threads: int | None = None, max_registrations: int = 1 << 16,
-                 deregister_wait_s: float = 10.0) -> None:
+                 deregister_wait_s: float = 10.0, huge_pages: bool = True,
+                 inline_copies: bool | None = None) -> None:
         problem = native_calls_problem()
         if problem is not None:
             raise CrossMemoryError(errno.ENOSYS, problem)
         if not isinstance(key, str) or not key:
             raise ValueError(f"engine key must be a non-empty string, got {key!r}")
+        # Cores this process may use, not the host's: a server confined to one core gains
+        # nothing from a second copy thread, or from a worker thread, but hand-offs.
+        cores = len(os.sched_getaffinity(0)) or 1
         if copy_threads is None:
-            copy_threads = min(2, os.cpu_count() or 1)
+            copy_threads = min(2, cores)
+        self.inline_copies = cores == 1 if inline_copies is None else bool(inline_copies)
         for name, value in (("copy_threads", copy_threads), ("max_registrations", max_registrations)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -329,6 +362,7 @@ class CrossMemoryEngine(TransferEngine):
             raise ValueError(f"deregister_wait_s must be >= 0 seconds, got {deregister_wait_s!r}")
         self.key = key
         self.faults = LoopbackFaults()
+        self._huge_pages = bool(huge_pages)
         self._deregister_wait_s = float(deregister_wait_s)
         self._registry = PublishedRegistry(max_registrations)
         # The token also lives in this process's memory, where a peer's probe reads it.
@@ -424,6 +458,9 @@ class CrossMemoryEngine(TransferEngine):
             raise ValueError("an empty tensor cannot be registered")
         self._require_open("register_torch_tensor")
         mem_id, address = next(self._mem_ids), tensor.data_ptr()
+        if self._huge_pages:
+            _log.debug("engine %r, memory of %d bytes: huge pages %s", self.key, nbytes,
+                       advise_huge_pages(address, nbytes))
         slot = self._registry.publish(mem_id, address, nbytes)
         desc = CrossMemoryMemoryDesc(
             engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
@@ -497,6 +534,11 @@ class CrossMemoryEngine(TransferEngine):
                                                     len(batch.sizes), batch.total_bytes))
         posted = _Posted(status, session, op, batch, verdict.failure)
         status.mark_in_progress()
+        if self.inline_copies and verdict is NO_FAULT:
+            # Registrations are held for the copy, so a close meanwhile waits for it.
+            code, message = self._outcomes([posted])[0]
+            status.settle(code, message)
+            return status
         with self._wake:
             if self._closed:
                 status.settle(StatusCode.ERR_BAD_STATE, closed_text)
@@ -516,54 +558,110 @@ class CrossMemoryEngine(TransferEngine):
                 heapq.heappush(self._due, (time.monotonic(), sequence, posted))
                 self._wake.notify()
 
-    def _next_due(self) -> _Posted | None:
-        """The next transfer whose time has come, waiting for it; None once the engine closes."""
+    def _next_due(self) -> list[_Posted] | None:
+        """Every transfer whose time has come (at least one), waiting for one; None once the engine closes."""
         with self._wake:
             while not self._closed:
                 if not self._due:
                     self._wake.wait()
                     continue
-                wait_s = self._due[0][0] - time.monotonic()
+                now = time.monotonic()
+                wait_s = self._due[0][0] - now
                 if wait_s <= 0:
-                    return heapq.heappop(self._due)[2]
+                    due = []
+                    while self._due and self._due[0][0] <= now and len(due) < self.MAX_COALESCED:
+                        due.append(heapq.heappop(self._due)[2])
+                    return due
                 self._wake.wait(wait_s)
         return None
 
     def _run(self) -> None:
-        while (posted := self._next_due()) is not None:
-            status = posted.status
-            code, message = self._outcome(posted)
-            del posted  # let go of the session before anyone woken by the status looks for it
-            status.settle(code, message)
-            del status
+        while (due := self._next_due()) is not None:
+            outcomes = self._outcomes(due)
+            statuses = [posted.status for posted in due]
+            del due  # let go of the sessions before anyone woken by a status looks for them
+            for status, (code, message) in zip(statuses, outcomes):
+                status.settle(code, message)
+            del statuses
 
-    def _outcome(self, posted: _Posted) -> tuple[int, str]:
-        label = f"batch_{posted.op} uid {posted.batch.transfer_uid}"
-        if posted.failure is not None:
-            return posted.failure.code, f"{label}: {posted.failure.message}"
+    def _outcomes(self, due: list[_Posted]) -> list[tuple[int, str]]:
+        """(final code, message) of each transfer; copies bound for one process go as one run of syscalls."""
+        outcomes: list[tuple[int, str] | None] = [None] * len(due)
+        groups: dict[tuple[str, int], list[int]] = {}
+        for index, posted in enumerate(due):
+            if posted.failure is not None:
+                outcomes[index] = posted.failure.code, posted.failure.message
+            else:
+                groups.setdefault((posted.op, posted.session.remote_mem.pid), []).append(index)
+        for (op, pid), members in groups.items():
+            try:
+                for index, outcome in zip(members, self._copy_together(op, pid, [due[i] for i in members])):
+                    outcomes[index] = outcome
+            except Exception as exc:  # never let one transfer end the worker thread
+                _log.exception("cross-memory transfer failed unexpectedly")
+                for index in members:
+                    outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
+        labelled = []
+        for posted, (code, message) in zip(due, outcomes):
+            label = f"batch_{posted.op} uid {posted.batch.transfer_uid}"
+            labelled.append((code, f"{label}: {message}" if message else ""))
+        return labelled
+
+    def _copy_together(self, op: str, pid: int, group: list[_Posted]) -> list[tuple[int, str]]:
+        """Carry out batches bound for process ``pid`` while each one's registrations are held.
+
+        One kernel call covers many batches (their ranges given as absolute addresses), which
+        saves a thread hand-off and a call per batch when several are due at once. If that call
+        fails, each batch is carried out alone again, so each gets its own outcome (a copy is
+        idempotent: bytes already moved are moved again to the same place).
+        """
+        outcomes: list[tuple[int, str] | None] = []
+        held = []
+        for posted in group:
+            problem = posted.session._hold()
+            outcomes.append(problem)
+            if problem is None:
+                held.append(posted)
         try:
-            code, message = posted.session._carry_out(posted.op, posted.batch)
-        except Exception as exc:  # never let one transfer end the worker thread
-            _log.exception("cross-memory transfer failed unexpectedly")
-            return StatusCode.ERR_BAD_STATE, f"{label}: {exc}"
-        return code, f"{label}: {message}" if message else ""
+            copied = set()
+            if len(held) > 1:
+                ranges = _absolute_ranges(held)
+                try:
+                    self._move(op, pid, 0, 0, *ranges)
+                    copied = {id(posted) for posted in held}
+                except CrossMemoryError:
+                    pass  # each batch on its own below
+            for index, posted in enumerate(group):
+                if outcomes[index] is not None or id(posted) in copied:
+                    continue
+                session, batch = posted.session, posted.batch
+                try:
+                    self._move(op, pid, session.local_mem.address, session.remote_mem.address,
+                               batch.local_offsets, batch.remote_offsets, batch.sizes, batch.total_bytes)
+                except CrossMemoryError as exc:
+                    outcomes[index] = StatusCode.ERR_RDMA_OP, str(exc)
+        finally:
+            for posted in held:
+                posted.session._let_go()
+        return [outcome if outcome is not None else posted.session._after_copy()
+                for posted, outcome in zip(group, outcomes)]
 
-    def _move(self, op: str, pid: int, local_base: int, remote_base: int, batch: CheckedBatch) -> None:
-        """Carry out one batch's syscalls on the worker, and on helper threads when it is large.
+    def _move(self, op: str, pid: int, local_base: int, remote_base: int,
+              lo: list[int], ro: list[int], sizes: list[int], total_bytes: int) -> None:
+        """Carry out ranges' syscalls on the worker, and on helper threads when they are many bytes.
 
-        Runs while the worker holds both registrations, so helpers need no locks of their own.
+        Runs while the worker holds the registrations, so helpers need no locks of their own.
         The first error by range order is raised.
         """
         call = _iovec.SYSCALLS[op]
-        lo, ro, sizes = batch.local_offsets, batch.remote_offsets, batch.sizes
         parts = min(self._copy_threads, len(sizes))
-        if parts < 2 or batch.total_bytes < self.PARALLEL_COPY_MIN_BYTES:
+        if parts < 2 or total_bytes < self.PARALLEL_COPY_MIN_BYTES:
             move_ranges(call, pid, op, local_base, remote_base, lo, ro, sizes)
             return
         if self._copy_helpers is None:
             self._copy_helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix=f"cross-memory-{self.key}-copy")
         # Cut where the running byte count passes each equal share.
-        cuts, share, running = [0], batch.total_bytes / parts, 0
+        cuts, share, running = [0], total_bytes / parts, 0
         for index, size in enumerate(sizes):
             running += size
             if len(cuts) < parts and running >= share * len(cuts):

@@ -1,7 +1,8 @@
 """CompletionPoller: turns transfer statuses into runtime events on its own thread.
 
 Rules: ``submit`` only appends, so the posting (forward) thread never waits; non-blocking batched sweeps deliver
-exactly one event per status, once final, unless its transfer was ``forget``-ten first.
+exactly one event per status, once final, unless its transfer was ``forget``-ten first; a status that can say when
+it is final (``when_final``) wakes the thread at once, any other is polled every ``poll_interval_s``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class _Pending:
     transfer_id: str
     layer: int
     op: str
+    wakes: bool = False      # the status calls back when final: no need to poll for it
     forgotten: bool = False
 
 
@@ -43,8 +45,10 @@ class CompletionPoller:
 
     Guarantees: one event per submitted status, delivered after the status is
     final, except for statuses dropped by ``forget``; a ``deliver`` that raises is logged and counted, never fatal to the
-    thread. ``poll_interval_s`` is the sleep between sweeps while statuses are
-    pending; ``batch_size`` bounds how many are queried per sweep so a flood of
+    thread. A status with ``when_final`` (the project's own engines) wakes the thread
+    as it settles, so its event goes out without a polling delay and an idle wait
+    costs no wake-ups; ``poll_interval_s`` is the sleep between sweeps while statuses
+    without it (mori.io's) are pending. ``batch_size`` bounds how many are queried per sweep so a flood of
     submissions cannot starve delivery. ``deliver`` must be thread-safe.
     """
 
@@ -66,6 +70,7 @@ class CompletionPoller:
         self._stopping = False
         self._pending: deque[_Pending] = deque()
         self._sweeping: list[_Pending] = []  # taken off _pending by the current sweep
+        self._nudged = False                 # a status settled since the last sweep began
         self._undelivered = 0
         self.delivered = 0
         self.delivery_errors = 0
@@ -84,11 +89,34 @@ class CompletionPoller:
             raise TypeError(f"transfer_id must be a non-empty string, got {transfer_id!r}")
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
             raise ValueError(f"layer must be a non-negative integer, got {layer!r}")
+        when_final = getattr(status, "when_final", None)
+        entry = _Pending(status, transfer_id, layer, op, wakes=callable(when_final))
         with self._wake:
             if self._stopping:
                 raise RuntimeError("the completion poller is closed")
-            self._incoming.append(_Pending(status, transfer_id, layer, op))
+            self._incoming.append(entry)
             self._undelivered += 1
+            self._wake.notify()
+        if entry.wakes:
+            when_final(self._nudge)     # outside the lock: a status already final calls back at once
+
+    def event_if_final(self, status: TransferStatus, transfer_id: str, layer: int,
+                       op: str = "write") -> Event | None:
+        """The event of a status that is final already (an engine that copied as it posted), else None.
+
+        For the poster to dispatch itself rather than ``submit``: the event goes out at once,
+        with no hand-off to this thread. Exactly one of the two must be used per status.
+        """
+        if op not in OPS:
+            raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+        if status.init() or status.in_progress():
+            return None
+        return self._event(_Pending(status, transfer_id, layer, op), self._clock())
+
+    def _nudge(self) -> None:
+        """A watched status just settled (called on the settling thread)."""
+        with self._wake:
+            self._nudged = True
             self._wake.notify()
 
     def forget(self, transfer_id: str) -> int:
@@ -151,13 +179,17 @@ class CompletionPoller:
                 pending = self._pending
                 batch = [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
                 self._sweeping = batch
+                self._nudged = False
+                # Sleeping until woken is safe only when this sweep sees every pending status
+                # and each of them calls back when it settles.
+                idle_until_woken = not pending and all(entry.wakes for entry in batch)
             finished = self._sweep(batch)
             for event in finished:
                 self._emit(event)
             if not finished:
                 with self._wake:
-                    if not self._stopping and not self._incoming:
-                        self._wake.wait(self._interval)
+                    if not self._stopping and not self._incoming and not self._nudged:
+                        self._wake.wait(None if idle_until_woken else self._interval)
 
     def _sweep(self, batch: list[_Pending]) -> list[Event]:
         """Query one batch without the lock; requeue the unfinished, skip the forgotten."""

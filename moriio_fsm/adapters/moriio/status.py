@@ -7,9 +7,10 @@ changes again, so the first error wins.
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 __all__ = [
     "StatusCode",
@@ -34,6 +35,8 @@ class StatusCode(enum.IntEnum):
 
 
 _FIRST_ERROR_CODE = 11
+
+_log = logging.getLogger(__name__)
 
 
 def code_is_failure(code: int) -> bool:
@@ -63,16 +66,18 @@ class LocalTransferStatus:
     """A thread-safe status completed by Python code (the loopback engine).
 
     Guarantees: reads never block; ``settle`` is idempotent and only the first
-    final code sticks; waiters wake exactly when the status becomes final.
+    final code sticks; waiters wake exactly when the status becomes final, and so
+    does each ``when_final`` callback, once.
     """
 
-    __slots__ = ("_code", "_message", "_lock", "_final", "__weakref__")
+    __slots__ = ("_code", "_message", "_lock", "_final", "_callbacks", "__weakref__")
 
     def __init__(self) -> None:
         self._code = int(StatusCode.INIT)
         self._message = ""
         self._lock = threading.Lock()
         self._final = threading.Event()
+        self._callbacks: list[Callable[[], object]] | None = None
 
     # -- mori's query surface -------------------------------------------------
     def code(self) -> int:
@@ -108,6 +113,23 @@ class LocalTransferStatus:
             return True
         return self._final.wait(timeout_ms / 1000.0)
 
+    def when_final(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once the status is final: now if it already is, else from ``settle``.
+
+        For a watcher that would otherwise poll (the completion poller): it runs on the
+        thread that settles, so it must be quick and must not raise (what it raises is
+        logged and dropped, never the settling engine's problem).
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        with self._lock:
+            if not self._final.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        _call_quietly(callback)
+
     # -- engine side ----------------------------------------------------------
     def mark_in_progress(self) -> None:
         """INIT -> IN_PROGRESS; a status that is already final stays final."""
@@ -132,6 +154,9 @@ class LocalTransferStatus:
             self._message = message
             self._code = code
             self._final.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            _call_quietly(callback)
         return True
 
     def __repr__(self) -> str:
@@ -141,6 +166,13 @@ class LocalTransferStatus:
             name = str(self._code)
         suffix = f" {self._message!r}" if self._message else ""
         return f"<LocalTransferStatus {name}{suffix}>"
+
+
+def _call_quietly(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:
+        _log.exception("a status's when_final callback raised")
 
 
 def failed_status(code: int, message: str) -> LocalTransferStatus:

@@ -18,9 +18,10 @@ from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
 from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
 from moriio_fsm.adapters.nixl import probe_nixl
 
-ENGINE_KINDS = ["loopback", "cross_memory", "nixl", "mori"]
+# cross_memory_inline: the same-host engine copying on the posting thread (its default on one core).
+ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "nixl", "mori"]
 # The engines that take LoopbackFaults as engine.faults.
-FAULT_ENGINE_KINDS = ["loopback", "cross_memory"]
+FAULT_ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline"]
 ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-", "nixl-")
 
 _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
@@ -96,7 +97,9 @@ def make_engine(kind: str, key: str, **options):
     if kind == "loopback":
         return LoopbackEngine(key, **options)
     if kind == "cross_memory":
-        return CrossMemoryEngine(key, **options)
+        return CrossMemoryEngine(key, inline_copies=False, **options)
+    if kind == "cross_memory_inline":
+        return CrossMemoryEngine(key, inline_copies=True, **options)
     if kind == "nixl":
         availability = probe_nixl()
         if not availability.available:

@@ -196,3 +196,92 @@ def test_poller_with_a_loopback_engine_reports_each_layer(loopback_pair, deliver
         events = sorted((delivered.get(timeout=WAIT_S) for _ in range(4)), key=lambda e: e.data["layer"])
     assert [e.kind for e in events] == ["layer_write_completed"] * 2 + ["layer_write_failed", "layer_write_completed"]
     assert events[2].data["code"] == StatusCode.ERR_RDMA_OP
+
+
+# -- waking on settle ------------------------------------------------------------------
+
+class PolledOnly:
+    """A status with mori.io's query surface and no way to call back: it must be polled."""
+
+    def __init__(self):
+        self.inner = LocalTransferStatus()
+        self.inner.mark_in_progress()
+
+    def __getattr__(self, name):
+        if name == "when_final":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_a_status_that_calls_back_is_delivered_without_polling(delivered):
+    # A poll interval longer than the test's wait: only the status's call-back can wake the poller.
+    with CompletionPoller(delivered.put, poll_interval_s=3600) as slow:
+        status = LocalTransferStatus()
+        status.mark_in_progress()
+        slow.submit(status, "tx-wake", 2)
+        with pytest.raises(queue.Empty):
+            delivered.get(timeout=0.05)
+        status.settle(StatusCode.SUCCESS)
+        assert delivered.get(timeout=WAIT_S).kind == "layer_write_completed"
+        # Several at once, settled from other threads, all arrive.
+        many = [LocalTransferStatus() for _ in range(50)]
+        for n, each in enumerate(many):
+            each.mark_in_progress()
+            slow.submit(each, f"tx-many-{n}", 0)
+        threads = [threading.Thread(target=each.settle, args=(StatusCode.SUCCESS,)) for each in many]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert {delivered.get(timeout=WAIT_S).transfer_id for _ in many} == {f"tx-many-{n}" for n in range(50)}
+
+
+def test_a_status_without_call_backs_is_still_polled(delivered):
+    with CompletionPoller(delivered.put, poll_interval_s=0.001) as poller:
+        status = PolledOnly()
+        poller.submit(status, "tx-polled", 1)
+        status.inner.settle(StatusCode.ERR_RDMA_OP, "gone")
+        event = delivered.get(timeout=WAIT_S)
+        assert (event.kind, event.data["message"]) == ("layer_write_failed", "gone")
+
+
+def test_a_settled_status_far_down_a_long_queue_is_still_found(delivered):
+    # More pending than one sweep takes: the sweep that misses the settled one must not sleep for good.
+    with CompletionPoller(delivered.put, poll_interval_s=0.001, batch_size=4) as poller:
+        statuses = [LocalTransferStatus() for _ in range(40)]
+        for n, status in enumerate(statuses):
+            status.mark_in_progress()
+            poller.submit(status, f"tx-{n}", 0)
+        statuses[37].settle(StatusCode.SUCCESS)
+        assert delivered.get(timeout=WAIT_S).transfer_id == "tx-37"
+        assert delivered.empty()           # the other 39 are still in progress
+
+
+def test_event_if_final_answers_for_final_statuses_only(poller):
+    assert poller.event_if_final(succeeded(), "tx-now", 4, "read").kind == "layer_read_completed"
+    failed = poller.event_if_final(failed_status(StatusCode.ERR_BAD_STATE, "closed"), "tx-now", 5)
+    assert failed.kind == "layer_write_failed" and failed.data["code"] == StatusCode.ERR_BAD_STATE
+    running = LocalTransferStatus()
+    running.mark_in_progress()
+    assert poller.event_if_final(running, "tx-later", 0) is None
+    assert poller.pending == 0            # nothing was queued by asking
+    with pytest.raises(ValueError, match="op must be one of"):
+        poller.event_if_final(succeeded(), "tx", 0, "copy")
+
+
+def test_when_final_calls_back_once_now_or_at_settle_and_survives_a_raising_callback(caplog):
+    calls: list[str] = []
+    status = LocalTransferStatus()
+    status.when_final(lambda: calls.append("first"))
+    status.when_final(lambda: 1 / 0)
+    status.when_final(lambda: calls.append("after the raising one"))
+    assert calls == []
+    assert status.settle(StatusCode.SUCCESS)
+    assert calls == ["first", "after the raising one"]
+    assert "when_final callback raised" in caplog.text
+    assert not status.settle(StatusCode.ERR_RDMA_OP)       # settling again calls no one
+    assert calls == ["first", "after the raising one"]
+    status.when_final(lambda: calls.append("late"))        # already final: at once
+    assert calls[-1] == "late"
+    with pytest.raises(TypeError, match="callback must be callable"):
+        status.when_final("not callable")

@@ -1,0 +1,163 @@
+"""CrossMemoryEngine's ways of saving hand-offs: due batches go to the kernel together, and copies on the poster.
+
+Rules: the kernel is real unless a test puts a stand-in in ``_iovec.SYSCALLS`` (one that blocks the worker, counts
+calls, or refuses one batch's addresses); every wait is bounded and no test reads the clock.
+"""
+
+import errno
+import threading
+
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import StatusCode
+from moriio_fsm.adapters.moriio import _iovec
+from moriio_fsm.adapters.moriio.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages
+
+from .conftest import Pair
+from .test_cross_memory import WAIT_MS, BlockingKernel, iovecs, landed
+
+SIZE = 1 << 16
+CHUNK = 256
+
+
+@pytest.fixture
+def cma():
+    made = Pair("cross_memory", size=SIZE)
+    yield made
+    made.close()
+
+
+class CountingKernel:
+    """The real syscall behind a first call that waits for ``go``; iovecs per call are kept, and
+    any call covering a remote address in ``refused`` fails with EFAULT (a peer's unmapped page)."""
+
+    def __init__(self, blocking: BlockingKernel, refused: range | None = None):
+        self.blocking = blocking
+        self.refused = refused
+        self.counts: list[int] = []
+
+    def __call__(self, pid, local_iov, remote_iov, count):
+        self.counts.append(count)
+        if self.refused is not None:
+            remote = iovecs(remote_iov, count)
+            if any(remote[2 * i] in self.refused for i in range(count)):
+                return -errno.EFAULT
+        return self.blocking(pid, local_iov, remote_iov, count)
+
+
+def post_behind_a_busy_worker(pair, monkeypatch, batches: int, refused_batch: int | None = None):
+    """Block the worker in a first copy, post ``batches`` one-range batches meanwhile, then let it go."""
+    blocking = BlockingKernel("write")
+    base = pair.remote_mem.address
+    refused = None
+    if refused_batch is not None:
+        start = base + (1 + refused_batch) * CHUNK
+        refused = range(start, start + CHUNK)
+    kernel = CountingKernel(blocking, refused)
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", kernel)
+    first = pair.session.write(0, 0, CHUNK, pair.session.allocate_transfer_uid())
+    assert blocking.entered.wait(WAIT_MS / 1000)
+    ranges = [((1 + n) * CHUNK, (1 + n) * CHUNK, CHUNK) for n in range(batches)]
+    statuses = [pair.session.write(lo, ro, size, pair.session.allocate_transfer_uid()) for lo, ro, size in ranges]
+    assert all(status.in_progress() for status in statuses)   # queued behind the blocked copy
+    blocking.go.set()
+    assert pair.producer.wait_all([first, *statuses], WAIT_MS)
+    return kernel, statuses, ranges
+
+
+def test_batches_due_together_go_to_the_kernel_in_one_call(cma, monkeypatch):
+    kernel, statuses, ranges = post_behind_a_busy_worker(cma, monkeypatch, batches=6)
+    assert all(status.succeeded() for status in statuses)
+    assert kernel.counts == [1, 6]                  # the first batch, then the six queued ones at once
+    lo, ro, sizes = map(list, zip(*ranges))
+    assert landed(cma, lo, ro, sizes)
+
+
+def test_when_the_joint_call_fails_each_batch_gets_its_own_outcome(cma, monkeypatch):
+    kernel, statuses, ranges = post_behind_a_busy_worker(cma, monkeypatch, batches=5, refused_batch=2)
+    assert [status.code() for status in statuses] == [StatusCode.SUCCESS] * 2 + [StatusCode.ERR_RDMA_OP] + \
+        [StatusCode.SUCCESS] * 2
+    assert "not mapped" in statuses[2].message() and f"uid {4}" in statuses[2].message()
+    assert kernel.counts == [1, 5, 1, 1, 1, 1, 1]   # the joint call, then one each
+    good = [r for n, r in enumerate(ranges) if n != 2]
+    lo, ro, sizes = map(list, zip(*good))
+    assert landed(cma, lo, ro, sizes)
+    assert not torch.equal(cma.target[ranges[2][1]:ranges[2][1] + CHUNK], cma.source[ranges[2][0]:ranges[2][0] + CHUNK])
+
+
+def test_a_batch_with_an_injected_failure_is_not_copied_with_the_others(cma, monkeypatch):
+    cma.producer.faults.fail_nth(3)                # the third batch posted: the second queued one
+    kernel, statuses, _ = post_behind_a_busy_worker(cma, monkeypatch, batches=4)
+    assert [status.succeeded() for status in statuses] == [True, False, True, True]
+    assert kernel.counts == [1, 3]
+
+
+def test_an_inline_engine_copies_on_the_poster_and_hands_back_a_final_status():
+    pair = Pair("cross_memory_inline", size=SIZE)
+    try:
+        poster = threading.current_thread().name
+        seen: list[str] = []
+        real = _iovec.SYSCALLS["write"]
+
+        def kernel(*args):
+            seen.append(threading.current_thread().name)
+            return real(*args)
+
+        _iovec.SYSCALLS["write"] = kernel
+        try:
+            status = pair.session.batch_write([0, 512], [4096, 0], [512, 256], pair.session.allocate_transfer_uid())
+        finally:
+            _iovec.SYSCALLS["write"] = real
+        assert status.succeeded() and seen == [poster]
+        assert landed(pair, [0, 512], [4096, 0], [512, 256])
+        # A fault that delays the copy sends it to the worker: posting still returns at once.
+        pair.producer.faults.set_latency(0.05)
+        delayed = pair.session.write(0, 0, 64, pair.session.allocate_transfer_uid())
+        assert delayed.in_progress()
+        assert delayed.wait_for(WAIT_MS) and delayed.succeeded()
+    finally:
+        pair.close()
+
+
+def test_an_engine_on_one_core_copies_inline_by_default(monkeypatch):
+    import os
+
+    from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    with CrossMemoryEngine("one-core") as engine:
+        assert engine.inline_copies
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with CrossMemoryEngine("two-cores") as engine:
+        assert not engine.inline_copies
+    with CrossMemoryEngine("asked", inline_copies=True) as engine:
+        assert engine.inline_copies
+
+
+# -- huge pages ---------------------------------------------------------------------------
+
+def test_huge_page_advice_keeps_the_contents_and_touches_only_whole_pages_inside():
+    tensor = torch.randint(0, 256, (3 * HUGE_PAGE_BYTES + 12345,), dtype=torch.uint8)
+    before = tensor.clone()
+    said = advise_huge_pages(tensor.data_ptr(), tensor.numel())
+    assert "advised" in said and "not advised" not in said
+    assert torch.equal(tensor, before)
+    assert advise_huge_pages(tensor.data_ptr() + 1, HUGE_PAGE_BYTES) == \
+        "not advised: the region holds no whole 2 MiB page"
+
+
+def test_huge_page_advice_that_the_kernel_refuses_says_why():
+    # An address range nobody mapped: the kernel answers ENOMEM, the answer says so, nothing raises.
+    said = advise_huge_pages(1 << 46, 4 * HUGE_PAGE_BYTES)
+    assert said.startswith("not advised: madvise(MADV_HUGEPAGE) failed (ENOMEM")
+
+
+def test_registered_memory_is_advised_and_still_moves_whole():
+    pair = Pair("cross_memory", size=2 * HUGE_PAGE_BYTES + 4096)
+    try:
+        status = pair.session.write(100, HUGE_PAGE_BYTES - 50, HUGE_PAGE_BYTES, pair.session.allocate_transfer_uid())
+        assert status.wait_for(WAIT_MS) and status.succeeded()
+        assert landed(pair, [100], [HUGE_PAGE_BYTES - 50], [HUGE_PAGE_BYTES])
+    finally:
+        pair.close()
