@@ -71,7 +71,7 @@ def consumer_handlers(worker: "WorkerHalf") -> dict:
         worker.send(worker.notify_endpoint(info, source_rank(info)), Heartbeat(
             effect.transfer_id, effect.seq, worker.tp_rank, reply_port=worker.transport.notify_port))
 
-    def post_read(effect) -> None:
+    def post_read(effect):
         info = info_of(effect)
         link = info.link.result()
         remote_ids, local_ids = tuple(effect.block_ids), info.block_ids
@@ -80,7 +80,7 @@ def consumer_handlers(worker: "WorkerHalf") -> dict:
         session = info.session(worker.engine, worker.cache, effect.layer)
         status = session.batch_read(local, remote, sizes, session.allocate_transfer_uid())
         worker.metrics.add_bytes(sum(sizes))
-        worker.poller.submit(status, effect.transfer_id, effect.layer, "read")
+        return worker.completion_of(status, effect.transfer_id, effect.layer, "read")
 
     def send_release(effect) -> None:
         info = info_of(effect)

@@ -18,6 +18,11 @@ from ..errors import MoriioFsmError
 #: Engine backends: mori.io's two (real RDMA / XGMI hardware), the same-host engine and NIXL (UCX).
 BACKENDS = ("rdma", "xgmi", "same_host", "nixl")
 
+#: When P posts a WRITE transfer's layers: as each layer's KV is saved (overlapping the copy with
+#: the next layers' compute, which pays where a NIC copies), or all at once after the forward
+#: (where the CPU copies, so overlap only makes the copy and the forward share a core).
+WRITE_POSTINGS = ("auto", "layerwise", "after_forward")
+
 
 class ConnectorConfigError(MoriioFsmError, ValueError):
     """A ``kv_connector_extra_config`` key or a ``kv_role`` the connector cannot use."""
@@ -88,6 +93,14 @@ def _backend(key: str, value: Any) -> str:
     if name not in BACKENDS:
         raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown backend "
                                    f"{value!r}; expected one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _write_posting(key: str, value: Any) -> str:
+    name = _text(key, value).strip().lower()
+    if name not in WRITE_POSTINGS:
+        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown write posting "
+                                   f"{value!r}; expected one of {', '.join(WRITE_POSTINGS)}")
     return name
 
 
@@ -208,6 +221,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "tick_interval": (_seconds, 0.02),
     "fault_injection": (_faults, {}),
     "ucx": (_ucx, {}),
+    "write_posting": (_write_posting, "auto"),
 }
 
 
@@ -223,6 +237,10 @@ class ConnectorSettings:
     ``{engine_id}``, ``{dp_rank}`` and ``{tp_rank}`` (each rank writes its own file).
     ``ucx`` (backend ``nixl`` only) maps UCX_* variables to strings, set in the worker's
     environment before its engine starts (``UCX_TLS``, ``UCX_NET_DEVICES``, ...).
+    ``write_posting`` (WRITE mode, P): ``layerwise`` posts each layer as it is saved,
+    ``after_forward`` posts them all when the forward ends; ``auto`` means
+    ``after_forward`` for the same-host engine, whose copies run on P's CPU, and
+    ``layerwise`` for the others.
     """
 
     handshake_port: int = 6301
@@ -249,6 +267,7 @@ class ConnectorSettings:
     tick_interval: float = 0.02
     fault_injection: Mapping[str, Any] = field(default_factory=dict)
     ucx: Mapping[str, str] = field(default_factory=dict)
+    write_posting: str = "auto"
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":
@@ -295,6 +314,13 @@ class ConnectorSettings:
                 f"posts a read only under a lease longer than read_timeout_s "
                 f"({reader['read_timeout_s']}) + lease_margin_s ({reader['lease_margin_s']}) = "
                 f"{needed} s; raise lease_s or lower those in machine_config['read_consumer']")
+
+    @property
+    def posts_after_forward(self) -> bool:
+        """WRITE mode: P posts a transfer's layers together once its forward ended."""
+        if self.write_posting == "auto":
+            return self.backend == "same_host"
+        return self.write_posting == "after_forward"
 
     @property
     def mode(self) -> str:

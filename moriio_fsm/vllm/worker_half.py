@@ -242,6 +242,14 @@ class WorkerHalf:
         """The future ``PeerLink`` to the peer rank of ``info`` (one handshake per rank)."""
         return self.peers.link(self.handshake_endpoint(info, peer_rank))
 
+    def completion_of(self, status, transfer_id: str, layer: int, op: str):
+        """A posted layer's completion event for the handler to return, if the engine already
+        finished it (copied as it posted); otherwise the poller watches it and None."""
+        event = self.poller.event_if_final(status, transfer_id, layer, op)
+        if event is None:
+            self.poller.submit(status, transfer_id, layer, op)
+        return event
+
     def send(self, destination: tuple[str, int], message) -> None:
         """Queue a message; an immediate refusal raises, so the driver reports notify_failed."""
         if self.message_faults is not None:
@@ -347,9 +355,15 @@ class WorkerHalf:
             self.dispatch(side, events.request_finished(tid, now))
 
     def save_layer(self, layer_name: str) -> None:
-        """P, WRITE: ``layer_name`` of this forward is in memory: schedule its writes."""
-        if not self._step_sends or self.cache is None:
+        """P, WRITE: ``layer_name`` of this forward is in memory: schedule its writes.
+
+        With ``write_posting`` after_forward, layers wait for ``finish_saves``.
+        """
+        if not self._step_sends or self.cache is None or self.settings.posts_after_forward:
             return
+        self._schedule_layer(layer_name)
+
+    def _schedule_layer(self, layer_name: str) -> None:
         layer = self.cache.index.get(layer_name)
         if layer is None:
             return
@@ -364,7 +378,7 @@ class WorkerHalf:
         if not self._step_sends or self.cache is None:
             return
         for name in self.cache.names:
-            self.save_layer(name)
+            self._schedule_layer(name)
         now = self.clock()
         for tid in self._step_sends:
             self.dispatch("send", events.seal(tid, now))

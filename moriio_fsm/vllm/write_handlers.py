@@ -50,8 +50,11 @@ def abandon(worker: "WorkerHalf", transfer_id: str, layers, answer):
 def producer_handlers(worker: "WorkerHalf") -> dict:
     """P's handlers for the ``write_producer`` machine."""
 
-    def post_now(tid: str, layer: int, remote_ids, link) -> None:
-        # Runs on the forward thread, or on the I/O thread once the handshake answered.
+    def post_now(tid: str, layer: int, remote_ids, link):
+        """Post one layer's write; its completion event when the engine copied it at once, else None.
+
+        Runs on the forward thread, or on the I/O thread once the handshake answered.
+        """
         info = worker.directory.get(tid)
         if info is None:
             raise LookupError(f"transfer {tid!r} ended before its layer {layer} was posted")
@@ -65,7 +68,7 @@ def producer_handlers(worker: "WorkerHalf") -> dict:
         session = info.session(worker.engine, worker.cache, layer)
         status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())
         worker.metrics.add_bytes(sum(sizes))
-        worker.poller.submit(status, tid, layer, "write")
+        return worker.completion_of(status, tid, layer, "write")
 
     def post_write(effect):
         info = _info(worker, effect)
@@ -76,15 +79,16 @@ def producer_handlers(worker: "WorkerHalf") -> dict:
 
         def when_linked(future) -> None:
             try:
-                post_now(tid, layer, remote_ids, future.result())
+                completed = post_now(tid, layer, remote_ids, future.result())
             except Exception as exc:
-                worker.dispatch("send", events.post_failed(tid, worker.clock(), layer,
-                                                           f"{type(exc).__name__}: {exc}"))
+                completed = events.post_failed(tid, worker.clock(), layer, f"{type(exc).__name__}: {exc}")
+            if completed is not None:
+                worker.dispatch("send", completed)
 
         if info.link.done():
-            post_now(tid, layer, remote_ids, info.link.result())   # raising -> post_failed
-        else:
-            info.link.add_done_callback(when_linked)
+            return post_now(tid, layer, remote_ids, info.link.result())   # raising -> post_failed
+        info.link.add_done_callback(when_linked)
+        return None
 
     def to_d(effect, message) -> None:
         info = _info(worker, effect)

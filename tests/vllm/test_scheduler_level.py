@@ -57,6 +57,40 @@ def test_write_happy_path_is_token_identical_and_leaves_both_schedulers_empty(ma
     assert P.reported_sending == ["p-1"] and D.reported_recving == ["d-1"]
 
 
+@pytest.mark.parametrize("posting", ["layerwise", "after_forward"])
+def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_tokens(make_instance, posting):
+    expected = reference(make_instance, PROMPT)
+    P = make_instance("P", "kv_producer", extra={"write_posting": posting})
+    D = make_instance("D", "kv_consumer")
+    worker = P.worker._worker
+    timeline: list[str] = []
+    dispatch = worker.dispatch
+
+    def recording(side, event):
+        if event.kind == "layer_scheduled":
+            timeline.append(f"scheduled {event.layer}")
+        return dispatch(side, event)
+
+    worker.dispatch = recording
+    save_layer, finish_saves = worker.save_layer, worker.finish_saves
+    worker.save_layer = lambda name: (timeline.append(f"saved {name}"), save_layer(name))[1]
+    worker.finish_saves = lambda: (timeline.append("forward ended"), finish_saves())[1]
+    to_p, to_d = write_pair_params("tx-posting", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    layers = [name for name in timeline if name.startswith("scheduled")]
+    assert len(layers) == len(set(layers)) == len(P.kv)      # every layer once
+    ended = timeline.index("forward ended")
+    first = timeline.index(layers[0])
+    if posting == "layerwise":
+        # Each layer goes as soon as it is saved: the first long before the forward ends.
+        assert timeline[first - 1].startswith("saved") and first < ended
+    else:
+        assert first > ended                                    # nothing goes during the forward
+
+
 def test_write_with_chunked_prefill_sends_only_after_the_whole_prompt(make_instance):
     expected = reference(make_instance, LONG_PROMPT)
     P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")

@@ -62,6 +62,8 @@ def test_upstream_timeouts_reach_the_machines_and_d_outwaits_p():
     ({"curve": {"public_key": "x"}}, "curve"),
     ({"fault_injection": {"fail_rate": 1.5}}, "fault_injection"),
     ({"trace_ring_size": -3}, "trace_ring_size"),
+    ({"write_posting": "eventually"}, "write_posting"),
+    ({"write_posting": 1}, "write_posting"),
 ])
 def test_a_bad_key_stops_the_start_naming_the_key(extra, named):
     with pytest.raises(ConnectorConfigError, match=named):
@@ -167,3 +169,16 @@ def test_a_read_lease_too_short_for_any_read_is_refused_naming_the_keys():
         "read_consumer": {"read_timeout_s": 4, "lease_margin_s": 2}}})
     assert ok.lease_s == 8
     ConnectorSettings.from_extra_config({"read_mode": False, "lease_s": 1})   # WRITE holds no lease
+
+
+@pytest.mark.parametrize("backend, posting, after_forward", [
+    ("same_host", None, True),          # the CPU copies: the copy would share P's core with the forward
+    ("rdma", None, False),              # a NIC copies: overlap each layer with the next one's compute
+    ("nixl", "auto", False),
+    ("same_host", "layerwise", False),
+    ("rdma", "after_forward", True),
+    ("same_host", " After_Forward ", True),
+])
+def test_write_posting_auto_follows_who_copies(backend, posting, after_forward):
+    extra = {"backend": backend} if posting is None else {"backend": backend, "write_posting": posting}
+    assert ConnectorSettings.from_extra_config(extra).posts_after_forward is after_forward
