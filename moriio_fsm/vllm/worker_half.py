@@ -9,6 +9,7 @@ arrive on their own threads. What the events mean is the specs' business.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -101,6 +102,7 @@ class WorkerHalf:
         self.handshake_port: int | None = None
         self._closed = False
         self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
+        self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
         self._saved_this_step: set[tuple[str, int]] = set()
         if recorder is None:
             recorder = self._make_recorder()
@@ -169,8 +171,41 @@ class WorkerHalf:
         return self.drivers[side]
 
     def dispatch(self, side: str, event) -> None:
-        """Dispatch ``event`` to ``side``'s machine; forget the transfer once it has ended."""
-        self._settled(side, self.drivers[side].dispatch(event))
+        """Dispatch ``event`` to ``side``'s machine; forget the transfer once it has ended.
+
+        Layers posted while it runs go to the engine together when it ends (one kernel call
+        for a transfer's layers on the same-host engine), and the completions of those the
+        engine copied at once are dispatched here, on this thread.
+        """
+        with self._posting_together():
+            results = self.drivers[side].dispatch(event)
+        self._settled(side, results)
+
+    @contextlib.contextmanager
+    def _posting_together(self):
+        together = getattr(self.engine, "posting_together", None)
+        local = self._posts
+        if together is None or getattr(local, "collected", None) is not None:
+            yield                        # no such engine, or an outer dispatch of this thread flushes
+            return
+        local.collected = []
+        try:
+            with together():
+                yield
+        finally:
+            collected, local.collected = local.collected, None
+            for status, transfer_id, layer, op in collected:
+                self._complete(status, transfer_id, layer, op)
+
+    def _complete(self, status, transfer_id: str, layer: int, op: str) -> None:
+        event = self.poller.event_if_final(status, transfer_id, layer, op)
+        if event is None:
+            self.poller.submit(status, transfer_id, layer, op)
+            return
+        try:
+            self._dispatch_adapter_event(event)
+        except Exception:               # the other layers' completions still go out
+            log.exception("vllm.completion_failed", transfer_id=transfer_id, layer=layer)
 
     def _settled(self, side: str, results) -> None:
         finals, now = self._finals[side], self.clock()
@@ -244,11 +279,17 @@ class WorkerHalf:
 
     def completion_of(self, status, transfer_id: str, layer: int, op: str):
         """A posted layer's completion event for the handler to return, if the engine already
-        finished it (copied as it posted); otherwise the poller watches it and None."""
+        finished it (copied as it posted); else None, and the completion comes later: from
+        this thread's dispatch once its posts went together, or from the poller."""
         event = self.poller.event_if_final(status, transfer_id, layer, op)
-        if event is None:
+        if event is not None:
+            return event
+        collected = getattr(self._posts, "collected", None)
+        if collected is not None:
+            collected.append((status, transfer_id, layer, op))
+        else:
             self.poller.submit(status, transfer_id, layer, op)
-        return event
+        return None
 
     def send(self, destination: tuple[str, int], message) -> None:
         """Queue a message; an immediate refusal raises, so the driver reports notify_failed."""
@@ -377,8 +418,9 @@ class WorkerHalf:
         """The forward ended: every layer is in memory; schedule any not seen, then seal."""
         if not self._step_sends or self.cache is None:
             return
-        for name in self.cache.names:
-            self._schedule_layer(name)
+        with self._posting_together():   # every layer not yet posted, in one go
+            for name in self.cache.names:
+                self._schedule_layer(name)
         now = self.clock()
         for tid in self._step_sends:
             self.dispatch("send", events.seal(tid, now))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
+from moriio_fsm.adapters.moriio import _iovec
 from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed
 
 pytestmark = pytest.mark.integration
@@ -58,7 +59,8 @@ def test_write_happy_path_is_token_identical_and_leaves_both_schedulers_empty(ma
 
 
 @pytest.mark.parametrize("posting", ["layerwise", "after_forward"])
-def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_tokens(make_instance, posting):
+def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_tokens(make_instance, posting,
+                                                                                 monkeypatch):
     expected = reference(make_instance, PROMPT)
     P = make_instance("P", "kv_producer", extra={"write_posting": posting})
     D = make_instance("D", "kv_consumer")
@@ -75,6 +77,9 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     save_layer, finish_saves = worker.save_layer, worker.finish_saves
     worker.save_layer = lambda name: (timeline.append(f"saved {name}"), save_layer(name))[1]
     worker.finish_saves = lambda: (timeline.append("forward ended"), finish_saves())[1]
+    writes = []
+    real = _iovec.SYSCALLS["write"]
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", lambda *call: (writes.append(call[3]), real(*call))[1])
     to_p, to_d = write_pair_params("tx-posting", P, D)
     P.add("p-1", PROMPT, 1, to_p)
     D.add("d-1", PROMPT, TOKENS, to_d)
@@ -89,6 +94,8 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
         assert timeline[first - 1].startswith("saved") and first < ended
     else:
         assert first > ended                                    # nothing goes during the forward
+        # ... and then every layer's ranges go to the kernel in one call.
+        assert len(writes) == 1
 
 
 def test_write_with_chunked_prefill_sends_only_after_the_whole_prompt(make_instance):

@@ -7,6 +7,7 @@ registrations are held in their owners' tables (``_registry``); faults come from
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -389,6 +390,7 @@ class CrossMemoryEngine(TransferEngine):
         self._due: list[tuple[float, int, _Posted]] = []
         self._stalled: list[_Posted] = []
         self._held: dict[int, _Posted] = {}
+        self._together = threading.local()   # .held: this thread's posts inside posting_together
         self._copy_threads = copy_threads
         self._copy_helpers: ThreadPoolExecutor | None = None  # made on the first large batch
         self._worker = threading.Thread(target=self._run, name=f"cross-memory-{key}", daemon=True)
@@ -534,6 +536,10 @@ class CrossMemoryEngine(TransferEngine):
                                                     len(batch.sizes), batch.total_bytes))
         posted = _Posted(status, session, op, batch, verdict.failure)
         status.mark_in_progress()
+        held = getattr(self._together, "held", None)
+        if held is not None and verdict is NO_FAULT:
+            held.append((sequence, posted))   # goes with the others when posting_together ends
+            return status
         if self.inline_copies and verdict is NO_FAULT:
             # Registrations are held for the copy, so a close meanwhile waits for it.
             code, message = self._outcomes([posted])[0]
@@ -550,6 +556,46 @@ class CrossMemoryEngine(TransferEngine):
                 heapq.heappush(self._due, (time.monotonic() + verdict.delay_s, sequence, posted))
                 self._wake.notify()
         return status
+
+    @contextlib.contextmanager
+    def posting_together(self):
+        """Hold this thread's posts until the block ends, then hand them to the kernel together.
+
+        For a caller that posts several batches in a row (a transfer's layers): one kernel
+        call and one hand-off for all, inline or on the worker. Posts a fault delays, fails
+        or holds go their own way at once; other threads' posts are not held. Nested blocks
+        flush when the outermost ends, also when it ends by an exception, so every status
+        still ends. A status posted inside must not be waited for inside: it cannot settle
+        before the block ends.
+        """
+        together = self._together
+        outermost = getattr(together, "held", None) is None
+        if outermost:
+            together.held = []
+        try:
+            yield
+        finally:
+            if outermost:
+                held, together.held = together.held, None
+                if held:
+                    self._flush(held)
+
+    def _flush(self, held: list[tuple[int, _Posted]]) -> None:
+        if self.inline_copies:
+            posts = [posted for _, posted in held]
+            for posted, (code, message) in zip(posts, self._outcomes(posts)):
+                posted.status.settle(code, message)
+            return
+        with self._wake:
+            if not self._closed:
+                now = time.monotonic()
+                for sequence, posted in held:
+                    heapq.heappush(self._due, (now, sequence, posted))
+                self._wake.notify()
+                return
+        for _, posted in held:
+            posted.status.settle(StatusCode.ERR_BAD_STATE, f"batch_{posted.op} uid {posted.batch.transfer_uid}: "
+                                 f"engine {self.key!r} closed before the transfer completed")
 
     def _release_held(self, sequence: int) -> None:
         with self._wake:

@@ -161,3 +161,74 @@ def test_registered_memory_is_advised_and_still_moves_whole():
         assert landed(pair, [100], [HUGE_PAGE_BYTES - 50], [HUGE_PAGE_BYTES])
     finally:
         pair.close()
+
+
+# -- posting together ---------------------------------------------------------------------
+
+class Recording:
+    """The real syscall, with the iovec count of every call and the thread that made it."""
+
+    def __init__(self, op: str = "write"):
+        self.real = _iovec.SYSCALLS[op]
+        self.calls: list[tuple[int, str]] = []
+
+    def __call__(self, pid, local_iov, remote_iov, count):
+        self.calls.append((count, threading.current_thread().name))
+        return self.real(pid, local_iov, remote_iov, count)
+
+
+@pytest.mark.parametrize("kind", ["cross_memory", "cross_memory_inline"])
+def test_posts_made_together_wait_for_the_block_to_end_then_go_in_one_call(kind, monkeypatch):
+    pair = Pair(kind, size=SIZE)
+    try:
+        kernel = Recording()
+        monkeypatch.setitem(_iovec.SYSCALLS, "write", kernel)
+        ranges = [(n * CHUNK, SIZE - (n + 1) * CHUNK, CHUNK) for n in range(8)]
+        with pair.producer.posting_together():
+            with pair.producer.posting_together():          # nested: the outer one flushes
+                statuses = [pair.session.write(*r, pair.session.allocate_transfer_uid()) for r in ranges[:4]]
+            statuses += [pair.session.write(*r, pair.session.allocate_transfer_uid()) for r in ranges[4:]]
+            assert all(status.in_progress() for status in statuses) and kernel.calls == []
+        assert pair.producer.wait_all(statuses, WAIT_MS)
+        assert all(status.succeeded() for status in statuses)
+        assert [count for count, _ in kernel.calls] == [8]
+        if kind == "cross_memory_inline":
+            assert kernel.calls[0][1] == threading.current_thread().name
+        lo, ro, sizes = map(list, zip(*ranges))
+        assert landed(pair, lo, ro, sizes)
+    finally:
+        pair.close()
+
+
+def test_posts_of_another_thread_are_not_held(cma):
+    with cma.producer.posting_together():
+        other: list = []
+        thread = threading.Thread(target=lambda: other.append(
+            cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid())))
+        thread.start()
+        thread.join()
+        assert other[0].wait_for(WAIT_MS) and other[0].succeeded()   # settled while this block still runs
+
+
+def test_a_block_left_by_an_exception_still_ends_every_status(cma):
+    statuses = []
+    with pytest.raises(RuntimeError, match="forward failed"):
+        with cma.producer.posting_together():
+            statuses.append(cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid()))
+            raise RuntimeError("forward failed")
+    assert cma.producer.wait_all(statuses, WAIT_MS) and statuses[0].succeeded()
+
+
+def test_a_close_before_the_block_ends_fails_what_it_held(cma):
+    with cma.producer.posting_together():
+        status = cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid())
+        cma.producer.close()
+    assert status.wait_for(WAIT_MS)
+    assert status.code() == StatusCode.ERR_BAD_STATE and "closed before the transfer completed" in status.message()
+
+
+def test_a_delayed_post_is_not_held_by_the_block(cma):
+    cma.producer.faults.set_latency(0.01)
+    with cma.producer.posting_together():
+        status = cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid())
+        assert status.wait_for(WAIT_MS) and status.succeeded()    # it went at once, through the worker
