@@ -685,13 +685,14 @@ def report(results: dict, expected, our_timelines) -> int:
     timeline = our_timelines.get("ours-write") or []
     if timeline:
         rb = [i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None]
-        fwd = [max(i["scheduled"]) - min(i["scheduled"]) for i in timeline if i["scheduled"]]
+        posting = [max(i["posts"]) - min(i["posts"]) for i in timeline]
         tail = [max(i["completions"]) - max(i["posts"]) for i in timeline]
         span = [max(i["completions"]) - min(i["posts"]) for i in timeline]
-        print(f"ours-write timeline p50: first post -> last completion {fmt_ms(pct(span, 50))}; P's forward "
-              f"(first -> last layer_scheduled) {fmt_ms(pct(fwd, 50)) if fwd else 'n/a'}; last post -> last "
-              f"completion {fmt_ms(pct(tail, 50))}; posts per transfer {statistics.median(len(i['posts']) for i in timeline):.0f}"
-              + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))}" if rb else ""))
+        print(f"ours-write timeline p50: first post -> last completion {fmt_ms(pct(span, 50))}; first -> last "
+              f"post {fmt_ms(pct(posting, 50))} (layer by layer: P's forward; after the forward: posting only); "
+              f"last post -> last completion {fmt_ms(pct(tail, 50))}; posts per transfer "
+              f"{statistics.median(len(i['posts']) for i in timeline):.0f}"
+              + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))} (P's prefill)" if rb else ""))
 
     ours = summary.get("ours-write")
     peers = {n: s for n, s in summary.items() if n in PEER_NAMES and s["n"] and s["ok"] == s["n"]}

@@ -12,7 +12,6 @@ import torch
 
 from moriio_fsm.adapters.moriio import StatusCode
 from moriio_fsm.adapters.moriio import _iovec
-from moriio_fsm.adapters.moriio.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages
 
 from .conftest import Pair
 from .test_cross_memory import WAIT_MS, BlockingKernel, iovecs, landed
@@ -135,30 +134,57 @@ def test_an_engine_on_one_core_copies_inline_by_default(monkeypatch):
         assert engine.inline_copies
 
 
-# -- huge pages ---------------------------------------------------------------------------
+# -- pinned memory ------------------------------------------------------------------------
 
-def test_huge_page_advice_keeps_the_contents_and_touches_only_whole_pages_inside():
-    tensor = torch.randint(0, 256, (3 * HUGE_PAGE_BYTES + 12345,), dtype=torch.uint8)
-    before = tensor.clone()
-    said = advise_huge_pages(tensor.data_ptr(), tensor.numel())
-    assert "advised" in said and "not advised" not in said
-    assert torch.equal(tensor, before)
-    assert advise_huge_pages(tensor.data_ptr() + 1, HUGE_PAGE_BYTES) == \
-        "not advised: the region holds no whole 2 MiB page"
+def locked_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmLck in /proc/self/status")
 
 
-def test_huge_page_advice_that_the_kernel_refuses_says_why():
-    # An address range nobody mapped: the kernel answers ENOMEM, the answer says so, nothing raises.
-    said = advise_huge_pages(1 << 46, 4 * HUGE_PAGE_BYTES)
-    assert said.startswith("not advised: madvise(MADV_HUGEPAGE) failed (ENOMEM")
-
-
-def test_registered_memory_is_advised_and_still_moves_whole():
-    pair = Pair("cross_memory", size=2 * HUGE_PAGE_BYTES + 4096)
+def test_registered_memory_stays_locked_until_it_is_deregistered():
+    before = locked_kib()
+    pair = Pair("cross_memory", size=4 << 20)
     try:
-        status = pair.session.write(100, HUGE_PAGE_BYTES - 50, HUGE_PAGE_BYTES, pair.session.allocate_transfer_uid())
+        # Both sides' 4 MiB (the producer's source, the consumer's target) are resident.
+        assert locked_kib() - before >= 2 * 4096
+        pair.consumer.deregister_memory(pair.target_mem)
+        assert locked_kib() - before < 2 * 4096
+    finally:
+        pair.close()
+    assert locked_kib() == before
+
+
+def test_an_engine_asked_not_to_pin_locks_nothing():
+    before = locked_kib()
+    pair = Pair("cross_memory", size=4 << 20, pin_memory=False)
+    try:
+        assert locked_kib() == before
+    finally:
+        pair.close()
+
+
+def test_a_refused_lock_is_said_once_naming_the_limit_and_the_memory_still_moves(monkeypatch, caplog):
+    import ctypes
+
+    from moriio_fsm.adapters.moriio import resident
+
+    def refuse(address, length):
+        ctypes.set_errno(errno.ENOMEM)
+        return -1
+
+    monkeypatch.setattr(resident, "_mlock", refuse)
+    monkeypatch.setattr(resident, "_warned", threading.Event())
+    pair = Pair("cross_memory", size=SIZE)
+    try:
+        warnings = [r.getMessage() for r in caplog.records if "could not lock" in r.getMessage()]
+        assert len(warnings) == 1                      # two registrations, one warning
+        assert "RLIMIT_MEMLOCK" in warnings[0] and "ulimit -l" in warnings[0] and "ENOMEM" in warnings[0]
+        status = pair.session.write(0, 128, 512, pair.session.allocate_transfer_uid())
         assert status.wait_for(WAIT_MS) and status.succeeded()
-        assert landed(pair, [100], [HUGE_PAGE_BYTES - 50], [HUGE_PAGE_BYTES])
+        assert landed(pair, [0], [128], [512])
     finally:
         pair.close()
 
