@@ -426,7 +426,16 @@ class WorkerHalf:
             self.dispatch("send", events.seal(tid, now))
         self._step_sends = []
 
+    #: How long vLLM's request for finished transfers waits for a copy running on another thread.
+    COPY_WAIT_S = 0.05
+
     def finished(self) -> tuple[set[str], set[str]]:
+        """What finished since the last call; first lets a copy in flight end (briefly), so that
+        vLLM's engine loop, which asks without pause while a request waits for KV, does not
+        spin on the core the copy needs, and the transfer it waits for is reported at once."""
+        wait_for_copies = getattr(self.engine, "wait_for_copies", None)
+        if wait_for_copies is not None:
+            wait_for_copies(self.COPY_WAIT_S)
         return self.reports.take()
 
     def load_errors(self) -> set[int]:

@@ -396,6 +396,8 @@ class CrossMemoryEngine(TransferEngine):
         self._stalled: list[_Posted] = []
         self._held: dict[int, _Posted] = {}
         self._together = threading.local()   # .held: this thread's posts inside posting_together
+        self._copying = 0                     # threads in _outcomes now
+        self._copies_done = threading.Condition()
         self._copy_threads = copy_threads
         self._copy_helpers: ThreadPoolExecutor | None = None  # made on the first large batch
         self._worker = threading.Thread(target=self._run, name=f"cross-memory-{key}", daemon=True)
@@ -634,8 +636,29 @@ class CrossMemoryEngine(TransferEngine):
                 status.settle(code, message)
             del statuses
 
+    def wait_for_copies(self, timeout_s: float) -> bool:
+        """Block until no copy of this engine runs on any thread, at most ``timeout_s``; True if none runs.
+
+        For a caller that would otherwise spin on the same core while a copy runs: vLLM's
+        engine loop asks for finished transfers without pause while a request waits for
+        its KV, and so took half the core from the thread copying that KV.
+        """
+        with self._copies_done:
+            return self._copies_done.wait_for(lambda: self._copying == 0, timeout_s)
+
     def _outcomes(self, due: list[_Posted]) -> list[tuple[int, str]]:
         """(final code, message) of each transfer; copies bound for one process go as one run of syscalls."""
+        with self._copies_done:
+            self._copying += 1
+        try:
+            return self._outcomes_of(due)
+        finally:
+            with self._copies_done:
+                self._copying -= 1
+                if self._copying == 0:
+                    self._copies_done.notify_all()
+
+    def _outcomes_of(self, due: list[_Posted]) -> list[tuple[int, str]]:
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         groups: dict[tuple[str, int], list[int]] = {}
         for index, posted in enumerate(due):

@@ -258,3 +258,19 @@ def test_a_delayed_post_is_not_held_by_the_block(cma):
     with cma.producer.posting_together():
         status = cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid())
         assert status.wait_for(WAIT_MS) and status.succeeded()    # it went at once, through the worker
+
+
+def test_wait_for_copies_returns_when_the_copy_on_another_thread_ends(cma, monkeypatch):
+    blocking = BlockingKernel("write")
+    monkeypatch.setitem(_iovec.SYSCALLS, "write", blocking)
+    assert cma.producer.wait_for_copies(0)               # nothing copying
+    status = cma.session.write(0, 0, CHUNK, cma.session.allocate_transfer_uid())
+    assert blocking.entered.wait(WAIT_MS / 1000)
+    assert not cma.producer.wait_for_copies(0.01)        # bounded: the copy is still held
+    releaser = threading.Timer(0.05, blocking.go.set)
+    releaser.start()
+    try:
+        assert cma.producer.wait_for_copies(WAIT_MS / 1000)
+        assert status.wait_for(WAIT_MS) and status.succeeded()
+    finally:
+        releaser.cancel()
