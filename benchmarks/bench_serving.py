@@ -694,7 +694,7 @@ def report(results: dict, expected, our_timelines) -> int:
               f"{statistics.median(len(i['posts']) for i in timeline):.0f}"
               + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))} (P's prefill)" if rb else ""))
 
-    ours = summary.get("ours-write")
+    ours = summary.get("ours-write")      # the ratios below: WRITE, the connector's default mode
     peers = {n: s for n, s in summary.items() if n in PEER_NAMES and s["n"] and s["ok"] == s["n"]}
     broken = [n for n in PEER_NAMES if n in summary and n not in peers]
     if broken:
@@ -711,6 +711,12 @@ def report(results: dict, expected, our_timelines) -> int:
             xfer_ratio = ours["xfer"] / min(s["xfer"] for s in with_xfer)
     if ours and ours["xfer"] and ours["bytes"] and memcpy:
         eff = ours["bytes"] / ours["xfer"] / memcpy
+    read = summary.get("ours-read")
+    if read and peers:
+        best_xfer = min((s["xfer"] for s in peers.values() if s["xfer"]), default=None)
+        print(f"ours-read against the best peer: e2e {read['e2e'] / min(s['e2e'] for s in peers.values()):.3f}, "
+              f"transfer {read['xfer'] / best_xfer if read['xfer'] and best_xfer else float('nan'):.3f} "
+              "(for comparison; the three lines below are WRITE's)")
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
     print(f"kv_copy_efficiency: {eff:.4f}")

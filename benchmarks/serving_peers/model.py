@@ -7,8 +7,9 @@ scale (every token depends on the whole context) and the same seed gives the sam
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from moriio_fsm.serving.tiny_model import make_llama as make_any_llama
 
 #: 8 layers x 8 KV heads x head_dim 64 x (K and V) x bf16 = 16 KiB of KV per token; a narrow
 #: residual (256) and MLP keep one prefill of ~1100 tokens cheap on one core.
@@ -26,29 +27,7 @@ def kv_bytes_per_token(shape: dict, dtype_bytes: int = 2) -> int:
 
 
 def make_llama(folder: str | Path, shape: dict | None = None, seed: int = 0) -> Path:
-    """Write ``config.json`` and random ``model.safetensors`` to ``folder`` (kept when the shape matches)."""
+    """The race's model (``RACE_LLAMA`` unless ``shape``) in ``folder``, weights at 1.5/sqrt(hidden)."""
     shape = dict(RACE_LLAMA if shape is None else shape)
-    folder = Path(folder)
-    stamp = folder / "race-shape.json"
-    wanted = json.dumps({"shape": shape, "seed": seed}, sort_keys=True)
-    if (folder / "model.safetensors").is_file() and stamp.is_file() and stamp.read_text() == wanted:
-        return folder
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                # std 1/sqrt(hidden): logits stay sensitive to every cached value without overflowing.
-                parameter.normal_(0.0, shape["hidden_size"] ** -0.5 * 1.5)
-    model.save_pretrained(folder, safe_serialization=True)
-    config_path = folder / "config.json"
-    data = json.loads(config_path.read_text())
-    data["architectures"] = ["LlamaForCausalLM"]
-    data["torch_dtype"] = "bfloat16"
-    config_path.write_text(json.dumps(data, indent=1))
-    stamp.write_text(wanted)
-    return folder
+    # std 1/sqrt(hidden): logits stay sensitive to every cached value without overflowing.
+    return make_any_llama(folder, shape, seed, std=shape["hidden_size"] ** -0.5 * 1.5)

@@ -21,30 +21,43 @@ TINY_LLAMA = {
 }
 
 
-def make_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
-    """Write ``config.json`` and random ``model.safetensors`` to ``folder`` (kept if present)."""
+def make_llama(folder: str | Path, shape: dict, seed: int = 0, std: float = 0.08) -> Path:
+    """Write ``config.json`` and random ``model.safetensors`` of a Llama of ``shape`` to ``folder``.
+
+    Kept when a stamp in the folder says the same shape, seed and weight scale made it, and
+    made again otherwise (a folder left by another seed must not pass for this one).
+    ``std`` is the weights' scale: that of a trained model, so every logit depends on the
+    whole context.
+    """
     folder = Path(folder)
-    weights = folder / "model.safetensors"
-    if weights.is_file() and (folder / "config.json").is_file():
+    stamp = folder / "moriio-fsm-model.json"
+    wanted = json.dumps({"shape": shape, "seed": seed, "std": std}, sort_keys=True)
+    if (folder / "model.safetensors").is_file() and stamp.is_file() and stamp.read_text() == wanted:
         return folder
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
+    config = LlamaConfig(**{k: v for k, v in shape.items() if k not in ("architectures", "model_type", "torch_dtype")})
     model = LlamaForCausalLM(config).to(torch.bfloat16)
-    # Weights of a trained model's scale: every logit depends on the whole context.
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.08)
+                parameter.normal_(0.0, std)
     model.save_pretrained(folder, safe_serialization=True)
     config_path = folder / "config.json"
     data = json.loads(config_path.read_text())
-    data["architectures"] = TINY_LLAMA["architectures"]
+    data["architectures"] = ["LlamaForCausalLM"]
+    data["torch_dtype"] = "bfloat16"
     config_path.write_text(json.dumps(data, indent=1))
+    stamp.write_text(wanted)
     return folder
+
+
+def make_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
+    """The demo's model (``TINY_LLAMA``) in ``folder``; see ``make_llama``."""
+    return make_llama(folder, TINY_LLAMA, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
