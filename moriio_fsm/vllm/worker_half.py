@@ -178,8 +178,9 @@ class WorkerHalf:
         engine copied at once are dispatched here, on this thread.
         """
         with self._posting_together():
-            results = self.drivers[side].dispatch(event)
-        self._settled(side, results)
+            # Settled before the block's end dispatches completions: a completion may end the
+            # transfer, and its metrics must see this dispatch's steps first.
+            self._settled(side, self.drivers[side].dispatch(event))
 
     @contextlib.contextmanager
     def _posting_together(self):
@@ -200,7 +201,10 @@ class WorkerHalf:
     def _complete(self, status, transfer_id: str, layer: int, op: str) -> None:
         event = self.poller.event_if_final(status, transfer_id, layer, op)
         if event is None:
-            self.poller.submit(status, transfer_id, layer, op)
+            try:
+                self.poller.submit(status, transfer_id, layer, op)
+            except RuntimeError:         # closing: nothing waits for this completion any more
+                pass
             return
         try:
             self._dispatch_adapter_event(event)
@@ -430,12 +434,13 @@ class WorkerHalf:
     COPY_WAIT_S = 0.05
 
     def finished(self) -> tuple[set[str], set[str]]:
-        """What finished since the last call; first lets a copy in flight end (briefly), so that
-        vLLM's engine loop, which asks without pause while a request waits for KV, does not
-        spin on the core the copy needs, and the transfer it waits for is reported at once."""
-        wait_for_copies = getattr(self.engine, "wait_for_copies", None)
-        if wait_for_copies is not None:
-            wait_for_copies(self.COPY_WAIT_S)
+        """What finished since the last call; on one core, first lets a copy in flight end
+        (briefly), so that vLLM's engine loop, which asks without pause while a request waits
+        for KV, does not spin on the core the copy needs."""
+        # Only an engine copying inline shares this core with the loop; with cores to spare,
+        # waiting would only delay other requests' steps.
+        if getattr(self.engine, "inline_copies", False):
+            self.engine.wait_for_copies(self.COPY_WAIT_S)
         return self.reports.take()
 
     def load_errors(self) -> set[int]:

@@ -293,3 +293,23 @@ def test_bad_transfer_params_compute_the_prompt_locally_and_never_crash(make_ins
     D.add("d-1", PROMPT, TOKENS, params)
     assert run_until([D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and D.empty())
     assert D.outputs["d-1"] == expected
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_read_whose_layers_complete_at_once_leaves_no_transfer_in_the_metrics(make_instance, monkeypatch,
+                                                                                 inline):
+    # On one core the engine copies as D posts, so the layers complete inside the dispatch
+    # that posted them: the metrics must still see that dispatch's steps before the end.
+    import os
+
+    if inline:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    P, D = make_instance("P", "kv_producer", True), make_instance("D", "kv_consumer", True)
+    assert D.worker._worker.engine.inline_copies is inline
+    P.add("p-1", PROMPT, 1, {"do_remote_decode": True, "transfer_id": "tx-metrics"})
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    for instance in (P, D):
+        metrics = instance.worker._worker.metrics
+        assert not metrics._live, f"{instance.name} still tracks {dict(metrics._live)}"

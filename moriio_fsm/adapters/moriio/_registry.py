@@ -117,11 +117,18 @@ class PublishedRegistry:
 
 
 class RegistryView:
-    """One open of a (possibly another process's) table; its locks are its own."""
+    """One open of a (possibly another process's) table; its locks are its own.
+
+    Holds are counted per slot: an OFD lock is one lock per open, so without a count the
+    first of two overlapping copies to finish (two threads, or two batches of one call)
+    would unlock the slot under the other, and its owner could free the memory mid-copy.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._closed = False
+        self._holders: dict[int, int] = {}   # slot -> holds taken and not yet released
+        self._holders_lock = threading.Lock()
 
     @classmethod
     def open(cls, pid: int, table_fd: int, token: bytes) -> "RegistryView":
@@ -161,17 +168,31 @@ class RegistryView:
 
         Never blocks: a slot being withdrawn counts as gone.
         """
-        if self._closed or not _lock(self._fd, fcntl.F_RDLCK, _slot_offset(slot), _SLOT_BYTES):
-            return False
-        if self.holds(slot, mem_id, address, size):
+        with self._holders_lock:
+            if self._closed:
+                return False
+            count = self._holders.get(slot, 0)
+            if count == 0 and not _lock(self._fd, fcntl.F_RDLCK, _slot_offset(slot), _SLOT_BYTES):
+                return False
+            if not self.holds(slot, mem_id, address, size):
+                if count == 0:           # only a lock this call took is given back
+                    _lock(self._fd, fcntl.F_UNLCK, _slot_offset(slot), _SLOT_BYTES)
+                return False
+            self._holders[slot] = count + 1
             return True
-        self.release(slot)
-        return False
 
     def release(self, slot: int) -> None:
-        _lock(self._fd, fcntl.F_UNLCK, _slot_offset(slot), _SLOT_BYTES)
+        """Give back one ``hold``; the lock goes with the last one."""
+        with self._holders_lock:
+            count = self._holders.pop(slot, 0)
+            if count > 1:
+                self._holders[slot] = count - 1
+            elif count == 1 and not self._closed:
+                _lock(self._fd, fcntl.F_UNLCK, _slot_offset(slot), _SLOT_BYTES)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)
+        with self._holders_lock:
+            if not self._closed:
+                self._closed = True
+                self._holders.clear()
+                os.close(self._fd)

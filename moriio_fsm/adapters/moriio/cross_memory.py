@@ -468,7 +468,12 @@ class CrossMemoryEngine(TransferEngine):
         self._require_open("register_torch_tensor")
         mem_id, address = next(self._mem_ids), tensor.data_ptr()
         pinned = self._pin_memory and pin_pages(address, nbytes, f"engine {self.key!r}")
-        slot = self._registry.publish(mem_id, address, nbytes)
+        try:
+            slot = self._registry.publish(mem_id, address, nbytes)
+        except BaseException:
+            if pinned:
+                unpin_pages(address, nbytes)
+            raise
         desc = CrossMemoryMemoryDesc(
             engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
             dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape))
@@ -584,7 +589,14 @@ class CrossMemoryEngine(TransferEngine):
             if outermost:
                 held, together.held = together.held, None
                 if held:
-                    self._flush(held)
+                    try:
+                        self._flush(held)
+                    except BaseException:
+                        for _, posted in held:   # a status nobody settles would never end
+                            posted.status.settle(StatusCode.ERR_BAD_STATE,
+                                                 f"batch_{posted.op} uid {posted.batch.transfer_uid}: "
+                                                 "the engine failed to carry it out")
+                        raise
 
     def _flush(self, held: list[tuple[int, _Posted]]) -> None:
         if self.inline_copies:
@@ -708,6 +720,10 @@ class CrossMemoryEngine(TransferEngine):
                 if outcomes[index] is not None or id(posted) in copied:
                     continue
                 session, batch = posted.session, posted.batch
+                reason = session._why_dead()      # killed while the joint call ran: copy nothing more
+                if reason is not None:
+                    outcomes[index] = StatusCode.ERR_RDMA_OP, reason
+                    continue
                 try:
                     self._move(op, pid, session.local_mem.address, session.remote_mem.address,
                                batch.local_offsets, batch.remote_offsets, batch.sizes, batch.total_bytes)

@@ -274,3 +274,31 @@ def test_wait_for_copies_returns_when_the_copy_on_another_thread_ends(cma, monke
         assert status.wait_for(WAIT_MS) and status.succeeded()
     finally:
         releaser.cancel()
+
+
+# -- overlapping holds of one registration ------------------------------------------------
+
+def test_overlapping_holds_keep_the_slot_until_the_last_one_is_released():
+    import os
+
+    from moriio_fsm.adapters.moriio._registry import PublishedRegistry, RegistryView
+
+    table = PublishedRegistry(8)
+    view = RegistryView.open(os.getpid(), table.fd, table.token)
+    try:
+        slot = table.publish(1, 0x10000, 4096)
+        # Two copies through one open of the table: two threads, or two batches of one call.
+        assert view.hold(slot, 1, 0x10000, 4096) and view.hold(slot, 1, 0x10000, 4096)
+        view.release(slot)                                   # the first copy ends
+        assert not table.withdraw(slot, 0.0)                 # the second still keeps the memory
+        view.release(slot)
+        assert table.withdraw(slot, 0.0)
+        other = table.publish(2, 0x20000, 4096)
+        assert view.hold(other, 2, 0x20000, 4096)
+        assert not view.hold(other, 99, 0x20000, 4096)      # a stale descriptor holds nothing...
+        assert not table.withdraw(other, 0.0)                # ...and takes no sibling's hold away
+        view.release(other)
+        assert table.withdraw(other, 0.0)
+    finally:
+        view.close()
+        table.close(0.0)
