@@ -286,20 +286,25 @@ class CrossMemorySession(TransferSession):
 
     def _hold(self) -> tuple[int, str] | None:
         """Hold both registrations for a copy; the failure that forbids it, or None (then ``_let_go`` after)."""
-        if self._engine.closed:  # taken off the queue just before close: ends as close ends the queued ones
-            return StatusCode.ERR_BAD_STATE, f"engine {self._engine.key!r} closed before the transfer completed"
         reason = self._why_dead()
         if reason is not None:
-            return StatusCode.ERR_RDMA_OP, reason
+            return self._failure(reason)
         local, remote = self.local_mem, self.remote_mem
         own_table = self._engine._own.registry
         if not own_table.hold(local.slot, local.mem_id, local.address, local.size):
-            return StatusCode.ERR_RDMA_OP, f"local memory {local.mem_id} was deregistered"
+            return self._failure(f"local memory {local.mem_id} was deregistered")
         if not self._peer.registry.hold(remote.slot, remote.mem_id, remote.address, remote.size):
             own_table.release(local.slot)
-            return (StatusCode.ERR_RDMA_OP, f"remote memory {remote.mem_id} of engine "
-                    f"{remote.engine_key!r} was deregistered (or its engine closed)")
+            return self._failure(f"remote memory {remote.mem_id} of engine {remote.engine_key!r} "
+                                 "was deregistered (or its engine closed)")
         return None
+
+    def _failure(self, reason: str) -> tuple[int, str]:
+        """A refused or cut-short copy's outcome: ERR_BAD_STATE when this engine is closing (a
+        transfer taken off the queue just before close ends as close ends the queued ones)."""
+        if self._engine.closed:
+            return StatusCode.ERR_BAD_STATE, f"engine {self._engine.key!r} closed before the transfer completed"
+        return StatusCode.ERR_RDMA_OP, reason
 
     def _let_go(self) -> None:
         self._peer.registry.release(self.remote_mem.slot)
@@ -310,7 +315,7 @@ class CrossMemorySession(TransferSession):
         # byte copied went to the process the descriptor names.
         reason = self._peer.gone()
         if reason is not None:
-            return StatusCode.ERR_RDMA_OP, f"{reason} (it ended during the transfer)"
+            return self._failure(f"{reason} (it ended during the transfer)")
         return StatusCode.SUCCESS, ""
 
 
@@ -722,13 +727,13 @@ class CrossMemoryEngine(TransferEngine):
                 session, batch = posted.session, posted.batch
                 reason = session._why_dead()      # killed while the joint call ran: copy nothing more
                 if reason is not None:
-                    outcomes[index] = StatusCode.ERR_RDMA_OP, reason
+                    outcomes[index] = session._failure(reason)
                     continue
                 try:
                     self._move(op, pid, session.local_mem.address, session.remote_mem.address,
                                batch.local_offsets, batch.remote_offsets, batch.sizes, batch.total_bytes)
                 except CrossMemoryError as exc:
-                    outcomes[index] = StatusCode.ERR_RDMA_OP, str(exc)
+                    outcomes[index] = session._failure(str(exc))
         finally:
             for posted in held:
                 posted.session._let_go()
