@@ -88,20 +88,15 @@ def _text_list(key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _backend(key: str, value: Any) -> str:
-    name = _text(key, value).strip().lower()
-    if name not in BACKENDS:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown backend "
-                                   f"{value!r}; expected one of {', '.join(BACKENDS)}")
-    return name
-
-
-def _write_posting(key: str, value: Any) -> str:
-    name = _text(key, value).strip().lower()
-    if name not in WRITE_POSTINGS:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown write posting "
-                                   f"{value!r}; expected one of {', '.join(WRITE_POSTINGS)}")
-    return name
+def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str, Any], str]:
+    """A parser for a name out of ``choices`` (case and surrounding spaces ignored)."""
+    def parse(key: str, value: Any) -> str:
+        name = _text(key, value).strip().lower()
+        if name not in choices:
+            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown {what} "
+                                       f"{value!r}; expected one of {', '.join(choices)}")
+        return name
+    return parse
 
 
 def _machine_overrides(key: str, value: Any) -> dict[str, dict[str, Any]]:
@@ -203,7 +198,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "proxy_ip": (_text, ""),
     "proxy_ping_port": (lambda k, v: _int(k, v, 0, 65535), 0),
     "read_mode": (_flag, False),
-    "backend": (_backend, "rdma"),
+    "backend": (_one_of(BACKENDS, "backend"), "rdma"),
     "qp_per_transfer": (lambda k, v: _int(k, v, 1, 1024), 1),
     "post_batch_size": (lambda k, v: _int(k, v, -1, 1 << 20), -1),
     "num_workers": (lambda k, v: _int(k, v, 1, 256), 1),
@@ -221,7 +216,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "tick_interval": (_seconds, 0.02),
     "fault_injection": (_faults, {}),
     "ucx": (_ucx, {}),
-    "write_posting": (_write_posting, "auto"),
+    "write_posting": (_one_of(WRITE_POSTINGS, "write posting"), "auto"),
 }
 
 
