@@ -42,7 +42,8 @@ def make_engine(settings: ConnectorSettings, host: str):
     if settings.backend == "same_host":
         from ..adapters.moriio.cross_memory import CrossMemoryEngine
 
-        return lambda key: CrossMemoryEngine(key, host)
+        # KV caches are registered before the first forward, so their pages can be shared.
+        return lambda key: CrossMemoryEngine(key, host, share_pages=True)
     if settings.backend == "nixl":
         from ..adapters.nixl import NixlEngine
 

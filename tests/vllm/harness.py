@@ -12,6 +12,7 @@ hold, so a block that did not arrive changes the output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -38,6 +39,15 @@ NUM_BLOCKS = 48
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 HEADS, HEAD_SIZE = 2, 8
 EOS = 0
+
+
+def page_aligned_full(shape: tuple[int, ...], value: float) -> torch.Tensor:
+    """A float32 tensor of ``shape`` filled with ``value`` that starts on a page boundary."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    count = math.prod(shape)
+    whole = torch.full((count + page // 4,), value)
+    skip = (-whole.data_ptr() % page) // 4
+    return whole[skip:skip + count].view(shape)
 
 
 def free_port() -> int:
@@ -100,8 +110,9 @@ class Instance:
                                    log_stats=True, structured_output_manager=StructuredOutputManager(config),
                                    block_size=BLOCK_SIZE)
         self.worker = MoRIIOFSMConnector(config, KVConnectorRole.WORKER, self.kv_cache_config)
-        # vLLM's separated K/V layout [2, num_blocks, block_size, heads, head_size].
-        self.kv = {name: torch.full((2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE), -1.0)
+        # vLLM's separated K/V layout [2, num_blocks, block_size, heads, head_size], on whole
+        # pages as a large allocation of vLLM's is, so the same-host engine shares them.
+        self.kv = {name: page_aligned_full((2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE), -1.0)
                    for name in LAYERS}
         self.worker.register_kv_caches(self.kv)
         init_none_hash(lambda value: repr(value).encode())

@@ -1,8 +1,9 @@
 """CrossMemoryEngine: one-sided writes and reads between processes on one host, into tensors the other process allocated.
 
 Rules: mori's status semantics (posting returns at once, one worker thread settles each batch, bad values give
-already-failed statuses); bytes move by process_vm_writev / process_vm_readv (``_iovec``) only while both
-registrations are held in their owners' tables (``_registry``); faults come from ``engine.faults`` as in LoopbackEngine.
+already-failed statuses); bytes move only while both registrations are held in their owners' tables (``_registry``),
+by a memory copy into the peer's adopted pages where it shares them (``shared_memory``), else by process_vm_writev /
+process_vm_readv (``_iovec``); faults come from ``engine.faults`` as in LoopbackEngine.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import heapq
 import itertools
 import logging
+import mmap
 import os
 import select
 import socket
@@ -30,6 +32,7 @@ import torch
 from . import _iovec
 from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
 from .resident import pin_pages, unpin_pages
+from .shared_memory import AdoptedPages, PeerPages, RegionUnavailable
 from ._registry import TOKEN_BYTES, PublishedRegistry, RegistryUnavailable, RegistryView
 from .engine import ArgumentProblem, CheckedBatch, TransferEngine, TransferSession, check_transfer_batch, require_bytes
 from .faults import NO_FAULT, InjectedFailure, LoopbackFaults, PostedTransfer
@@ -47,6 +50,7 @@ _log = logging.getLogger(__name__)
 
 _Positive = Annotated[int, msgspec.Meta(gt=0)]
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+_Token = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{0,32}$")]
 
 # prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY): Yama's per-process opt-in for ptrace_scope 1.
 _PR_SET_PTRACER = 0x59616D61
@@ -92,6 +96,27 @@ class CrossMemoryMemoryDesc(msgspec.Struct, frozen=True, tag="moriio-cma-memory"
     size: _Positive
     dtype: str
     shape: tuple[int, ...]
+    # The whole pages of it the owner shares (``AdoptedPages``): a memfd at this fd of the
+    # owner, named with this token, mapped at shared_start for shared_size bytes; -1: none.
+    shared_fd: int = -1
+    shared_token: _Token = ""
+    shared_start: _NonNegative = 0
+    shared_size: _NonNegative = 0
+
+    def __post_init__(self) -> None:
+        if self.shared_fd < 0:
+            if self.shared_fd != -1 or self.shared_token or self.shared_start or self.shared_size:
+                raise ValueError("shared_fd is -1 when no pages are shared, with no token, start or size")
+            return
+        if not self.shared_token or self.shared_size == 0 or self.shared_start % mmap.PAGESIZE:
+            raise ValueError("shared pages need a token, a size and a page-aligned start")
+        if self.shared_start < self.address or self.shared_start + self.shared_size > self.address + self.size:
+            raise ValueError(f"shared pages [{self.shared_start:#x}, +{self.shared_size}) lie outside the "
+                             f"memory [{self.address:#x}, +{self.size})")
+
+    @property
+    def shares_pages(self) -> bool:
+        return self.shared_fd >= 0
 
     def pack(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -110,14 +135,18 @@ def _decode(what: str, kind: type, packed: Any):
         raise ValueError(f"{what} is not a packed {kind.__name__}: {exc}") from None
 
 
-def _absolute_ranges(group: list[_Posted]) -> tuple[list[int], list[int], list[int], int]:
-    """The ranges of several batches as absolute addresses (local, remote), sizes and their total."""
+def _absolute_ranges(group: list[_Posted], here: bool) -> tuple[list[int], list[int], list[int], int]:
+    """The ranges of several batches as absolute addresses (local, remote), sizes and their total.
+
+    Remote addresses are the peer's own, or with ``here`` where its memory is mapped in this process.
+    """
     local: list[int] = []
     remote: list[int] = []
     sizes: list[int] = []
     for posted in group:
         batch, session = posted.batch, posted.session
-        local_base, remote_base = session.local_mem.address, session.remote_mem.address
+        local_base = session.local_mem.address
+        remote_base = session.mapped_remote_address if here else session.remote_mem.address
         local.extend(local_base + offset for offset in batch.local_offsets)
         remote.extend(remote_base + offset for offset in batch.remote_offsets)
         sizes.extend(batch.sizes)
@@ -144,6 +173,20 @@ def _close_peer_handles(pidfd: int, registry: RegistryView) -> None:
     registry.close()
 
 
+def _copy_here(op: str, local_base: int, remote_base: int, local_offsets: list[int], remote_offsets: list[int],
+               sizes: list[int], *, range_base: int = 0, bytes_base: int = 0) -> None:
+    """Move ranges between two blocks of this process's memory (the peer's mapped here): "write"
+    copies local -> remote, "read" remote -> local. It cannot fail part-way: the memory is
+    mapped for as long as the session that asked lives, and sealed against shrinking."""
+    move = ctypes.memmove   # lets go of the GIL while it copies
+    if op == "write":
+        for local, remote, size in zip(local_offsets, remote_offsets, sizes):
+            move(remote_base + remote, local_base + local, size)
+    else:
+        for local, remote, size in zip(local_offsets, remote_offsets, sizes):
+            move(local_base + local, remote_base + remote, size)
+
+
 class _Peer:
     """An engine this one can reach: a pidfd on its process and an open of its registration table.
 
@@ -160,6 +203,32 @@ class _Peer:
         # sessions of several threads ask whether the peer is gone.
         self._exit_lock = threading.Lock()
         self._handles = weakref.finalize(self, _close_peer_handles, pidfd, registry)
+        self._pages_lock = threading.Lock()
+        # mem_id -> (its descriptor, this process's mapping of its shared pages or None if
+        # they could not be mapped). A session keeps its mapping alive on its own.
+        self._pages: dict[int, tuple[CrossMemoryMemoryDesc, PeerPages | None]] = {}
+
+    def pages_of(self, mem: CrossMemoryMemoryDesc) -> PeerPages | None:
+        """This process's mapping of ``mem``'s shared pages, made on first use; None without one."""
+        with self._pages_lock:
+            known = self._pages.get(mem.mem_id)
+        if known is not None and known[0] == mem:
+            return known[1]
+        mapping = None
+        try:
+            mapping = PeerPages(mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size)
+        except (RegionUnavailable, OSError) as exc:
+            _log.warning("memory %s of engine %r: its shared pages cannot be mapped (%s); the kernel copies "
+                         "into it instead", mem.mem_id, self.desc.key, exc)
+        if self.gone() is not None:   # the pid may have been someone else's when the fd was opened
+            return None
+        with self._pages_lock:
+            # Forget what the owner no longer registers, so a mapping of freed memory is not kept.
+            for mem_id, (desc, _) in list(self._pages.items()):
+                if not self.registry.holds(desc.slot, desc.mem_id, desc.address, desc.size):
+                    del self._pages[mem_id]
+            self._pages[mem.mem_id] = (mem, mapping)
+        return mapping
 
     def gone(self) -> str | None:
         """Why transfers to this peer must fail, or None."""
@@ -168,10 +237,15 @@ class _Peer:
         with self._exit_lock:
             exited = self._exit.poll(0)
         if exited:
+            # Its memory lives on while mapped here: let go of it (sessions still hold theirs).
+            with self._pages_lock:
+                self._pages.clear()
             return f"process {self.desc.pid} of engine {self.desc.key!r} is gone"
         return None
 
     def close(self) -> None:
+        with self._pages_lock:
+            self._pages.clear()
         self._handles()
 
 
@@ -225,10 +299,14 @@ class _Registration:
     desc: CrossMemoryMemoryDesc
     tensor: torch.Tensor  # held so the memory cannot be freed while peers may reach it
     pinned: bool = False
+    adopted: AdoptedPages | None = None
 
-    def unpin(self) -> None:
+    def let_go(self) -> bool:
+        """After the last copy into it: unlock it and give its shared pages back to private
+        memory; False if they stay shared (the memory must then never be freed)."""
         if self.pinned:
             unpin_pages(self.desc.address, self.desc.size)
+        return self.adopted is None or self.adopted.give_back()
 
 
 @dataclass(slots=True, eq=False)
@@ -238,6 +316,7 @@ class _Posted:
     op: str
     batch: CheckedBatch
     failure: InjectedFailure | None
+    here: bool   # the copy is a memory copy in this process (the peer's pages are mapped here)
 
 
 class CrossMemorySession(TransferSession):
@@ -250,6 +329,25 @@ class CrossMemorySession(TransferSession):
         self.remote_mem = remote
         self.remote_engine_key = remote.engine_key  # what fault rules match on
         self._peer = peer
+        # Where the remote memory can be reached in this process, if it can: this engine's
+        # own memory, or a peer's pages mapped here (held by the session so they stay mapped).
+        self._pages = None
+        self.mapped_remote_address: int | None = None
+        self._here_low = self._here_high = 0    # remote offsets the mapping covers
+        if peer is engine._own:
+            self.mapped_remote_address, self._here_high = remote.address, remote.size
+        elif remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
+            self._pages = pages
+            self.mapped_remote_address = pages.address - remote.shared_start + remote.address
+            self._here_low = remote.shared_start - remote.address
+            self._here_high = self._here_low + remote.shared_size
+
+    def _copies_here(self, batch: CheckedBatch) -> bool:
+        """Whether every remote range of ``batch`` lies where this process can reach it."""
+        if self.mapped_remote_address is None:
+            return False
+        offsets = batch.remote_offsets
+        return min(offsets) >= self._here_low and max(map(int.__add__, offsets, batch.sizes)) <= self._here_high
 
     def allocate_transfer_uid(self) -> int:
         return self._engine.allocate_transfer_uid()
@@ -338,6 +436,12 @@ class CrossMemoryEngine(TransferEngine):
     burst costs one hand-off, not one per layer). With ``pin_memory`` registered memory
     is locked resident (``resident.py``) until it is deregistered, as an RDMA
     registration pins it: a copy into a KV block that sat unused never waits for faults.
+    With ``share_pages`` a registered tensor's whole pages are moved in place onto a sealed
+    memfd (``AdoptedPages``: same addresses, same bytes) that peers map, so their copies
+    into it are plain memory copies: a cross-process copy pins each 4 KiB page again on
+    every call, which made it half as fast here. Register such a tensor before anything
+    writes it (a KV cache at start): a write during the move could be lost. Memory that
+    is not private anonymous memory (a file, shared memory) is registered as it is.
     With ``inline_copies`` (by default when this process may run on one core only) a batch
     no fault delays is copied by the thread that posts it, and the status it returns is
     already final: where the worker could only take turns with the poster on the same
@@ -354,7 +458,7 @@ class CrossMemoryEngine(TransferEngine):
     def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
                  copy_threads: int | None = None, max_registrations: int = 1 << 16,
                  deregister_wait_s: float = 10.0, pin_memory: bool = True,
-                 inline_copies: bool | None = None) -> None:
+                 inline_copies: bool | None = None, share_pages: bool = False) -> None:
         problem = native_calls_problem()
         if problem is not None:
             raise CrossMemoryError(errno.ENOSYS, problem)
@@ -374,6 +478,7 @@ class CrossMemoryEngine(TransferEngine):
         self.key = key
         self.faults = LoopbackFaults()
         self._pin_memory = bool(pin_memory)
+        self._share_pages = bool(share_pages)
         self._deregister_wait_s = float(deregister_wait_s)
         self._registry = PublishedRegistry(max_registrations)
         # The token also lives in this process's memory, where a peer's probe reads it.
@@ -472,18 +577,25 @@ class CrossMemoryEngine(TransferEngine):
             raise ValueError("an empty tensor cannot be registered")
         self._require_open("register_torch_tensor")
         mem_id, address = next(self._mem_ids), tensor.data_ptr()
+        adopted = AdoptedPages.adopt(address, nbytes) if self._share_pages else None
         pinned = self._pin_memory and pin_pages(address, nbytes, f"engine {self.key!r}")
+        registration = None
         try:
             slot = self._registry.publish(mem_id, address, nbytes)
-        except BaseException:
-            if pinned:
-                unpin_pages(address, nbytes)
-            raise
-        desc = CrossMemoryMemoryDesc(
-            engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
-            dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape))
+            shared = {} if adopted is None else dict(shared_fd=adopted.fd, shared_token=adopted.token,
+                                                     shared_start=adopted.start, shared_size=adopted.size)
+            desc = CrossMemoryMemoryDesc(
+                engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
+                dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), **shared)
+            registration = _Registration(desc, tensor, pinned, adopted)
+        finally:
+            if registration is None:
+                if pinned:
+                    unpin_pages(address, nbytes)
+                if adopted is not None and not adopted.give_back():
+                    _lingering.append(tensor)
         with self._lock:
-            self._memory[mem_id] = _Registration(desc, tensor, pinned)
+            self._memory[mem_id] = registration
         return desc
 
     def deregister_memory(self, mem: CrossMemoryMemoryDesc) -> None:
@@ -503,7 +615,8 @@ class CrossMemoryEngine(TransferEngine):
             _log.warning("memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
                          mem.mem_id, self.key, self._deregister_wait_s)
             _lingering.append(registration.tensor)
-        registration.unpin()
+        if not registration.let_go():
+            _lingering.append(registration.tensor)
 
     def allocate_transfer_uid(self) -> int:
         with self._lock:
@@ -550,7 +663,7 @@ class CrossMemoryEngine(TransferEngine):
             sequence = self._sequence
         verdict = self.faults.decide(PostedTransfer(sequence, op, batch.transfer_uid, session.remote_engine_key,
                                                     len(batch.sizes), batch.total_bytes))
-        posted = _Posted(status, session, op, batch, verdict.failure)
+        posted = _Posted(status, session, op, batch, verdict.failure, session._copies_here(batch))
         status.mark_in_progress()
         held = getattr(self._together, "held", None)
         if held is not None and verdict is NO_FAULT:
@@ -677,15 +790,15 @@ class CrossMemoryEngine(TransferEngine):
 
     def _outcomes_of(self, due: list[_Posted]) -> list[tuple[int, str]]:
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
-        groups: dict[tuple[str, int], list[int]] = {}
+        groups: dict[tuple[str, int, bool], list[int]] = {}
         for index, posted in enumerate(due):
             if posted.failure is not None:
                 outcomes[index] = posted.failure.code, posted.failure.message
             else:
-                groups.setdefault((posted.op, posted.session.remote_mem.pid), []).append(index)
-        for (op, pid), members in groups.items():
+                groups.setdefault((posted.op, posted.session.remote_mem.pid, posted.here), []).append(index)
+        for (op, pid, here), members in groups.items():
             try:
-                for index, outcome in zip(members, self._copy_together(op, pid, [due[i] for i in members])):
+                for index, outcome in zip(members, self._copy_together(op, pid, here, [due[i] for i in members])):
                     outcomes[index] = outcome
             except Exception as exc:  # never let one transfer end the worker thread
                 _log.exception("cross-memory transfer failed unexpectedly")
@@ -697,13 +810,14 @@ class CrossMemoryEngine(TransferEngine):
             labelled.append((code, f"{label}: {message}" if message else ""))
         return labelled
 
-    def _copy_together(self, op: str, pid: int, group: list[_Posted]) -> list[tuple[int, str]]:
+    def _copy_together(self, op: str, pid: int, here: bool, group: list[_Posted]) -> list[tuple[int, str]]:
         """Carry out batches bound for process ``pid`` while each one's registrations are held.
 
-        One kernel call covers many batches (their ranges given as absolute addresses), which
-        saves a thread hand-off and a call per batch when several are due at once. If that call
-        fails, each batch is carried out alone again, so each gets its own outcome (a copy is
-        idempotent: bytes already moved are moved again to the same place).
+        With ``here`` the peer's memory is mapped in this process and the copies are memory
+        copies; else one kernel call covers many batches (their ranges given as absolute
+        addresses), which saves a thread hand-off and a call per batch when several are due
+        at once. If that call fails, each batch is carried out alone again, so each gets its
+        own outcome (a copy is idempotent: bytes already moved are moved again to the same place).
         """
         outcomes: list[tuple[int, str] | None] = []
         held = []
@@ -714,10 +828,10 @@ class CrossMemoryEngine(TransferEngine):
                 held.append(posted)
         try:
             copied = set()
-            if len(held) > 1:
-                ranges = _absolute_ranges(held)
+            if len(held) > 1 or (here and held):
+                ranges = _absolute_ranges(held, here)
                 try:
-                    self._move(op, pid, 0, 0, *ranges)
+                    self._move(op, None if here else pid, 0, 0, *ranges)
                     copied = {id(posted) for posted in held}
                 except CrossMemoryError:
                     pass  # each batch on its own below
@@ -730,7 +844,8 @@ class CrossMemoryEngine(TransferEngine):
                     outcomes[index] = session._failure(reason)
                     continue
                 try:
-                    self._move(op, pid, session.local_mem.address, session.remote_mem.address,
+                    remote_base = session.mapped_remote_address if here else session.remote_mem.address
+                    self._move(op, None if here else pid, session.local_mem.address, remote_base,
                                batch.local_offsets, batch.remote_offsets, batch.sizes, batch.total_bytes)
                 except CrossMemoryError as exc:
                     outcomes[index] = session._failure(str(exc))
@@ -740,17 +855,21 @@ class CrossMemoryEngine(TransferEngine):
         return [outcome if outcome is not None else posted.session._after_copy()
                 for posted, outcome in zip(group, outcomes)]
 
-    def _move(self, op: str, pid: int, local_base: int, remote_base: int,
+    def _move(self, op: str, pid: int | None, local_base: int, remote_base: int,
               lo: list[int], ro: list[int], sizes: list[int], total_bytes: int) -> None:
-        """Carry out ranges' syscalls on the worker, and on helper threads when they are many bytes.
+        """Carry out ranges' copies on this thread, and on helper threads when they are many bytes.
 
-        Runs while the worker holds the registrations, so helpers need no locks of their own.
-        The first error by range order is raised.
+        ``pid`` None: both sides are mapped in this process (memory copies); else the kernel
+        copies to or from process ``pid``. Runs while the registrations are held, so helpers
+        need no locks of their own. The first error by range order is raised.
         """
-        call = _iovec.SYSCALLS[op]
+        if pid is None:
+            move = functools.partial(_copy_here, op)
+        else:
+            move = functools.partial(move_ranges, _iovec.SYSCALLS[op], pid, op)
         parts = min(self._copy_threads, len(sizes))
         if parts < 2 or total_bytes < self.PARALLEL_COPY_MIN_BYTES:
-            move_ranges(call, pid, op, local_base, remote_base, lo, ro, sizes)
+            move(local_base, remote_base, lo, ro, sizes)
             return
         if self._copy_helpers is None:
             self._copy_helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix=f"cross-memory-{self.key}-copy")
@@ -765,8 +884,7 @@ class CrossMemoryEngine(TransferEngine):
 
         def part(a: int, b: int) -> CrossMemoryError | None:
             try:
-                move_ranges(call, pid, op, local_base, remote_base, lo[a:b], ro[a:b], sizes[a:b],
-                            range_base=a, bytes_base=sum(sizes[:a]))
+                move(local_base, remote_base, lo[a:b], ro[a:b], sizes[a:b], range_base=a, bytes_base=sum(sizes[:a]))
             except CrossMemoryError as exc:
                 return exc
             return None
@@ -802,7 +920,8 @@ class CrossMemoryEngine(TransferEngine):
             _log.warning("engine %r closed while a peer was still copying; its memory stays allocated", self.key)
             _lingering.extend(registration.tensor for registration in registrations)
         for registration in registrations:
-            registration.unpin()
+            if not registration.let_go():
+                _lingering.append(registration.tensor)
         for peer in peers:
             peer.withdrawn = True
             peer.close()

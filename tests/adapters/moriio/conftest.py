@@ -15,17 +15,19 @@ import torch
 from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
 from moriio_fsm.adapters.moriio._registry import REGISTRY_NAME_PREFIX
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
-from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
+from moriio_fsm.adapters.moriio.shared_memory import ADOPTED_NAME_PREFIX, REGION_NAME_PREFIX
 from moriio_fsm.adapters.nixl import probe_nixl
 
-# cross_memory_inline: the same-host engine copying on the posting thread (its default on one core).
-ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "nixl", "mori"]
+# cross_memory_inline: the same-host engine copying on the posting thread (its default on one core);
+# cross_memory_shared: the same-host engine sharing registered pages, so that peers copy by memcpy.
+ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "cross_memory_shared", "nixl", "mori"]
 # The engines that take LoopbackFaults as engine.faults.
-FAULT_ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline"]
+FAULT_ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "cross_memory_shared"]
 ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-", "nixl-")
 
 _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
-_ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "anon_inode:[pidfd]")
+# An adopted region's fd must close with its registration (its mapping is the tensor's memory).
+_ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "memfd:" + ADOPTED_NAME_PREFIX, "anon_inode:[pidfd]")
 
 
 def open_fds(*marks: str) -> set[str]:
@@ -42,7 +44,7 @@ def open_fds(*marks: str) -> set[str]:
 
 
 def engine_handles() -> set[str]:
-    """Open fds of cross-memory registration tables and pidfds in this process."""
+    """Open fds of cross-memory registration tables, adopted pages and pidfds in this process."""
     return open_fds(*_ENGINE_HANDLE_MARKS)
 
 
@@ -100,6 +102,8 @@ def make_engine(kind: str, key: str, **options):
         return CrossMemoryEngine(key, inline_copies=False, **options)
     if kind == "cross_memory_inline":
         return CrossMemoryEngine(key, inline_copies=True, **options)
+    if kind == "cross_memory_shared":
+        return CrossMemoryEngine(key, **({"inline_copies": False, "share_pages": True} | options))
     if kind == "nixl":
         availability = probe_nixl()
         if not availability.available:
@@ -113,6 +117,14 @@ def make_engine(kind: str, key: str, **options):
     from moriio_fsm.adapters.moriio import MoriEngine
 
     return MoriEngine(key, "127.0.0.1", 0)
+
+
+def page_aligned_zeros(size: int) -> torch.Tensor:
+    """A zeroed uint8 tensor that starts on a page boundary (a view into a larger allocation)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    whole = torch.zeros(size + page, dtype=torch.uint8)
+    skip = -whole.data_ptr() % page
+    return whole[skip:skip + size]
 
 
 class Pair:
@@ -134,6 +146,8 @@ class Pair:
         self.source = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator)
         if kind == "loopback":
             self.target = self.consumer.allocate_shared_tensor(size)
+        elif kind == "cross_memory_shared":
+            self.target = page_aligned_zeros(size)   # whole pages, which the engine shares
         else:
             self.target = torch.zeros(size, dtype=torch.uint8)
         self.source_mem = self.producer.register_torch_tensor(self.source)

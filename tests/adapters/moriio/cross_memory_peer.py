@@ -1,7 +1,8 @@
 """A peer process for the cross-memory tests: it allocates its own tensor, as vLLM allocates its KV cache.
 
-Roles (argv[1]): ``owner KEY NBYTES [N,H,B,D]`` prints its packed descriptors as one JSON line, then answers
-JSON-line commands (dump, fill, deregister, pull, exit) and runs no transfer code between them;
+Roles (argv[1]): ``owner KEY NBYTES [N,H,B,D] [share]`` prints its packed descriptors as one JSON line, then
+answers JSON-line commands (dump, fill, deregister, pull, exit) and runs no transfer code between them (``share``:
+its engine shares the tensor's pages, so peers copy into them by memcpy);
 ``intruder ENGINE MEMORY WHEN`` drops to uid 65534 before or after attaching and reports what the engine said.
 """
 
@@ -21,8 +22,8 @@ def reply(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def owner(key: str, nbytes: int, kv_shape: str | None) -> None:
-    with CrossMemoryEngine(key) as engine:
+def owner(key: str, nbytes: int, kv_shape: str | None, share: bool) -> None:
+    with CrossMemoryEngine(key, share_pages=share) as engine:
         if kv_shape:
             num_blocks, heads, block_size, head_size = (int(v) for v in kv_shape.split(","))
             # The CPU attention backend's per-layer cache: [num_blocks, num_kv_heads, block_size, 2*head_size].
@@ -31,7 +32,8 @@ def owner(key: str, nbytes: int, kv_shape: str | None) -> None:
             cache = torch.zeros(nbytes, dtype=torch.uint8)
         flat = cache.view(-1).view(torch.uint8)
         mem = engine.register_torch_tensor(cache)
-        reply(engine=engine.get_engine_desc().pack().hex(), memory=mem.pack().hex(), pid=os.getpid())
+        reply(engine=engine.get_engine_desc().pack().hex(), memory=mem.pack().hex(), pid=os.getpid(),
+              shares_pages=mem.shares_pages)
         for line in sys.stdin:
             command = json.loads(line)
             op = command["op"]
@@ -88,7 +90,9 @@ def intruder(engine_hex: str, memory_hex: str, when: str) -> None:
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "owner":
-        owner(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+        options = sys.argv[4:]
+        shape = next((option for option in options if option != "share"), None)
+        owner(sys.argv[2], int(sys.argv[3]), shape, "share" in options)
     elif role == "intruder":
         intruder(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

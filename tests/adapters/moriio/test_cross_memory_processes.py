@@ -27,9 +27,13 @@ def owner(key: str, *extra: str) -> JsonLinePeer:
     return JsonLinePeer(PEER_SCRIPT, "owner", key, str(REGION), *extra)
 
 
-@pytest.fixture(scope="module")
-def peer():
-    started = owner("cma-decode")
+# kernel: every copy is a process_vm_writev/readv; shared: both engines share their
+# tensors' pages, and each copies into the other's mapped pages by memcpy.
+@pytest.fixture(scope="module", params=["kernel", "shared"])
+def peer(request):
+    started = owner("cma-decode", *(["share"] if request.param == "shared" else []))
+    started.shared = request.param == "shared"
+    assert started.hello["shares_pages"] is started.shared
     yield started
     started.stop()
 
@@ -37,13 +41,16 @@ def peer():
 @pytest.fixture
 def prefill(peer):
     """This process's engine, attached to the module's peer, with a registered source tensor."""
-    with CrossMemoryEngine("cma-prefill") as engine:
+    with CrossMemoryEngine("cma-prefill", share_pages=peer.shared) as engine:
         engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(peer.hello["engine"])))
         source = torch.randint(0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
         local = engine.register_torch_tensor(source)
         remote = engine.unpack_memory_desc(bytes.fromhex(peer.hello["memory"]))
         session = engine.create_session(local, remote)
         assert session is not None and session.alive()
+        # Shared: the peer's pages are mapped here, so this process copies into them itself.
+        assert (session.mapped_remote_address is not None) is peer.shared
+        assert local.shares_pages is peer.shared
         yield engine, session, source, local
 
 
@@ -77,10 +84,11 @@ def test_the_peer_reads_this_processs_memory_into_its_own(peer, prefill):
     assert peer.dump(500_000, 70_000) == source[1234:71_234].numpy().tobytes()
 
 
-def test_a_cpu_attention_layer_planned_here_lands_block_by_block_in_the_peers_cache():
+@pytest.mark.parametrize("shared", [False, True], ids=["kernel", "shared"])
+def test_a_cpu_attention_layer_planned_here_lands_block_by_block_in_the_peers_cache(shared):
     """P plans one layer of the CPU backend's cache and writes it; D's blocks hold P's blocks' bytes."""
     heads, block_size, head_size = 2, 32, 16
-    decode = owner("cma-kv-decode", f"12,{heads},{block_size},{head_size}")
+    decode = owner("cma-kv-decode", f"12,{heads},{block_size},{head_size}", *(["share"] if shared else []))
     try:
         with CrossMemoryEngine("cma-kv-prefill") as engine:
             engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
@@ -111,12 +119,13 @@ def attached(decode: JsonLinePeer, key: str):
     return engine, session
 
 
-@pytest.fixture
-def doomed():
+@pytest.fixture(params=["kernel", "shared"])
+def doomed(request):
     """A fresh peer that the test may deregister or kill, and this process's engine attached to it."""
-    decode = owner("cma-doomed-decode")
+    decode = owner("cma-doomed-decode", *(["share"] if request.param == "shared" else []))
     try:
         engine, session = attached(decode, "cma-doomed-prefill")
+        assert (session.mapped_remote_address is not None) is (request.param == "shared")
         with engine:
             yield decode, engine, session
     finally:
@@ -133,6 +142,7 @@ def test_transfers_into_memory_the_peer_deregistered_fail_and_move_nothing(doome
     assert decode.dump(0, 4096) == bytes(4096)
 
 
+@pytest.mark.parametrize("doomed", ["kernel"], indirect=True)   # it stops the kernel's copy midway
 def test_a_peer_killed_between_two_calls_of_one_batch_ends_it_failed(doomed, monkeypatch):
     """The kernel itself answers ESRCH for the second IOV_MAX chunk: the peer died mid-batch."""
     decode, _, session = doomed
