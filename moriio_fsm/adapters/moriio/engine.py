@@ -76,6 +76,13 @@ def _integer(name: str, value: Any, expected: str = "an integer") -> int:
 
 
 def _int_list(name: str, values: Any) -> list[int]:
+    if type(values) is list or type(values) is tuple:
+        # What every caller passes: skip the Iterable check (an ABC check costs more than
+        # the conversion), and copy so that a caller changing its list cannot change the batch.
+        try:
+            return list(map(operator.index, values))
+        except TypeError:
+            pass                           # the slow path names the element
     if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
     values = list(values)

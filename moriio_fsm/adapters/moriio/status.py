@@ -70,13 +70,16 @@ class LocalTransferStatus:
     does each ``when_final`` callback, once.
     """
 
-    __slots__ = ("_code", "_message", "_lock", "_final", "_callbacks", "__weakref__")
+    __slots__ = ("_code", "_message", "_lock", "_final", "_waiters", "_callbacks", "__weakref__")
 
     def __init__(self) -> None:
         self._code = int(StatusCode.INIT)
         self._message = ""
         self._lock = threading.Lock()
-        self._final = threading.Event()
+        self._final = False
+        # Made by the first waiter: most statuses are never waited for (a transfer posts one
+        # per layer and hears of it by callback), and a Condition costs more than the rest.
+        self._waiters: threading.Condition | None = None
         self._callbacks: list[Callable[[], object]] | None = None
 
     # -- mori's query surface -------------------------------------------------
@@ -99,19 +102,25 @@ class LocalTransferStatus:
         return code_is_failure(self._code)
 
     def is_final(self) -> bool:
-        return self._final.is_set()
+        return self._final
 
     def wait(self) -> int:
         """Block until final; returns the final code."""
-        self._final.wait()
+        self.wait_for(-1)
         return self._code
 
     def wait_for(self, timeout_ms: int = -1) -> bool:
         """Block up to ``timeout_ms`` (negative: forever); True if now final."""
-        if timeout_ms is None or timeout_ms < 0:
-            self._final.wait()
+        if self._final:
             return True
-        return self._final.wait(timeout_ms / 1000.0)
+        with self._lock:
+            if self._waiters is None:
+                self._waiters = threading.Condition(self._lock)
+            if timeout_ms is None or timeout_ms < 0:
+                while not self._final:
+                    self._waiters.wait()
+                return True
+            return self._waiters.wait_for(lambda: self._final, timeout_ms / 1000.0)
 
     def when_final(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the status is final: now if it already is, else from ``settle``.
@@ -123,7 +132,7 @@ class LocalTransferStatus:
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         with self._lock:
-            if not self._final.is_set():
+            if not self._final:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(callback)
@@ -149,11 +158,13 @@ class LocalTransferStatus:
                 f"status code {code} is not final; expected SUCCESS (0) or a failure code above 10"
             )
         with self._lock:
-            if self._final.is_set():
+            if self._final:
                 return False
             self._message = message
             self._code = code
-            self._final.set()
+            self._final = True
+            if self._waiters is not None:
+                self._waiters.notify_all()
             callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             _call_quietly(callback)
