@@ -43,7 +43,7 @@ def make_engine(settings: ConnectorSettings, host: str):
         from ..adapters.moriio.cross_memory import CrossMemoryEngine
 
         # KV caches are registered before the first forward, so their pages can be shared.
-        return lambda key: CrossMemoryEngine(key, host, share_pages=True)
+        return lambda key: CrossMemoryEngine(key, host, share_pages=settings.share_pages)
     if settings.backend == "nixl":
         from ..adapters.nixl import NixlEngine
 

@@ -217,6 +217,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "fault_injection": (_faults, {}),
     "ucx": (_ucx, {}),
     "write_posting": (_one_of(WRITE_POSTINGS, "write posting"), "auto"),
+    "share_pages": (_flag, True),
 }
 
 
@@ -235,7 +236,12 @@ class ConnectorSettings:
     ``write_posting`` (WRITE mode, P): ``layerwise`` posts each layer as it is saved,
     ``after_forward`` posts them all when the forward ends; ``auto`` means
     ``after_forward`` for the same-host engine, whose copies run on P's CPU, and
-    ``layerwise`` for the others.
+    ``layerwise`` for the others. ``share_pages`` (backend ``same_host``): the KV cache's
+    pages go onto a memfd that peers map, so a transfer is a memory copy; any process
+    allowed to read this one's /proc/<pid>/fd (ptrace read access, which Yama's
+    ptrace_scope 1 does not restrict for the same user) can then map the cache, and a
+    mapping outlives a later loss of that permission. ``false`` keeps every copy in the
+    kernel, checked each time.
     """
 
     handshake_port: int = 6301
@@ -263,6 +269,7 @@ class ConnectorSettings:
     fault_injection: Mapping[str, Any] = field(default_factory=dict)
     ucx: Mapping[str, str] = field(default_factory=dict)
     write_posting: str = "auto"
+    share_pages: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":

@@ -64,6 +64,7 @@ def test_upstream_timeouts_reach_the_machines_and_d_outwaits_p():
     ({"trace_ring_size": -3}, "trace_ring_size"),
     ({"write_posting": "eventually"}, "write_posting"),
     ({"write_posting": 1}, "write_posting"),
+    ({"share_pages": "sometimes"}, "share_pages"),
 ])
 def test_a_bad_key_stops_the_start_naming_the_key(extra, named):
     with pytest.raises(ConnectorConfigError, match=named):
@@ -182,3 +183,21 @@ def test_a_read_lease_too_short_for_any_read_is_refused_naming_the_keys():
 def test_write_posting_auto_follows_who_copies(backend, posting, after_forward):
     extra = {"backend": backend} if posting is None else {"backend": backend, "write_posting": posting}
     assert ConnectorSettings.from_extra_config(extra).posts_after_forward is after_forward
+
+
+@pytest.mark.parametrize("extra, shared", [({}, True), ({"share_pages": "false"}, False), ({"share_pages": True}, True)])
+def test_share_pages_decides_whether_the_same_host_engine_shares_the_kv_cache(extra, shared):
+    import torch
+
+    from moriio_fsm.vllm.connector import make_engine
+
+    settings = ConnectorSettings.from_extra_config({"backend": "same_host", **extra})
+    engine = make_engine(settings, "127.0.0.1")("settings-share-pages")
+    try:
+        page = 4096
+        whole = torch.zeros(16 * page, dtype=torch.uint8)
+        skip = -whole.data_ptr() % page
+        desc = engine.register_torch_tensor(whole[skip:skip + 8 * page])
+        assert desc.shares_pages is shared
+    finally:
+        engine.close()

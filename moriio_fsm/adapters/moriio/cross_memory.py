@@ -2,7 +2,7 @@
 
 Rules: mori's status semantics (posting returns at once, one worker thread settles each batch, bad values give
 already-failed statuses); bytes move only while both registrations are held in their owners' tables (``_registry``),
-by a memory copy into the peer's adopted pages where it shares them (``shared_memory``), else by process_vm_writev /
+by a memory copy into the peer's adopted pages where it shares them (``shared_pages``), else by process_vm_writev /
 process_vm_readv (``_iovec``); faults come from ``engine.faults`` as in LoopbackEngine.
 """
 
@@ -32,7 +32,8 @@ import torch
 from . import _iovec
 from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
 from .resident import pin_pages, unpin_pages
-from .shared_memory import AdoptedPages, PeerPages, RegionUnavailable
+from .shared_memory import RegionUnavailable
+from .shared_pages import MemoryClaim, PeerPages, claim_memory
 from ._registry import TOKEN_BYTES, PublishedRegistry, RegistryUnavailable, RegistryView
 from .engine import ArgumentProblem, CheckedBatch, TransferEngine, TransferSession, check_transfer_batch, require_bytes
 from .faults import NO_FAULT, InjectedFailure, LoopbackFaults, PostedTransfer
@@ -216,19 +217,33 @@ class _Peer:
             return known[1]
         mapping = None
         try:
-            mapping = PeerPages(mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size)
+            mapping = PeerPages(mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size, mem.shared_start)
         except (RegionUnavailable, OSError) as exc:
             _log.warning("memory %s of engine %r: its shared pages cannot be mapped (%s); the kernel copies "
                          "into it instead", mem.mem_id, self.desc.key, exc)
         if self.gone() is not None:   # the pid may have been someone else's when the fd was opened
             return None
+        self.forget_stale_pages()
         with self._pages_lock:
-            # Forget what the owner no longer registers, so a mapping of freed memory is not kept.
-            for mem_id, (desc, _) in list(self._pages.items()):
-                if not self.registry.holds(desc.slot, desc.mem_id, desc.address, desc.size):
-                    del self._pages[mem_id]
             self._pages[mem.mem_id] = (mem, mapping)
         return mapping
+
+    def forget_stale_pages(self) -> None:
+        """Let go of mappings of memory the owner no longer registers (its pages are given back),
+        and of failures to map, so that a later session tries again."""
+        with self._pages_lock:
+            known = list(self._pages.items())
+        stale = [mem_id for mem_id, (desc, mapping) in known
+                 if mapping is None or not self.registry.holds(desc.slot, desc.mem_id, desc.address, desc.size)]
+        with self._pages_lock:
+            for mem_id in stale:
+                self._pages.pop(mem_id, None)
+
+    def withdraw(self) -> None:
+        """This peer is no longer reachable through this engine: its sessions fail from now on."""
+        self.withdrawn = True
+        with self._pages_lock:
+            self._pages.clear()
 
     def gone(self) -> str | None:
         """Why transfers to this peer must fail, or None."""
@@ -298,15 +313,15 @@ def _probe(desc: CrossMemoryEngineDesc) -> None:
 class _Registration:
     desc: CrossMemoryMemoryDesc
     tensor: torch.Tensor  # held so the memory cannot be freed while peers may reach it
+    claim: MemoryClaim
     pinned: bool = False
-    adopted: AdoptedPages | None = None
 
-    def let_go(self) -> bool:
-        """After the last copy into it: unlock it and give its shared pages back to private
-        memory; False if they stay shared (the memory must then never be freed)."""
+    def let_go(self, copies_ended: bool) -> bool:
+        """Unlock the memory and release its claim, giving shared pages back to private memory
+        once ``copies_ended``; False if pages stay shared (the memory must then never be freed)."""
         if self.pinned:
             unpin_pages(self.desc.address, self.desc.size)
-        return self.adopted is None or self.adopted.give_back()
+        return self.claim.release(give_back=copies_ended)
 
 
 @dataclass(slots=True, eq=False)
@@ -323,20 +338,19 @@ class CrossMemorySession(TransferSession):
     """A channel from one local registered tensor to one registered tensor of a peer engine on this host."""
 
     def __init__(self, engine: "CrossMemoryEngine", local: CrossMemoryMemoryDesc,
-                 remote: CrossMemoryMemoryDesc, peer: _Peer) -> None:
+                 remote: CrossMemoryMemoryDesc, peer: _Peer, local_plain: bool = False) -> None:
         self._engine = engine
         self.local_mem = local
         self.remote_mem = remote
         self.remote_engine_key = remote.engine_key  # what fault rules match on
         self._peer = peer
-        # Where the remote memory can be reached in this process, if it can: this engine's
-        # own memory, or a peer's pages mapped here (held by the session so they stay mapped).
+        # Where the remote memory can be reached in this process, if it can: a peer's pages
+        # mapped here (held by the session, so they stay mapped while it lives), and only
+        # when the local memory is plain memory a copy cannot fault on.
         self._pages = None
         self.mapped_remote_address: int | None = None
         self._here_low = self._here_high = 0    # remote offsets the mapping covers
-        if peer is engine._own:
-            self.mapped_remote_address, self._here_high = remote.address, remote.size
-        elif remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
+        if local_plain and remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
             self._pages = pages
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
             self._here_low = remote.shared_start - remote.address
@@ -548,7 +562,7 @@ class CrossMemoryEngine(TransferEngine):
         with self._lock:
             replaced, self._peers[desc.key] = self._peers.get(desc.key), peer
         if replaced is not None:
-            replaced.withdrawn = True  # sessions to the engine this key named before now fail
+            replaced.withdraw()  # sessions to the engine this key named before now fail
 
     def deregister_remote_engine(self, desc: CrossMemoryEngineDesc) -> None:
         """Forget a peer engine; its sessions' later transfers fail."""
@@ -557,7 +571,7 @@ class CrossMemoryEngine(TransferEngine):
         with self._lock:
             peer = self._peers.pop(desc.key, None)
         if peer is not None:
-            peer.withdrawn = True
+            peer.withdraw()
 
     def register_torch_tensor(self, tensor: torch.Tensor) -> CrossMemoryMemoryDesc:
         """Register a contiguous, non-empty CPU tensor so that peers can write into and read from it.
@@ -577,7 +591,8 @@ class CrossMemoryEngine(TransferEngine):
             raise ValueError("an empty tensor cannot be registered")
         self._require_open("register_torch_tensor")
         mem_id, address = next(self._mem_ids), tensor.data_ptr()
-        adopted = AdoptedPages.adopt(address, nbytes) if self._share_pages else None
+        claim = claim_memory(address, nbytes, self._share_pages)
+        adopted = claim.adopted
         pinned = self._pin_memory and pin_pages(address, nbytes, f"engine {self.key!r}")
         registration = None
         try:
@@ -587,12 +602,12 @@ class CrossMemoryEngine(TransferEngine):
             desc = CrossMemoryMemoryDesc(
                 engine_key=self.key, mem_id=mem_id, slot=slot, pid=self._desc.pid, address=address, size=nbytes,
                 dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), **shared)
-            registration = _Registration(desc, tensor, pinned, adopted)
+            registration = _Registration(desc, tensor, claim, pinned)
         finally:
             if registration is None:
                 if pinned:
                     unpin_pages(address, nbytes)
-                if adopted is not None and not adopted.give_back():
+                if not claim.release():
                     _lingering.append(tensor)
         with self._lock:
             self._memory[mem_id] = registration
@@ -611,11 +626,11 @@ class CrossMemoryEngine(TransferEngine):
             registration = self._memory.pop(mem.mem_id, None)
         if registration is None:
             return
-        if not self._registry.withdraw(registration.desc.slot, self._deregister_wait_s):
+        copies_ended = self._registry.withdraw(registration.desc.slot, self._deregister_wait_s)
+        if not copies_ended:
             _log.warning("memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
                          mem.mem_id, self.key, self._deregister_wait_s)
-            _lingering.append(registration.tensor)
-        if not registration.let_go():
+        if not registration.let_go(copies_ended) or not copies_ended:
             _lingering.append(registration.tensor)
 
     def allocate_transfer_uid(self) -> int:
@@ -649,7 +664,7 @@ class CrossMemoryEngine(TransferEngine):
             _log.warning("create_session: memory %s of engine %r is not registered there",
                          remote_mem.mem_id, remote_mem.engine_key)
             return None
-        return CrossMemorySession(self, local.desc, remote_mem, peer)
+        return CrossMemorySession(self, local.desc, remote_mem, peer, local.claim.plain)
 
     # -- posting and completing ----------------------------------------------
     def _submit(self, session: CrossMemorySession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
@@ -740,12 +755,29 @@ class CrossMemoryEngine(TransferEngine):
                 heapq.heappush(self._due, (time.monotonic(), sequence, posted))
                 self._wake.notify()
 
+    #: How often an idle worker looks for peers that exited, to let go of their mapped pages.
+    SWEEP_INTERVAL_S = 1.0
+
+    def _sweep_peers(self) -> None:
+        """Let go of the mapped pages of peers that exited or stopped registering them: a dead
+        decode instance's KV cache must not stay resident because this process mapped it."""
+        with self._lock:
+            peers = list(self._peers.values())
+        for peer in peers:
+            if peer.gone() is None:     # gone() lets go of an exited peer's pages itself
+                peer.forget_stale_pages()
+
     def _next_due(self) -> list[_Posted] | None:
         """Every transfer whose time has come (at least one), waiting for one; None once the engine closes."""
         with self._wake:
             while not self._closed:
                 if not self._due:
-                    self._wake.wait()
+                    if not self._wake.wait(self.SWEEP_INTERVAL_S) and not self._due and not self._closed:
+                        self._wake.release()
+                        try:
+                            self._sweep_peers()
+                        finally:
+                            self._wake.acquire()
                     continue
                 now = time.monotonic()
                 wait_s = self._due[0][0] - now
@@ -916,14 +948,14 @@ class CrossMemoryEngine(TransferEngine):
         with self._lock:
             registrations, self._memory = list(self._memory.values()), {}
             peers, self._peers = list(self._peers.values()), {}
-        if not self._registry.close(self._deregister_wait_s):
+        copies_ended = self._registry.close(self._deregister_wait_s)
+        if not copies_ended:
             _log.warning("engine %r closed while a peer was still copying; its memory stays allocated", self.key)
-            _lingering.extend(registration.tensor for registration in registrations)
         for registration in registrations:
-            if not registration.let_go():
+            if not registration.let_go(copies_ended) or not copies_ended:
                 _lingering.append(registration.tensor)
         for peer in peers:
-            peer.withdrawn = True
+            peer.withdraw()
             peer.close()
         self._own.close()
         if self._copy_helpers is not None:

@@ -15,7 +15,8 @@ import torch
 from moriio_fsm.adapters.moriio import LoopbackEngine, probe_mori
 from moriio_fsm.adapters.moriio._registry import REGISTRY_NAME_PREFIX
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
-from moriio_fsm.adapters.moriio.shared_memory import ADOPTED_NAME_PREFIX, REGION_NAME_PREFIX
+from moriio_fsm.adapters.moriio.shared_memory import REGION_NAME_PREFIX
+from moriio_fsm.adapters.moriio.shared_pages import ADOPTED_NAME_PREFIX
 from moriio_fsm.adapters.nixl import probe_nixl
 
 # cross_memory_inline: the same-host engine copying on the posting thread (its default on one core);

@@ -5,6 +5,7 @@ landed in its tensor. Kills and reaps use each peer's pid; every wait is bounded
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -54,8 +55,14 @@ def prefill(peer):
         yield engine, session, source, local
 
 
-def test_bytes_written_here_land_in_the_tensor_the_peer_allocated(peer, prefill):
+def no_kernel(*call):
+    raise AssertionError("a copy into shared pages went to the kernel")
+
+
+def test_bytes_written_here_land_in_the_tensor_the_peer_allocated(peer, prefill, monkeypatch):
     _, session, source, _ = prefill
+    if peer.shared:        # every range lies inside the shared pages: memory copies only
+        monkeypatch.setitem(_iovec.SYSCALLS, "write", no_kernel)
     chunk = 4096
     local = [i * chunk for i in range(16)]
     remote = [(15 - i) * chunk + 64 * chunk for i in range(16)]
@@ -173,6 +180,28 @@ def test_a_peer_killed_while_transfers_stream_leaves_every_status_final(doomed):
     assert statuses[-1].code() == StatusCode.ERR_RDMA_OP and "gone" in statuses[-1].message()
     assert not session.alive()
     assert engine.create_session(session.local_mem, session.remote_mem) is None
+
+
+def test_a_dead_peers_shared_pages_are_let_go_without_any_transfer_to_it():
+    decode = owner("cma-dying-decode", "share")
+    try:
+        engine, session = attached(decode, "cma-dying-prefill")
+        with engine:
+            token = session.remote_mem.shared_token
+            assert session.mapped_remote_address is not None
+            del session
+            decode.stop()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and mapped_here(token):
+                time.sleep(0.1)
+            assert not mapped_here(token), "a dead peer's pages stayed mapped"
+    finally:
+        decode.stop()
+
+
+def mapped_here(token: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(token in line for line in maps)
 
 
 def test_a_held_transfer_released_after_the_peer_died_fails(doomed):

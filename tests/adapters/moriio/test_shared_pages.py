@@ -6,9 +6,13 @@ the kernel; a forged or unsealed region is refused and the copy still lands; not
 """
 
 import ctypes
+import fcntl
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 
 import msgspec
@@ -18,7 +22,8 @@ import torch
 from moriio_fsm.adapters.moriio import StatusCode
 from moriio_fsm.adapters.moriio import _iovec
 from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine, CrossMemoryMemoryDesc
-from moriio_fsm.adapters.moriio.shared_memory import ADOPTED_NAME_PREFIX, AdoptedPages, PeerPages, SharedRegion
+from moriio_fsm.adapters.moriio.shared_memory import RegionUnavailable, SharedRegion
+from moriio_fsm.adapters.moriio.shared_pages import ADOPTED_NAME_PREFIX, AdoptedPages, PeerPages
 
 from .conftest import Pair, page_aligned_zeros
 
@@ -77,7 +82,7 @@ def test_adopting_keeps_every_address_and_byte_and_the_tensor_keeps_working():
         assert adopted.start + adopted.size <= address + nbytes and adopted.size >= nbytes - 2 * PAGE
         assert any("rw-s" in line for line in maps_lines(adopted.token))
         # Both ways: a peer's mapping and the tensor are the same memory.
-        peer = PeerPages(os.getpid(), adopted.fd, adopted.token, adopted.size)
+        peer = PeerPages(os.getpid(), adopted.fd, adopted.token, adopted.size, adopted.start)
         mapped = torch.frombuffer((ctypes.c_char * adopted.size).from_address(peer.address), dtype=torch.uint8)
         skip = (adopted.start - address) // 4
         mapped[:8] = 0xFF
@@ -293,3 +298,214 @@ def test_a_peer_lets_go_of_its_mapping_of_memory_the_owner_no_longer_registers()
         assert status.wait_for(WAIT_MS) and status.succeeded() and torch.equal(fresh[:PAGE], pair.source[:PAGE])
     finally:
         pair.close()
+
+
+# -- what an attacker or an unlucky process does -------------------------------------------
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (a crash there is a return code here, not a dead test run)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, cwd=os.path.dirname(__file__))
+
+
+def test_an_interpreter_that_exits_without_closing_while_copies_run_exits_cleanly():
+    done = run_python("""
+        import threading, torch
+        from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
+        writer, owner = CrossMemoryEngine("w", inline_copies=False), CrossMemoryEngine("o", share_pages=True)
+        writer.register_remote_engine(writer.unpack_engine_desc(owner.get_engine_desc().pack()))
+        target = torch.zeros(64 << 20, dtype=torch.uint8)
+        remote = writer.unpack_memory_desc(owner.register_torch_tensor(target).pack())
+        session = writer.create_session(writer.register_torch_tensor(torch.ones(64 << 20, dtype=torch.uint8)), remote)
+        assert session.mapped_remote_address is not None
+        def flood():
+            while True:
+                session.write(0, 4096, (64 << 20) - 8192, session.allocate_transfer_uid())
+        threading.Thread(target=flood, daemon=True).start()
+        import time; time.sleep(0.3)
+        print("exiting")
+    """)
+    assert done.returncode == 0 and "exiting" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_registration_overlapping_shared_pages_loses_no_write_when_the_adopter_goes():
+    with CrossMemoryEngine("ov-writer") as writer, CrossMemoryEngine("ov-a", share_pages=True) as first, \
+            CrossMemoryEngine("ov-b", share_pages=True) as second:
+        for owner in (first, second):
+            writer.register_remote_engine(writer.unpack_engine_desc(owner.get_engine_desc().pack()))
+        target = page_aligned_zeros(SIZE)
+        adopter = first.register_torch_tensor(target)
+        overlapping = second.register_torch_tensor(target[PAGE:])   # same pages: not adopted twice
+        assert adopter.shares_pages and not overlapping.shares_pages
+        source = torch.randint(1, 256, (SIZE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+        session = writer.create_session(writer.register_torch_tensor(source),
+                                        writer.unpack_memory_desc(overlapping.pack()))
+        statuses, stop = [], threading.Event()
+
+        def write():
+            n = 0
+            while not stop.is_set() or n < 64:
+                chunk = n % 15
+                statuses.append((chunk, session.write(chunk * PAGE, chunk * PAGE, PAGE,
+                                                      session.allocate_transfer_uid())))
+                n += 1
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        first.deregister_memory(adopter)      # the overlapping registration still covers the pages
+        stop.set()
+        thread.join()
+        assert writer.wait_all([s for _, s in statuses], WAIT_MS)
+        landed = {chunk for chunk, status in statuses if status.succeeded()}
+        assert len(landed) == 15
+        for chunk in landed:
+            assert torch.equal(target[PAGE + chunk * PAGE:PAGE + (chunk + 1) * PAGE],
+                               source[chunk * PAGE:(chunk + 1) * PAGE]), chunk
+        assert any("rw-s" in line for line in maps_lines(adopter.shared_token))   # kept for the other one
+        second.deregister_memory(overlapping)
+        assert not any("rw-s" in line and target.data_ptr() == int(line.split("-")[0], 16)
+                       for line in maps_lines(adopter.shared_token))
+
+
+def test_two_threads_registering_the_same_memory_at_once_adopt_it_once():
+    for _ in range(5):
+        target = page_aligned_zeros(SIZE)
+        engines = [CrossMemoryEngine(f"race-{n}", share_pages=True) for n in range(2)]
+        try:
+            barrier, descs = threading.Barrier(2), []
+
+            def register(engine):
+                barrier.wait()
+                descs.append(engine.register_torch_tensor(target))
+
+            threads = [threading.Thread(target=register, args=(engine,)) for engine in engines]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert sorted(desc.shares_pages for desc in descs) == [False, True]
+        finally:
+            for engine in engines:
+                engine.close()
+
+
+def test_a_forked_child_does_not_inherit_the_shared_pages():
+    with CrossMemoryEngine("fork-owner", share_pages=True) as owner:
+        target = page_aligned_zeros(SIZE)
+        desc = owner.register_torch_tensor(target)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:                          # the child reports what it maps, then leaves at once
+            os.close(read)
+            mapped = any(desc.shared_token in line for line in open("/proc/self/maps"))
+            os.write(write, b"mapped" if mapped else b"absent")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 16)
+        os.close(read)
+        os.waitpid(child, 0)
+        assert answer == b"absent"
+
+
+def test_pages_that_cannot_go_back_to_private_memory_keep_every_byte_and_are_never_freed(monkeypatch, caplog):
+    from moriio_fsm.adapters.moriio import cross_memory, shared_pages
+
+    def refuse(fd, start, offset, size):
+        raise OSError(12, "refused for the test")
+
+    with CrossMemoryEngine("stuck-owner", share_pages=True) as owner:
+        target = page_aligned_zeros(SIZE)
+        target.copy_(torch.arange(SIZE, dtype=torch.int64).remainder(251).to(torch.uint8))
+        kept = target.clone()
+        desc = owner.register_torch_tensor(target)
+        monkeypatch.setattr(shared_pages, "_move_onto_private", refuse)
+        owner.deregister_memory(desc)
+        assert torch.equal(target, kept)
+        assert any(t is target for t in cross_memory._lingering)     # never freed while still shared
+        assert "back onto private memory" in caplog.text
+
+
+def test_memory_freed_under_its_registration_is_deregistered_without_a_crash():
+    done = run_python("""
+        import torch
+        from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
+        with CrossMemoryEngine("freed", share_pages=True) as owner:
+            target = torch.zeros(8 << 20, dtype=torch.uint8)
+            desc = owner.register_torch_tensor(target)
+            assert desc.shares_pages
+            target.untyped_storage().resize_(0)     # the caller frees the memory it registered
+            owner.deregister_memory(desc)
+        print("deregistered")
+    """)
+    assert done.returncode == 0 and "deregistered" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_read_into_read_only_memory_fails_with_a_status_not_a_crash():
+    done = run_python("""
+        import ctypes, mmap, torch
+        from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
+        reader, owner = CrossMemoryEngine("ro-reader"), CrossMemoryEngine("ro-owner", share_pages=True)
+        reader.register_remote_engine(reader.unpack_engine_desc(owner.get_engine_desc().pack()))
+        remote = reader.unpack_memory_desc(owner.register_torch_tensor(torch.ones(1 << 20, dtype=torch.uint8)).pack())
+        assert remote.shares_pages
+        libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        address = libc.mmap(None, 1 << 20, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        local = torch.frombuffer((ctypes.c_char * (1 << 20)).from_address(address), dtype=torch.uint8)
+        session = reader.create_session(reader.register_torch_tensor(local), remote)
+        assert session.mapped_remote_address is None    # its local side is no plain memory
+        status = session.read(0, 8192, 4096, session.allocate_transfer_uid())
+        status.wait_for(10_000)
+        print("code", status.code(), status.message())
+        reader.close(); owner.close()
+    """)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert f"code {int(StatusCode.ERR_RDMA_OP)}" in done.stdout and "EFAULT" in done.stdout, done.stdout
+
+
+def test_a_descriptor_pointing_at_another_registrations_pages_is_refused(caplog):
+    pair = Pair("cross_memory_shared", size=SIZE)
+    try:
+        other = page_aligned_zeros(SIZE)
+        other_desc = pair.consumer.register_torch_tensor(other)
+        forged = pair.producer.unpack_memory_desc(_forged(
+            pair.target_mem, shared_fd=other_desc.shared_fd, shared_token=other_desc.shared_token))
+        session = pair.producer.create_session(pair.source_mem, forged)
+        assert session is not None and session.mapped_remote_address is None
+        assert "is not mapped at" in caplog.text
+        status = session.write(0, 0, PAGE, session.allocate_transfer_uid())
+        assert status.wait_for(WAIT_MS) and status.succeeded()
+        assert torch.equal(pair.target[:PAGE], pair.source[:PAGE]) and int(other.count_nonzero()) == 0
+    finally:
+        pair.close()
+
+
+def test_a_region_not_backed_by_its_owners_memory_is_not_mapped():
+    token = "00112233445566ff"
+    sparse = os.memfd_create(ADOPTED_NAME_PREFIX + token, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(sparse, 1 << 30)      # 1 GiB that the owner never paid for
+        fcntl.fcntl(sparse, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        with pytest.raises(RegionUnavailable, match="not backed"):
+            PeerPages(os.getpid(), sparse, token, 1 << 30, 0)
+    finally:
+        os.close(sparse)
+
+
+def test_a_huge_page_region_is_not_mapped():
+    token = "ffeeddccbbaa9988"
+    try:
+        huge = os.memfd_create(ADOPTED_NAME_PREFIX + token,
+                               os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+    except OSError as exc:
+        pytest.skip(f"no huge-page memfd here: {exc}")
+    try:
+        try:
+            os.ftruncate(huge, 2 << 20)
+        except OSError as exc:
+            pytest.skip(f"no huge pages to back a memfd: {exc}")
+        with pytest.raises(RegionUnavailable, match="not an ordinary memfd"):
+            PeerPages(os.getpid(), huge, token, 2 << 20, 0)
+    finally:
+        os.close(huge)
