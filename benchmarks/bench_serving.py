@@ -289,6 +289,31 @@ def memcpy_bandwidth(nbytes: int, threads: int | None = None, repeats: int = 30)
         torch.set_num_threads(before)
 
 
+def cold_memcpy_bandwidth(nbytes: int, repeats: int = 30) -> float:
+    """Bytes per second of a one-thread torch ``copy_`` of ``nbytes`` into memory not in cache (median).
+
+    A transfer's destination is another process's KV blocks, never in this core's cache;
+    ``memcpy_bandwidth`` copies between the same two buffers, which mostly fit in the last
+    level cache here. Destinations rotate over 256 MiB, several times this host's L3.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+        slots = max(2, (256 << 20) // nbytes)
+        dst = torch.zeros(slots, nbytes, dtype=torch.uint8)   # zeroed: every page is there
+        times = []
+        for n in range(repeats):
+            start = time.perf_counter()
+            dst[n % slots].copy_(src)
+            times.append(time.perf_counter() - start)
+        return nbytes / statistics.median(times)
+    finally:
+        torch.set_num_threads(before)
+
+
 def servers_cpu(servers) -> tuple[float, float]:
     """(seconds run, seconds waited runnable) by every thread of every process of these servers.
 
@@ -417,6 +442,7 @@ def run_contender(race: Race, name: str, prompts, warmups, expected) -> dict:
             nbytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
             result["memcpy_Bps"] = memcpy_bandwidth(nbytes)
             result["memcpy_1t_Bps"] = memcpy_bandwidth(nbytes, threads=1)
+            result["memcpy_cold_Bps"] = cold_memcpy_bandwidth(nbytes)
         metrics_server = c.servers.get("D") or c.servers.get("single")
         cpu_before, load_before = servers_cpu(c.servers.values()), os.getloadavg()[0]
         wall_before = time.monotonic()
@@ -522,7 +548,7 @@ def merge(results: dict, name: str, result: dict) -> None:
     into["rounds"].append(result)
     if result.get("error"):
         into["error"] = result["error"] if not into["error"] else into["error"] + "\n" + result["error"]
-    for key in ("memcpy_Bps", "memcpy_1t_Bps"):
+    for key in ("memcpy_Bps", "memcpy_1t_Bps", "memcpy_cold_Bps"):
         if result.get(key):
             into[key] = max(into.get(key) or 0, result[key])
     into["external_tokens"] = into.get("external_tokens", 0) + result.get("external_tokens", 0)
@@ -673,6 +699,10 @@ def report(results: dict, expected, our_timelines) -> int:
     if memcpy:
         print(f"plain memcpy (torch copy_ of one transfer's bytes, this run, servers idle): {memcpy / 1e9:.2f} GB/s "
               f"(torch's threads {memcpy_nt / 1e9:.2f} GB/s, one thread {memcpy_1t / 1e9:.2f} GB/s; the faster is the baseline)")
+    memcpy_cold = results.get("ours-write", {}).get("memcpy_cold_Bps")
+    if memcpy_cold:
+        print(f"for comparison, not the baseline: one thread copying into memory not in cache, as a transfer's "
+              f"destination is: {memcpy_cold / 1e9:.2f} GB/s")
     for mode, lines in our_timelines.items():
         flights = [in_flight(i) for i in lines]
         if flights and ours_bytes(results, mode):
@@ -681,7 +711,9 @@ def report(results: dict, expected, our_timelines) -> int:
             nbytes = ours_bytes(results, mode)
             print(f"{mode}: some copy in flight {fmt_ms(union)} p50 (sum of per-layer post -> completion "
                   f"{fmt_ms(total)}); KV bytes / in-flight time = {nbytes / union / 1e9:.2f} GB/s"
-                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else ""))
+                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else "")
+                  + (f" ({nbytes / union / memcpy_cold:.3f} of the copy into memory not in cache)"
+                     if memcpy_cold else ""))
     timeline = our_timelines.get("ours-write") or []
     if timeline:
         rb = [i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None]

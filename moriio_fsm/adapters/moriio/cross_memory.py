@@ -451,11 +451,15 @@ class CrossMemoryEngine(TransferEngine):
     is locked resident (``resident.py``) until it is deregistered, as an RDMA
     registration pins it: a copy into a KV block that sat unused never waits for faults.
     With ``share_pages`` a registered tensor's whole pages are moved in place onto a sealed
-    memfd (``AdoptedPages``: same addresses, same bytes) that peers map, so their copies
+    memfd (``shared_pages``: same addresses, same bytes) that peers map, so their copies
     into it are plain memory copies: a cross-process copy pins each 4 KiB page again on
     every call, which made it half as fast here. Register such a tensor before anything
-    writes it (a KV cache at start): a write during the move could be lost. Memory that
-    is not private anonymous memory (a file, shared memory) is registered as it is.
+    writes it and deregister it after (a KV cache at start and at shutdown): a write during
+    either move could be lost. Memory that is not private anonymous memory, or that another
+    registration covers, is registered as it is. Moving pages drops what the kernel knew of
+    the old ones (another driver's pins, NUMA policy, huge pages). A process allowed to
+    read this one's /proc/<pid>/fd can map shared pages, and a mapping outlives a later loss
+    of that permission: share only with peers as trusted as the ptrace permission is.
     With ``inline_copies`` (by default when this process may run on one core only) a batch
     no fault delays is copied by the thread that posts it, and the status it returns is
     already final: where the worker could only take turns with the poster on the same
