@@ -208,6 +208,7 @@ class _Peer:
         # mem_id -> (its descriptor, this process's mapping of its shared pages or None if
         # they could not be mapped). A session keeps its mapping alive on its own.
         self._pages: dict[int, tuple[CrossMemoryMemoryDesc, PeerPages | None]] = {}
+        self._refusals_said: set[int] = set()
 
     def pages_of(self, mem: CrossMemoryMemoryDesc) -> PeerPages | None:
         """This process's mapping of ``mem``'s shared pages, made on first use; None without one."""
@@ -219,8 +220,12 @@ class _Peer:
         try:
             mapping = PeerPages(mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size, mem.shared_start)
         except (RegionUnavailable, OSError) as exc:
-            _log.warning("memory %s of engine %r: its shared pages cannot be mapped (%s); the kernel copies "
-                         "into it instead", mem.mem_id, self.desc.key, exc)
+            # Said once per memory: a failure is retried after each sweep, under traffic too.
+            said = mem.mem_id in self._refusals_said
+            self._refusals_said.add(mem.mem_id)
+            (_log.debug if said else _log.warning)(
+                "memory %s of engine %r: its shared pages cannot be mapped (%s); the kernel copies into it "
+                "instead", mem.mem_id, self.desc.key, exc)
         if self.gone() is not None:   # the pid may have been someone else's when the fd was opened
             return None
         self.forget_stale_pages()
@@ -768,8 +773,11 @@ class CrossMemoryEngine(TransferEngine):
         with self._lock:
             peers = list(self._peers.values())
         for peer in peers:
-            if peer.gone() is None:     # gone() lets go of an exited peer's pages itself
-                peer.forget_stale_pages()
+            try:
+                if peer.gone() is None:     # gone() lets go of an exited peer's pages itself
+                    peer.forget_stale_pages()
+            except Exception:               # never let a sweep end the worker thread
+                _log.exception("engine %r: looking for exited peers failed", self.key)
 
     def _next_due(self) -> list[_Posted] | None:
         """Every transfer whose time has come (at least one), waiting for one; None once the engine closes."""
