@@ -582,6 +582,17 @@ class CrossMemoryEngine(TransferEngine):
         if peer is not None:
             peer.withdraw()
 
+    def prepare_remote_memory(self, mem: CrossMemoryMemoryDesc) -> None:
+        """Map a registered peer's shared pages now (a handshake's work), so that the first
+        session to them, made on the forward thread, finds them mapped. Never raises for a
+        peer that is unknown or gone: its sessions will say so."""
+        if not isinstance(mem, CrossMemoryMemoryDesc):
+            raise TypeError(f"mem must be a CrossMemoryMemoryDesc, got {type(mem).__name__}")
+        with self._lock:
+            peer = self._peers.get(mem.engine_key)
+        if mem.shares_pages and peer is not None and peer.desc.pid == mem.pid and peer.gone() is None:
+            peer.pages_of(mem)
+
     def register_torch_tensor(self, tensor: torch.Tensor) -> CrossMemoryMemoryDesc:
         """Register a contiguous, non-empty CPU tensor so that peers can write into and read from it.
 

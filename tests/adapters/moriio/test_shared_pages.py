@@ -513,3 +513,18 @@ def test_a_huge_page_region_is_not_mapped():
             PeerPages(os.getpid(), huge, token, 2 << 20, 0)
     finally:
         os.close(huge)
+
+
+def test_memory_prepared_at_the_handshake_is_mapped_before_the_first_session():
+    with CrossMemoryEngine("prep-writer") as writer, CrossMemoryEngine("prep-owner", share_pages=True) as owner:
+        remote = writer.unpack_memory_desc(owner.register_torch_tensor(page_aligned_zeros(SIZE)).pack())
+        writer.prepare_remote_memory(remote)              # peer not registered yet: nothing to map
+        assert len(maps_lines(remote.shared_token)) == 1     # the owner's tensor only
+        writer.register_remote_engine(writer.unpack_engine_desc(owner.get_engine_desc().pack()))
+        writer.prepare_remote_memory(remote)
+        assert len(maps_lines(remote.shared_token)) == 2  # the owner's tensor and the writer's mapping
+        session = writer.create_session(writer.register_torch_tensor(torch.ones(SIZE, dtype=torch.uint8)), remote)
+        assert session.mapped_remote_address is not None
+        assert len(maps_lines(remote.shared_token)) == 2  # the session used that mapping, made no other
+        with pytest.raises(TypeError):
+            writer.prepare_remote_memory(b"not a descriptor")
