@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import msgspec
 import torch
 
-from . import _iovec
+from . import _iovec, local_copy
 from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
 from .resident import pin_pages, unpin_pages
 from .shared_memory import RegionUnavailable
@@ -179,13 +179,10 @@ def _copy_here(op: str, local_base: int, remote_base: int, local_offsets: list[i
     """Move ranges between two blocks of this process's memory (the peer's mapped here): "write"
     copies local -> remote, "read" remote -> local. It cannot fail part-way: the memory is
     mapped for as long as the session that asked lives, and sealed against shrinking."""
-    move = ctypes.memmove   # lets go of the GIL while it copies
     if op == "write":
-        for local, remote, size in zip(local_offsets, remote_offsets, sizes):
-            move(remote_base + remote, local_base + local, size)
+        local_copy.copy_ranges(remote_base, remote_offsets, local_base, local_offsets, sizes)
     else:
-        for local, remote, size in zip(local_offsets, remote_offsets, sizes):
-            move(local_base + local, remote_base + remote, size)
+        local_copy.copy_ranges(local_base, local_offsets, remote_base, remote_offsets, sizes)
 
 
 class _Peer:

@@ -1,0 +1,225 @@
+/* Copies a transfer's ranges between two blocks of this process's memory with streaming
+ * (non-temporal) stores, without the GIL.
+ *
+ * A transfer's destination is another process's KV cache: nothing on this core reads it
+ * again, so ordinary stores only pay to read each destination line into the cache first and
+ * then evict this core's own working set. Streaming stores write whole lines to memory
+ * instead. Rules: every range is validated before the first byte moves (a bad list moves
+ * nothing); ranges that overlap their source, and calls too small to spill this core's cache,
+ * use memmove; the stores are fenced before the call returns, so the bytes are visible to
+ * any other core once it has. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define STREAM_X86 1
+#include <immintrin.h>
+#endif
+
+/* Below this many bytes per call the copy fits this core's cache and ordinary stores win. */
+#define STREAM_MIN_CALL_BYTES ((uint64_t)1 << 20)
+/* Ranges shorter than this are not worth aligning for the streaming loop. */
+#define STREAM_MIN_RANGE_BYTES 256
+
+typedef struct {
+    uint64_t dst, src, size;
+} copy_range;
+
+#ifdef STREAM_X86
+__attribute__((target("avx2"))) static void stream_avx2(char *dst, const char *src, size_t n) {
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
+        __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
+        _mm256_stream_si256((__m256i *)(dst + i), a);
+        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
+        _mm256_stream_si256((__m256i *)(dst + i + 64), c);
+        _mm256_stream_si256((__m256i *)(dst + i + 96), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+}
+
+static void stream_sse2(char *dst, const char *src, size_t n) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+}
+
+static int have_avx2;
+
+/* One range: ordinary stores up to the destination's next 64-byte line, then whole lines. */
+static void stream_range(char *dst, const char *src, size_t n) {
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    if (have_avx2)
+        stream_avx2(dst + head, src + head, n - head);
+    else
+        stream_sse2(dst + head, src + head, n - head);
+}
+#endif
+
+static int overlaps(const copy_range *r) {
+    return r->dst < r->src + r->size && r->src < r->dst + r->size;
+}
+
+static void copy_all(const copy_range *ranges, Py_ssize_t count, uint64_t total) {
+#ifdef STREAM_X86
+    if (total >= STREAM_MIN_CALL_BYTES) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const copy_range *r = &ranges[k];
+            if (r->size < STREAM_MIN_RANGE_BYTES || overlaps(r))
+                memmove((void *)(uintptr_t)r->dst, (const void *)(uintptr_t)r->src, r->size);
+            else
+                stream_range((char *)(uintptr_t)r->dst, (const char *)(uintptr_t)r->src, r->size);
+        }
+        _mm_sfence();   /* streaming stores are weakly ordered: publish them before returning */
+        return;
+    }
+#else
+    (void)total;
+#endif
+    for (Py_ssize_t k = 0; k < count; k++)
+        memmove((void *)(uintptr_t)ranges[k].dst, (const void *)(uintptr_t)ranges[k].src, ranges[k].size);
+}
+
+/* A non-negative int that fits 64 bits; names the argument and the range on failure. */
+static int read_u64(PyObject *item, const char *what, Py_ssize_t index, uint64_t *out) {
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %.80s", what, index, Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    unsigned long long value = PyLong_AsUnsignedLongLong(item);
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s[%zd]: expected an int in [0, 2**64), got %R", what, index, item);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int read_base(PyObject *item, const char *what, uint64_t *out) {
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int address, got %.80s", what, Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    unsigned long long value = PyLong_AsUnsignedLongLong(item);
+    /* 0 is allowed: a batch of absolute addresses comes with both bases 0. */
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: expected an address in [0, 2**64), got %R", what, item);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static PyObject *copy_ranges(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "copy_ranges(dst_base, dst_offsets, src_base, src_offsets, sizes): expected 5 arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    uint64_t dst_base, src_base;
+    if (read_base(args[0], "dst_base", &dst_base) < 0 || read_base(args[2], "src_base", &src_base) < 0)
+        return NULL;
+    static const char *const names[3] = {"dst_offsets", "src_offsets", "sizes"};
+    PyObject *seqs[3] = {NULL, NULL, NULL};
+    PyObject *result = NULL;
+    copy_range *ranges = NULL;
+    for (int s = 0; s < 3; s++) {
+        seqs[s] = PySequence_Fast(args[s == 0 ? 1 : (s == 1 ? 3 : 4)], names[s]);
+        if (seqs[s] == NULL)
+            goto done;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seqs[2]);
+    if (PySequence_Fast_GET_SIZE(seqs[0]) != count || PySequence_Fast_GET_SIZE(seqs[1]) != count) {
+        PyErr_Format(PyExc_ValueError, "copy_ranges: dst_offsets, src_offsets and sizes differ in length (%zd, %zd, %zd)",
+                     PySequence_Fast_GET_SIZE(seqs[0]), PySequence_Fast_GET_SIZE(seqs[1]), count);
+        goto done;
+    }
+    ranges = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(copy_range));
+    if (ranges == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t total = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        uint64_t dst_off, src_off, size;
+        if (read_u64(PySequence_Fast_GET_ITEM(seqs[0], k), names[0], k, &dst_off) < 0 ||
+            read_u64(PySequence_Fast_GET_ITEM(seqs[1], k), names[1], k, &src_off) < 0 ||
+            read_u64(PySequence_Fast_GET_ITEM(seqs[2], k), names[2], k, &size) < 0)
+            goto done;
+        /* Wrapping past the end of the address space would copy to the wrong place. */
+        if (dst_off > UINT64_MAX - dst_base || src_off > UINT64_MAX - src_base ||
+            size > UINT64_MAX - (dst_base + dst_off) || size > UINT64_MAX - (src_base + src_off) ||
+            size > UINT64_MAX - total) {
+            PyErr_Format(PyExc_ValueError, "copy_ranges: range %zd runs past the end of the address space", k);
+            goto done;
+        }
+        ranges[k].dst = dst_base + dst_off;
+        ranges[k].src = src_base + src_off;
+        ranges[k].size = size;
+        total += size;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    copy_all(ranges, count, total);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(ranges);
+    for (int s = 0; s < 3; s++)
+        Py_XDECREF(seqs[s]);
+    return result;
+}
+
+static PyObject *streaming(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+#ifdef STREAM_X86
+    return PyUnicode_FromString(have_avx2 ? "avx2" : "sse2");
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"copy_ranges", (PyCFunction)(void (*)(void))copy_ranges, METH_FASTCALL,
+     "copy_ranges(dst_base, dst_offsets, src_base, src_offsets, sizes)\n\n"
+     "Copy sizes[k] bytes from src_base + src_offsets[k] to dst_base + dst_offsets[k] for every k,\n"
+     "without the GIL. The addresses must be mapped and writable where written: the caller checks."},
+    {"streaming", streaming, METH_NOARGS,
+     "The streaming stores in use (\"avx2\" or \"sse2\"), or None where this build has none."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_stream_copy",
+    "Copies with streaming stores for ranges whose destination this core will not read again.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__stream_copy(void) {
+#ifdef STREAM_X86
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    return PyModule_Create(&module_def);
+}
