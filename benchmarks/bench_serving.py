@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from moriio_fsm.adapters.moriio import local_copy  # noqa: E402
 from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, vllm_cpu_python  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
 
@@ -610,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
           f"tokens, one request at a time; full blocks per request {kv_per_request / 2**20:.1f} MiB")
     print(f"cores: P (and the single instance) on core 0, D on core 1: "
           f"{'every process of a server confined to its core (taskset)' if args.pin_servers else 'compute threads only (VLLM_CPU_OMP_THREADS_BIND)'}")
+    print(f"same-host engine's in-process copies (shared pages): {local_copy.copier()}")
     print(f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}")
     for peer in PEER_NAMES:
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")

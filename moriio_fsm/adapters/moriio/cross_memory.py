@@ -923,8 +923,14 @@ class CrossMemoryEngine(TransferEngine):
         if parts < 2 or total_bytes < self.PARALLEL_COPY_MIN_BYTES:
             move(local_base, remote_base, lo, ro, sizes)
             return
-        if self._copy_helpers is None:
-            self._copy_helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix=f"cross-memory-{self.key}-copy")
+        helpers_pool = self._copy_helpers
+        if helpers_pool is None:
+            # Posting threads and the worker can both get here first: one pool, made once.
+            with self._lock:
+                if self._copy_helpers is None:
+                    self._copy_helpers = ThreadPoolExecutor(parts - 1,
+                                                            thread_name_prefix=f"cross-memory-{self.key}-copy")
+                helpers_pool = self._copy_helpers
         # Cut where the running byte count passes each equal share.
         cuts, share, running = [0], total_bytes / parts, 0
         for index, size in enumerate(sizes):
@@ -941,7 +947,7 @@ class CrossMemoryEngine(TransferEngine):
                 return exc
             return None
 
-        helpers = [self._copy_helpers.submit(part, a, b) for a, b in slices[1:]]
+        helpers = [helpers_pool.submit(part, a, b) for a, b in slices[1:]]
         errors = [part(*slices[0])] + [helper.result() for helper in helpers]
         first = next((error for error in errors if error is not None), None)
         if first is not None:

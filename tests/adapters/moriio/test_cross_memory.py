@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import weakref
 
 import msgspec
@@ -154,6 +155,40 @@ def test_a_large_batch_split_across_copy_threads_lands_whole(split_cma, monkeypa
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert landed(split_cma, local, remote, sizes)
     assert len(kernel.threads) == 2, kernel.threads
+
+
+def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_helpers(split_cma, monkeypatch):
+    """Posting threads that copy inline and the worker can all reach the first split copy
+    together: each pool made would start threads of its own that nothing shuts down."""
+    engine = split_cma.producer
+    import moriio_fsm.adapters.moriio.cross_memory as cross_memory
+    pools = []
+    real_pool = cross_memory.ThreadPoolExecutor
+
+    def counted(*args, **kwargs):
+        time.sleep(0.02)                   # a slow start widens the window between check and make
+        pools.append(real_pool(*args, **kwargs))
+        return pools[-1]
+
+    monkeypatch.setattr(cross_memory, "ThreadPoolExecutor", counted)
+    local, remote, sizes = scattered(64, 32, 48)
+    start, errors = threading.Barrier(8), []
+
+    def copy():
+        start.wait()
+        try:
+            engine._move("write", None, split_cma.source.data_ptr(), split_cma.target.data_ptr(),
+                         local, remote, sizes, sum(sizes))
+        except BaseException as exc:       # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=copy) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(pools) == 1
+    assert landed(split_cma, local, remote, sizes)
 
 
 def test_a_refusal_in_the_second_copy_thread_names_the_range_of_the_whole_batch(split_cma, monkeypatch):
