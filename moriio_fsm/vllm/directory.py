@@ -33,8 +33,10 @@ class TransferInfo:
         session = self.sessions.get(layer)
         if session is None:
             name = cache.names[layer]
-            session = self.sessions[layer] = self.link.result().new_session(
-                engine, name, cache.memory[name])
+            made = self.link.result().new_session(engine, name, cache.memory[name])
+            # The I/O thread prepares sessions while the forward thread may post: the first
+            # one in wins, so a teardown always finds the session that carried the bytes.
+            session = self.sessions.setdefault(layer, made)
         return session
 
 

@@ -241,6 +241,31 @@ class WorkerHalf:
             if info is not None and len(info.reply_to) < 4096:
                 info.reply_to[rank] = (delivery.peer.address, message.reply_port)
         self.dispatch(side, event)
+        if event.kind == "remote_blocks" and side == "send":
+            self._prepare_writes(event.transfer_id, event.block_ids)
+
+    def _prepare_writes(self, transfer_id: str, remote_ids) -> None:
+        """P, WRITE: D's blocks are known; make the transfer's plans and sessions now.
+
+        This runs on the I/O thread while P's forward usually still computes, so posting
+        after the forward is only the posts. Best effort: whatever fails here fails again,
+        and is reported, when the layer is posted.
+        """
+        info = self.directory.get(transfer_id)
+        if (info is None or self.cache is None or info.link is None or not info.link.done()
+                or info.link.exception() is not None):
+            return
+        try:
+            remote_ids = tuple(remote_ids)
+            if not remote_ids or len(remote_ids) > len(info.block_ids):
+                return
+            local_ids = info.block_ids[len(info.block_ids) - len(remote_ids):]
+            num_blocks = info.link.result().num_blocks
+            for layer in range(len(self.cache.names)):
+                self.cache.plan(local_ids, remote_ids, num_blocks, layer)
+                info.session(self.engine, self.cache, layer)
+        except Exception as exc:
+            log.debug("vllm.prepare_writes_failed", transfer_id=transfer_id, error=str(exc))
 
     def _side_of(self, kind: str) -> str | None:
         for side, driver in self.drivers.items():

@@ -8,6 +8,8 @@ ends with both schedulers empty: no request, every block free, every ref count 0
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
@@ -100,6 +102,41 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
         assert first > ended                                    # nothing goes during the forward
         # ... and then every layer's ranges go in one run of memory copies, none by the kernel.
         assert copies == [None] and kernel_calls == []
+
+
+def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make_instance, monkeypatch):
+    """D's remote_blocks reach P while its forward runs: P's I/O thread makes the transfer's
+    sessions then, so the posts after the forward make none, and the tokens are the same."""
+    expected = reference(make_instance, PROMPT)
+    P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
+    D = make_instance("D", "kv_consumer")
+    warm_p, warm_d = write_pair_params("tx-prepare-warm", P, D)     # the handshake, once
+    P.add("p-0", PROMPT, 1, warm_p)
+    D.add("d-0", PROMPT, TOKENS, warm_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
+    worker = P.worker._worker
+    made, timeline = [], []
+    create = worker.engine.create_session
+    monkeypatch.setattr(worker.engine, "create_session", lambda *a: (
+        made.append((threading.current_thread() is threading.main_thread(), len(timeline))), create(*a))[1])
+    forward = P._forward
+
+    def slow_forward(out):
+        if out.total_num_scheduled_tokens and "p-1" in out.num_scheduled_tokens:
+            # P's forward takes long enough for D to allocate and tell P.
+            assert run_until([D], lambda: len(made) == len(P.kv), timeout_s=10.0)
+        return forward(out)
+
+    monkeypatch.setattr(P, "_forward", slow_forward)
+    finish_saves = worker.finish_saves
+    monkeypatch.setattr(worker, "finish_saves", lambda: (timeline.append("forward ended"), finish_saves())[1])
+    to_p, to_d = write_pair_params("tx-prepare", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    # One session per layer, each made off the forward thread before the forward ended.
+    assert len(made) == len(P.kv) and all(not on_main and at == 0 for on_main, at in made), made
 
 
 def test_write_with_chunked_prefill_sends_only_after_the_whole_prompt(make_instance):
