@@ -22,6 +22,7 @@ from ..layout import LayerKVFormat
 from ..logs import get_logger
 from ..machines import build_table
 from ..runtime.declared import events
+from ..runtime.events import Outcome
 from ..runtime.driver import Driver
 from .directory import TransferDirectory, TransferInfo
 from .kv_cache import LocalKvCache
@@ -170,8 +171,9 @@ class WorkerHalf:
     def driver_for(self, side: str) -> Driver:
         return self.drivers[side]
 
-    def dispatch(self, side: str, event) -> None:
+    def dispatch(self, side: str, event) -> list:
         """Dispatch ``event`` to ``side``'s machine; forget the transfer once it has ended.
+        Returns every (event, result) the dispatch ran, in order.
 
         Layers posted while it runs go to the engine together when it ends (one kernel call
         for a transfer's layers on the same-host engine), and the completions of those the
@@ -180,7 +182,9 @@ class WorkerHalf:
         with self._posting_together():
             # Settled before the block's end dispatches completions: a completion may end the
             # transfer, and its metrics must see this dispatch's steps first.
-            self._settled(side, self.drivers[side].dispatch(event))
+            results = self.drivers[side].dispatch(event)
+            self._settled(side, results)
+        return results
 
     @contextlib.contextmanager
     def _posting_together(self):
@@ -240,8 +244,11 @@ class WorkerHalf:
             rank = message.consumer_rank if message.consumer_rank is not None else 0
             if info is not None and len(info.reply_to) < 4096:
                 info.reply_to[rank] = (delivery.peer.address, message.reply_port)
-        self.dispatch(side, event)
-        if event.kind == "remote_blocks" and side == "send":
+        results = self.dispatch(side, event)
+        # Only an allocation the machine stored: a duplicate, or one an ending transfer
+        # ignored, is posted to by nothing.
+        if event.kind == "remote_blocks" and side == "send" and any(
+                done is event and result.outcome is Outcome.APPLIED for done, result in results or ()):
             self._prepare_writes(event.transfer_id, event.block_ids)
 
     def _prepare_writes(self, transfer_id: str, remote_ids) -> None:
@@ -252,10 +259,11 @@ class WorkerHalf:
         and is reported, when the layer is posted.
         """
         info = self.directory.get(transfer_id)
-        if (info is None or self.cache is None or info.link is None or not info.link.done()
-                or info.link.exception() is not None):
+        if info is None or self.cache is None or info.link is None or not info.link.done():
             return
         try:
+            if info.link.cancelled() or info.link.exception() is not None:
+                return
             remote_ids = tuple(remote_ids)
             if not remote_ids or len(remote_ids) > len(info.block_ids):
                 return

@@ -155,7 +155,7 @@ static PyObject *copy_ranges(PyObject *module, PyObject *const *args, Py_ssize_t
                      PySequence_Fast_GET_SIZE(seqs[0]), PySequence_Fast_GET_SIZE(seqs[1]), count);
         goto done;
     }
-    ranges = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(copy_range));
+    ranges = PyMem_New(copy_range, (size_t)(count ? count : 1));
     if (ranges == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -170,7 +170,8 @@ static PyObject *copy_ranges(PyObject *module, PyObject *const *args, Py_ssize_t
         /* Wrapping past the end of the address space would copy to the wrong place. */
         if (dst_off > UINT64_MAX - dst_base || src_off > UINT64_MAX - src_base ||
             size > UINT64_MAX - (dst_base + dst_off) || size > UINT64_MAX - (src_base + src_off) ||
-            size > UINT64_MAX - total) {
+            size > UINT64_MAX - total || dst_base + dst_off + size > (uint64_t)UINTPTR_MAX ||
+            src_base + src_off + size > (uint64_t)UINTPTR_MAX) {
             PyErr_Format(PyExc_ValueError, "copy_ranges: range %zd runs past the end of the address space", k);
             goto done;
         }
@@ -200,6 +201,21 @@ static PyObject *streaming(PyObject *module, PyObject *unused) {
 #endif
 }
 
+/* For tests: run the SSE2 loop on a machine that has AVX2 (False), or go back (True). */
+static PyObject *use_avx2(PyObject *module, PyObject *flag) {
+    (void)module;
+    int wanted = PyObject_IsTrue(flag);
+    if (wanted < 0)
+        return NULL;
+#ifdef STREAM_X86
+    int before = have_avx2;
+    have_avx2 = wanted && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(before);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"copy_ranges", (PyCFunction)(void (*)(void))copy_ranges, METH_FASTCALL,
      "copy_ranges(dst_base, dst_offsets, src_base, src_offsets, sizes)\n\n"
@@ -207,6 +223,8 @@ static PyMethodDef methods[] = {
      "without the GIL. The addresses must be mapped and writable where written: the caller checks."},
     {"streaming", streaming, METH_NOARGS,
      "The streaming stores in use (\"avx2\" or \"sse2\"), or None where this build has none."},
+    {"_use_avx2", use_avx2, METH_O,
+     "_use_avx2(flag) -> the previous setting. For tests: False runs the SSE2 loop."},
     {NULL, NULL, 0, NULL},
 };
 

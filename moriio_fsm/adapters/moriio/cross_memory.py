@@ -928,7 +928,9 @@ class CrossMemoryEngine(TransferEngine):
             # Posting threads and the worker can both get here first: one pool, made once.
             with self._lock:
                 if self._copy_helpers is None:
-                    self._copy_helpers = ThreadPoolExecutor(parts - 1,
+                    # Sized for the engine, not for this batch: a first batch of two ranges
+                    # must not cap every later one at two threads.
+                    self._copy_helpers = ThreadPoolExecutor(self._copy_threads - 1,
                                                             thread_name_prefix=f"cross-memory-{self.key}-copy")
                 helpers_pool = self._copy_helpers
         # Cut where the running byte count passes each equal share.
@@ -940,10 +942,12 @@ class CrossMemoryEngine(TransferEngine):
         cuts.append(len(sizes))
         slices = [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
-        def part(a: int, b: int) -> CrossMemoryError | None:
+        def part(a: int, b: int) -> Exception | None:
+            # Any error is returned, not raised, so that every part has ended before the
+            # caller lets go of the registrations the helpers still copy into.
             try:
                 move(local_base, remote_base, lo[a:b], ro[a:b], sizes[a:b], range_base=a, bytes_base=sum(sizes[:a]))
-            except CrossMemoryError as exc:
+            except Exception as exc:       # noqa: BLE001 - re-raised below, once all parts ended
                 return exc
             return None
 

@@ -8,6 +8,7 @@ has checked every range against its registrations.
 from __future__ import annotations
 
 import ctypes
+import operator
 from collections.abc import Sequence
 
 try:
@@ -25,9 +26,19 @@ def copier() -> str:
 
 def memmove_ranges(dst_base: int, dst_offsets: Sequence[int], src_base: int, src_offsets: Sequence[int],
                    sizes: Sequence[int]) -> None:
-    """One ``ctypes.memmove`` per range: the copier without the native module."""
+    """One ``ctypes.memmove`` per range: the copier without the native module.
+
+    Like the native one, it refuses an ill-typed list or lists of different lengths before
+    the first byte moves."""
+    dst_offsets, src_offsets, sizes = (list(map(operator.index, values))
+                                       for values in (dst_offsets, src_offsets, sizes))
+    if not len(dst_offsets) == len(src_offsets) == len(sizes):
+        raise ValueError(f"copy_ranges: dst_offsets, src_offsets and sizes differ in length "
+                         f"({len(dst_offsets)}, {len(src_offsets)}, {len(sizes)})")
+    if any(value < 0 for values in (dst_offsets, src_offsets, sizes) for value in values):
+        raise ValueError("copy_ranges: offsets and sizes must be >= 0")
     move = ctypes.memmove
-    for dst, src, size in zip(dst_offsets, src_offsets, sizes, strict=True):
+    for dst, src, size in zip(dst_offsets, src_offsets, sizes):
         move(dst_base + dst, src_base + src, size)
 
 

@@ -20,9 +20,22 @@ import torch
 from moriio_fsm.adapters.moriio import local_copy
 
 NATIVE = local_copy._stream_copy
-COPIERS = [pytest.param(local_copy.memmove_ranges, id="memmove")]
+COPIERS = [pytest.param("memmove", id="memmove")]
 if NATIVE is not None:
-    COPIERS.append(pytest.param(NATIVE.copy_ranges, id="native"))
+    COPIERS += [pytest.param("native", id="native"), pytest.param("native-sse2", id="native-sse2")]
+
+
+@pytest.fixture
+def copy(request):
+    """The copier named by the test's parameter; "native-sse2" is the native one without AVX2."""
+    if request.param == "memmove":
+        yield local_copy.memmove_ranges
+        return
+    before = NATIVE._use_avx2(request.param == "native")
+    try:
+        yield NATIVE.copy_ranges
+    finally:
+        NATIVE._use_avx2(before)
 
 
 def buffer(nbytes: int, seed: int) -> torch.Tensor:
@@ -44,7 +57,7 @@ def test_a_normal_install_on_x86_64_with_a_compiler_copies_with_streaming_stores
     assert local_copy.copier().startswith("streaming stores (")
 
 
-@pytest.mark.parametrize("copy", COPIERS)
+@pytest.mark.parametrize("copy", COPIERS, indirect=True)
 @pytest.mark.parametrize("total_mib", [0, 3])   # under and over the size where streaming starts
 def test_every_byte_asked_for_and_no_other_is_copied_at_any_alignment(copy, total_mib):
     rng = random.Random(total_mib)
@@ -64,7 +77,7 @@ def test_every_byte_asked_for_and_no_other_is_copied_at_any_alignment(copy, tota
     assert torch.equal(dst, want)
 
 
-@pytest.mark.parametrize("copy", COPIERS)
+@pytest.mark.parametrize("copy", COPIERS, indirect=True)
 def test_a_range_overlapping_its_source_moves_as_memmove_does(copy):
     data = buffer(4 * 2**20, 3)
     want = data.clone()
@@ -74,7 +87,7 @@ def test_a_range_overlapping_its_source_moves_as_memmove_does(copy):
     assert torch.equal(data, want)
 
 
-@pytest.mark.parametrize("copy", COPIERS)
+@pytest.mark.parametrize("copy", COPIERS, indirect=True)
 def test_tuples_and_ranges_are_accepted_as_offset_lists(copy):
     src, dst = buffer(4096, 4), torch.zeros(4096, dtype=torch.uint8)
     copy(dst.data_ptr(), range(0, 4096, 1024), src.data_ptr(), (0, 1024, 2048, 3072), [1024] * 4)
@@ -128,10 +141,15 @@ def test_an_install_without_the_native_module_copies_with_memmove(monkeypatch):
         importlib.reload(local_copy)
 
 
-def test_the_memmove_copier_refuses_lists_of_different_lengths():
+@pytest.mark.parametrize("lists, error", [
+    (([0, 8], [0], [8, 8]), ValueError), (([0, 8], [0, 8], [8, "8"]), TypeError),
+    (([0, 8], [0, 8], [8, -8]), ValueError), (([0, 8.0], [0, 8], [8, 8]), TypeError)])
+def test_the_memmove_copier_refuses_a_bad_list_before_a_byte_moves(lists, error):
     src, dst = buffer(64, 8), torch.zeros(64, dtype=torch.uint8)
-    with pytest.raises(ValueError):
-        local_copy.memmove_ranges(dst.data_ptr(), [0, 8], src.data_ptr(), [0], [8, 8])
+    dst_offsets, src_offsets, sizes = lists
+    with pytest.raises(error):
+        local_copy.memmove_ranges(dst.data_ptr(), dst_offsets, src.data_ptr(), src_offsets, sizes)
+    assert int(dst.count_nonzero()) == 0
 
 
 @pytest.mark.skipif(NATIVE is None, reason="the native copier is not built here")
