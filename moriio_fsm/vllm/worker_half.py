@@ -265,9 +265,9 @@ class WorkerHalf:
             if info.link.cancelled() or info.link.exception() is not None:
                 return
             remote_ids = tuple(remote_ids)
-            if not remote_ids or len(remote_ids) > len(info.block_ids):
+            if not remote_ids:
                 return
-            local_ids = info.block_ids[len(info.block_ids) - len(remote_ids):]
+            local_ids = info.local_ids_for(remote_ids)
             num_blocks = info.link.result().num_blocks
             for layer in range(len(self.cache.names)):
                 self.cache.plan(local_ids, remote_ids, num_blocks, layer)

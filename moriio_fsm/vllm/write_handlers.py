@@ -59,11 +59,7 @@ def producer_handlers(worker: "WorkerHalf") -> dict:
         if info is None:
             raise LookupError(f"transfer {tid!r} ended before its layer {layer} was posted")
         remote_ids = tuple(remote_ids)
-        if len(remote_ids) > len(info.block_ids):
-            raise ValueError(f"D offers {len(remote_ids)} blocks, P's prompt has "
-                             f"{len(info.block_ids)}")
-        # D may hold a prefix of the prompt already (prefix cache): P writes the tail.
-        local_ids = info.block_ids[len(info.block_ids) - len(remote_ids):]
+        local_ids = info.local_ids_for(remote_ids)
         local, remote, sizes = worker.cache.plan(local_ids, remote_ids, link.num_blocks, layer)
         session = info.session(worker.engine, worker.cache, layer)
         status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())

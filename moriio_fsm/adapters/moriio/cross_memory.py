@@ -923,16 +923,13 @@ class CrossMemoryEngine(TransferEngine):
         if parts < 2 or total_bytes < self.PARALLEL_COPY_MIN_BYTES:
             move(local_base, remote_base, lo, ro, sizes)
             return
-        helpers_pool = self._copy_helpers
-        if helpers_pool is None:
-            # Posting threads and the worker can both get here first: one pool, made once.
-            with self._lock:
-                if self._copy_helpers is None:
-                    # Sized for the engine, not for this batch: a first batch of two ranges
-                    # must not cap every later one at two threads.
-                    self._copy_helpers = ThreadPoolExecutor(self._copy_threads - 1,
-                                                            thread_name_prefix=f"cross-memory-{self.key}-copy")
-                helpers_pool = self._copy_helpers
+        # Posting threads and the worker can both get here first: one pool, made once, and
+        # sized for the engine, so that a first batch of two ranges caps no later one.
+        with self._lock:
+            if self._copy_helpers is None:
+                self._copy_helpers = ThreadPoolExecutor(self._copy_threads - 1,
+                                                        thread_name_prefix=f"cross-memory-{self.key}-copy")
+            helpers_pool = self._copy_helpers
         # Cut where the running byte count passes each equal share.
         cuts, share, running = [0], total_bytes / parts, 0
         for index, size in enumerate(sizes):
