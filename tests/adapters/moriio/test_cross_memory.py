@@ -329,12 +329,19 @@ def test_posts_racing_close_all_end_final(kind):
     for _ in range(15):
         pair = Pair(kind, size=SIZE)
         statuses: list = []
-        posting = threading.Event()
+        posting, closed = threading.Event(), threading.Event()
 
         def post():
-            for n in range(400):
+            # Posts until a few after close returned: a fixed count could all go before the
+            # closing thread got its turn, and then no post would race close at all.
+            after_close = 0
+            for n in range(1_000_000):
                 statuses.append(pair.session.write(n * 64 % SIZE, 0, 64, pair.session.allocate_transfer_uid()))
                 posting.set()
+                if closed.is_set():
+                    after_close += 1
+                    if after_close >= 3:
+                        break
 
         poster = threading.Thread(target=post)
         poster.start()
@@ -342,6 +349,7 @@ def test_posts_racing_close_all_end_final(kind):
             assert posting.wait(WAIT_MS / 1000)
             pair.producer.close()
         finally:
+            closed.set()
             poster.join()
         try:
             assert pair.producer.wait_all(statuses, WAIT_MS)
