@@ -13,81 +13,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define STREAM_X86 1
-#include <immintrin.h>
-#endif
-
-/* Below this many bytes per call the copy fits this core's cache and ordinary stores win. */
-#define STREAM_MIN_CALL_BYTES ((uint64_t)1 << 20)
-/* Ranges shorter than this are not worth aligning for the streaming loop. */
-#define STREAM_MIN_RANGE_BYTES 256
-
-typedef struct {
-    uint64_t dst, src, size;
-} copy_range;
-
-#ifdef STREAM_X86
-__attribute__((target("avx2"))) static void stream_avx2(char *dst, const char *src, size_t n) {
-    size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
-        __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
-        _mm256_stream_si256((__m256i *)(dst + i), a);
-        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
-        _mm256_stream_si256((__m256i *)(dst + i + 64), c);
-        _mm256_stream_si256((__m256i *)(dst + i + 96), d);
-    }
-    memcpy(dst + i, src + i, n - i);
-}
-
-static void stream_sse2(char *dst, const char *src, size_t n) {
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), d);
-    }
-    memcpy(dst + i, src + i, n - i);
-}
-
-static int have_avx2;
-
-/* One range: ordinary stores up to the destination's next 64-byte line, then whole lines. */
-static void stream_range(char *dst, const char *src, size_t n) {
-    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    if (have_avx2)
-        stream_avx2(dst + head, src + head, n - head);
-    else
-        stream_sse2(dst + head, src + head, n - head);
-}
-#endif
-
-static int overlaps(const copy_range *r) {
-    return r->dst < r->src + r->size && r->src < r->dst + r->size;
-}
+#include "_copy_kernels.h"
 
 static void copy_all(const copy_range *ranges, Py_ssize_t count, uint64_t total) {
 #ifdef STREAM_X86
     if (total >= STREAM_MIN_CALL_BYTES) {
-        for (Py_ssize_t k = 0; k < count; k++) {
-            const copy_range *r = &ranges[k];
-            if (r->size < STREAM_MIN_RANGE_BYTES || overlaps(r))
-                memmove((void *)(uintptr_t)r->dst, (const void *)(uintptr_t)r->src, r->size);
-            else
-                stream_range((char *)(uintptr_t)r->dst, (const char *)(uintptr_t)r->src, r->size);
-        }
-        _mm_sfence();   /* streaming stores are weakly ordered: publish them before returning */
+        for (Py_ssize_t k = 0; k < count; k++)
+            stream_or_move(&ranges[k]);
+        copy_fence();
         return;
     }
 #else
@@ -235,9 +168,6 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__stream_copy(void) {
-#ifdef STREAM_X86
-    __builtin_cpu_init();
-    have_avx2 = __builtin_cpu_supports("avx2");
-#endif
+    copy_kernels_init();
     return PyModule_Create(&module_def);
 }
