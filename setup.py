@@ -1,10 +1,17 @@
-"""Build step for the one optional native piece: the streaming-store copier of the same-host engine.
+"""Build step for the optional native pieces of the same-host engine: the streaming-store
+copier and the copy-assist thread (both share _copy_kernels.h).
 
 Everything else is in pyproject.toml. ``optional=True``: where no C compiler is present the
-install still succeeds and the engine copies with ``ctypes.memmove`` (the engine says which).
+install still succeeds; the engine then copies with ``ctypes.memmove`` and writers copy alone
+(the engine says which).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("moriio_fsm.adapters.moriio._stream_copy",
-                             ["moriio_fsm/adapters/moriio/_stream_copy.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+_HERE = "moriio_fsm/adapters/moriio/"
+
+setup(ext_modules=[
+    Extension("moriio_fsm.adapters.moriio._stream_copy", [_HERE + "_stream_copy.c"],
+              depends=[_HERE + "_copy_kernels.h"], extra_compile_args=["-O2"], optional=True),
+    Extension("moriio_fsm.adapters.moriio._copy_assist", [_HERE + "_copy_assist.c"],
+              depends=[_HERE + "_copy_kernels.h"], extra_compile_args=["-O2", "-Wall"], optional=True),
+])

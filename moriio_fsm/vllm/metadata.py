@@ -65,6 +65,9 @@ class StepMetadata(KVConnectorMetadata):
     sends: list[SendStart] = field(default_factory=list)
     receives: list[ReceiveStart] = field(default_factory=list)
     ended: list[RequestEnded] = field(default_factory=list)
+    # The step runs no forward (nothing scheduled): its worker may spend the step helping
+    # a peer's write in (copy assist) instead of returning at once to an idle loop.
+    idle: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.sends or self.receives or self.ended)

@@ -62,6 +62,11 @@ class VllmReports:
         with self._lock:
             return request_id in self._awaiting_send or request_id in self._awaiting_recv
 
+    def loads_pending(self) -> bool:
+        """D: vLLM waits for a load, and none has ended since the last report."""
+        with self._lock:
+            return bool(self._awaiting_recv) and not self._recving
+
     def take(self) -> tuple[set[str], set[str]]:
         """This step's reports (vLLM's ``get_finished``), cleared as they are handed over."""
         with self._lock:

@@ -119,6 +119,7 @@ class SchedulerHalf:
         if self._senders and not self.settings.read_mode:
             self._collect_prompt_blocks(scheduler_output)
         step, self._step = self._step, StepMetadata()
+        step.idle = getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0
         return step
 
     def _collect_prompt_blocks(self, out: Any) -> None:

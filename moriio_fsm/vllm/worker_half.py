@@ -103,6 +103,7 @@ class WorkerHalf:
         self.handshake_port: int | None = None
         self._closed = False
         self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
+        self._step_idle = False                    # this step runs no forward (StepMetadata.idle)
         self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
         self._saved_this_step: set[tuple[str, int]] = set()
         if recorder is None:
@@ -355,6 +356,7 @@ class WorkerHalf:
         """Apply one step's metadata: new transfers first, then ended requests."""
         self._step_sends = []
         self._saved_this_step.clear()
+        self._step_idle = metadata is not None and metadata.idle
         if not metadata:
             return
         for send in metadata.sends:
@@ -465,11 +467,25 @@ class WorkerHalf:
 
     #: How long vLLM's request for finished transfers waits for a copy running on another thread.
     COPY_WAIT_S = 0.05
+    #: On a step with no forward while a load is pending: how long to wait for a peer's write
+    #: to help with, and after helping, for the transfer's next layer (copy assist).
+    ASSIST_WAIT_S = 0.002
+    ASSIST_LINGER_S = 0.0005
 
     def finished(self) -> tuple[set[str], set[str]]:
-        """What finished since the last call; on one core, first lets a copy in flight end
-        (briefly), so that vLLM's engine loop, which asks without pause while a request waits
-        for KV, does not spin on the core the copy needs."""
+        """What finished since the last call. First helps with peers' writes posted into this
+        engine (copy assist), and on one core lets a copy in flight end (briefly), so that
+        vLLM's engine loop, which asks without pause while a request waits for KV, does not
+        spin on the core the copy needs."""
+        # A peer's write into this engine may be posted for help (copy assist): this loop's
+        # core is the one D would otherwise spend asking.
+        help_writers = getattr(self.engine, "help_writers", None)
+        if help_writers is not None:
+            # A step with no forward, while vLLM waits for a load: nothing else would use this
+            # core, so wait for a writer's job instead of spinning through empty steps (each
+            # takes vLLM a millisecond or two here, and a transfer's layers are posted within one).
+            waiting = self._step_idle and not self.settings.read_mode and self.reports.loads_pending()
+            help_writers(self.ASSIST_WAIT_S if waiting else 0.0, self.ASSIST_LINGER_S if waiting else 0.0)
         # Only an engine copying inline shares this core with the loop; with cores to spare,
         # waiting would only delay other requests' steps.
         if getattr(self.engine, "inline_copies", False):

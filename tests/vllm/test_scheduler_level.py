@@ -139,6 +139,53 @@ def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make
     assert len(made) == len(P.kv) and all(not on_main and at == 0 for on_main, at in made), made
 
 
+def recorded_help(monkeypatch, worker):
+    """Every help_writers call of ``worker``'s engine: (wait_s, step idle, load pending) at the call."""
+    calls = []
+    help_writers = worker.engine.help_writers
+
+    def recording(wait_s=0.0, linger_s=0.0):
+        calls.append((wait_s, worker._step_idle, worker.reports.loads_pending()))
+        return help_writers(wait_s, linger_s)
+
+    monkeypatch.setattr(worker.engine, "help_writers", recording)
+    return calls
+
+
+@pytest.mark.parametrize("posting", ["layerwise", "after_forward"])
+def test_every_write_through_ds_board_gives_the_same_tokens_and_d_waits_only_on_idle_steps(make_instance,
+                                                                                         monkeypatch, posting):
+    """Copy assist on: P puts each layer's write on D's board, D helps from its steps and waits
+    for writes only on a step with no forward while its load is pending."""
+    expected = reference(make_instance, PROMPT)
+    P = make_instance("P", "kv_producer", extra={"write_posting": posting})
+    D = make_instance("D", "kv_consumer")
+    engine = P.worker._worker.engine
+    monkeypatch.setattr(engine, "ASSIST_MIN_BYTES", 0)     # this KV is small: every write goes on the board
+    calls = recorded_help(monkeypatch, D.worker._worker)
+    to_p, to_d = write_pair_params("tx-assist", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    assert engine.assist_counts["jobs"] >= len(P.kv)
+    waited = [call for call in calls if call[0] > 0]
+    assert waited and all(idle and pending for _, idle, pending in waited)
+    assert all(wait == 0 for wait, idle, pending in calls if not (idle and pending))
+
+
+def test_in_read_mode_d_never_waits_for_writes_to_help(make_instance, monkeypatch):
+    expected = reference(make_instance, PROMPT)
+    P, D = make_instance("P", "kv_producer", True), make_instance("D", "kv_consumer", True)
+    calls = recorded_help(monkeypatch, D.worker._worker)
+    P.add("p-1", PROMPT, 1, read_p_params(P, "tx-r-assist"))
+    assert run_until([P], lambda: "p-1" in P.params_out)
+    D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    assert calls and all(wait == 0 for wait, _, _ in calls)
+
+
 def test_write_with_chunked_prefill_sends_only_after_the_whole_prompt(make_instance):
     expected = reference(make_instance, LONG_PROMPT)
     P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")

@@ -30,6 +30,7 @@ import msgspec
 import torch
 
 from . import _iovec, local_copy
+from . import copy_assist as _assist
 from ._iovec import CrossMemoryError, move_ranges, native_calls_problem
 from .resident import pin_pages, unpin_pages
 from .shared_memory import RegionUnavailable
@@ -76,6 +77,10 @@ class CrossMemoryEngineDesc(msgspec.Struct, frozen=True, tag="moriio-cma-engine"
     hostname: str = ""
     host: str = ""
     port: int = 0
+    # Its copy-assist board (``copy_assist``): a memfd at this fd of the engine's process,
+    # named with this token; -1: it offers none, and writers into it copy alone.
+    assist_fd: int = -1
+    assist_token: _Token = ""
 
     def pack(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -191,7 +196,8 @@ class _Peer:
     The handles are closed at engine close, or once no session uses the peer any more.
     """
 
-    def __init__(self, desc: CrossMemoryEngineDesc, pidfd: int, registry: RegistryView) -> None:
+    def __init__(self, desc: CrossMemoryEngineDesc, pidfd: int, registry: RegistryView, *,
+                 use_board: bool = True) -> None:
         self.desc = desc
         self.registry = registry
         self.withdrawn = False  # the remote engine was deregistered (or re-registered anew)
@@ -206,6 +212,25 @@ class _Peer:
         # they could not be mapped). A session keeps its mapping alive on its own.
         self._pages: dict[int, tuple[CrossMemoryMemoryDesc, PeerPages | None]] = {}
         self._refusals_said: set[int] = set()
+        self.pidfd = pidfd
+        self._introduced: set[tuple] = set()   # this engine's registrations announced to its board
+        # Where its process helps with writes into it (None: this engine copies them alone).
+        self.board: _assist.PeerBoard | None = None
+        if use_board and desc.assist_fd >= 0 and _assist.available():
+            try:
+                self.board = _assist.PeerBoard(desc.pid, desc.assist_fd, desc.assist_token)
+            except (RegionUnavailable, OSError, ValueError) as exc:
+                _log.warning("engine %r offers copy assist, but its board cannot be mapped here (%s); writes "
+                             "into it are copied here alone", desc.key, exc)
+
+    def introduce(self, segment: tuple) -> None:
+        """Announce one of this engine's registrations on the peer's board, once per registration."""
+        key = segment[:3]                 # pid, mem_id, token
+        with self._pages_lock:
+            if key in self._introduced:
+                return
+            self._introduced.add(key)
+        self.board.introduce(segment)
 
     def pages_of(self, mem: CrossMemoryMemoryDesc) -> PeerPages | None:
         """This process's mapping of ``mem``'s shared pages, made on first use; None without one."""
@@ -263,6 +288,7 @@ class _Peer:
     def close(self) -> None:
         with self._pages_lock:
             self._pages.clear()
+        self.board = None   # a job posted there keeps the mapping until it ends
         self._handles()
 
 
@@ -290,7 +316,8 @@ def _attach(desc: CrossMemoryEngineDesc, own: CrossMemoryEngineDesc) -> _Peer:
     except BaseException:
         os.close(pidfd)
         raise
-    peer = _Peer(desc, pidfd, registry)
+    # An engine's handle on itself needs no board: a copy within one process gains nothing from help.
+    peer = _Peer(desc, pidfd, registry, use_board=desc is not own)
     reason = peer.gone()
     if reason is not None:  # it died while being checked: the pid may already be someone else's
         peer.close()
@@ -334,6 +361,8 @@ class _Posted:
     batch: CheckedBatch
     failure: InjectedFailure | None
     here: bool   # the copy is a memory copy in this process (the peer's pages are mapped here)
+    # (the peer's board, the job) of a write put there when posted; its registrations are held until it ends.
+    job: tuple | None = None
 
 
 class CrossMemorySession(TransferSession):
@@ -352,11 +381,23 @@ class CrossMemorySession(TransferSession):
         self._pages = None
         self.mapped_remote_address: int | None = None
         self._here_low = self._here_high = 0    # remote offsets the mapping covers
+        self._segment: tuple | None = None
         if local_plain and remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
             self._pages = pages
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
             self._here_low = remote.shared_start - remote.address
             self._here_high = self._here_low + remote.shared_size
+        if self.mapped_remote_address is not None and local.shares_pages and peer.board is not None:
+            # Mapped by the peer before this session's first write, which it can then help with.
+            peer.introduce(self.assist_segment())
+
+    def assist_segment(self) -> tuple:
+        """How a copy-assist job names this session's two registrations (``_copy_assist.post``)."""
+        if self._segment is None:
+            local = self.local_mem
+            self._segment = (local.pid, local.mem_id, local.shared_token.encode(), self.remote_mem.mem_id,
+                             local.pack(), self.mapped_remote_address, local.address)
+        return self._segment
 
     def _copies_here(self, batch: CheckedBatch) -> bool:
         """Whether every remote range of ``batch`` lies where this process can reach it."""
@@ -467,6 +508,12 @@ class CrossMemoryEngine(TransferEngine):
     already final: where the worker could only take turns with the poster on the same
     core, it would add two thread hand-offs, each a wait for the GIL of up to its switch
     interval (5 ms) while the other thread runs Python.
+    With ``copy_assist`` (by default with ``share_pages`` where the native module is built)
+    the engine offers peers a job board (``copy_assist``): a peer's large write into shared
+    pages is posted there, and ``help_writers``, called by a loop of this process that would
+    otherwise only wait (vLLM's, while a request waits for that very KV), copies part of it on
+    this process's core while the writer copies the rest. The writer waits for a helper for
+    at most ``PeerBoard.FINISH_TIMEOUT_S`` after its own part, and fails the write after that.
     ``close`` fails every transfer still queued, stalled or held with ERR_BAD_STATE, stops
     the worker and copy threads and drops every fault rule.
     """
@@ -478,7 +525,8 @@ class CrossMemoryEngine(TransferEngine):
     def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
                  copy_threads: int | None = None, max_registrations: int = 1 << 16,
                  deregister_wait_s: float = 10.0, pin_memory: bool = True,
-                 inline_copies: bool | None = None, share_pages: bool = False) -> None:
+                 inline_copies: bool | None = None, share_pages: bool = False,
+                 copy_assist: bool | None = None) -> None:
         problem = native_calls_problem()
         if problem is not None:
             raise CrossMemoryError(errno.ENOSYS, problem)
@@ -495,6 +543,10 @@ class CrossMemoryEngine(TransferEngine):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not deregister_wait_s >= 0:
             raise ValueError(f"deregister_wait_s must be >= 0 seconds, got {deregister_wait_s!r}")
+        if copy_assist is None:
+            copy_assist = bool(share_pages) and _assist.available()
+        if copy_assist and not share_pages:
+            raise ValueError("copy_assist needs share_pages: writers are helped only with copies into shared pages")
         self.key = key
         self.faults = LoopbackFaults()
         self._pin_memory = bool(pin_memory)
@@ -503,12 +555,18 @@ class CrossMemoryEngine(TransferEngine):
         self._registry = PublishedRegistry(max_registrations)
         # The token also lives in this process's memory, where a peer's probe reads it.
         self._token_in_memory = ctypes.create_string_buffer(self._registry.token, TOKEN_BYTES)
+        try:
+            self._board = _assist.AssistBoard(CrossMemoryMemoryDesc.unpack) if copy_assist else None
+        except BaseException:
+            self._registry.close(0)
+            raise
+        offer = {} if self._board is None else dict(assist_fd=self._board.fd, assist_token=self._board.token)
         boot_id, pid_namespace = _host_identity()
         self._desc = CrossMemoryEngineDesc(
             key=key, pid=os.getpid(), boot_id=boot_id, pid_namespace=pid_namespace,
             registry_fd=self._registry.fd, token=self._registry.token,
             token_address=ctypes.addressof(self._token_in_memory),
-            hostname=socket.gethostname(), host=host, port=int(port))
+            hostname=socket.gethostname(), host=host, port=int(port), **offer)
         if allow_same_user_peers:
             _allow_same_user_tracers()
         # This engine's own transfers hold its slots through an open of its own: OFD locks
@@ -530,6 +588,9 @@ class CrossMemoryEngine(TransferEngine):
         self._copies_done = threading.Condition()
         self._copy_threads = copy_threads
         self._copy_helpers: ThreadPoolExecutor | None = None  # made on the first large batch
+        # Writes carried out with a peer's help: jobs, their pieces (``PeerBoard.finish``), and
+        # the pieces the peer copied.
+        self.assist_counts = {"jobs": 0, "pieces": 0, "pieces_by_peer": 0}
         self._worker = threading.Thread(target=self._run, name=f"cross-memory-{key}", daemon=True)
         self._worker.start()
 
@@ -626,6 +687,12 @@ class CrossMemoryEngine(TransferEngine):
                     unpin_pages(address, nbytes)
                 if not claim.release():
                     _lingering.append(tensor)
+        if self._board is not None and adopted is not None:
+            low = adopted.start - address
+            try:
+                self._board.add_dest(mem_id, address, low, low + adopted.size)
+            except OverflowError as exc:   # a full table: writers into this memory copy alone
+                _log.warning("engine %r: memory %s gets no copy assist: %s", self.key, mem_id, exc)
         with self._lock:
             self._memory[mem_id] = registration
         return desc
@@ -643,6 +710,8 @@ class CrossMemoryEngine(TransferEngine):
             registration = self._memory.pop(mem.mem_id, None)
         if registration is None:
             return
+        if self._board is not None:
+            self._board.drop_dest(mem.mem_id)   # waits for a peer's job being helped into it
         copies_ended = self._registry.withdraw(registration.desc.slot, self._deregister_wait_s)
         if not copies_ended:
             _log.warning("memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
@@ -699,6 +768,9 @@ class CrossMemoryEngine(TransferEngine):
         status.mark_in_progress()
         held = getattr(self._together, "held", None)
         if held is not None and verdict is NO_FAULT:
+            # A large write goes on the peer's board now: the peer may copy it while this
+            # thread posts the next ones. The rest is copied when posting_together ends.
+            posted.job = self._post_for_help(posted)
             held.append((sequence, posted))   # goes with the others when posting_together ends
             return status
         if self.inline_copies and verdict is NO_FAULT:
@@ -818,6 +890,13 @@ class CrossMemoryEngine(TransferEngine):
                 status.settle(code, message)
             del statuses
 
+    def help_writers(self, wait_s: float = 0.0, linger_s: float = 0.0) -> int:
+        """Copy part of the large writes peers are posting into this engine's memory now (copy
+        assist); the ranges copied. ``wait_s``/``linger_s``: see ``AssistBoard.help``. For a
+        loop with nothing better to do on its core: vLLM's engine loop asks for finished
+        transfers without pause while a request waits for KV."""
+        return 0 if self._board is None else self._board.help(wait_s, linger_s)
+
     def wait_for_copies(self, timeout_s: float) -> bool:
         """Block until no copy of this engine runs on any thread, at most ``timeout_s``; True if none runs.
 
@@ -844,7 +923,9 @@ class CrossMemoryEngine(TransferEngine):
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for index, posted in enumerate(due):
-            if posted.failure is not None:
+            if posted.job is not None:
+                outcomes[index] = self._finish_helped(posted)
+            elif posted.failure is not None:
                 outcomes[index] = posted.failure.code, posted.failure.message
             else:
                 groups.setdefault((posted.op, posted.session.remote_mem.pid, posted.here), []).append(index)
@@ -880,7 +961,13 @@ class CrossMemoryEngine(TransferEngine):
                 held.append(posted)
         try:
             copied = set()
-            if len(held) > 1 or (here and held):
+            failed = self._copy_with_assist(held) if here and op == "write" and held else None
+            if failed is not None:       # the peer helped: done, or failed for all
+                copied = {id(posted) for posted in held}
+                for index, posted in enumerate(group):
+                    if failed and outcomes[index] is None:
+                        outcomes[index] = posted.session._failure(failed)
+            elif len(held) > 1 or (here and held):
                 ranges = _absolute_ranges(held, here)
                 try:
                     self._move(op, None if here else pid, 0, 0, *ranges)
@@ -906,6 +993,87 @@ class CrossMemoryEngine(TransferEngine):
                 posted.session._let_go()
         return [outcome if outcome is not None else posted.session._after_copy()
                 for posted, outcome in zip(group, outcomes)]
+
+    #: Writes smaller than this are copied here alone: a job and a wake-up cost more than they save.
+    ASSIST_MIN_BYTES = 1 << 20
+
+    def _post_for_help(self, posted: _Posted):
+        """Hold the registrations of a large write and put it on the peer's board; (board, job),
+        or None (nothing held) where the write is not for help or the board is full."""
+        session, batch = posted.session, posted.batch
+        board = session._peer.board
+        if (posted.op != "write" or not posted.here or board is None or batch.total_bytes < self.ASSIST_MIN_BYTES
+                or len(batch.sizes) > board.MAX_RANGES or not session.local_mem.shares_pages):
+            return None
+        if session._hold() is not None:
+            return None          # refused: the copy at the end says why
+        job = None
+        try:
+            job = board.post([session.assist_segment()], [0] * len(batch.sizes), batch.local_offsets,
+                             batch.remote_offsets, batch.sizes)
+        finally:
+            if job is None:
+                session._let_go()
+        return None if job is None else (board, job)
+
+    def _finish_helped(self, posted: _Posted) -> tuple[int, str]:
+        """Copy what the peer left of a write posted for help, wait for its part, let go; the outcome."""
+        session, (board, job) = posted.session, posted.job
+        posted.job = None
+        peer = session._peer
+        try:
+            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1)
+        except OSError as exc:            # TimeoutError, ProcessLookupError
+            return session._failure(f"{exc} (engine {peer.desc.key!r})")
+        finally:
+            session._let_go()
+        self._count_assisted(pieces, by_peer)
+        reason = session._why_dead()      # killed while the copy ran
+        return session._failure(reason) if reason is not None else session._after_copy()
+
+    def _copy_with_assist(self, held: list[_Posted]) -> str | None:
+        """Copy held writes into one peer together with that peer (copy assist).
+
+        None: not assisted (no board, too small, too many ranges, a full board), so the caller
+        copies as usual; "": every byte landed; else why they may not have (for every batch).
+        """
+        peer = held[0].session._peer
+        board = peer.board
+        if board is None or sum(posted.batch.total_bytes for posted in held) < self.ASSIST_MIN_BYTES:
+            return None
+        segments: list[tuple] = []
+        segment_of_session: dict[int, int] = {}
+        segment_of, src, dst, sizes = [], [], [], []
+        for posted in held:
+            session, batch = posted.session, posted.batch
+            if session._peer is not peer or not session.local_mem.shares_pages:
+                return None   # the peer could not read this memory
+            index = segment_of_session.get(id(session))
+            if index is None:
+                index = segment_of_session[id(session)] = len(segments)
+                segments.append(session.assist_segment())
+            segment_of.extend([index] * len(batch.sizes))
+            src.extend(batch.local_offsets)
+            dst.extend(batch.remote_offsets)
+            sizes.extend(batch.sizes)
+        if len(sizes) > board.MAX_RANGES or len(segments) > board.MAX_SEGMENTS:
+            return None
+        job = board.post(segments, segment_of, src, dst, sizes)
+        if job is None:
+            return None
+        try:
+            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1)
+        except OSError as exc:            # TimeoutError, ProcessLookupError
+            return f"{exc} (engine {peer.desc.key!r})"
+        self._count_assisted(pieces, by_peer)
+        return ""
+
+    def _count_assisted(self, pieces: int, by_peer: int) -> None:
+        with self._lock:
+            counts = self.assist_counts
+            counts["jobs"] += 1
+            counts["pieces"] += pieces
+            counts["pieces_by_peer"] += by_peer
 
     def _move(self, op: str, pid: int | None, local_base: int, remote_base: int,
               lo: list[int], ro: list[int], sizes: list[int], total_bytes: int) -> None:
@@ -972,6 +1140,8 @@ class CrossMemoryEngine(TransferEngine):
                                  "closed before the transfer completed")
         if threading.current_thread() is not self._worker:
             self._worker.join()
+        if self._board is not None:
+            self._board.close()          # after the job being helped: no copy into our memory after this
         with self._lock:
             registrations, self._memory = list(self._memory.values()), {}
             peers, self._peers = list(self._peers.values()), {}

@@ -1,14 +1,16 @@
 """A peer process for the cross-memory tests: it allocates its own tensor, as vLLM allocates its KV cache.
 
-Roles (argv[1]): ``owner KEY NBYTES [N,H,B,D] [share]`` prints its packed descriptors as one JSON line, then
-answers JSON-line commands (dump, fill, deregister, pull, exit) and runs no transfer code between them (``share``:
-its engine shares the tensor's pages, so peers copy into them by memcpy);
+Roles (argv[1]): ``owner KEY NBYTES [N,H,B,D] [share] [help]`` prints its packed descriptors as one JSON line,
+then answers JSON-line commands (dump, fill, deregister, pull, assist, exit) and runs no transfer code between them
+(``share``: its engine shares the tensor's pages, so peers copy into them by memcpy; ``help``: a thread asks its
+engine to help peers' writes without pause, as vLLM's engine loop does while a request waits for KV);
 ``intruder ENGINE MEMORY WHEN`` drops to uid 65534 before or after attaching and reports what the engine said.
 """
 
 import json
 import os
 import sys
+import threading
 
 import torch
 
@@ -22,8 +24,11 @@ def reply(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def owner(key: str, nbytes: int, kv_shape: str | None, share: bool) -> None:
+def owner(key: str, nbytes: int, kv_shape: str | None, share: bool, helping: bool) -> None:
     with CrossMemoryEngine(key, share_pages=share) as engine:
+        if helping:
+            threading.Thread(target=lambda: [engine.help_writers(0.002, 0.0005) for _ in iter(int, 1)],
+                             daemon=True).start()
         if kv_shape:
             num_blocks, heads, block_size, head_size = (int(v) for v in kv_shape.split(","))
             # The CPU attention backend's per-layer cache: [num_blocks, num_kv_heads, block_size, 2*head_size].
@@ -46,6 +51,8 @@ def owner(key: str, nbytes: int, kv_shape: str | None, share: bool) -> None:
             elif op == "deregister":
                 engine.deregister_memory(mem)
                 reply(ok=True)
+            elif op == "assist":
+                reply(**engine._board.stats())
             elif op == "pull":
                 reply(**pull(engine, mem, command))
             else:
@@ -91,8 +98,8 @@ if __name__ == "__main__":
     role = sys.argv[1]
     if role == "owner":
         options = sys.argv[4:]
-        shape = next((option for option in options if option != "share"), None)
-        owner(sys.argv[2], int(sys.argv[3]), shape, "share" in options)
+        shape = next((option for option in options if option not in ("share", "help")), None)
+        owner(sys.argv[2], int(sys.argv[3]), shape, "share" in options, "help" in options)
     elif role == "intruder":
         intruder(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

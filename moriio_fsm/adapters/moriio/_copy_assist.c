@@ -1,0 +1,1066 @@
+/* Copy assist: the process that owns a write's destination copies part of the write, claiming
+ * ranges from a job board in shared memory while the writer copies the rest.
+ *
+ * The board is a memfd the destination's engine creates and peers map. A writer posts a job
+ * (its ranges as registration-relative offsets) and copies; the destination, whenever its
+ * own loop asks (``help``: vLLM's engine loop asks for finished transfers without pause while
+ * a request waits for its KV, so that core is free), takes ranges off the same atomic counter
+ * until none is left, and the writer waits for it to leave the job. Rules: helping runs no
+ * Python and holds no GIL; it copies only between windows this process installed (its own
+ * registrations, and writers' pages it mapped), checks every range against them on its own
+ * snapshot of the job (peers can write the board), and holds the window table's lock for the
+ * whole job, so that dropping a window waits for any copy into it. A writer that finds no free
+ * slot copies alone; one whose helper does not leave the job in time fails it; no wait is
+ * without a bound. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "_copy_kernels.h"
+
+#define BOARD_MAGIC 0x41534d4fu /* "OMSA" */
+#define BOARD_VERSION 1u
+#define BOARD_SLOTS 32     /* a transfer posts one job per layer; several transfers can be in flight */
+#define MAX_SEGMENTS 16
+#define MAX_RANGES 2048
+/* Ranges are cut into pieces of about this size, so that a layer's one long run of blocks can
+ * be shared between the writer and the helper. */
+#define CHUNK_BYTES ((uint64_t)256 << 10)
+#define TOKEN_MAX 32
+#define DESC_MAX 456
+#define MAX_WINDOWS 1024
+#define MAX_UNKNOWN 32
+#define INTRO_SLOTS 64     /* writers' registrations announced ahead of their first job */
+
+/* A slot's ticket: a generation in the high bits, its state in the low three. */
+enum { FREE = 0, FILLING = 1, POSTED = 2, HELPING = 3, HELPED = 4, REFUSED = 5, CLOSED = 6, ABANDONED = 7 };
+#define STATE(t) ((t) & 7u)
+#define WITH_STATE(t, s) (((t) & ~7u) | (uint32_t)(s))
+#define NEXT_FREE(t) (((t) & ~7u) + 8u)
+
+typedef struct {
+    uint64_t src_off, dst_off, size;
+    uint32_t segment, pad;
+} board_range;
+
+/* Which of the writer's registrations a job's ranges come from, and which of this process's they go to. */
+typedef struct {
+    uint64_t src_mem_id, dst_mem_id;
+    uint32_t src_pid, desc_len;
+    uint8_t token[TOKEN_MAX];
+    uint8_t desc[DESC_MAX];   /* the writer's packed memory descriptor, for mapping it here */
+} board_segment;
+
+typedef struct {
+    uint32_t ticket;   /* futex word the writer waits on */
+    uint32_t next;     /* next range to claim */
+    uint32_t n_ranges, n_segments;
+    uint32_t helped;   /* ranges the helper copied (for statistics only) */
+    uint32_t poster_pid;
+    uint32_t pad[10];
+    board_segment segments[MAX_SEGMENTS];
+    board_range ranges[MAX_RANGES];
+} board_slot;
+
+/* A writer's registration announced when its session is made, so that it is mapped here before
+ * its first job: a job is often finished by the writer before the helper looks at it. */
+typedef struct {
+    uint32_t seq;      /* odd while being written (a sequence lock), 0 never written */
+    uint32_t pad;
+    board_segment segment;
+} board_intro;
+
+typedef struct {
+    uint32_t magic, version, n_slots;
+    uint32_t helper_pid;
+    uint32_t intro_next;   /* introductions made so far */
+    uint32_t wake;         /* bumped by every post and introduction: the futex a waiting helper sleeps on */
+    uint32_t sleepers;     /* helpers asleep on it: a writer wakes them only then (a syscall saved) */
+    uint32_t pad[9];
+    board_slot slots[BOARD_SLOTS];
+    board_intro intros[INTRO_SLOTS];
+} board_t;
+
+static long futex(uint32_t *word, int op, uint32_t value, const struct timespec *timeout) {
+    /* Not FUTEX_PRIVATE_FLAG: the word lives in memory other processes map. */
+    return syscall(SYS_futex, word, op, value, timeout, NULL, 0);
+}
+
+static uint32_t load32(const uint32_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+static void store32(uint32_t *word, uint32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+static int cas32(uint32_t *word, uint32_t expected, uint32_t wanted) {
+    return __atomic_compare_exchange_n(word, &expected, wanted, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static struct timespec span(double seconds) {
+    struct timespec ts;
+    if (seconds < 0)
+        seconds = 0;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    return ts;
+}
+
+/* Offsets [off, off + size) inside [low, high), without overflow. */
+static int inside(uint64_t off, uint64_t size, uint64_t low, uint64_t high) {
+    return off >= low && off <= high && size <= high - off;
+}
+
+/* ---- argument parsing ---------------------------------------------------------------- */
+
+static int as_u64(PyObject *item, const char *what, Py_ssize_t index, uint64_t *out) {
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %.80s", what, index, Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    unsigned long long value = PyLong_AsUnsignedLongLong(item);
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s[%zd]: expected an int in [0, 2**64), got %R", what, index, item);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int board_of(PyObject *arg, board_t **out) {
+    uint64_t address;
+    if (as_u64(arg, "board", 0, &address) < 0)
+        return -1;
+    board_t *board = (board_t *)(uintptr_t)address;
+    if (address == 0 || address % 64 != 0) {
+        PyErr_SetString(PyExc_ValueError, "board: expected the 64-byte-aligned address of a mapped board");
+        return -1;
+    }
+    *out = board;
+    return 0;
+}
+
+static int check_header(board_t *board) {
+    if (board->magic != BOARD_MAGIC || board->version != BOARD_VERSION || board->n_slots != BOARD_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "board: not a copy-assist board of version %u (magic %#x, version %u, "
+                     "%u slots)", BOARD_VERSION, board->magic, board->version, board->n_slots);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the writer's side ------------------------------------------------------------------ */
+
+static void wake_helpers(board_t *board) {
+    __atomic_add_fetch(&board->wake, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&board->sleepers, __ATOMIC_SEQ_CST) != 0)
+        futex(&board->wake, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+typedef struct {
+    board_t *board;
+    uint32_t slot, ticket;   /* ticket as posted */
+    uint32_t n_ranges;
+    int finished;
+    copy_range *ranges;      /* this process's addresses of every range, the writer's own copy */
+} job_t;
+
+static void job_abandon(job_t *job) {
+    /* Take the job off the board without copying: whoever still holds it frees the slot. */
+    board_slot *slot = &job->board->slots[job->slot];
+    uint32_t posted = job->ticket;
+    __atomic_store_n(&slot->next, job->n_ranges, __ATOMIC_RELEASE);
+    if (cas32(&slot->ticket, posted, WITH_STATE(posted, CLOSED))) {
+        store32(&slot->ticket, NEXT_FREE(posted));
+        return;
+    }
+    uint32_t now = load32(&slot->ticket);
+    if (STATE(now) == HELPING && cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED)))
+        return;   /* the helper frees it when it leaves */
+    if (STATE(now) == HELPED || STATE(now) == REFUSED)
+        store32(&slot->ticket, NEXT_FREE(posted));
+}
+
+static void job_free(PyObject *capsule) {
+    job_t *job = PyCapsule_GetPointer(capsule, "moriio_fsm.copy_assist.job");
+    if (job == NULL)
+        return;
+    if (!job->finished)
+        job_abandon(job);
+    PyMem_RawFree(job->ranges);
+    PyMem_RawFree(job);
+    /* Only now may the board's mapping go: the object that keeps it was held for this job. */
+    Py_XDECREF((PyObject *)PyCapsule_GetContext(capsule));
+}
+
+static int read_segment(PyObject *item, Py_ssize_t index, board_segment *seg, uint64_t *dst_base, uint64_t *src_base) {
+    /* (src_pid, src_mem_id, src_token, dst_mem_id, desc, dst_base, src_base) */
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
+        PyErr_Format(PyExc_TypeError, "segments[%zd]: expected a tuple (src_pid, src_mem_id, src_token, "
+                     "dst_mem_id, desc, dst_base, src_base)", index);
+        return -1;
+    }
+    uint64_t pid, src_mem, dst_mem;
+    if (as_u64(PyTuple_GET_ITEM(item, 0), "segments.src_pid", index, &pid) < 0 ||
+        as_u64(PyTuple_GET_ITEM(item, 1), "segments.src_mem_id", index, &src_mem) < 0 ||
+        as_u64(PyTuple_GET_ITEM(item, 3), "segments.dst_mem_id", index, &dst_mem) < 0 ||
+        as_u64(PyTuple_GET_ITEM(item, 5), "segments.dst_base", index, dst_base) < 0 ||
+        as_u64(PyTuple_GET_ITEM(item, 6), "segments.src_base", index, src_base) < 0)
+        return -1;
+    PyObject *token = PyTuple_GET_ITEM(item, 2), *desc = PyTuple_GET_ITEM(item, 4);
+    if (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) > TOKEN_MAX || !PyBytes_Check(desc) ||
+        PyBytes_GET_SIZE(desc) > DESC_MAX || pid > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "segments[%zd]: expected a pid below 2**32, a token of at most %d bytes "
+                     "and a descriptor of at most %d bytes", index, TOKEN_MAX, DESC_MAX);
+        return -1;
+    }
+    memset(seg, 0, sizeof *seg);
+    seg->src_pid = (uint32_t)pid;
+    seg->src_mem_id = src_mem;
+    seg->dst_mem_id = dst_mem;
+    memcpy(seg->token, PyBytes_AS_STRING(token), (size_t)PyBytes_GET_SIZE(token));
+    seg->desc_len = (uint32_t)PyBytes_GET_SIZE(desc);
+    memcpy(seg->desc, PyBytes_AS_STRING(desc), seg->desc_len);
+    return 0;
+}
+
+/* post(board, segments, segment_of_range, src_offsets, dst_offsets, sizes[, keepalive]) -> job or None;
+ * keepalive (what keeps the board mapped) is held until the job is freed. */
+static PyObject *post(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "post() takes 6 or 7 arguments (board, segments, segment_of_range, "
+                     "src_offsets, dst_offsets, sizes[, keepalive]), got %zd", nargs);
+        return NULL;
+    }
+    board_t *board;
+    if (board_of(args[0], &board) < 0 || check_header(board) < 0)
+        return NULL;
+    static const char *const names[4] = {"segment_of_range", "src_offsets", "dst_offsets", "sizes"};
+    PyObject *segs = NULL, *lists[4] = {NULL, NULL, NULL, NULL}, *result = NULL;
+    board_segment *segments = NULL;
+    board_range *ranges = NULL;
+    uint64_t bases[MAX_SEGMENTS][2];
+    job_t *job = NULL;
+    segs = PySequence_Fast(args[1], "segments");
+    if (segs == NULL)
+        goto done;
+    for (int k = 0; k < 4; k++)
+        if ((lists[k] = PySequence_Fast(args[2 + k], names[k])) == NULL)
+            goto done;
+    Py_ssize_t n_segments = PySequence_Fast_GET_SIZE(segs), n = PySequence_Fast_GET_SIZE(lists[3]);
+    for (int k = 0; k < 3; k++)
+        if (PySequence_Fast_GET_SIZE(lists[k]) != n) {
+            PyErr_SetString(PyExc_ValueError, "post: segment_of_range, src_offsets, dst_offsets and sizes differ in length");
+            goto done;
+        }
+    if (n_segments < 1 || n_segments > MAX_SEGMENTS || n < 1 || n > MAX_RANGES) {
+        PyErr_Format(PyExc_ValueError, "post: a job has 1 to %d segments and 1 to %d ranges, got %zd and %zd",
+                     MAX_SEGMENTS, MAX_RANGES, n_segments, n);
+        goto done;
+    }
+    segments = PyMem_RawCalloc((size_t)n_segments, sizeof *segments);
+    ranges = PyMem_RawMalloc(MAX_RANGES * sizeof *ranges);
+    job = PyMem_RawCalloc(1, sizeof *job);
+    if (segments == NULL || ranges == NULL || job == NULL ||
+        (job->ranges = PyMem_RawMalloc(MAX_RANGES * sizeof *job->ranges)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < n_segments; s++)
+        if (read_segment(PySequence_Fast_GET_ITEM(segs, s), s, &segments[s], &bases[s][0], &bases[s][1]) < 0)
+            goto done;
+    uint64_t total = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t values[4];
+        for (int j = 0; j < 4; j++)
+            if (as_u64(PySequence_Fast_GET_ITEM(lists[j], k), names[j], k, &values[j]) < 0)
+                goto done;
+        uint64_t seg = values[0], src_off = values[1], dst_off = values[2], size = values[3];
+        if (seg >= (uint64_t)n_segments) {
+            PyErr_Format(PyExc_ValueError, "segment_of_range[%zd]: %llu names no segment (there are %zd)", k,
+                         (unsigned long long)seg, n_segments);
+            goto done;
+        }
+        uint64_t dst_base = bases[seg][0], src_base = bases[seg][1];
+        if (dst_off > UINTPTR_MAX - dst_base || src_off > UINTPTR_MAX - src_base ||
+            size > UINTPTR_MAX - (dst_base + dst_off) || size > UINTPTR_MAX - (src_base + src_off)) {
+            PyErr_Format(PyExc_ValueError, "post: range %zd runs past the end of the address space", k);
+            goto done;
+        }
+        if (size > UINT64_MAX - total) {
+            PyErr_SetString(PyExc_ValueError, "post: the sizes add up to more than 2**64 bytes");
+            goto done;
+        }
+        ranges[k] = (board_range){src_off, dst_off, size, (uint32_t)seg, 0};
+        total += size;
+    }
+    /* Cut into pieces: CHUNK_BYTES, or larger where that many would not fit the slot. */
+    uint64_t chunk = CHUNK_BYTES, room = (uint64_t)(MAX_RANGES - n);
+    if (room == 0)
+        chunk = UINT64_MAX;
+    else if (total / room >= chunk)
+        chunk = (total / room + 4096) & ~(uint64_t)4095;
+    Py_ssize_t m = 0;
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {   /* from the back, so that pieces overwrite nothing unread */
+        uint64_t size = ranges[k].size;
+        m += size <= chunk ? 1 : (Py_ssize_t)((size + chunk - 1) / chunk);
+    }
+    if (m > MAX_RANGES)
+        m = MAX_RANGES;   /* cannot happen with the chunk above; kept as a bound on the writes below */
+    {
+        Py_ssize_t out = m;
+        for (Py_ssize_t k = n - 1; k >= 0 && out > 0; k--) {
+            board_range r = ranges[k];
+            uint64_t pieces = r.size <= chunk ? 1 : (r.size + chunk - 1) / chunk;
+            for (uint64_t p = pieces; p-- > 0 && out > 0;) {
+                uint64_t at = p * (r.size <= chunk ? 0 : chunk);
+                uint64_t size = r.size <= chunk ? r.size : (p + 1 == pieces ? r.size - at : chunk);
+                ranges[--out] = (board_range){r.src_off + at, r.dst_off + at, size, r.segment, 0};
+            }
+        }
+    }
+    n = m;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const board_range *r = &ranges[k];
+        job->ranges[k] = (copy_range){bases[r->segment][0] + r->dst_off, bases[r->segment][1] + r->src_off, r->size};
+    }
+    /* A free slot, taken by one compare-and-swap; none free: the caller copies alone. */
+    uint32_t start = (uint32_t)getpid() % BOARD_SLOTS;
+    for (uint32_t i = 0; i < BOARD_SLOTS; i++) {
+        uint32_t index = (start + i) % BOARD_SLOTS;
+        board_slot *slot = &board->slots[index];
+        uint32_t ticket = load32(&slot->ticket);
+        if (STATE(ticket) != FREE || !cas32(&slot->ticket, ticket, WITH_STATE(ticket, FILLING)))
+            continue;
+        memcpy(slot->segments, segments, (size_t)n_segments * sizeof *segments);
+        memcpy(slot->ranges, ranges, (size_t)n * sizeof *ranges);
+        slot->n_segments = (uint32_t)n_segments;
+        slot->n_ranges = (uint32_t)n;
+        slot->helped = 0;
+        slot->poster_pid = (uint32_t)getpid();
+        __atomic_store_n(&slot->next, 0, __ATOMIC_RELEASE);
+        store32(&slot->ticket, WITH_STATE(ticket, POSTED));
+        wake_helpers(board);
+        job->board = board;
+        job->slot = index;
+        job->ticket = WITH_STATE(ticket, POSTED);
+        job->n_ranges = (uint32_t)n;
+        result = PyCapsule_New(job, "moriio_fsm.copy_assist.job", job_free);
+        if (result == NULL) {
+            job_abandon(job);
+            goto done;
+        }
+        job = NULL;   /* the capsule owns it now */
+        if (nargs == 7 && args[6] != Py_None) {
+            PyCapsule_SetContext(result, Py_NewRef(args[6]));
+        }
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (job != NULL) {
+        PyMem_RawFree(job->ranges);
+        PyMem_RawFree(job);
+    }
+    PyMem_RawFree(segments);
+    PyMem_RawFree(ranges);
+    Py_XDECREF(segs);
+    for (int k = 0; k < 4; k++)
+        Py_XDECREF(lists[k]);
+    return result;
+}
+
+/* introduce(board, segment): announce a writer's registration (the segment tuple of post). */
+static PyObject *introduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "introduce() takes 2 arguments (board, segment), got %zd", nargs);
+        return NULL;
+    }
+    board_t *board;
+    board_segment segment;
+    uint64_t unused_dst, unused_src;
+    if (board_of(args[0], &board) < 0 || check_header(board) < 0 ||
+        read_segment(args[1], 0, &segment, &unused_dst, &unused_src) < 0)
+        return NULL;
+    for (int tries = 0; tries < INTRO_SLOTS; tries++) {
+        uint32_t k = __atomic_fetch_add(&board->intro_next, 1, __ATOMIC_ACQ_REL) % INTRO_SLOTS;
+        board_intro *intro = &board->intros[k];
+        uint32_t seq = load32(&intro->seq);
+        if ((seq & 1) || !cas32(&intro->seq, seq, seq + 1))
+            continue;   /* another writer is filling this one */
+        memcpy(&intro->segment, &segment, sizeof segment);
+        store32(&intro->seq, seq + 2);
+        wake_helpers(board);
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* finish(job, timeout_s, pidfd) -> (pieces the helper copied, pieces in all).
+ * Copies every range nobody claimed yet, then waits for the helper to leave the job.
+ * OSError(ETIMEDOUT) if it has not within timeout_s, OSError(ESRCH) if the pidfd (the
+ * destination's process, -1: none) says that process exited meanwhile. */
+static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "finish() takes 3 arguments (job, timeout_s, pidfd), got %zd", nargs);
+        return NULL;
+    }
+    job_t *job = PyCapsule_GetPointer(args[0], "moriio_fsm.copy_assist.job");
+    if (job == NULL)
+        return NULL;
+    double timeout_s = PyFloat_AsDouble(args[1]);
+    if (timeout_s == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(timeout_s >= 0) || timeout_s > 3600) {
+        PyErr_Format(PyExc_ValueError, "finish: timeout_s must be in [0, 3600] seconds, got %R", args[1]);
+        return NULL;
+    }
+    long pidfd = PyLong_AsLong(args[2]);
+    if (pidfd == -1 && PyErr_Occurred())
+        return NULL;
+    if (job->finished) {
+        PyErr_SetString(PyExc_RuntimeError, "finish: this job was finished already");
+        return NULL;
+    }
+    job->finished = 1;
+    board_slot *slot = &job->board->slots[job->slot];
+    uint32_t posted = job->ticket, helped = 0;
+    int problem = 0;   /* 0, ETIMEDOUT or ESRCH */
+    int refused = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* Claim ranges until none is left; at most n claims, whatever the shared counter says. */
+    for (uint32_t claims = 0; claims < job->n_ranges; claims++) {
+        uint32_t index = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
+        if (index >= job->n_ranges)
+            break;
+        stream_or_move(&job->ranges[index]);
+    }
+    copy_fence();
+    if (cas32(&slot->ticket, posted, WITH_STATE(posted, CLOSED))) {
+        store32(&slot->ticket, NEXT_FREE(posted));   /* the helper never joined */
+    } else {
+        double deadline = now_s() + timeout_s;
+        for (;;) {
+            uint32_t now = load32(&slot->ticket);
+            if (now == WITH_STATE(posted, HELPED) || now == WITH_STATE(posted, REFUSED)) {
+                refused = now == WITH_STATE(posted, REFUSED);
+                helped = refused ? 0 : __atomic_load_n(&slot->helped, __ATOMIC_ACQUIRE);
+                store32(&slot->ticket, NEXT_FREE(posted));
+                break;
+            }
+            if (now != WITH_STATE(posted, HELPING)) {   /* someone else's board write: not ours to free */
+                problem = EPROTO;
+                break;
+            }
+            if (pidfd >= 0) {
+                struct pollfd exited = {(int)pidfd, POLLIN, 0};
+                if (poll(&exited, 1, 0) > 0) {
+                    problem = ESRCH;
+                    cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED));
+                    break;
+                }
+            }
+            double left = deadline - now_s();
+            if (left <= 0) {
+                if (cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED))) {
+                    problem = ETIMEDOUT;
+                    break;
+                }
+                continue;   /* it left just now */
+            }
+            struct timespec wait = span(left < 0.01 ? left : 0.01);
+            futex(&slot->ticket, FUTEX_WAIT, now, &wait);
+        }
+    }
+    if (refused) {
+        /* The helper refused a range it had claimed: copy them all here (a copy is idempotent). */
+        for (uint32_t k = 0; k < job->n_ranges; k++)
+            stream_or_move(&job->ranges[k]);
+        copy_fence();
+    }
+    Py_END_ALLOW_THREADS
+    if (problem == ETIMEDOUT) {
+        char text[160];   /* PyErr_Format has no %f */
+        snprintf(text, sizeof text, "copy assist: the destination's helper did not finish its part within %.3f s",
+                 timeout_s);
+        PyErr_SetString(PyExc_TimeoutError, text);
+        return NULL;
+    }
+    if (problem == ESRCH) {
+        errno = ESRCH;
+        return PyErr_Format(PyExc_ProcessLookupError, "copy assist: the destination's process exited during the copy");
+    }
+    if (problem == EPROTO)
+        return PyErr_Format(PyExc_OSError, "copy assist: the board slot changed under the job (another writer or "
+                            "a damaged board)");
+    return Py_BuildValue("(kk)", (unsigned long)helped, (unsigned long)job->n_ranges);
+}
+
+/* ---- the destination's side ------------------------------------------------------------ */
+
+typedef struct {
+    int used;
+    uint32_t pid;               /* sources only */
+    uint64_t mem_id;
+    uint8_t token[TOKEN_MAX];   /* sources only */
+    uint64_t base, low, high;   /* offset 0 of the registration here; offsets it may touch */
+} window_t;
+
+typedef struct {
+    board_t *board;
+    pthread_mutex_t lock;          /* the window table, held for every job */
+    pthread_cond_t left;           /* a help call asleep on the board woke and let go of it */
+    int closed;
+    int sleeping;                  /* help calls asleep on the board (they will touch it once more) */
+    window_t sources[MAX_WINDOWS], dests[MAX_WINDOWS];
+    uint32_t skipped[BOARD_SLOTS]; /* tickets judged unhelpable: not looked at again */
+    int skip_valid[BOARD_SLOTS];
+    struct {
+        uint32_t pid, len;
+        uint64_t mem_id;
+        uint8_t desc[DESC_MAX];
+    } unknown[MAX_UNKNOWN];
+    int n_unknown;
+    uint32_t intro_seen;           /* board->intro_next when the introductions were last read whole */
+    uint64_t jobs, ranges, bytes, refused;
+    board_segment segments[MAX_SEGMENTS];  /* the job being helped, as snapshot */
+    board_range snapshot[MAX_RANGES];
+    const window_t *resolved[MAX_SEGMENTS][2];
+} helper_t;
+
+static const window_t *find_source(helper_t *h, const board_segment *seg) {
+    for (int k = 0; k < MAX_WINDOWS; k++) {
+        const window_t *w = &h->sources[k];
+        if (w->used && w->pid == seg->src_pid && w->mem_id == seg->src_mem_id &&
+            memcmp(w->token, seg->token, TOKEN_MAX) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+static const window_t *find_dest(helper_t *h, uint64_t mem_id) {
+    for (int k = 0; k < MAX_WINDOWS; k++)
+        if (h->dests[k].used && h->dests[k].mem_id == mem_id)
+            return &h->dests[k];
+    return NULL;
+}
+
+static void note_unknown(helper_t *h, const board_segment *seg) {
+    for (int k = 0; k < h->n_unknown; k++)
+        if (h->unknown[k].pid == seg->src_pid && h->unknown[k].mem_id == seg->src_mem_id)
+            return;
+    if (h->n_unknown == MAX_UNKNOWN || seg->desc_len > DESC_MAX)
+        return;
+    int k = h->n_unknown++;
+    h->unknown[k].pid = seg->src_pid;
+    h->unknown[k].mem_id = seg->src_mem_id;
+    h->unknown[k].len = seg->desc_len;
+    memcpy(h->unknown[k].desc, seg->desc, seg->desc_len);
+}
+
+/* Help the job in one slot if it is posted and helpable; 1 if it did. Called with the lock held. */
+static int help_slot(helper_t *h, uint32_t index) {
+    board_slot *slot = &h->board->slots[index];
+    uint32_t ticket = load32(&slot->ticket);
+    if (STATE(ticket) != POSTED || (h->skip_valid[index] && h->skipped[index] == ticket))
+        return 0;
+    uint32_t n = __atomic_load_n(&slot->n_ranges, __ATOMIC_ACQUIRE);
+    uint32_t n_segments = __atomic_load_n(&slot->n_segments, __ATOMIC_ACQUIRE);
+    int helpable = n >= 1 && n <= MAX_RANGES && n_segments >= 1 && n_segments <= MAX_SEGMENTS;
+    if (helpable) {
+        memcpy(h->segments, slot->segments, n_segments * sizeof *h->segments);
+        memcpy(h->snapshot, slot->ranges, n * sizeof *h->snapshot);
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (load32(&slot->ticket) != ticket)
+        return 0;   /* taken back while being read */
+    /* Every segment is looked up, so that every writer's memory missing here is asked for at once. */
+    for (uint32_t s = 0; helpable && s < n_segments; s++) {
+        h->resolved[s][0] = find_source(h, &h->segments[s]);
+        h->resolved[s][1] = find_dest(h, h->segments[s].dst_mem_id);
+        if (h->resolved[s][0] == NULL)
+            note_unknown(h, &h->segments[s]);
+    }
+    for (uint32_t s = 0; helpable && s < n_segments; s++)
+        if (h->resolved[s][0] == NULL || h->resolved[s][1] == NULL)
+            helpable = 0;
+    if (!helpable) {
+        h->skipped[index] = ticket;
+        h->skip_valid[index] = 1;
+        return 0;
+    }
+    if (!cas32(&slot->ticket, ticket, WITH_STATE(ticket, HELPING)))
+        return 0;
+    uint32_t copied = 0;
+    int refused = 0;
+    uint64_t bytes = 0;
+    for (uint32_t claims = 0; claims < n; claims++) {
+        uint32_t k = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
+        if (k >= n)
+            break;
+        const board_range *r = &h->snapshot[k];
+        if (r->segment >= n_segments) {
+            refused = 1;
+            break;
+        }
+        const window_t *src = h->resolved[r->segment][0], *dst = h->resolved[r->segment][1];
+        if (!inside(r->src_off, r->size, src->low, src->high) || !inside(r->dst_off, r->size, dst->low, dst->high)) {
+            refused = 1;
+            break;
+        }
+        copy_range range = {dst->base + r->dst_off, src->base + r->src_off, r->size};
+        stream_or_move(&range);
+        copied++;
+        bytes += r->size;
+    }
+    copy_fence();
+    __atomic_store_n(&slot->helped, copied, __ATOMIC_RELEASE);
+    h->jobs++;
+    h->ranges += copied;
+    h->bytes += bytes;
+    h->refused += refused;
+    if (!cas32(&slot->ticket, WITH_STATE(ticket, HELPING), WITH_STATE(ticket, refused ? REFUSED : HELPED)))
+        store32(&slot->ticket, NEXT_FREE(ticket));   /* the writer gave up on it: free it here */
+    futex(&slot->ticket, FUTEX_WAKE, INT_MAX, NULL);   /* the writer may be waiting for this */
+    return 1;
+}
+
+static helper_t *helper_of(PyObject *capsule) {
+    helper_t *h = PyCapsule_GetPointer(capsule, "moriio_fsm.copy_assist.helper");
+    if (h != NULL && h->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "copy assist: this board was closed");
+        return NULL;
+    }
+    return h;
+}
+
+/* Note every introduced registration not mapped here; called with the lock held. */
+static void read_intros(helper_t *h) {
+    uint32_t next = load32(&h->board->intro_next);
+    int whole = 1;
+    for (int k = 0; k < INTRO_SLOTS; k++) {
+        board_intro *intro = &h->board->intros[k];
+        uint32_t before = load32(&intro->seq);
+        if (before == 0)
+            continue;
+        board_segment segment;
+        memcpy(&segment, &intro->segment, sizeof segment);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if ((before & 1) || load32(&intro->seq) != before) {
+            whole = 0;   /* being rewritten: read again next time */
+            continue;
+        }
+        if (find_source(h, &segment) == NULL)
+            note_unknown(h, &segment);
+    }
+    if (whole)
+        h->intro_seen = next;
+}
+
+static void helper_free(PyObject *capsule) {
+    helper_t *h = PyCapsule_GetPointer(capsule, "moriio_fsm.copy_assist.helper");
+    if (h == NULL)
+        return;
+    pthread_mutex_destroy(&h->lock);
+    pthread_cond_destroy(&h->left);
+    PyMem_RawFree(h);
+}
+
+/* init_board(address): lay out an empty board (its owner, once, before any peer maps it). */
+static PyObject *init_board(PyObject *module, PyObject *arg) {
+    (void)module;
+    board_t *board;
+    if (board_of(arg, &board) < 0)
+        return NULL;
+    memset(board, 0, sizeof *board);
+    board->n_slots = BOARD_SLOTS;
+    board->version = BOARD_VERSION;
+    board->helper_pid = (uint32_t)getpid();
+    __atomic_store_n(&board->magic, BOARD_MAGIC, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *check_board(PyObject *module, PyObject *arg) {
+    (void)module;
+    board_t *board;
+    if (board_of(arg, &board) < 0 || check_header(board) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* serve(board) -> the helper of a board laid out by init_board: its window table and statistics. */
+static PyObject *serve(PyObject *module, PyObject *arg) {
+    (void)module;
+    board_t *board;
+    if (board_of(arg, &board) < 0 || check_header(board) < 0)
+        return NULL;
+    helper_t *h = PyMem_RawCalloc(1, sizeof *h);
+    if (h == NULL)
+        return PyErr_NoMemory();
+    h->board = board;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->left, NULL);
+    PyObject *capsule = PyCapsule_New(h, "moriio_fsm.copy_assist.helper", helper_free);
+    if (capsule == NULL) {
+        pthread_mutex_destroy(&h->lock);
+        pthread_cond_destroy(&h->left);
+        PyMem_RawFree(h);
+    }
+    return capsule;
+}
+
+/* Lock the table without holding the GIL while a job runs. */
+static void lock_table(helper_t *h) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&h->lock);
+    Py_END_ALLOW_THREADS
+}
+
+/* close(helper): after the job running now, nothing is helped again, and once it returns no call
+ * touches the board (a call asleep on it is woken and waited for), so it may be unmapped. */
+static PyObject *close_helper(PyObject *module, PyObject *arg) {
+    (void)module;
+    helper_t *h = PyCapsule_GetPointer(arg, "moriio_fsm.copy_assist.helper");
+    if (h == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&h->lock);
+    if (!h->closed) {
+        h->closed = 1;
+        __atomic_add_fetch(&h->board->wake, 1, __ATOMIC_SEQ_CST);
+        futex(&h->board->wake, FUTEX_WAKE, INT_MAX, NULL);
+    }
+    while (h->sleeping > 0)
+        pthread_cond_wait(&h->left, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* help(helper) -> (ranges copied, whether a job named a writer's memory not mapped here).
+ * Helps every job posted now, without the GIL; cheap when none is. */
+/* Help every job posted now; with the lock held. The ranges copied. */
+static uint64_t help_posted(helper_t *h) {
+    uint64_t before = h->ranges;
+    if (load32(&h->board->intro_next) != h->intro_seen)
+        read_intros(h);
+    for (uint32_t k = 0; k < BOARD_SLOTS; k++)
+        help_slot(h, k);
+    return h->ranges - before;
+}
+
+static int work_posted(helper_t *h) {
+    if (load32(&h->board->intro_next) != h->intro_seen)
+        return 1;
+    for (uint32_t k = 0; k < BOARD_SLOTS; k++) {
+        board_slot *slot = &h->board->slots[k];
+        uint32_t ticket = load32(&slot->ticket);
+        if (STATE(ticket) == POSTED && !(h->skip_valid[k] && h->skipped[k] == ticket))
+            return 1;
+    }
+    return 0;
+}
+
+/* The longest one help call runs after its first job: a writer that keeps posting does not keep
+ * this caller (a serving loop) from its own work. */
+#define HELP_CAP_S 0.02
+
+/* help(helper[, wait_s, linger_s]) -> (ranges copied, whether a job named memory not mapped here).
+ * Helps every job posted now. With wait_s, first waits up to that long for one (asleep on the
+ * board's futex, without the GIL); after helping, waits up to linger_s for the next job (a
+ * transfer posts one per layer). Never longer than wait_s + HELP_CAP_S in all. */
+static PyObject *help(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "help() takes 1 to 3 arguments (helper[, wait_s, linger_s]), got %zd", nargs);
+        return NULL;
+    }
+    helper_t *h = PyCapsule_GetPointer(args[0], "moriio_fsm.copy_assist.helper");
+    if (h == NULL)
+        return NULL;
+    double waits[2] = {0, 0};
+    for (Py_ssize_t k = 1; k < nargs; k++) {
+        waits[k - 1] = PyFloat_AsDouble(args[k]);
+        if (waits[k - 1] == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(waits[k - 1] >= 0) || waits[k - 1] > 1.0) {
+            PyErr_Format(PyExc_ValueError, "help: %s must be in [0, 1] seconds, got %R",
+                         k == 1 ? "wait_s" : "linger_s", args[k]);
+            return NULL;
+        }
+    }
+    /* Busy: another thread is helping, or the table changes, now. */
+    if (pthread_mutex_trylock(&h->lock) != 0)
+        return Py_BuildValue("(kO)", 0ul, Py_False);
+    if (h->closed || (!work_posted(h) && waits[0] == 0)) {
+        int named = h->n_unknown > 0;
+        pthread_mutex_unlock(&h->lock);
+        return Py_BuildValue("(kO)", 0ul, named ? Py_True : Py_False);
+    }
+    uint64_t copied = 0;
+    Py_BEGIN_ALLOW_THREADS
+    double start = now_s(), until = start + waits[0], cap = start + waits[0] + HELP_CAP_S;
+    for (;;) {
+        uint32_t seen = load32(&h->board->wake);
+        uint64_t now_copied = help_posted(h);
+        copied += now_copied;
+        double now = now_s();
+        if (now_copied)
+            until = now + waits[1];
+        if (now >= until || now >= cap || h->n_unknown > 0)
+            break;   /* unknown memory: the caller maps it before anything else */
+        if (work_posted(h))
+            continue;
+        /* Asleep without the lock, so that close and window changes need not wait for a writer;
+         * close wakes it and waits for it to let go of the board. */
+        h->sleeping++;
+        pthread_mutex_unlock(&h->lock);
+        __atomic_add_fetch(&h->board->sleepers, 1, __ATOMIC_SEQ_CST);
+        struct timespec wait = span((until < cap ? until : cap) - now);
+        if (load32(&h->board->wake) == seen)
+            futex(&h->board->wake, FUTEX_WAIT, seen, &wait);
+        __atomic_sub_fetch(&h->board->sleepers, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&h->lock);
+        h->sleeping--;
+        if (h->closed) {
+            pthread_cond_broadcast(&h->left);
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    int named = h->n_unknown > 0;
+    pthread_mutex_unlock(&h->lock);
+    return Py_BuildValue("(KO)", (unsigned long long)copied, named ? Py_True : Py_False);
+}
+
+static int read_window(PyObject *const *args, Py_ssize_t first, window_t *w) {
+    uint64_t values[3];
+    static const char *const names[3] = {"base", "low", "high"};
+    for (int k = 0; k < 3; k++)
+        if (as_u64(args[first + k], names[k], 0, &values[k]) < 0)
+            return -1;
+    if (values[1] > values[2] || values[2] > UINTPTR_MAX - values[0]) {
+        PyErr_SetString(PyExc_ValueError, "window: expected low <= high and base + high within the address space");
+        return -1;
+    }
+    w->base = values[0];
+    w->low = values[1];
+    w->high = values[2];
+    return 0;
+}
+
+static PyObject *install(window_t *table, helper_t *h, const window_t *w) {
+    lock_table(h);
+    int slot = -1;
+    for (int k = 0; k < MAX_WINDOWS; k++) {
+        if (table[k].used && table[k].pid == w->pid && table[k].mem_id == w->mem_id &&
+            memcmp(table[k].token, w->token, TOKEN_MAX) == 0) {
+            slot = k;   /* the same registration again: replaced */
+            break;
+        }
+        if (!table[k].used && slot < 0)
+            slot = k;
+    }
+    if (slot >= 0) {
+        table[slot] = *w;
+        table[slot].used = 1;
+        memset(h->skip_valid, 0, sizeof h->skip_valid);   /* a job skipped for want of it may go now */
+        for (int k = 0; k < h->n_unknown; k++)
+            if (table == h->sources && h->unknown[k].pid == w->pid && h->unknown[k].mem_id == w->mem_id) {
+                h->unknown[k] = h->unknown[--h->n_unknown];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&h->lock);
+    if (slot < 0)
+        return PyErr_Format(PyExc_OverflowError, "copy assist: the window table is full (%d windows)", MAX_WINDOWS);
+    Py_RETURN_NONE;
+}
+
+/* add_source(helper, pid, mem_id, token, base, low, high): a writer's registration, mapped here. */
+static PyObject *add_source(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "add_source() takes 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    helper_t *h = helper_of(args[0]);
+    if (h == NULL)
+        return NULL;
+    window_t w = {0};
+    uint64_t pid;
+    if (as_u64(args[1], "pid", 0, &pid) < 0 || as_u64(args[2], "mem_id", 0, &w.mem_id) < 0 ||
+        read_window(args, 4, &w) < 0)
+        return NULL;
+    if (pid > UINT32_MAX || !PyBytes_Check(args[3]) || PyBytes_GET_SIZE(args[3]) > TOKEN_MAX) {
+        PyErr_Format(PyExc_ValueError, "add_source: expected a pid below 2**32 and a token of at most %d bytes",
+                     TOKEN_MAX);
+        return NULL;
+    }
+    w.pid = (uint32_t)pid;
+    memcpy(w.token, PyBytes_AS_STRING(args[3]), (size_t)PyBytes_GET_SIZE(args[3]));
+    return install(h->sources, h, &w);
+}
+
+/* add_dest(helper, mem_id, base, low, high): this process's own registration. */
+static PyObject *add_dest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "add_dest() takes 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    helper_t *h = helper_of(args[0]);
+    if (h == NULL)
+        return NULL;
+    window_t w = {0};
+    if (as_u64(args[1], "mem_id", 0, &w.mem_id) < 0 || read_window(args, 2, &w) < 0)
+        return NULL;
+    return install(h->dests, h, &w);
+}
+
+/* drop_source(helper, pid, mem_id) / drop_dest(helper, mem_id): once it returns no copy
+ * touches that window; it waits for the job running now. True if the window was there. */
+static PyObject *drop(window_t *table, helper_t *h, uint32_t pid, uint64_t mem_id, int match_pid) {
+    lock_table(h);
+    int found = 0;
+    for (int k = 0; k < MAX_WINDOWS; k++)
+        if (table[k].used && table[k].mem_id == mem_id && (!match_pid || table[k].pid == pid)) {
+            table[k].used = 0;
+            found = 1;
+        }
+    pthread_mutex_unlock(&h->lock);
+    return PyBool_FromLong(found);
+}
+
+static PyObject *drop_source(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint64_t pid, mem_id;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "drop_source() takes 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    helper_t *h = helper_of(args[0]);
+    if (h == NULL || as_u64(args[1], "pid", 0, &pid) < 0 || as_u64(args[2], "mem_id", 0, &mem_id) < 0)
+        return NULL;
+    return drop(h->sources, h, (uint32_t)pid, mem_id, 1);
+}
+
+static PyObject *drop_dest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint64_t mem_id;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "drop_dest() takes 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    helper_t *h = helper_of(args[0]);
+    if (h == NULL || as_u64(args[1], "mem_id", 0, &mem_id) < 0)
+        return NULL;
+    return drop(h->dests, h, 0, mem_id, 0);
+}
+
+/* unknown(helper) -> [(pid, mem_id, desc bytes)]: writers' registrations that jobs named and
+ * that are not mapped here, taken off the list. */
+static PyObject *unknown(PyObject *module, PyObject *arg) {
+    (void)module;
+    helper_t *h = helper_of(arg);
+    if (h == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    lock_table(h);
+    for (int k = 0; k < h->n_unknown; k++) {
+        PyObject *item = Py_BuildValue("(kKy#)", (unsigned long)h->unknown[k].pid,
+                                       (unsigned long long)h->unknown[k].mem_id, (const char *)h->unknown[k].desc,
+                                       (Py_ssize_t)h->unknown[k].len);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    if (out != NULL)
+        h->n_unknown = 0;
+    pthread_mutex_unlock(&h->lock);
+    return out;
+}
+
+static PyObject *stats(PyObject *module, PyObject *arg) {
+    (void)module;
+    helper_t *h = helper_of(arg);
+    if (h == NULL)
+        return NULL;
+    lock_table(h);
+    PyObject *out = Py_BuildValue("{sKsKsKsK}", "jobs", (unsigned long long)h->jobs, "ranges",
+                                  (unsigned long long)h->ranges, "bytes", (unsigned long long)h->bytes, "refused",
+                                  (unsigned long long)h->refused);
+    pthread_mutex_unlock(&h->lock);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"init_board", init_board, METH_O, "init_board(address): lay out an empty board at a mapped address."},
+    {"check_board", check_board, METH_O, "check_board(address): ValueError unless a board of this version is there."},
+    {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
+     "post(board, segments, segment_of_range, src_offsets, dst_offsets, sizes) -> job, or None (no free slot).\n\n"
+     "segments: (src_pid, src_mem_id, src_token, dst_mem_id, desc, dst_base, src_base) each; bases are this\n"
+     "process's addresses of each registration's offset 0. Every value is checked before the job is posted."},
+    {"introduce", (PyCFunction)(void (*)(void))introduce, METH_FASTCALL,
+     "introduce(board, segment) -> False if every introduction slot was being written: announce a registration."},
+    {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
+     "finish(job, timeout_s, pidfd) -> (pieces the helper copied, pieces); copies the rest here, without the GIL."},
+    {"serve", serve, METH_O, "serve(board) -> the helper of that board (its windows and statistics)."},
+    {"close", close_helper, METH_O, "close(helper): after the job running now, help no more."},
+    {"help", (PyCFunction)(void (*)(void))help, METH_FASTCALL,
+     "help(helper[, wait_s, linger_s]) -> (ranges copied, unknown memory named): help every job posted now."},
+    {"add_source", (PyCFunction)(void (*)(void))add_source, METH_FASTCALL,
+     "add_source(helper, pid, mem_id, token, base, low, high)"},
+    {"add_dest", (PyCFunction)(void (*)(void))add_dest, METH_FASTCALL, "add_dest(helper, mem_id, base, low, high)"},
+    {"drop_source", (PyCFunction)(void (*)(void))drop_source, METH_FASTCALL, "drop_source(helper, pid, mem_id)"},
+    {"drop_dest", (PyCFunction)(void (*)(void))drop_dest, METH_FASTCALL, "drop_dest(helper, mem_id)"},
+    {"unknown", unknown, METH_O, "unknown(helper) -> [(pid, mem_id, desc)] that jobs named and are not mapped here."},
+    {"stats", stats, METH_O, "stats(helper) -> {jobs, ranges, bytes, refused}"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_copy_assist",
+    "Copies part of peers' writes into this process, from a job board in shared memory.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__copy_assist(void) {
+    copy_kernels_init();
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(module, "BOARD_BYTES", (long)sizeof(board_t)) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_RANGES", MAX_RANGES) < 0 ||
+        PyModule_AddIntConstant(module, "BOARD_SLOTS", BOARD_SLOTS) < 0 ||
+        /* Where slot k's ticket lies (SLOTS_OFFSET + k * SLOT_BYTES): for tools and tests that inspect a board. */
+        PyModule_AddIntConstant(module, "SLOTS_OFFSET", (long)offsetof(board_t, slots)) < 0 ||
+        PyModule_AddIntConstant(module, "SLOT_BYTES", (long)sizeof(board_slot)) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_SEGMENTS", MAX_SEGMENTS) < 0 ||
+        PyModule_AddIntConstant(module, "DESC_MAX", DESC_MAX) < 0 ||
+        PyModule_AddIntConstant(module, "TOKEN_MAX", TOKEN_MAX) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,419 @@
+"""Copy assist: a large write into a peer's shared pages is copied by the writer and, where the peer's loop asks
+to help, by the peer too.
+
+What a user relies on: every byte lands where the write said, whichever side copied it; a helper that refuses,
+stalls or whose process dies never makes a write hang or report bytes it did not move; a board that is not a
+board, a full one, or one nobody serves only means the writer copies alone; a bad announcement never stops the
+loop that helps. Every wait is bounded.
+"""
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import msgspec
+import pytest
+import torch
+
+from moriio_fsm.adapters.moriio import StatusCode, copy_assist
+from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine, CrossMemoryMemoryDesc
+
+from .json_peer import JsonLinePeer
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not copy_assist.available(), reason="the native copy-assist module was not built")]
+
+_native = copy_assist._copy_assist
+PAGE = 4096
+RANGE = 128 << 10
+PIECE = 256 << 10
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "cross_memory_peer.py")
+
+
+def random_bytes(nbytes: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+class HelpingLoop:
+    """A thread that asks an engine to help without pause, as vLLM's engine loop asks for finished transfers."""
+
+    def __init__(self, engine: CrossMemoryEngine) -> None:
+        self.copied = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(engine,), name="test-helping-loop")
+        self._thread.start()
+
+    def _run(self, engine) -> None:
+        while not self._stop.is_set():
+            self.copied += engine.help_writers(0.002, 0.0005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+
+
+@pytest.fixture
+def pair():
+    """P (no board of its own) writing into D, whose board is served by a helping loop; both in this process."""
+    prefill = CrossMemoryEngine("assist-p", share_pages=True, copy_assist=False, inline_copies=True)
+    decode = CrossMemoryEngine("assist-d", share_pages=True, copy_assist=True)
+    loop = None
+    try:
+        source = random_bytes(24 << 20, seed=1)
+        target = torch.zeros(24 << 20, dtype=torch.uint8)
+        local = prefill.register_torch_tensor(source)
+        remote = decode.register_torch_tensor(target)
+        prefill.register_remote_engine(decode.get_engine_desc())
+        session = prefill.create_session(local, remote)
+        assert session is not None and session.mapped_remote_address is not None
+        loop = HelpingLoop(decode)
+        yield prefill, decode, session, source, target
+    finally:
+        if loop is not None:
+            loop.stop()
+        prefill.close()
+        decode.close()
+
+
+def scattered(count: int, seed: int):
+    """``count`` 128 KiB ranges in a shuffled order, inside both tensors' shared pages."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [PAGE + k * RANGE for k in range(count)], [PAGE + k * RANGE for k in order]
+
+
+def landed(source, target, local, remote, size=RANGE) -> bool:
+    return all(torch.equal(target[r:r + size], source[l:l + size]) for l, r in zip(local, remote))
+
+
+def test_layer_by_layer_writes_land_whole_and_the_peer_copies_part_of_them(pair):
+    prefill, decode, sessions_one, source, target = pair
+    for attempt in range(60):
+        target.zero_()
+        # A transfer's layers, posted together: each goes on the board as it is posted.
+        local, remote = scattered(144, seed=attempt)
+        with prefill.posting_together():
+            statuses = [sessions_one.batch_write(local[k::8], remote[k::8], [RANGE] * 18, 1) for k in range(8)]
+        for status in statuses:
+            assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
+        assert landed(source, target, local, remote)
+        if prefill.assist_counts["pieces_by_peer"] > 0:
+            break
+    assert prefill.assist_counts["jobs"] >= 8
+    assert prefill.assist_counts["pieces_by_peer"] > 0, "the peer never copied a piece"
+    helped = decode._board.stats()
+    assert helped["ranges"] == prefill.assist_counts["pieces_by_peer"] and helped["refused"] == 0
+
+
+def test_one_long_run_is_cut_into_pieces_the_peer_can_share(pair):
+    prefill, _, session, source, target = pair
+    for attempt in range(60):
+        target.zero_()
+        status = session.batch_write([PAGE], [PAGE + 4096 * attempt], [16 << 20], 1)
+        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
+        assert landed(source, target, [PAGE], [PAGE + 4096 * attempt], 16 << 20)
+        if prefill.assist_counts["pieces_by_peer"]:
+            break
+    assert prefill.assist_counts["pieces"] == (attempt + 1) * (16 << 20) // PIECE
+    assert 0 < prefill.assist_counts["pieces_by_peer"]
+
+
+def test_a_write_smaller_than_the_threshold_is_copied_by_the_writer_alone(pair):
+    prefill, _, session, source, target = pair
+    local, remote = scattered(4, seed=5)   # 512 KiB
+    status = session.batch_write(local, remote, [RANGE] * 4, 1)
+    assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
+    assert landed(source, target, local, remote)
+    assert prefill.assist_counts["jobs"] == 0
+
+
+def test_copy_assist_without_shared_pages_is_refused_by_name():
+    with pytest.raises(ValueError, match="copy_assist needs share_pages"):
+        CrossMemoryEngine("assist-bad", share_pages=False, copy_assist=True)
+
+
+def test_a_descriptor_whose_board_is_not_a_board_leaves_the_writer_copying_alone(caplog):
+    prefill = CrossMemoryEngine("assist-p2", share_pages=True, copy_assist=False, inline_copies=True)
+    decode = CrossMemoryEngine("assist-d2", share_pages=True, copy_assist=True)
+    try:
+        desc = decode.get_engine_desc()
+        # The registration table's memfd, offered as a board: its name says it is not one.
+        forged = msgspec.structs.replace(desc, assist_fd=desc.registry_fd)
+        with caplog.at_level(logging.WARNING):
+            prefill.register_remote_engine(forged)
+        assert "board cannot be mapped here" in caplog.text
+        source, target = random_bytes(4 << 20, seed=3), torch.zeros(4 << 20, dtype=torch.uint8)
+        session = prefill.create_session(prefill.register_torch_tensor(source), decode.register_torch_tensor(target))
+        status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
+        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
+        assert torch.equal(target[PAGE:PAGE + (2 << 20)], source[PAGE:PAGE + (2 << 20)])
+        assert prefill.assist_counts["jobs"] == 0
+    finally:
+        prefill.close()
+        decode.close()
+
+
+# -- the board's protocol, driven directly ----------------------------------------------------
+
+@pytest.fixture
+def board():
+    """A board, a destination window (mem 7) over ``target`` and a source window (pid, mem 3) over ``source``."""
+    owner = copy_assist.AssistBoard(CrossMemoryMemoryDesc.unpack)
+    source, target = random_bytes(8 << 20, seed=2), torch.zeros(8 << 20, dtype=torch.uint8)
+    _native.add_dest(owner._helper, 7, target.data_ptr(), 0, target.numel())
+    _native.add_source(owner._helper, os.getpid(), 3, b"tok", source.data_ptr(), 0, source.numel())
+    try:
+        yield owner, source, target
+    finally:
+        owner.close()
+
+
+def segment(source, target, dst_mem_id=7, src_mem_id=3, desc=b""):
+    return (os.getpid(), src_mem_id, b"tok", dst_mem_id, desc, target.data_ptr(), source.data_ptr())
+
+
+def post(owner, source, target, count, dst_mem_id=7, dst_offset=0):
+    offsets = [k * RANGE for k in range(count)]
+    return _native.post(owner.address, [segment(source, target, dst_mem_id)], [0] * count, offsets,
+                        [dst_offset + o for o in offsets], [RANGE] * count)
+
+
+def test_a_job_helped_before_the_writer_finishes_is_copied_whole_by_the_helper(board):
+    owner, source, target = board
+    job = post(owner, source, target, 48)
+    assert owner.help() == 48                         # a range of 128 KiB is one piece
+    assert _native.finish(job, 5.0, -1) == (48, 48)
+    assert torch.equal(target[:48 * RANGE], source[:48 * RANGE])
+
+
+def test_a_range_outside_the_helpers_windows_is_refused_and_the_writer_copies_it_all(board):
+    owner, source, target = board
+    # The writer's own addresses are fine; in the helper's table mem 7 ends at 8 MiB, and the job's
+    # destination offsets start past it, so the helper refuses its first piece.
+    wider = torch.zeros(16 << 20, dtype=torch.uint8)
+    job = _native.post(owner.address, [segment(source, wider)], [0] * 8, [k * RANGE for k in range(8)],
+                       [(8 << 20) + k * RANGE for k in range(8)], [RANGE] * 8)
+    assert owner.help() == 0
+    assert _native.finish(job, 5.0, -1) == (0, 8)
+    assert owner.stats()["refused"] == 1
+    assert torch.equal(wider[8 << 20:(8 << 20) + 8 * RANGE], source[:8 * RANGE])
+    assert not target.any(), "the helper wrote outside the window it was given"
+
+
+def test_a_job_naming_memory_not_mapped_here_is_left_to_the_writer_and_a_bad_descriptor_is_refused(board,
+                                                                                                     caplog):
+    owner, source, target = board
+    job = post(owner, source, target, 8, dst_mem_id=99)        # no such destination
+    strange = _native.post(owner.address, [segment(source, target, src_mem_id=4, desc=b"not a descriptor")],
+                           [0] * 8, [0] * 8, [0] * 8, [RANGE] * 8)
+    with caplog.at_level(logging.WARNING):
+        assert owner.help() == 0
+    assert "memory 4 of process" in caplog.text and "cannot be mapped here" in caplog.text
+    assert _native.finish(job, 5.0, -1) == (0, 8) and _native.finish(strange, 5.0, -1) == (0, 8)
+    assert torch.equal(target[:8 * RANGE], source[:8 * RANGE])
+    assert owner.help() == 0                                     # the loop goes on
+
+
+def test_an_introduction_maps_a_writers_memory_before_its_first_job():
+    writer = CrossMemoryEngine("assist-w", share_pages=True, copy_assist=False)
+    owner = copy_assist.AssistBoard(CrossMemoryMemoryDesc.unpack)
+    try:
+        source, target = random_bytes(4 << 20, seed=6), torch.zeros(4 << 20, dtype=torch.uint8)
+        mem = writer.register_torch_tensor(source)
+        low = mem.shared_start - mem.address
+        owner.add_dest(9, target.data_ptr(), 0, target.numel())
+        seg = (mem.pid, mem.mem_id, mem.shared_token.encode(), 9, mem.pack(), target.data_ptr(), mem.address)
+        _native.introduce(owner.address, seg)
+        assert owner.help() == 0 and owner._sources, "the introduction was not mapped"
+        job = _native.post(owner.address, [seg], [0], [low], [low], [2 << 20])
+        assert owner.help() == 8
+        assert _native.finish(job, 5.0, -1) == (8, 8)
+        assert torch.equal(target[low:low + (2 << 20)], source[low:low + (2 << 20)])
+    finally:
+        owner.close()
+        writer.close()
+
+
+def slot_ticket(owner, state):
+    """The ticket of the first slot in ``state`` (2: posted), as a ctypes word over the board."""
+    for index in range(_native.BOARD_SLOTS):
+        word = ctypes.c_uint32.from_address(owner.address + _native.SLOTS_OFFSET + index * _native.SLOT_BYTES)
+        if word.value & 7 == state:
+            return word
+    raise AssertionError("no slot in that state")
+
+
+def test_a_helper_that_takes_a_job_and_never_leaves_it_fails_the_write_after_the_timeout(board):
+    owner, source, target = board
+    job = post(owner, source, target, 8)
+    word = slot_ticket(owner, 2)
+    word.value = (word.value & ~7) | 3               # a helper took it, then stalled
+    with pytest.raises(TimeoutError, match="did not finish its part within 0.200 s"):
+        _native.finish(job, 0.2, -1)
+    assert word.value & 7 == 7                       # abandoned: the helper frees it if it ever leaves
+
+
+def test_a_write_whose_destination_process_exits_mid_job_says_so_instead_of_waiting(board):
+    owner, source, target = board
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        job = post(owner, source, target, 8)
+        word = slot_ticket(owner, 2)
+        word.value = (word.value & ~7) | 3
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        with pytest.raises(ProcessLookupError, match="exited during the copy"):
+            _native.finish(job, 30.0, pidfd)
+    finally:
+        os.close(pidfd)
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
+def test_a_full_board_turns_writes_away_and_a_job_dropped_unfinished_frees_its_slot(board):
+    owner, source, target = board
+    jobs = [post(owner, source, target, 1) for _ in range(_native.BOARD_SLOTS)]
+    assert all(job is not None for job in jobs)
+    assert post(owner, source, target, 1) is None
+    del jobs[0]                       # collected without finish: its slot goes back
+    assert post(owner, source, target, 1) is not None
+
+
+@pytest.mark.parametrize("args, error, words", [
+    (("segments", [0], [0], [0], [1]), TypeError, "segments"),
+    (([("x",)], [0], [0], [0], [1]), TypeError, r"segments\[0\]"),
+    (([(1, 2, b"t" * 33, 3, b"", 1, 1)], [0], [0], [0], [1]), ValueError, "token of at most 32 bytes"),
+    (([(1, 2, b"t", 3, b"d" * 5000, 1, 1)], [0], [0], [0], [1]), ValueError, "descriptor of at most"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [1], [0], [0], [1]), ValueError, "names no segment"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [0, 0], [0], [0], [1]), ValueError, "differ in length"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [0], [-1], [0], [1]), ValueError, r"src_offsets\[0\]"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [0], [0], [0], ["1"]), TypeError, r"sizes\[0\]: expected an int"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [0], [0], [2 ** 64 - 2], [4]), ValueError, "past the end of the address"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [0, 0], [0, 0], [0, 0], [2 ** 63, 2 ** 63]), ValueError, "more than 2"),
+    (([(1, 2, b"t", 3, b"", 1, 1)], [], [], [], []), ValueError, "1 to 2048 ranges"),
+    (([(1, 2, b"t", 3, b"", 1, 1)] * 17, [0], [0], [0], [1]), ValueError, "1 to 16 segments"),
+])
+def test_ill_typed_or_impossible_jobs_are_refused_before_anything_is_posted(board, args, error, words):
+    owner, source, target = board
+    with pytest.raises(error, match=words):
+        _native.post(owner.address, *args)
+    free = [post(owner, source, target, 1) for _ in range(_native.BOARD_SLOTS)]
+    assert all(job is not None for job in free), "a refused job kept a slot"
+
+
+@pytest.mark.parametrize("waits", [(-1.0,), (2.0,), (0.0, float("nan")), ("soon",)])
+def test_help_refuses_waits_that_are_not_a_short_number_of_seconds(board, waits):
+    with pytest.raises((ValueError, TypeError)):
+        _native.help(board[0]._helper, *waits)
+
+
+def test_memory_that_is_not_a_board_is_refused_by_name():
+    junk = torch.zeros(_native.BOARD_BYTES, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not a copy-assist board"):
+        _native.check_board(junk.data_ptr())
+    with pytest.raises(ValueError, match="not a copy-assist board"):
+        _native.post(junk.data_ptr(), [], [], [], [], [])
+    with pytest.raises(ValueError, match="64-byte-aligned"):
+        _native.check_board(junk.data_ptr() + 1)
+
+
+def test_finishing_a_job_twice_is_an_error_not_a_second_copy(board):
+    owner, source, target = board
+    job = post(owner, source, target, 2)
+    _native.finish(job, 5.0, -1)
+    with pytest.raises(RuntimeError, match="finished already"):
+        _native.finish(job, 5.0, -1)
+
+
+def test_a_dropped_destination_gets_no_more_help_and_a_closed_board_none_at_all(board):
+    owner, source, target = board
+    owner.drop_dest(7)
+    job = post(owner, source, target, 8)
+    assert owner.help() == 0
+    assert _native.finish(job, 5.0, -1) == (0, 8)          # copied by the writer alone
+    assert torch.equal(target[:8 * RANGE], source[:8 * RANGE])
+    # A writer's own mapping of the board outlives its owner's close; nobody helps there any more.
+    mapped = copy_assist.PeerBoard(os.getpid(), owner.fd, owner.token)
+    owner.close()
+    target.zero_()
+    offsets = [k * RANGE for k in range(8)]
+    job = mapped.post([segment(source, target)], [0] * 8, offsets, offsets, [RANGE] * 8)
+    assert owner.help() == 0 and mapped.finish(job, -1) == (0, 8)
+    assert torch.equal(target[:8 * RANGE], source[:8 * RANGE])
+
+
+def test_a_help_call_waiting_for_work_helps_the_job_posted_meanwhile(board):
+    owner, source, target = board
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(owner.help(wait_s=1.0, linger_s=0.0)))
+    waiter.start()
+    # It is asleep on the board: the post wakes it, and it copies the pieces the writer has not claimed.
+    job = post(owner, source, target, 32)
+    waiter.join(10)
+    by_peer, pieces = _native.finish(job, 5.0, -1)
+    assert not waiter.is_alive() and done == [by_peer]
+    assert pieces == 32 and torch.equal(target[:32 * RANGE], source[:32 * RANGE])
+
+
+def test_writers_racing_on_one_board_all_land(board):
+    owner, source, target = board
+    loop = threading.Thread(target=lambda: [owner.help(0.002, 0.0005) for _ in range(400)])
+    loop.start()
+    problems = []
+
+    def writer(index: int) -> None:
+        for round_ in range(20):
+            base = index * (2 << 20)
+            job = post(owner, source, target, 16, dst_offset=base)
+            if job is not None:
+                _native.finish(job, 5.0, -1)
+            if not torch.equal(target[base:base + 16 * RANGE], source[:16 * RANGE]):
+                problems.append((index, round_))
+
+    writers = [threading.Thread(target=writer, args=(index,)) for index in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers + [loop]:
+        thread.join(60)
+    assert not problems and not any(thread.is_alive() for thread in writers + [loop])
+
+
+# -- across processes ----------------------------------------------------------------------
+
+def test_a_decode_process_helps_with_writes_into_it_and_every_byte_lands():
+    region = 24 << 20
+    peer = JsonLinePeer(PEER_SCRIPT, "owner", "assist-decode", str(region), "share", "help")
+    try:
+        with CrossMemoryEngine("assist-prefill", share_pages=True, copy_assist=False) as engine:
+            engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(peer.hello["engine"])))
+            source = random_bytes(region, seed=9)
+            session = engine.create_session(engine.register_torch_tensor(source),
+                                            engine.unpack_memory_desc(bytes.fromhex(peer.hello["memory"])))
+            assert session.mapped_remote_address is not None and engine._peers["assist-decode"].board is not None
+            for attempt in range(40):
+                local, remote = scattered(144, seed=attempt)
+                with engine.posting_together():
+                    statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 18, 1) for k in range(8)]
+                for status in statuses:
+                    assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
+                for l, r in zip(local[::24], remote[::24]):
+                    assert peer.dump(r, RANGE) == source[l:l + RANGE].numpy().tobytes()
+                if engine.assist_counts["pieces_by_peer"]:
+                    break
+            assert engine.assist_counts["pieces_by_peer"] > 0, "the decode process never copied a piece"
+            stats = peer.ask(op="assist")
+            assert stats["ranges"] == engine.assist_counts["pieces_by_peer"] and stats["refused"] == 0
+            # The decode process dies: later writes fail, and none hangs.
+            peer.stop()
+            local, remote = scattered(144, seed=99)
+            status = session.batch_write(local, remote, [RANGE] * 144, 1)
+            assert status.wait_for(10_000)
+            assert status.code() != StatusCode.SUCCESS
+    finally:
+        peer.stop()
