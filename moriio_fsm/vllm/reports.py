@@ -27,6 +27,9 @@ class VllmReports:
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
         self.refused = 0                          # reports vLLM did not wait for
+        # Called after a load ended: wakes the loop that may be waiting for a write to help
+        # with (copy assist), so that the report reaches vLLM at once.
+        self.on_load_ended = None
 
     def expect_sending(self, request_id: str) -> None:
         with self._lock:
@@ -50,13 +53,16 @@ class VllmReports:
     def received(self, request_id: str, failed_blocks: tuple[int, ...] = ()) -> bool:
         """D's load of ``request_id`` ended (its blocks listed when it failed)."""
         with self._lock:
-            if request_id in self._awaiting_recv:
+            known = request_id in self._awaiting_recv
+            if known:
                 self._awaiting_recv.discard(request_id)
                 self._recving.add(request_id)
                 self._load_errors.update(failed_blocks)
-                return True
-            self.refused += 1
-        return False
+            else:
+                self.refused += 1
+        if known and self.on_load_ended is not None:
+            self.on_load_ended()
+        return known
 
     def awaits(self, request_id: str) -> bool:
         with self._lock:

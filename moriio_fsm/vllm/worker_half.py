@@ -345,6 +345,7 @@ class WorkerHalf:
         if self.settings.fault_injection:
             inject_faults(self.engine, self.settings.fault_injection)
         self.cache.register(self.engine)
+        self.reports.on_load_ended = getattr(self.engine, "interrupt_help", None)
         self.peers = PeerLinks(lambda address: self.transport.request_handshake(address),
                                self.engine, self.cache.summary, self.cache.names)
         port = self.settings.handshake_port + self.dp_rank * self.tp_size + self.tp_rank
@@ -469,23 +470,24 @@ class WorkerHalf:
     COPY_WAIT_S = 0.05
     #: On a step with no forward while a load is pending: how long to wait for a peer's write
     #: to help with, and after helping, for the transfer's next layer (copy assist).
-    ASSIST_WAIT_S = 0.002
+    #: A step spent here holds back the steps after it (vLLM's engine waits for this worker):
+    #: a request arriving meanwhile is scheduled at most this much later, and a load that
+    #: ends ends the wait at once (``VllmReports.on_load_ended``).
+    ASSIST_WAIT_S = 0.01
     ASSIST_LINGER_S = 0.0005
 
     def finished(self) -> tuple[set[str], set[str]]:
-        """What finished since the last call. First helps with peers' writes posted into this
-        engine (copy assist), and on one core lets a copy in flight end (briefly), so that
-        vLLM's engine loop, which asks without pause while a request waits for KV, does not
-        spin on the core the copy needs."""
-        # A peer's write into this engine may be posted for help (copy assist): this loop's
-        # core is the one D would otherwise spend asking.
+        """What finished since the last call. On a step with no forward while a load is pending,
+        first helps with peers' writes into this engine (copy assist); on one core lets a copy
+        in flight end (briefly). vLLM's engine loop asks without pause while a request waits
+        for KV: this keeps it from spinning on the core a copy needs."""
         help_writers = getattr(self.engine, "help_writers", None)
-        if help_writers is not None:
-            # A step with no forward, while vLLM waits for a load: nothing else would use this
-            # core, so wait for a writer's job instead of spinning through empty steps (each
-            # takes vLLM a millisecond or two here, and a transfer's layers are posted within one).
-            waiting = self._step_idle and not self.settings.read_mode and self.reports.loads_pending()
-            help_writers(self.ASSIST_WAIT_S if waiting else 0.0, self.ASSIST_LINGER_S if waiting else 0.0)
+        if (help_writers is not None and self._step_idle and not self.settings.read_mode
+                and self.reports.loads_pending()):
+            # Nothing else would use this core: wait for a writer's job instead of spinning
+            # through empty steps (each takes vLLM a millisecond or two here, and a transfer's
+            # layers are posted within one). Other steps do not help: their core is the forward's.
+            help_writers(self.ASSIST_WAIT_S, self.ASSIST_LINGER_S)
         # Only an engine copying inline shares this core with the loop; with cores to spare,
         # waiting would only delay other requests' steps.
         if getattr(self.engine, "inline_copies", False):

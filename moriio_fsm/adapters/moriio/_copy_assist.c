@@ -139,6 +139,11 @@ static int as_u64(PyObject *item, const char *what, Py_ssize_t index, uint64_t *
     return 0;
 }
 
+/* How many pieces of at most ``chunk`` bytes a range of ``size`` bytes becomes (a 0-byte range: one). */
+static uint64_t pieces_of(uint64_t size, uint64_t chunk) {
+    return size <= chunk ? 1 : size / chunk + (size % chunk != 0);
+}
+
 static int board_of(PyObject *arg, board_t **out) {
     uint64_t address;
     if (as_u64(arg, "board", 0, &address) < 0)
@@ -186,11 +191,17 @@ static void job_abandon(job_t *job) {
         store32(&slot->ticket, NEXT_FREE(posted));
         return;
     }
-    uint32_t now = load32(&slot->ticket);
-    if (STATE(now) == HELPING && cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED)))
-        return;   /* the helper frees it when it leaves */
-    if (STATE(now) == HELPED || STATE(now) == REFUSED)
-        store32(&slot->ticket, NEXT_FREE(posted));
+    for (;;) {
+        uint32_t now = load32(&slot->ticket);
+        if (now == WITH_STATE(posted, HELPING)) {
+            if (cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED)))
+                return;   /* the helper frees it when it leaves */
+            continue;     /* it left just now */
+        }
+        if (now == WITH_STATE(posted, HELPED) || now == WITH_STATE(posted, REFUSED))
+            store32(&slot->ticket, NEXT_FREE(posted));
+        return;           /* anything else is no longer this job's */
+    }
 }
 
 static void job_free(PyObject *capsule) {
@@ -308,31 +319,35 @@ static PyObject *post(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         total += size;
     }
     /* Cut into pieces: CHUNK_BYTES, or larger where that many would not fit the slot. */
+    /* With chunk >= total / room, the pieces number at most n + room = MAX_RANGES. */
     uint64_t chunk = CHUNK_BYTES, room = (uint64_t)(MAX_RANGES - n);
-    if (room == 0)
+    if (room == 0) {
         chunk = UINT64_MAX;
-    else if (total / room >= chunk)
-        chunk = (total / room + 4096) & ~(uint64_t)4095;
-    Py_ssize_t m = 0;
-    for (Py_ssize_t k = n - 1; k >= 0; k--) {   /* from the back, so that pieces overwrite nothing unread */
-        uint64_t size = ranges[k].size;
-        m += size <= chunk ? 1 : (Py_ssize_t)((size + chunk - 1) / chunk);
+    } else {
+        uint64_t share = total / room;
+        if (share >= chunk)
+            chunk = share > UINT64_MAX - 4096 ? UINT64_MAX : (share + 4096) & ~(uint64_t)4095;
     }
-    if (m > MAX_RANGES)
-        m = MAX_RANGES;   /* cannot happen with the chunk above; kept as a bound on the writes below */
-    {
-        Py_ssize_t out = m;
-        for (Py_ssize_t k = n - 1; k >= 0 && out > 0; k--) {
-            board_range r = ranges[k];
-            uint64_t pieces = r.size <= chunk ? 1 : (r.size + chunk - 1) / chunk;
-            for (uint64_t p = pieces; p-- > 0 && out > 0;) {
-                uint64_t at = p * (r.size <= chunk ? 0 : chunk);
-                uint64_t size = r.size <= chunk ? r.size : (p + 1 == pieces ? r.size - at : chunk);
-                ranges[--out] = (board_range){r.src_off + at, r.dst_off + at, size, r.segment, 0};
-            }
+    uint64_t m = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        m += pieces_of(ranges[k].size, chunk);
+    if (m < (uint64_t)n || m > MAX_RANGES) {
+        PyErr_Format(PyExc_ValueError, "post: %zd ranges make %llu pieces, outside [%zd, %d]", n,
+                     (unsigned long long)m, n, MAX_RANGES);
+        goto done;
+    }
+    /* In place from the back: range k's pieces start at or after index k, so nothing unread is overwritten. */
+    Py_ssize_t out = (Py_ssize_t)m;
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {
+        board_range r = ranges[k];
+        uint64_t pieces = pieces_of(r.size, chunk);
+        for (uint64_t p = pieces; p-- > 0;) {
+            uint64_t at = p * chunk;   /* < r.size when pieces > 1; 0 when there is one */
+            uint64_t size = pieces == 1 ? r.size : (p + 1 == pieces ? r.size - at : chunk);
+            ranges[--out] = (board_range){r.src_off + at, r.dst_off + at, size, r.segment, 0};
         }
     }
-    n = m;
+    n = (Py_ssize_t)m;
     for (Py_ssize_t k = 0; k < n; k++) {
         const board_range *r = &ranges[k];
         job->ranges[k] = (copy_range){bases[r->segment][0] + r->dst_off, bases[r->segment][1] + r->src_off, r->size};
@@ -410,16 +425,22 @@ static PyObject *introduce(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_RETURN_FALSE;
 }
 
-/* finish(job, timeout_s, pidfd) -> (pieces the helper copied, pieces in all).
+/* finish(job, timeout_s, pidfd[, copy]) -> (pieces the helper copied, pieces in all).
+ * With copy False the job is given up: no piece is claimed any more, and the helper's piece in
+ * hand is waited for the same way, so that the caller may let go of the memory after it.
  * Copies every range nobody claimed yet, then waits for the helper to leave the job.
  * OSError(ETIMEDOUT) if it has not within timeout_s, OSError(ESRCH) if the pidfd (the
  * destination's process, -1: none) says that process exited meanwhile. */
 static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "finish() takes 3 arguments (job, timeout_s, pidfd), got %zd", nargs);
+    if (nargs != 3 && nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "finish() takes 3 or 4 arguments (job, timeout_s, pidfd[, copy]), got %zd",
+                     nargs);
         return NULL;
     }
+    int copy = nargs == 4 ? PyObject_IsTrue(args[3]) : 1;
+    if (copy < 0)
+        return NULL;
     job_t *job = PyCapsule_GetPointer(args[0], "moriio_fsm.copy_assist.job");
     if (job == NULL)
         return NULL;
@@ -443,8 +464,10 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     int problem = 0;   /* 0, ETIMEDOUT or ESRCH */
     int refused = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (!copy)   /* nothing more is claimed by anyone: only the helper's piece in hand is waited for */
+        __atomic_store_n(&slot->next, job->n_ranges, __ATOMIC_RELEASE);
     /* Claim ranges until none is left; at most n claims, whatever the shared counter says. */
-    for (uint32_t claims = 0; claims < job->n_ranges; claims++) {
+    for (uint32_t claims = 0; copy && claims < job->n_ranges; claims++) {
         uint32_t index = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
         if (index >= job->n_ranges)
             break;
@@ -469,9 +492,10 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             }
             if (pidfd >= 0) {
                 struct pollfd exited = {(int)pidfd, POLLIN, 0};
-                if (poll(&exited, 1, 0) > 0) {
+                if (poll(&exited, 1, 0) > 0 && (exited.revents & POLLIN)) {
+                    if (!cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED)))
+                        continue;   /* it left just now: take its outcome */
                     problem = ESRCH;
-                    cas32(&slot->ticket, now, WITH_STATE(posted, ABANDONED));
                     break;
                 }
             }
@@ -487,7 +511,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             futex(&slot->ticket, FUTEX_WAIT, now, &wait);
         }
     }
-    if (refused) {
+    if (refused && copy) {
         /* The helper refused a range it had claimed: copy them all here (a copy is idempotent). */
         for (uint32_t k = 0; k < job->n_ranges; k++)
             stream_or_move(&job->ranges[k]);
@@ -527,6 +551,7 @@ typedef struct {
     pthread_cond_t left;           /* a help call asleep on the board woke and let go of it */
     int closed;
     int sleeping;                  /* help calls asleep on the board (they will touch it once more) */
+    uint32_t interrupts;           /* bumped by interrupt: a help call waiting for work returns */
     window_t sources[MAX_WINDOWS], dests[MAX_WINDOWS];
     uint32_t skipped[BOARD_SLOTS]; /* tickets judged unhelpable: not looked at again */
     int skip_valid[BOARD_SLOTS];
@@ -574,7 +599,7 @@ static void note_unknown(helper_t *h, const board_segment *seg) {
 }
 
 /* Help the job in one slot if it is posted and helpable; 1 if it did. Called with the lock held. */
-static int help_slot(helper_t *h, uint32_t index) {
+static int help_slot(helper_t *h, uint32_t index, double cap) {
     board_slot *slot = &h->board->slots[index];
     uint32_t ticket = load32(&slot->ticket);
     if (STATE(ticket) != POSTED || (h->skip_valid[index] && h->skipped[index] == ticket))
@@ -610,6 +635,8 @@ static int help_slot(helper_t *h, uint32_t index) {
     int refused = 0;
     uint64_t bytes = 0;
     for (uint32_t claims = 0; claims < n; claims++) {
+        if (copied && now_s() > cap)
+            break;   /* past this call's time: claim no more, the writer copies whatever is left */
         uint32_t k = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
         if (k >= n)
             break;
@@ -652,7 +679,6 @@ static helper_t *helper_of(PyObject *capsule) {
 /* Note every introduced registration not mapped here; called with the lock held. */
 static void read_intros(helper_t *h) {
     uint32_t next = load32(&h->board->intro_next);
-    int whole = 1;
     for (int k = 0; k < INTRO_SLOTS; k++) {
         board_intro *intro = &h->board->intros[k];
         uint32_t before = load32(&intro->seq);
@@ -661,15 +687,12 @@ static void read_intros(helper_t *h) {
         board_segment segment;
         memcpy(&segment, &intro->segment, sizeof segment);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if ((before & 1) || load32(&intro->seq) != before) {
-            whole = 0;   /* being rewritten: read again next time */
-            continue;
-        }
+        if ((before & 1) || load32(&intro->seq) != before)
+            continue;    /* being written (or left half-written): its writer's next job asks again */
         if (find_source(h, &segment) == NULL)
             note_unknown(h, &segment);
     }
-    if (whole)
-        h->intro_seen = next;
+    h->intro_seen = next;   /* always: a slot left odd must not keep every call awake */
 }
 
 static void helper_free(PyObject *capsule) {
@@ -724,6 +747,27 @@ static PyObject *serve(PyObject *module, PyObject *arg) {
     return capsule;
 }
 
+/* interrupt(helper): a help call waiting for work returns now (one copying returns after its job):
+ * the caller has news for the loop that waits, such as a transfer that ended. */
+static PyObject *interrupt(PyObject *module, PyObject *arg) {
+    (void)module;
+    helper_t *h = PyCapsule_GetPointer(arg, "moriio_fsm.copy_assist.helper");
+    if (h == NULL)
+        return NULL;
+    /* Under the lock: a call between its last look at the count and its sleep holds it, so the
+     * bump of the futex word below comes after that look and the sleep returns at once. */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&h->lock);
+    __atomic_add_fetch(&h->interrupts, 1, __ATOMIC_SEQ_CST);
+    if (!h->closed) {
+        __atomic_add_fetch(&h->board->wake, 1, __ATOMIC_SEQ_CST);
+        futex(&h->board->wake, FUTEX_WAKE, INT_MAX, NULL);
+    }
+    pthread_mutex_unlock(&h->lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* Lock the table without holding the GIL while a job runs. */
 static void lock_table(helper_t *h) {
     Py_BEGIN_ALLOW_THREADS
@@ -752,15 +796,13 @@ static PyObject *close_helper(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* help(helper) -> (ranges copied, whether a job named a writer's memory not mapped here).
- * Helps every job posted now, without the GIL; cheap when none is. */
-/* Help every job posted now; with the lock held. The ranges copied. */
-static uint64_t help_posted(helper_t *h) {
+/* Help every job posted now, claiming no piece after ``cap``; with the lock held. The pieces copied. */
+static uint64_t help_posted(helper_t *h, double cap) {
     uint64_t before = h->ranges;
     if (load32(&h->board->intro_next) != h->intro_seen)
         read_intros(h);
     for (uint32_t k = 0; k < BOARD_SLOTS; k++)
-        help_slot(h, k);
+        help_slot(h, k, cap);
     return h->ranges - before;
 }
 
@@ -776,14 +818,14 @@ static int work_posted(helper_t *h) {
     return 0;
 }
 
-/* The longest one help call runs after its first job: a writer that keeps posting does not keep
- * this caller (a serving loop) from its own work. */
+/* How long one help call may keep helping beyond its wait (it claims no piece after that), so that
+ * writers that keep posting do not keep this caller (a serving loop) from its own work. */
 #define HELP_CAP_S 0.02
 
 /* help(helper[, wait_s, linger_s]) -> (ranges copied, whether a job named memory not mapped here).
  * Helps every job posted now. With wait_s, first waits up to that long for one (asleep on the
  * board's futex, without the GIL); after helping, waits up to linger_s for the next job (a
- * transfer posts one per layer). Never longer than wait_s + HELP_CAP_S in all. */
+ * transfer posts one per layer). It claims no piece after wait_s + HELP_CAP_S. */
 static PyObject *help(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs < 1 || nargs > 3) {
@@ -813,16 +855,18 @@ static PyObject *help(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return Py_BuildValue("(kO)", 0ul, named ? Py_True : Py_False);
     }
     uint64_t copied = 0;
+    uint32_t asked = __atomic_load_n(&h->interrupts, __ATOMIC_SEQ_CST);
     Py_BEGIN_ALLOW_THREADS
     double start = now_s(), until = start + waits[0], cap = start + waits[0] + HELP_CAP_S;
     for (;;) {
         uint32_t seen = load32(&h->board->wake);
-        uint64_t now_copied = help_posted(h);
+        uint64_t now_copied = help_posted(h, cap);
         copied += now_copied;
         double now = now_s();
         if (now_copied)
             until = now + waits[1];
-        if (now >= until || now >= cap || h->n_unknown > 0)
+        if (now >= until || now >= cap || h->n_unknown > 0 ||
+            __atomic_load_n(&h->interrupts, __ATOMIC_SEQ_CST) != asked)
             break;   /* unknown memory: the caller maps it before anything else */
         if (work_posted(h))
             continue;
@@ -980,24 +1024,26 @@ static PyObject *unknown(PyObject *module, PyObject *arg) {
     helper_t *h = helper_of(arg);
     if (h == NULL)
         return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
+    /* Copied out under the lock, turned into objects after it: building them can run a finalizer
+     * that calls back in here, and the lock is not recursive. */
+    void *taken = PyMem_RawMalloc(sizeof h->unknown);
+    if (taken == NULL)
+        return PyErr_NoMemory();
     lock_table(h);
-    for (int k = 0; k < h->n_unknown; k++) {
-        PyObject *item = Py_BuildValue("(kKy#)", (unsigned long)h->unknown[k].pid,
-                                       (unsigned long long)h->unknown[k].mem_id, (const char *)h->unknown[k].desc,
-                                       (Py_ssize_t)h->unknown[k].len);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
-            Py_CLEAR(out);
-            break;
-        }
-        Py_DECREF(item);
-    }
-    if (out != NULL)
-        h->n_unknown = 0;
+    int n = h->n_unknown;
+    memcpy(taken, h->unknown, sizeof h->unknown);
+    h->n_unknown = 0;
     pthread_mutex_unlock(&h->lock);
+    typeof(h->unknown[0]) *entries = taken;
+    PyObject *out = PyList_New(0);
+    for (int k = 0; out != NULL && k < n; k++) {
+        PyObject *item = Py_BuildValue("(kKy#)", (unsigned long)entries[k].pid, (unsigned long long)entries[k].mem_id,
+                                       (const char *)entries[k].desc, (Py_ssize_t)entries[k].len);
+        if (item == NULL || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    PyMem_RawFree(taken);
     return out;
 }
 
@@ -1007,26 +1053,27 @@ static PyObject *stats(PyObject *module, PyObject *arg) {
     if (h == NULL)
         return NULL;
     lock_table(h);
-    PyObject *out = Py_BuildValue("{sKsKsKsK}", "jobs", (unsigned long long)h->jobs, "ranges",
-                                  (unsigned long long)h->ranges, "bytes", (unsigned long long)h->bytes, "refused",
-                                  (unsigned long long)h->refused);
+    unsigned long long jobs = h->jobs, ranges = h->ranges, bytes = h->bytes, refused = h->refused;
     pthread_mutex_unlock(&h->lock);
-    return out;
+    return Py_BuildValue("{sKsKsKsK}", "jobs", jobs, "ranges", ranges, "bytes", bytes, "refused", refused);
 }
 
 static PyMethodDef methods[] = {
     {"init_board", init_board, METH_O, "init_board(address): lay out an empty board at a mapped address."},
     {"check_board", check_board, METH_O, "check_board(address): ValueError unless a board of this version is there."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
-     "post(board, segments, segment_of_range, src_offsets, dst_offsets, sizes) -> job, or None (no free slot).\n\n"
+     "post(board, segments, segment_of_range, src_offsets, dst_offsets, sizes[, keepalive]) -> job, or None\n"
+     "(no free slot); keepalive is held until the job is freed.\n\n"
      "segments: (src_pid, src_mem_id, src_token, dst_mem_id, desc, dst_base, src_base) each; bases are this\n"
      "process's addresses of each registration's offset 0. Every value is checked before the job is posted."},
     {"introduce", (PyCFunction)(void (*)(void))introduce, METH_FASTCALL,
      "introduce(board, segment) -> False if every introduction slot was being written: announce a registration."},
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
-     "finish(job, timeout_s, pidfd) -> (pieces the helper copied, pieces); copies the rest here, without the GIL."},
+     "finish(job, timeout_s, pidfd[, copy]) -> (pieces the helper copied, pieces); copies the rest here\n"
+     "(copy False: none), then waits for the helper to leave the job, without the GIL."},
     {"serve", serve, METH_O, "serve(board) -> the helper of that board (its windows and statistics)."},
     {"close", close_helper, METH_O, "close(helper): after the job running now, help no more."},
+    {"interrupt", interrupt, METH_O, "interrupt(helper): a help call waiting for work returns now."},
     {"help", (PyCFunction)(void (*)(void))help, METH_FASTCALL,
      "help(helper[, wait_s, linger_s]) -> (ranges copied, unknown memory named): help every job posted now."},
     {"add_source", (PyCFunction)(void (*)(void))add_source, METH_FASTCALL,

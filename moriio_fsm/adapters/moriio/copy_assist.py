@@ -28,7 +28,10 @@ try:
 except ImportError:          # built without a C compiler: no assist, every writer copies alone
     _copy_assist = None
 
-__all__ = ["AssistBoard", "PeerBoard", "available"]
+__all__ = ["AssistBoard", "PeerBoard", "available", "DESC_MAX"]
+
+#: The longest packed memory descriptor a board holds (longer: that memory gets no help).
+DESC_MAX = _copy_assist.DESC_MAX if _copy_assist is not None else 0
 
 _log = logging.getLogger(__name__)
 
@@ -48,9 +51,10 @@ class AssistBoard:
     """This engine's job board; peers map it by ``fd`` and ``token``.
 
     ``add_dest``/``drop_dest`` install and remove this engine's registrations as places
-    helping may write; a writer's registration is mapped the first time a job names it (by
-    the ``help`` call that saw the job; that job is left to the writer), and let go once
-    the writer's process exits. ``close`` waits for the job being helped.
+    helping may write. A writer's registration is mapped by the ``help`` call that first
+    sees it named, in the writer's introduction (made with its session) or in a job (that
+    job is left to the writer), and let go once the writer's process exits. ``close`` waits
+    for the help calls in progress; none touches the board after it.
     """
 
     #: How often ``help`` looks for writers that exited, to let go of their pages.
@@ -94,15 +98,26 @@ class AssistBoard:
         long for the next (a transfer posts a job per layer). Bounded (``_copy_assist.help``)."""
         if self._closed:
             return 0
-        copied, named_unknown = _copy_assist.help(self._helper, wait_s, linger_s)
+        try:
+            copied, named_unknown = _copy_assist.help(self._helper, wait_s, linger_s)
+        except RuntimeError:      # closed meanwhile
+            return 0
         if named_unknown or time.monotonic() >= self._next_sweep:
             with self._lock:
-                for pid, mem_id, packed in _copy_assist.unknown(self._helper):
-                    self._map_source(pid, mem_id, packed)
-                if time.monotonic() >= self._next_sweep:
-                    self._next_sweep = time.monotonic() + self.SWEEP_INTERVAL_S
-                    self._forget_exited()
+                try:
+                    for pid, mem_id, packed in _copy_assist.unknown(self._helper):
+                        self._map_source(pid, mem_id, packed)
+                    if time.monotonic() >= self._next_sweep:
+                        self._next_sweep = time.monotonic() + self.SWEEP_INTERVAL_S
+                        self._forget_exited()
+                except RuntimeError:      # closed meanwhile: close lets go of every mapping
+                    pass
         return copied
+
+    def interrupt(self) -> None:
+        """A help call waiting for work returns now: the loop it holds has news (a transfer ended)."""
+        if not self._closed:
+            _copy_assist.interrupt(self._helper)
 
     def stats(self) -> dict[str, int]:
         """Jobs helped, ranges and bytes copied here, and jobs cut short by a range outside every window."""
@@ -130,7 +145,7 @@ class AssistBoard:
         try:
             _copy_assist.add_source(self._helper, pid, mem_id, desc.shared_token.encode(), pages.address - low,
                                     low, low + desc.shared_size)
-        except (OverflowError, ValueError) as exc:
+        except (OverflowError, ValueError, RuntimeError) as exc:
             os.close(pidfd)
             self._refused.add(key)
             _log.warning("copy assist: memory %s of process %s gets no help: %s", mem_id, pid, exc)
@@ -165,8 +180,8 @@ class AssistBoard:
 class PeerBoard:
     """A peer engine's job board mapped here: where this engine's writes into that peer get help."""
 
-    #: Longest wait for the peer once this side has copied every range left: a helper holds
-    #: one range at a time, so only a stopped or starved peer is that slow.
+    #: Longest wait for the peer once this side has copied every piece left: a helper holds
+    #: one piece (about 256 KiB) at a time, so only a stopped or starved peer is that slow.
     FINISH_TIMEOUT_S = 1.0
 
     def __init__(self, pid: int, fd: int, token: str) -> None:
@@ -180,20 +195,21 @@ class PeerBoard:
     MAX_RANGES = _copy_assist.MAX_RANGES if _copy_assist is not None else 0
     MAX_SEGMENTS = _copy_assist.MAX_SEGMENTS if _copy_assist is not None else 0
 
-    def introduce(self, segment) -> None:
+    def introduce(self, segment) -> bool:
         """Announce a registration of this engine (a segment of ``post``) ahead of its first job,
         so that the peer maps it before that job: the first job of a session is otherwise left
-        to this side."""
-        _copy_assist.introduce(self.address, segment)
+        to this side. False when every announcement slot was being written."""
+        return _copy_assist.introduce(self.address, segment)
 
     def post(self, segments, segment_of_range, src_offsets, dst_offsets, sizes):
         """Put a write on the board (see ``_copy_assist.post``); None if no slot was free."""
         # The job holds this object, and with it the mapping, until it is freed.
         return _copy_assist.post(self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes, self)
 
-    def finish(self, job, pidfd: int, timeout_s: float | None = None) -> tuple[int, int]:
+    def finish(self, job, pidfd: int, timeout_s: float | None = None, copy: bool = True) -> tuple[int, int]:
         """Copy what is left of ``job`` here and wait for the peer's part; (pieces the peer
         copied, pieces in all: ranges are cut into pieces of about 256 KiB).
 
-        ``TimeoutError`` or ``ProcessLookupError`` when the peer's part may not have landed."""
-        return _copy_assist.finish(job, self.FINISH_TIMEOUT_S if timeout_s is None else timeout_s, pidfd)
+        ``TimeoutError`` or ``ProcessLookupError`` when the peer's part may not have landed.
+        ``copy`` False: give the job up (nothing more is copied; the peer's piece in hand is waited for)."""
+        return _copy_assist.finish(job, self.FINISH_TIMEOUT_S if timeout_s is None else timeout_s, pidfd, copy)

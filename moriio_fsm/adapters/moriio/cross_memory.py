@@ -226,11 +226,14 @@ class _Peer:
     def introduce(self, segment: tuple) -> None:
         """Announce one of this engine's registrations on the peer's board, once per registration."""
         key = segment[:3]                 # pid, mem_id, token
+        board = self.board
         with self._pages_lock:
-            if key in self._introduced:
+            if board is None or key in self._introduced:
                 return
             self._introduced.add(key)
-        self.board.introduce(segment)
+        if not board.introduce(segment):  # every slot busy: its first job asks instead
+            with self._pages_lock:
+                self._introduced.discard(key)
 
     def pages_of(self, mem: CrossMemoryMemoryDesc) -> PeerPages | None:
         """This process's mapping of ``mem``'s shared pages, made on first use; None without one."""
@@ -387,17 +390,32 @@ class CrossMemorySession(TransferSession):
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
             self._here_low = remote.shared_start - remote.address
             self._here_high = self._here_low + remote.shared_size
-        if self.mapped_remote_address is not None and local.shares_pages and peer.board is not None:
+        if peer.board is not None and self.assist_segment() is not None:
             # Mapped by the peer before this session's first write, which it can then help with.
-            peer.introduce(self.assist_segment())
+            peer.introduce(self._segment)
 
-    def assist_segment(self) -> tuple:
-        """How a copy-assist job names this session's two registrations (``_copy_assist.post``)."""
-        if self._segment is None:
+    def assist_segment(self) -> tuple | None:
+        """How a copy-assist job names this session's two registrations (``_copy_assist.post``);
+        None where the peer cannot be helped to them (no shared pages here or there, or a
+        descriptor longer than a board holds)."""
+        if self._segment is None and self.mapped_remote_address is not None and self.local_mem.shares_pages:
             local = self.local_mem
-            self._segment = (local.pid, local.mem_id, local.shared_token.encode(), self.remote_mem.mem_id,
-                             local.pack(), self.mapped_remote_address, local.address)
+            packed = local.pack()
+            if len(packed) <= _assist.DESC_MAX:
+                self._segment = (local.pid, local.mem_id, local.shared_token.encode(), self.remote_mem.mem_id,
+                                 packed, self.mapped_remote_address, local.address)
         return self._segment
+
+    def helpable(self, batch: CheckedBatch) -> bool:
+        """Whether the peer can copy ``batch`` for this session: every local range lies in this
+        memory's shared pages (all the peer maps of it); the remote ones were checked on posting."""
+        local = self.local_mem
+        if self.assist_segment() is None:
+            return False
+        low = local.shared_start - local.address
+        high = low + local.shared_size
+        offsets = batch.local_offsets
+        return min(offsets) >= low and max(map(int.__add__, offsets, batch.sizes)) <= high
 
     def _copies_here(self, batch: CheckedBatch) -> bool:
         """Whether every remote range of ``batch`` lies where this process can reach it."""
@@ -588,6 +606,7 @@ class CrossMemoryEngine(TransferEngine):
         self._copies_done = threading.Condition()
         self._copy_threads = copy_threads
         self._copy_helpers: ThreadPoolExecutor | None = None  # made on the first large batch
+        self._posted_for_help: set[_Posted] = set()   # writes on a peer's board, their memory held
         # Writes carried out with a peer's help: jobs, their pieces (``PeerBoard.finish``), and
         # the pieces the peer copied.
         self.assist_counts = {"jobs": 0, "pieces": 0, "pieces_by_peer": 0}
@@ -691,7 +710,7 @@ class CrossMemoryEngine(TransferEngine):
             low = adopted.start - address
             try:
                 self._board.add_dest(mem_id, address, low, low + adopted.size)
-            except OverflowError as exc:   # a full table: writers into this memory copy alone
+            except (OverflowError, RuntimeError) as exc:   # a full table (or closing): writers copy alone
                 _log.warning("engine %r: memory %s gets no copy assist: %s", self.key, mem_id, exc)
         with self._lock:
             self._memory[mem_id] = registration
@@ -815,6 +834,7 @@ class CrossMemoryEngine(TransferEngine):
                         self._flush(held)
                     except BaseException:
                         for _, posted in held:   # a status nobody settles would never end
+                            self._give_up_help(posted)
                             posted.status.settle(StatusCode.ERR_BAD_STATE,
                                                  f"batch_{posted.op} uid {posted.batch.transfer_uid}: "
                                                  "the engine failed to carry it out")
@@ -834,6 +854,7 @@ class CrossMemoryEngine(TransferEngine):
                 self._wake.notify()
                 return
         for _, posted in held:
+            self._give_up_help(posted)
             posted.status.settle(StatusCode.ERR_BAD_STATE, f"batch_{posted.op} uid {posted.batch.transfer_uid}: "
                                  f"engine {self.key!r} closed before the transfer completed")
 
@@ -897,6 +918,11 @@ class CrossMemoryEngine(TransferEngine):
         transfers without pause while a request waits for KV."""
         return 0 if self._board is None else self._board.help(wait_s, linger_s)
 
+    def interrupt_help(self) -> None:
+        """A ``help_writers`` call waiting for a write returns now (its loop has news to report)."""
+        if self._board is not None:
+            self._board.interrupt()
+
     def wait_for_copies(self, timeout_s: float) -> bool:
         """Block until no copy of this engine runs on any thread, at most ``timeout_s``; True if none runs.
 
@@ -924,7 +950,11 @@ class CrossMemoryEngine(TransferEngine):
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for index, posted in enumerate(due):
             if posted.job is not None:
-                outcomes[index] = self._finish_helped(posted)
+                try:
+                    outcomes[index] = self._finish_helped(posted)
+                except Exception as exc:  # never let one transfer end the worker thread
+                    _log.exception("cross-memory transfer failed unexpectedly")
+                    outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
             elif posted.failure is not None:
                 outcomes[index] = posted.failure.code, posted.failure.message
             else:
@@ -1003,7 +1033,7 @@ class CrossMemoryEngine(TransferEngine):
         session, batch = posted.session, posted.batch
         board = session._peer.board
         if (posted.op != "write" or not posted.here or board is None or batch.total_bytes < self.ASSIST_MIN_BYTES
-                or len(batch.sizes) > board.MAX_RANGES or not session.local_mem.shares_pages):
+                or len(batch.sizes) > board.MAX_RANGES or not session.helpable(batch)):
             return None
         if session._hold() is not None:
             return None          # refused: the copy at the end says why
@@ -1011,25 +1041,57 @@ class CrossMemoryEngine(TransferEngine):
         try:
             job = board.post([session.assist_segment()], [0] * len(batch.sizes), batch.local_offsets,
                              batch.remote_offsets, batch.sizes)
+        except ValueError as exc:   # cannot happen for a checked batch; copy alone all the same
+            _log.warning("copy assist: a write could not be posted (%s); it is copied here alone", exc)
         finally:
             if job is None:
                 session._let_go()
-        return None if job is None else (board, job)
+        if job is None:
+            return None
+        with self._lock:
+            self._posted_for_help.add(posted)   # close gives up what is still posted
+        return board, job
 
     def _finish_helped(self, posted: _Posted) -> tuple[int, str]:
-        """Copy what the peer left of a write posted for help, wait for its part, let go; the outcome."""
-        session, (board, job) = posted.session, posted.job
-        posted.job = None
+        """Copy what the peer left of a write posted for help, wait for its part, let go; the outcome.
+
+        A session killed (or a peer gone) since the post copies nothing more: the job is given up."""
+        taken = self._take_job(posted)
+        session = posted.session
+        if taken is None:                  # given up by close meanwhile
+            return session._failure(f"engine {self.key!r} closed before the transfer completed")
+        board, job = taken
         peer = session._peer
+        reason = session._why_dead()
         try:
-            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1)
+            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1, copy=reason is None)
         except OSError as exc:            # TimeoutError, ProcessLookupError
             return session._failure(f"{exc} (engine {peer.desc.key!r})")
         finally:
             session._let_go()
         self._count_assisted(pieces, by_peer)
-        reason = session._why_dead()      # killed while the copy ran
+        reason = reason or session._why_dead()   # or killed while the copy ran
         return session._failure(reason) if reason is not None else session._after_copy()
+
+    def _take_job(self, posted: _Posted) -> tuple | None:
+        """The (board, job) of a write posted for help, taken once: by its copy, or by close."""
+        with self._lock:
+            taken, posted.job = posted.job, None
+            self._posted_for_help.discard(posted)
+        return taken
+
+    def _give_up_help(self, posted: _Posted) -> None:
+        """A write posted for help that ends without its copy: take it off the board, let go."""
+        taken = self._take_job(posted)
+        if taken is None:
+            return
+        board, job = taken
+        try:
+            board.finish(job, -1, copy=False)
+        except OSError:
+            pass          # the helper did not leave in time: nothing more can be done for it
+        finally:
+            posted.session._let_go()
 
     def _copy_with_assist(self, held: list[_Posted]) -> str | None:
         """Copy held writes into one peer together with that peer (copy assist).
@@ -1046,7 +1108,7 @@ class CrossMemoryEngine(TransferEngine):
         segment_of, src, dst, sizes = [], [], [], []
         for posted in held:
             session, batch = posted.session, posted.batch
-            if session._peer is not peer or not session.local_mem.shares_pages:
+            if session._peer is not peer or not session.helpable(batch):
                 return None   # the peer could not read this memory
             index = segment_of_session.get(id(session))
             if index is None:
@@ -1058,7 +1120,11 @@ class CrossMemoryEngine(TransferEngine):
             sizes.extend(batch.sizes)
         if len(sizes) > board.MAX_RANGES or len(segments) > board.MAX_SEGMENTS:
             return None
-        job = board.post(segments, segment_of, src, dst, sizes)
+        try:
+            job = board.post(segments, segment_of, src, dst, sizes)
+        except ValueError as exc:   # cannot happen for checked batches; copy alone all the same
+            _log.warning("copy assist: a write could not be posted (%s); it is copied here alone", exc)
+            return None
         if job is None:
             return None
         try:
@@ -1134,7 +1200,10 @@ class CrossMemoryEngine(TransferEngine):
             abandoned = [entry[2] for entry in self._due] + self._stalled + list(self._held.values())
             self._due, self._stalled, self._held = [], [], {}
             self._wake.notify_all()
+        with self._lock:
+            abandoned += [posted for posted in self._posted_for_help if posted not in abandoned]
         for posted in abandoned:
+            self._give_up_help(posted)
             posted.status.settle(StatusCode.ERR_BAD_STATE,
                                  f"batch_{posted.op} uid {posted.batch.transfer_uid}: engine {self.key!r} "
                                  "closed before the transfer completed")

@@ -176,10 +176,10 @@ def segment(source, target, dst_mem_id=7, src_mem_id=3, desc=b""):
     return (os.getpid(), src_mem_id, b"tok", dst_mem_id, desc, target.data_ptr(), source.data_ptr())
 
 
-def post(owner, source, target, count, dst_mem_id=7, dst_offset=0):
+def post(owner, source, target, count, dst_mem_id=7, dst_offset=0, src_offset=0):
     offsets = [k * RANGE for k in range(count)]
-    return _native.post(owner.address, [segment(source, target, dst_mem_id)], [0] * count, offsets,
-                        [dst_offset + o for o in offsets], [RANGE] * count)
+    return _native.post(owner.address, [segment(source, target, dst_mem_id)], [0] * count,
+                        [src_offset + o for o in offsets], [dst_offset + o for o in offsets], [RANGE] * count)
 
 
 def test_a_job_helped_before_the_writer_finishes_is_copied_whole_by_the_helper(board):
@@ -368,12 +368,13 @@ def test_writers_racing_on_one_board_all_land(board):
     problems = []
 
     def writer(index: int) -> None:
+        # Each writer and round copies other bytes, so a piece copied from a stale or reused slot shows.
         for round_ in range(20):
-            base = index * (2 << 20)
-            job = post(owner, source, target, 16, dst_offset=base)
+            base, src = index * (2 << 20), ((index * 20 + round_) % 3) * (2 << 20)
+            job = post(owner, source, target, 16, dst_offset=base, src_offset=src)
             if job is not None:
                 _native.finish(job, 5.0, -1)
-            if not torch.equal(target[base:base + 16 * RANGE], source[:16 * RANGE]):
+            if not torch.equal(target[base:base + 16 * RANGE], source[src:src + 16 * RANGE]):
                 problems.append((index, round_))
 
     writers = [threading.Thread(target=writer, args=(index,)) for index in range(4)]
@@ -417,3 +418,70 @@ def test_a_decode_process_helps_with_writes_into_it_and_every_byte_lands():
             assert status.code() != StatusCode.SUCCESS
     finally:
         peer.stop()
+
+
+# -- what the review of the first version found -------------------------------------------------
+
+def test_closing_the_writer_with_a_write_still_on_the_board_lets_its_memory_go_at_once():
+    from moriio_fsm.adapters.moriio import cross_memory
+    prefill = CrossMemoryEngine("assist-p3", share_pages=True, copy_assist=False, inline_copies=True,
+                                deregister_wait_s=5.0)
+    decode = CrossMemoryEngine("assist-d3", share_pages=True, copy_assist=True)
+    try:
+        source, target = random_bytes(8 << 20, seed=7), torch.zeros(8 << 20, dtype=torch.uint8)
+        session = prefill.create_session(prefill.register_torch_tensor(source),
+                                         (prefill.register_remote_engine(decode.get_engine_desc()),
+                                          decode.register_torch_tensor(target))[1])
+        lingering = len(cross_memory._lingering)
+        with prefill.posting_together():
+            status = session.batch_write([PAGE], [PAGE], [4 << 20], 1)
+            assert prefill._posted_for_help, "the write was not put on the board"
+            prefill.close()      # the write's registrations are held by the job: close gives it up
+        assert status.wait_for(1000) and status.code() == StatusCode.ERR_BAD_STATE
+        assert len(cross_memory._lingering) == lingering, "close waited for, then kept, memory the job held"
+    finally:
+        prefill.close()
+        decode.close()
+
+
+def test_a_descriptor_too_long_for_the_board_gets_no_help_and_its_writes_still_land():
+    prefill = CrossMemoryEngine("p" * 500, share_pages=True, copy_assist=False, inline_copies=True)
+    decode = CrossMemoryEngine("assist-d4", share_pages=True, copy_assist=True)
+    try:
+        prefill.register_remote_engine(decode.get_engine_desc())
+        source, target = random_bytes(4 << 20, seed=8), torch.zeros(4 << 20, dtype=torch.uint8)
+        session = prefill.create_session(prefill.register_torch_tensor(source), decode.register_torch_tensor(target))
+        assert session is not None and session.assist_segment() is None
+        status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
+        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
+        assert torch.equal(target[PAGE:PAGE + (2 << 20)], source[PAGE:PAGE + (2 << 20)])
+        assert prefill.assist_counts["jobs"] == 0
+    finally:
+        prefill.close()
+        decode.close()
+
+
+def test_sizes_near_two_to_the_64_are_cut_or_refused_without_crashing(board):
+    owner, source, target = board
+    seg = [(1, 2, b"t", 3, b"", 1 << 40, 1 << 40)]
+    # 2047 ranges adding up to 2**64 - 1: one piece each (the job is dropped, never copied).
+    sizes = [1 << 53] * 2046 + [(2 ** 64 - 1) - 2046 * (1 << 53)]
+    job = _native.post(owner.address, seg, [0] * 2047, [0] * 2047, [0] * 2047, sizes)
+    assert job is not None
+    del job
+    # One range of nearly 2**64 bytes that still fits the address space is cut (and dropped); one more
+    # past it is refused.
+    assert _native.post(owner.address, seg, [0], [0], [0], [2 ** 64 - 2 ** 41]) is not None
+    with pytest.raises(ValueError, match="past the end of the address space"):
+        _native.post(owner.address, seg, [0], [0], [0], [2 ** 64 - 2 ** 39])
+
+
+def test_a_half_written_introduction_does_not_keep_help_calls_awake(board):
+    owner, source, target = board
+    intro = _native.SLOTS_OFFSET + _native.BOARD_SLOTS * _native.SLOT_BYTES
+    ctypes.c_uint32.from_address(owner.address + intro).value = 1      # odd: a writer died mid-write
+    ctypes.c_uint32.from_address(owner.address + 16).value += 1          # intro_next: "something new"
+    assert owner.help() == 0
+    helper = owner._helper
+    # Nothing is left to look at: a call with no wait returns at once, without taking the lock.
+    assert _native.help(helper) == (0, False)
