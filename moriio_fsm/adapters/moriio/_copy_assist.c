@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "_copy_kernels.h"
+#include "_int_args.h"
 
 #define BOARD_MAGIC 0x41534d4fu /* "OMSA" */
 #define BOARD_VERSION 1u
@@ -124,21 +125,6 @@ static int inside(uint64_t off, uint64_t size, uint64_t low, uint64_t high) {
 
 /* ---- argument parsing ---------------------------------------------------------------- */
 
-static int as_u64(PyObject *item, const char *what, Py_ssize_t index, uint64_t *out) {
-    if (!PyLong_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %.80s", what, index, Py_TYPE(item)->tp_name);
-        return -1;
-    }
-    unsigned long long value = PyLong_AsUnsignedLongLong(item);
-    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s[%zd]: expected an int in [0, 2**64), got %R", what, index, item);
-        return -1;
-    }
-    *out = value;
-    return 0;
-}
-
 /* How many pieces of at most ``chunk`` bytes a range of ``size`` bytes becomes (a 0-byte range: one). */
 static uint64_t pieces_of(uint64_t size, uint64_t chunk) {
     return size <= chunk ? 1 : size / chunk + (size % chunk != 0);
@@ -146,7 +132,7 @@ static uint64_t pieces_of(uint64_t size, uint64_t chunk) {
 
 static int board_of(PyObject *arg, board_t **out) {
     uint64_t address;
-    if (as_u64(arg, "board", 0, &address) < 0)
+    if (read_u64(arg, "board", 0, &address) < 0)
         return -1;
     board_t *board = (board_t *)(uintptr_t)address;
     if (address == 0 || address % 64 != 0) {
@@ -224,11 +210,11 @@ static int read_segment(PyObject *item, Py_ssize_t index, board_segment *seg, ui
         return -1;
     }
     uint64_t pid, src_mem, dst_mem;
-    if (as_u64(PyTuple_GET_ITEM(item, 0), "segments.src_pid", index, &pid) < 0 ||
-        as_u64(PyTuple_GET_ITEM(item, 1), "segments.src_mem_id", index, &src_mem) < 0 ||
-        as_u64(PyTuple_GET_ITEM(item, 3), "segments.dst_mem_id", index, &dst_mem) < 0 ||
-        as_u64(PyTuple_GET_ITEM(item, 5), "segments.dst_base", index, dst_base) < 0 ||
-        as_u64(PyTuple_GET_ITEM(item, 6), "segments.src_base", index, src_base) < 0)
+    if (read_u64(PyTuple_GET_ITEM(item, 0), "segments.src_pid", index, &pid) < 0 ||
+        read_u64(PyTuple_GET_ITEM(item, 1), "segments.src_mem_id", index, &src_mem) < 0 ||
+        read_u64(PyTuple_GET_ITEM(item, 3), "segments.dst_mem_id", index, &dst_mem) < 0 ||
+        read_u64(PyTuple_GET_ITEM(item, 5), "segments.dst_base", index, dst_base) < 0 ||
+        read_u64(PyTuple_GET_ITEM(item, 6), "segments.src_base", index, src_base) < 0)
         return -1;
     PyObject *token = PyTuple_GET_ITEM(item, 2), *desc = PyTuple_GET_ITEM(item, 4);
     if (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) > TOKEN_MAX || !PyBytes_Check(desc) ||
@@ -297,7 +283,7 @@ static PyObject *post(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t k = 0; k < n; k++) {
         uint64_t values[4];
         for (int j = 0; j < 4; j++)
-            if (as_u64(PySequence_Fast_GET_ITEM(lists[j], k), names[j], k, &values[j]) < 0)
+            if (read_u64(PySequence_Fast_GET_ITEM(lists[j], k), names[j], k, &values[j]) < 0)
                 goto done;
         uint64_t seg = values[0], src_off = values[1], dst_off = values[2], size = values[3];
         if (seg >= (uint64_t)n_segments) {
@@ -676,6 +662,15 @@ static helper_t *helper_of(PyObject *capsule) {
     return h;
 }
 
+/* The helper a window call names as its first argument, once its argument count is checked. */
+static helper_t *helper_call(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected, const char *name) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments, got %zd", name, expected, nargs);
+        return NULL;
+    }
+    return helper_of(args[0]);
+}
+
 /* Note every introduced registration not mapped here; called with the lock held. */
 static void read_intros(helper_t *h) {
     uint32_t next = load32(&h->board->intro_next);
@@ -896,7 +891,7 @@ static int read_window(PyObject *const *args, Py_ssize_t first, window_t *w) {
     uint64_t values[3];
     static const char *const names[3] = {"base", "low", "high"};
     for (int k = 0; k < 3; k++)
-        if (as_u64(args[first + k], names[k], 0, &values[k]) < 0)
+        if (read_u64(args[first + k], names[k], 0, &values[k]) < 0)
             return -1;
     if (values[1] > values[2] || values[2] > UINTPTR_MAX - values[0]) {
         PyErr_SetString(PyExc_ValueError, "window: expected low <= high and base + high within the address space");
@@ -939,16 +934,12 @@ static PyObject *install(window_t *table, helper_t *h, const window_t *w) {
 /* add_source(helper, pid, mem_id, token, base, low, high): a writer's registration, mapped here. */
 static PyObject *add_source(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "add_source() takes 7 arguments, got %zd", nargs);
-        return NULL;
-    }
-    helper_t *h = helper_of(args[0]);
+    helper_t *h = helper_call(args, nargs, 7, "add_source");
     if (h == NULL)
         return NULL;
     window_t w = {0};
     uint64_t pid;
-    if (as_u64(args[1], "pid", 0, &pid) < 0 || as_u64(args[2], "mem_id", 0, &w.mem_id) < 0 ||
+    if (read_u64(args[1], "pid", 0, &pid) < 0 || read_u64(args[2], "mem_id", 0, &w.mem_id) < 0 ||
         read_window(args, 4, &w) < 0)
         return NULL;
     if (pid > UINT32_MAX || !PyBytes_Check(args[3]) || PyBytes_GET_SIZE(args[3]) > TOKEN_MAX) {
@@ -964,15 +955,11 @@ static PyObject *add_source(PyObject *module, PyObject *const *args, Py_ssize_t 
 /* add_dest(helper, mem_id, base, low, high): this process's own registration. */
 static PyObject *add_dest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "add_dest() takes 5 arguments, got %zd", nargs);
-        return NULL;
-    }
-    helper_t *h = helper_of(args[0]);
+    helper_t *h = helper_call(args, nargs, 5, "add_dest");
     if (h == NULL)
         return NULL;
     window_t w = {0};
-    if (as_u64(args[1], "mem_id", 0, &w.mem_id) < 0 || read_window(args, 2, &w) < 0)
+    if (read_u64(args[1], "mem_id", 0, &w.mem_id) < 0 || read_window(args, 2, &w) < 0)
         return NULL;
     return install(h->dests, h, &w);
 }
@@ -994,12 +981,8 @@ static PyObject *drop(window_t *table, helper_t *h, uint32_t pid, uint64_t mem_i
 static PyObject *drop_source(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     uint64_t pid, mem_id;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "drop_source() takes 3 arguments, got %zd", nargs);
-        return NULL;
-    }
-    helper_t *h = helper_of(args[0]);
-    if (h == NULL || as_u64(args[1], "pid", 0, &pid) < 0 || as_u64(args[2], "mem_id", 0, &mem_id) < 0)
+    helper_t *h = helper_call(args, nargs, 3, "drop_source");
+    if (h == NULL || read_u64(args[1], "pid", 0, &pid) < 0 || read_u64(args[2], "mem_id", 0, &mem_id) < 0)
         return NULL;
     return drop(h->sources, h, (uint32_t)pid, mem_id, 1);
 }
@@ -1007,12 +990,8 @@ static PyObject *drop_source(PyObject *module, PyObject *const *args, Py_ssize_t
 static PyObject *drop_dest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     uint64_t mem_id;
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "drop_dest() takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
-    helper_t *h = helper_of(args[0]);
-    if (h == NULL || as_u64(args[1], "mem_id", 0, &mem_id) < 0)
+    helper_t *h = helper_call(args, nargs, 2, "drop_dest");
+    if (h == NULL || read_u64(args[1], "mem_id", 0, &mem_id) < 0)
         return NULL;
     return drop(h->dests, h, 0, mem_id, 0);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "_copy_kernels.h"
+#include "_int_args.h"
 
 static void copy_all(const copy_range *ranges, Py_ssize_t count, uint64_t total) {
 #ifdef STREAM_X86
@@ -28,22 +29,6 @@ static void copy_all(const copy_range *ranges, Py_ssize_t count, uint64_t total)
 #endif
     for (Py_ssize_t k = 0; k < count; k++)
         memmove((void *)(uintptr_t)ranges[k].dst, (const void *)(uintptr_t)ranges[k].src, ranges[k].size);
-}
-
-/* A non-negative int that fits 64 bits; names the argument and the range on failure. */
-static int read_u64(PyObject *item, const char *what, Py_ssize_t index, uint64_t *out) {
-    if (!PyLong_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %.80s", what, index, Py_TYPE(item)->tp_name);
-        return -1;
-    }
-    unsigned long long value = PyLong_AsUnsignedLongLong(item);
-    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s[%zd]: expected an int in [0, 2**64), got %R", what, index, item);
-        return -1;
-    }
-    *out = value;
-    return 0;
 }
 
 static int read_base(PyObject *item, const char *what, uint64_t *out) {

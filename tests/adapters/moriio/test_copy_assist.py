@@ -131,6 +131,14 @@ def test_a_write_smaller_than_the_threshold_is_copied_by_the_writer_alone(pair):
     assert prefill.assist_counts["jobs"] == 0
 
 
+def assert_copied_alone(prefill, session, source, target) -> None:
+    """A 2 MiB write lands whole, and went through no board."""
+    status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
+    assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
+    assert torch.equal(target[PAGE:PAGE + (2 << 20)], source[PAGE:PAGE + (2 << 20)])
+    assert prefill.assist_counts["jobs"] == 0
+
+
 def test_copy_assist_without_shared_pages_is_refused_by_name():
     with pytest.raises(ValueError, match="copy_assist needs share_pages"):
         CrossMemoryEngine("assist-bad", share_pages=False, copy_assist=True)
@@ -148,10 +156,7 @@ def test_a_descriptor_whose_board_is_not_a_board_leaves_the_writer_copying_alone
         assert "board cannot be mapped here" in caplog.text
         source, target = random_bytes(4 << 20, seed=3), torch.zeros(4 << 20, dtype=torch.uint8)
         session = prefill.create_session(prefill.register_torch_tensor(source), decode.register_torch_tensor(target))
-        status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
-        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
-        assert torch.equal(target[PAGE:PAGE + (2 << 20)], source[PAGE:PAGE + (2 << 20)])
-        assert prefill.assist_counts["jobs"] == 0
+        assert_copied_alone(prefill, session, source, target)
     finally:
         prefill.close()
         decode.close()
@@ -452,10 +457,7 @@ def test_a_descriptor_too_long_for_the_board_gets_no_help_and_its_writes_still_l
         source, target = random_bytes(4 << 20, seed=8), torch.zeros(4 << 20, dtype=torch.uint8)
         session = prefill.create_session(prefill.register_torch_tensor(source), decode.register_torch_tensor(target))
         assert session is not None and session.assist_segment() is None
-        status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
-        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS
-        assert torch.equal(target[PAGE:PAGE + (2 << 20)], source[PAGE:PAGE + (2 << 20)])
-        assert prefill.assist_counts["jobs"] == 0
+        assert_copied_alone(prefill, session, source, target)
     finally:
         prefill.close()
         decode.close()
