@@ -202,9 +202,15 @@ class PeerBoard:
         return _copy_assist.introduce(self.address, segment)
 
     def post(self, segments, segment_of_range, src_offsets, dst_offsets, sizes):
-        """Put a write on the board (see ``_copy_assist.post``); None if no slot was free."""
-        # The job holds this object, and with it the mapping, until it is freed.
-        return _copy_assist.post(self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes, self)
+        """Put a write on the board (see ``_copy_assist.post``); None if no slot was free, or
+        if the write cannot go on a board (logged; the caller then copies it alone)."""
+        try:
+            # The job holds this object, and with it the mapping, until it is freed.
+            return _copy_assist.post(self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes,
+                                     self)
+        except ValueError as exc:   # cannot happen for an engine's checked batches
+            _log.warning("copy assist: a write could not be posted (%s); it is copied by the writer alone", exc)
+            return None
 
     def finish(self, job, pidfd: int, timeout_s: float | None = None, copy: bool = True) -> tuple[int, int]:
         """Copy what is left of ``job`` here and wait for the peer's part; (pieces the peer

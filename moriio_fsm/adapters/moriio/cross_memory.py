@@ -1041,8 +1041,6 @@ class CrossMemoryEngine(TransferEngine):
         try:
             job = board.post([session.assist_segment()], [0] * len(batch.sizes), batch.local_offsets,
                              batch.remote_offsets, batch.sizes)
-        except ValueError as exc:   # cannot happen for a checked batch; copy alone all the same
-            _log.warning("copy assist: a write could not be posted (%s); it is copied here alone", exc)
         finally:
             if job is None:
                 session._let_go()
@@ -1120,11 +1118,7 @@ class CrossMemoryEngine(TransferEngine):
             sizes.extend(batch.sizes)
         if len(sizes) > board.MAX_RANGES or len(segments) > board.MAX_SEGMENTS:
             return None
-        try:
-            job = board.post(segments, segment_of, src, dst, sizes)
-        except ValueError as exc:   # cannot happen for checked batches; copy alone all the same
-            _log.warning("copy assist: a write could not be posted (%s); it is copied here alone", exc)
-            return None
+        job = board.post(segments, segment_of, src, dst, sizes)
         if job is None:
             return None
         try:

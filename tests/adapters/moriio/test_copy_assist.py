@@ -487,3 +487,12 @@ def test_a_half_written_introduction_does_not_keep_help_calls_awake(board):
     helper = owner._helper
     # Nothing is left to look at: a call with no wait returns at once, without taking the lock.
     assert _native.help(helper) == (0, False)
+
+
+def test_a_write_the_board_cannot_take_is_turned_away_by_name_for_the_writer_to_copy(board, caplog):
+    owner, source, target = board
+    mapped = copy_assist.PeerBoard(os.getpid(), owner.fd, owner.token)
+    with caplog.at_level(logging.WARNING):
+        assert mapped.post([segment(source, target)], [0], [0], [0], [2 ** 64 - 1]) is None
+    assert "could not be posted" in caplog.text and "past the end of the address space" in caplog.text
+    assert all(post(owner, source, target, 1) is not None for _ in range(_native.BOARD_SLOTS))
