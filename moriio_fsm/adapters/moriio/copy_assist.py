@@ -209,7 +209,8 @@ class PeerBoard:
             return _copy_assist.post(self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes,
                                      self)
         except ValueError as exc:   # cannot happen for an engine's checked batches
-            _log.warning("copy assist: a write could not be posted (%s); it is copied by the writer alone", exc)
+            # The text, not the exception: a kept log record must not keep this mapping alive.
+            _log.warning("copy assist: a write could not be posted (%s); it is copied by the writer alone", str(exc))
             return None
 
     def finish(self, job, pidfd: int, timeout_s: float | None = None, copy: bool = True) -> tuple[int, int]:
