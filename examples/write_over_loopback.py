@@ -66,9 +66,11 @@ class Producer:
         self.freed = threading.Event()
         self.log: list[str] = []
         self.lock = threading.Lock()
-        # Short timeouts so that a stalled write is torn down while the example runs.
+        # A stalled write gets short timeouts, so that it is torn down while the example runs;
+        # the others get room for a loaded machine (0.5 s once failed a healthy write under CI).
+        limit_s = 0.5 if stall_layer is not None else 5.0
         table = build_table("write_producer", check_invariants=True,
-                            config={"transfer_timeout_s": 0.5, "abandon_timeout_s": 0.5},
+                            config={"transfer_timeout_s": limit_s, "abandon_timeout_s": limit_s},
                             recorder=self.note)
         self.driver = Driver(table, {
             "post_write": self.post_write, "abandon_writes": self.abandon_writes,
