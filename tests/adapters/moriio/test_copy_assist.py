@@ -328,6 +328,26 @@ def test_memory_that_is_not_a_board_is_refused_by_name():
         _native.check_board(junk.data_ptr() + 1)
 
 
+@pytest.mark.parametrize("count", [65, 2048])
+def test_a_job_of_many_scattered_ranges_lands_byte_exact_split_between_helper_and_writer(board, count):
+    """Jobs of more ranges than a post keeps on its stack, up to a full slot, scattered over 8 MiB."""
+    owner, source, target = board
+    size = (8 << 20) // 2048 - 64                 # gaps between ranges, so nothing merges
+    dst = [k * (8 << 20) // count for k in range(count)]
+    src = [(8 << 20) - size - d for d in dst]     # read back to front
+    job = _native.post(owner.address, [segment(source, target)], [0] * count, src, dst, [size] * count)
+    assert job is not None
+    helped = owner.help()
+    by_peer, pieces = _native.finish(job, 5.0, -1)
+    assert pieces == count and by_peer == helped == count   # small ranges: one piece each, all left to the helper
+    for d, s in zip(dst, src):
+        assert torch.equal(target[d:d + size], source[s:s + size])
+    untouched = torch.ones(8 << 20, dtype=torch.bool)
+    for d in dst:
+        untouched[d:d + size] = False
+    assert not target[untouched].any()           # nothing written between the ranges
+
+
 def test_finishing_a_job_twice_is_an_error_not_a_second_copy(board):
     owner, source, target = board
     job = post(owner, source, target, 2)
