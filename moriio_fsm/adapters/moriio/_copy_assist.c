@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -517,6 +518,61 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return PyErr_Format(PyExc_OSError, "copy assist: the board slot changed under the job (another writer or "
                             "a damaged board)");
     return Py_BuildValue("(kk)", (unsigned long)helped, (unsigned long)job->n_ranges);
+}
+
+/* copy_left(jobs) -> pieces copied: copy the pieces nobody has claimed yet of several jobs,
+ * without the GIL and without waiting for the helper (``finish`` waits, and finds little left).
+ * The helper works through a board's slots in ascending order, so the writer goes the other
+ * way: the two meet in one job instead of the writer waiting for the helper's piece in hand in
+ * every job in turn. */
+static int later_slot_first(const void *a, const void *b) {
+    const job_t *x = *(job_t *const *)a, *y = *(job_t *const *)b;
+    if (x->board != y->board)
+        return x->board < y->board ? -1 : 1;
+    return x->slot < y->slot ? 1 : (x->slot > y->slot ? -1 : 0);
+}
+
+static PyObject *copy_left(PyObject *module, PyObject *arg) {
+    (void)module;
+    PyObject *seq = PySequence_Fast(arg, "copy_left: jobs");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    job_t **jobs = n > 0 ? PyMem_RawMalloc((size_t)n * sizeof *jobs) : NULL;
+    if (n > 0 && jobs == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        jobs[k] = PyCapsule_GetPointer(PySequence_Fast_GET_ITEM(seq, k), "moriio_fsm.copy_assist.job");
+        if (jobs[k] == NULL || jobs[k]->finished) {
+            if (jobs[k] != NULL)
+                PyErr_Format(PyExc_RuntimeError, "copy_left: job %zd was finished already", k);
+            PyMem_RawFree(jobs);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    uint64_t copied = 0;
+    /* The list holds the jobs' capsules while the GIL is released, so none is freed meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
+    qsort(jobs, (size_t)n, sizeof *jobs, later_slot_first);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        job_t *job = jobs[k];
+        board_slot *slot = &job->board->slots[job->slot];
+        for (uint32_t claims = 0; claims < job->n_ranges; claims++) {
+            uint32_t index = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
+            if (index >= job->n_ranges)
+                break;
+            stream_or_move(&job->ranges[index]);
+            copied++;
+        }
+    }
+    copy_fence();
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(jobs);
+    Py_DECREF(seq);
+    return PyLong_FromUnsignedLongLong(copied);
 }
 
 /* ---- the destination's side ------------------------------------------------------------ */
@@ -1048,6 +1104,9 @@ static PyMethodDef methods[] = {
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
      "finish(job, timeout_s, pidfd[, copy]) -> (pieces the helper copied, pieces); copies the rest here\n"
      "(copy False: none), then waits for the helper to leave the job, without the GIL."},
+    {"copy_left", copy_left, METH_O,
+     "copy_left(jobs) -> pieces copied: the pieces nobody claimed yet, of the latest slots first, without\n"
+     "waiting for the helper (finish then waits). Jobs must not be finished yet."},
     {"serve", serve, METH_O, "serve(board) -> the helper of that board (its windows and statistics)."},
     {"close", close_helper, METH_O, "close(helper): after the job running now, help no more."},
     {"interrupt", interrupt, METH_O, "interrupt(helper): a help call waiting for work returns now."},

@@ -28,7 +28,7 @@ try:
 except ImportError:          # built without a C compiler: no assist, every writer copies alone
     _copy_assist = None
 
-__all__ = ["AssistBoard", "PeerBoard", "available", "DESC_MAX"]
+__all__ = ["AssistBoard", "PeerBoard", "available", "copy_left", "DESC_MAX"]
 
 #: The longest packed memory descriptor a board holds (longer: that memory gets no help).
 DESC_MAX = _copy_assist.DESC_MAX if _copy_assist is not None else 0
@@ -39,6 +39,13 @@ _log = logging.getLogger(__name__)
 def available() -> bool:
     """Whether this install has the native copy-assist module."""
     return _copy_assist is not None
+
+
+def copy_left(jobs) -> int:
+    """Copy here the pieces of ``jobs`` (posted, not finished) that nobody has claimed yet,
+    without waiting for any peer; the pieces copied. Their ``finish`` then only waits for the
+    peer's pieces in hand. The peer helps a board's jobs in slot order, this goes the other way."""
+    return _copy_assist.copy_left(jobs)
 
 
 @dataclass(slots=True)

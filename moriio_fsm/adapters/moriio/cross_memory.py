@@ -948,10 +948,14 @@ class CrossMemoryEngine(TransferEngine):
     def _outcomes_of(self, due: list[_Posted]) -> list[tuple[int, str]]:
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         groups: dict[tuple[str, int, bool], list[int]] = {}
+        # Writes on a peer's board: taken first (close can no longer give them up), their pieces
+        # left copied here all at once, then each waits for the peer's piece in hand, if any.
+        taken = {index: self._take_job(posted) for index, posted in enumerate(due) if posted.job is not None}
+        self._copy_left([due[index] for index in taken], taken.values())
         for index, posted in enumerate(due):
-            if posted.job is not None:
+            if index in taken:
                 try:
-                    outcomes[index] = self._finish_helped(posted)
+                    outcomes[index] = self._finish_helped(posted, taken[index])
                 except Exception as exc:  # never let one transfer end the worker thread
                     _log.exception("cross-memory transfer failed unexpectedly")
                     outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
@@ -1050,11 +1054,22 @@ class CrossMemoryEngine(TransferEngine):
             self._posted_for_help.add(posted)   # close gives up what is still posted
         return board, job
 
-    def _finish_helped(self, posted: _Posted) -> tuple[int, str]:
-        """Copy what the peer left of a write posted for help, wait for its part, let go; the outcome.
+    @staticmethod
+    def _copy_left(posts: list[_Posted], taken) -> None:
+        """Copy the unclaimed pieces of every taken job whose session still lives, in one call
+        without the GIL: the peer works through them from one end, this side from the other."""
+        jobs = [job[1] for posted, job in zip(posts, taken) if job is not None and posted.session._why_dead() is None]
+        if jobs:
+            try:
+                _assist.copy_left(jobs)
+            except Exception:   # each job's finish still copies what is left
+                _log.exception("copy assist: copying the pieces left failed")
+
+    def _finish_helped(self, posted: _Posted, taken: tuple | None) -> tuple[int, str]:
+        """Copy what is still left of a write posted for help (``taken``: its board and job, None if
+        close gave it up), wait for the peer's part, let go; the outcome.
 
         A session killed (or a peer gone) since the post copies nothing more: the job is given up."""
-        taken = self._take_job(posted)
         session = posted.session
         if taken is None:                  # given up by close meanwhile
             return session._failure(f"engine {self.key!r} closed before the transfer completed")

@@ -348,6 +348,33 @@ def test_a_job_of_many_scattered_ranges_lands_byte_exact_split_between_helper_an
     assert not target[untouched].any()           # nothing written between the ranges
 
 
+def test_the_writer_copies_what_is_left_of_several_jobs_at_once_and_finish_then_only_waits(board):
+    owner, source, target = board
+    jobs = [post(owner, source, target, 4, dst_offset=k * 4 * RANGE, src_offset=k * 4 * RANGE) for k in range(3)]
+    assert copy_assist.copy_left(jobs) == 12
+    assert copy_assist.copy_left(jobs) == 0                  # nothing is claimed twice
+    assert owner.help() == 0                                 # nothing left for the helper
+    assert [_native.finish(job, 5.0, -1) for job in jobs] == [(0, 4)] * 3
+    assert torch.equal(target[:12 * RANGE], source[:12 * RANGE])
+    assert copy_assist.copy_left([]) == 0
+
+
+def test_copy_left_refuses_a_finished_job_or_a_non_job_before_copying_anything(board):
+    owner, source, target = board
+    done, fresh = post(owner, source, target, 1), post(owner, source, target, 2, dst_offset=RANGE, src_offset=RANGE)
+    _native.finish(done, 5.0, -1)
+    target.zero_()
+    with pytest.raises(RuntimeError, match="job 1 was finished already"):
+        copy_assist.copy_left([fresh, done])
+    with pytest.raises(ValueError):
+        copy_assist.copy_left([fresh, object()])
+    with pytest.raises(TypeError, match="jobs"):
+        copy_assist.copy_left(7)
+    assert not target.any()                                  # refused before any copy
+    assert _native.finish(fresh, 5.0, -1) == (0, 2)         # the job is still whole and finishes normally
+    assert torch.equal(target[RANGE:3 * RANGE], source[RANGE:3 * RANGE])
+
+
 def test_finishing_a_job_twice_is_an_error_not_a_second_copy(board):
     owner, source, target = board
     job = post(owner, source, target, 2)
