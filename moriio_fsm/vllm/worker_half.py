@@ -200,11 +200,13 @@ class WorkerHalf:
                 yield
         finally:
             collected, local.collected = local.collected, None
-            for status, transfer_id, layer, op in collected:
-                self._complete(status, transfer_id, layer, op)
+            # Every completion's event is made before any is dispatched, so each carries the
+            # time its copy ended, not that time plus the dispatches of the layers before it.
+            completed = [(self.poller.event_if_final(*posted), posted) for posted in collected]
+            for event, posted in completed:
+                self._complete(event, *posted)
 
-    def _complete(self, status, transfer_id: str, layer: int, op: str) -> None:
-        event = self.poller.event_if_final(status, transfer_id, layer, op)
+    def _complete(self, event, status, transfer_id: str, layer: int, op: str) -> None:
         if event is None:
             try:
                 self.poller.submit(status, transfer_id, layer, op)
@@ -253,14 +255,18 @@ class WorkerHalf:
             self._prepare_writes(event.transfer_id, event.block_ids)
 
     def _prepare_writes(self, transfer_id: str, remote_ids) -> None:
-        """P, WRITE: D's blocks are known; make the transfer's plans and sessions now.
+        """P, WRITE: D's blocks are known; make the transfer's plans and sessions now, or once
+        the link to D is up.
 
-        This runs on the I/O thread while P's forward usually still computes, so posting
-        after the forward is only the posts. Best effort: whatever fails here fails again,
-        and is reported, when the layer is posted.
+        This runs before or during P's forward (on the forward, I/O or handshake thread), so
+        posting after the forward is only the posts. Best effort: whatever fails here fails
+        again, and is reported, when the layer is posted.
         """
         info = self.directory.get(transfer_id)
-        if info is None or self.cache is None or info.link is None or not info.link.done():
+        if info is None or self.cache is None or info.link is None:
+            return
+        if not info.link.done():
+            info.link.add_done_callback(lambda _: self._prepare_writes(transfer_id, remote_ids))
             return
         try:
             if info.link.cancelled() or info.link.exception() is not None:
@@ -376,6 +382,11 @@ class WorkerHalf:
         if send.peer is not None:
             info.link = self.link_for(info, peer_ranks(self.tp_rank, self.tp_size, send.peer.tp_size)[0])
         self.dispatch("send", events.prefill_started(send.transfer_id, self.clock(), writers))
+        # D often allocates before P's scheduler starts the transfer (a proxy sends both at
+        # once): the machine held remote_blocks until now, so prepare its writes here.
+        made = self.drivers["send"].table.get(send.transfer_id)
+        if made is not None and made.has_allocation:
+            self._prepare_writes(send.transfer_id, made.remote_block_ids)
         self._step_sends.append(send.transfer_id)
 
     def _start_receive(self, receive: ReceiveStart) -> None:
@@ -473,9 +484,11 @@ class WorkerHalf:
     #: A step spent here holds back the steps after it (vLLM's engine waits for this worker):
     #: a request arriving meanwhile is scheduled at most this much later, and a load that
     #: ends ends the wait at once (``VllmReports.on_load_ended``).
-    #: 2 ms measured better than 10 ms in the serving race (a median transfer of 2.4 ms against
-    #: 4.2-5.6 ms over 8 prompts in 2 rounds); why the longer wait costs was not found.
-    ASSIST_WAIT_S = 0.002
+    #: Between two waits vLLM's empty step costs about 1.7 ms here (the engine core and this
+    #: worker hand the step over through shared memory, on one core): with a 2 ms wait D was
+    #: elsewhere when P's first post came in about half the transfers of the serving race, and
+    #: copied a third of the pieces instead of half or more; with 20 ms it missed one in five.
+    ASSIST_WAIT_S = 0.02
     ASSIST_LINGER_S = 0.0005
 
     def finished(self) -> tuple[set[str], set[str]]:

@@ -139,6 +139,56 @@ def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make
     assert len(made) == len(P.kv) and all(not on_main and at == 0 for on_main, at in made), made
 
 
+def test_d_blocks_known_before_p_starts_the_transfer_are_prepared_before_ps_forward(make_instance, monkeypatch):
+    """D allocates before P's scheduler starts the transfer (the usual order when a proxy sends
+    both at once): P's machine holds remote_blocks until prefill_started, and P makes the
+    transfer's sessions then, before its forward, so the posts after the forward make none."""
+    expected = reference(make_instance, PROMPT)
+    P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
+    D = make_instance("D", "kv_consumer")
+    warm_p, warm_d = write_pair_params("tx-early-warm", P, D)       # the handshake, once
+    P.add("p-0", PROMPT, 1, warm_p)
+    D.add("d-0", PROMPT, TOKENS, warm_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
+    worker = P.worker._worker
+    made, timeline = [], []
+    create = worker.engine.create_session
+    monkeypatch.setattr(worker.engine, "create_session", lambda *a: (made.append(len(timeline)), create(*a))[1])
+    finish_saves = worker.finish_saves
+    monkeypatch.setattr(worker, "finish_saves", lambda: (timeline.append("forward ended"), finish_saves())[1])
+    to_p, to_d = write_pair_params("tx-early", P, D)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    held = lambda: any(s.event == "remote_blocks" and s.outcome == "buffered"         # noqa: E731
+                       for s in worker.recorder.records() if s.transfer == "tx-early")
+    assert run_until([D], held, timeout_s=10.0)                    # D told P before P knew the transfer
+    assert made == []
+    P.add("p-1", PROMPT, 1, to_p)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    assert len(made) == len(P.kv) and all(at == 0 for at in made), made
+
+
+def test_completions_of_layers_posted_together_carry_the_time_their_copy_ended(make_instance, monkeypatch):
+    """After the forward every layer's write is copied in one go: each completion event is made
+    when the copies ended, before any is dispatched, not after the dispatches of those before it."""
+    P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
+    D = make_instance("D", "kv_consumer")
+    worker = P.worker._worker
+    worker.engine.inline_copies = True         # as on one core: the copies end inside the posting thread's flush
+    seen = []                                  # (kind, event time, time its dispatch began)
+    dispatch = worker.dispatch
+    monkeypatch.setattr(worker, "dispatch", lambda side, event: (
+        seen.append((event.kind, event.time, worker.clock())), dispatch(side, event))[1])
+    to_p, to_d = write_pair_params("tx-stamps", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    completions = [(made, began) for kind, made, began in seen if kind == "layer_write_completed"]
+    assert len(completions) == len(P.kv)
+    first_dispatch = completions[0][1]
+    assert all(made <= first_dispatch for made, _ in completions)
+
+
 def recorded_help(monkeypatch, worker):
     """Every help_writers call of ``worker``'s engine: (wait_s, step idle, load pending) at the call."""
     calls = []
