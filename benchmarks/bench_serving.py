@@ -652,8 +652,9 @@ def ours_bytes(results: dict, mode: str) -> float | None:
 
 
 def pd_wide_divergences(results: dict, expected) -> dict[int, tuple[int, list[str]]]:
-    """Prompts where at least two P/D connectors gave one same answer that is not the single
-    instance's: {prompt index: (first token that differs, the connectors)}. On bf16 with AMX, D
+    """Prompts where P/D connectors of at least two implementations (this project's WRITE and
+    READ count as one) gave one same answer that is not the single instance's: {prompt index:
+    (first token that differs, the connectors)}. On bf16 with AMX, D
     computes a prompt's last token alone (a one-row forward) and can round a near tie the other
     way; wrong bytes from a transfer would not give independent connectors one answer."""
     answers: dict[int, dict[str, tuple]] = {}
@@ -666,7 +667,8 @@ def pd_wide_divergences(results: dict, expected) -> dict[int, tuple[int, list[st
     for index, by_name in answers.items():
         reference = expected.get(index)
         tokens = set(by_name.values())
-        if reference is None or len(by_name) < 2 or len(tokens) != 1:
+        implementations = {name.split("-")[0] for name in by_name}   # ours-write, ours-read: "ours"
+        if reference is None or len(implementations) < 2 or len(tokens) != 1:
             continue
         (answer,) = tokens
         if list(answer) != list(reference):

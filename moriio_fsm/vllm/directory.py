@@ -28,6 +28,8 @@ class TransferInfo:
     link: object = None
     #: This transfer's engine sessions by layer, so its teardown stops only its bytes.
     sessions: dict[int, object] = field(default_factory=dict)
+    #: P, WRITE: D's block ids whose writes were prepared (or wait for the link to be), once.
+    prepared_for: tuple[int, ...] | None = None
 
     def local_ids_for(self, remote_ids: tuple[int, ...]) -> tuple[int, ...]:
         """P's blocks that go to D's ``remote_ids``: the prompt's tail, since D may hold a

@@ -106,6 +106,7 @@ class WorkerHalf:
         self._step_idle = False                    # this step runs no forward (StepMetadata.idle)
         self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
         self._saved_this_step: set[tuple[str, int]] = set()
+        self._prepare_lock = threading.Lock()
         if recorder is None:
             recorder = self._make_recorder()
         self.recorder = recorder
@@ -263,16 +264,23 @@ class WorkerHalf:
         again, and is reported, when the layer is posted.
         """
         info = self.directory.get(transfer_id)
-        if info is None or self.cache is None or info.link is None:
+        remote_ids = tuple(remote_ids)
+        if info is None or self.cache is None or info.link is None or not remote_ids:
             return
+        with self._prepare_lock:     # several threads may learn of one allocation: prepare once
+            if info.prepared_for == remote_ids:
+                return
+            info.prepared_for = remote_ids
         if not info.link.done():
-            info.link.add_done_callback(lambda _: self._prepare_writes(transfer_id, remote_ids))
+            info.link.add_done_callback(lambda _: self._prepared(transfer_id, info, remote_ids))
             return
+        self._prepared(transfer_id, info, remote_ids)
+
+    def _prepared(self, transfer_id: str, info: TransferInfo, remote_ids: tuple[int, ...]) -> None:
+        if self._closed or self.directory.get(transfer_id) is not info:
+            return                   # ended meanwhile: nothing will be posted
         try:
             if info.link.cancelled() or info.link.exception() is not None:
-                return
-            remote_ids = tuple(remote_ids)
-            if not remote_ids:
                 return
             local_ids = info.local_ids_for(remote_ids)
             num_blocks = info.link.result().num_blocks
@@ -384,6 +392,7 @@ class WorkerHalf:
         self.dispatch("send", events.prefill_started(send.transfer_id, self.clock(), writers))
         # D often allocates before P's scheduler starts the transfer (a proxy sends both at
         # once): the machine held remote_blocks until now, so prepare its writes here.
+        # (The machine sets remote_block_ids before has_allocation, so this read needs no lock.)
         made = self.drivers["send"].table.get(send.transfer_id)
         if made is not None and made.has_allocation:
             self._prepare_writes(send.transfer_id, made.remote_block_ids)

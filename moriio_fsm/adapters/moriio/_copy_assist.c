@@ -21,7 +21,6 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -166,6 +165,7 @@ typedef struct {
     uint32_t slot, ticket;   /* ticket as posted */
     uint32_t n_ranges;
     int finished;
+    int busy;                /* copy_left calls copying it now (changed with the GIL held) */
     copy_range ranges[];     /* this process's addresses of every range, the writer's own copy */
 } job_t;
 
@@ -443,6 +443,10 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_RuntimeError, "finish: this job was finished already");
         return NULL;
     }
+    if (job->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "finish: copy_left is copying this job on another thread");
+        return NULL;
+    }
     job->finished = 1;
     board_slot *slot = &job->board->slots[job->slot];
     uint32_t posted = job->ticket, helped = 0;
@@ -520,43 +524,39 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(kk)", (unsigned long)helped, (unsigned long)job->n_ranges);
 }
 
-/* copy_left(jobs) -> pieces copied: copy the pieces nobody has claimed yet of several jobs,
- * without the GIL and without waiting for the helper (``finish`` waits, and finds little left).
- * The helper works through a board's slots in ascending order, so the writer goes the other
- * way: the two meet in one job instead of the writer waiting for the helper's piece in hand in
- * every job in turn. */
-static int later_slot_first(const void *a, const void *b) {
-    const job_t *x = *(job_t *const *)a, *y = *(job_t *const *)b;
-    if (x->board != y->board)
-        return x->board < y->board ? -1 : 1;
-    return x->slot < y->slot ? 1 : (x->slot > y->slot ? -1 : 0);
-}
-
+/* copy_left(jobs) -> pieces copied: copy the pieces nobody has claimed yet of jobs, in the order
+ * given, without the GIL and without waiting for the helper (``finish`` waits, and finds little
+ * left). A job is busy meanwhile: finishing it from another thread is refused. */
 static PyObject *copy_left(PyObject *module, PyObject *arg) {
     (void)module;
-    PyObject *seq = PySequence_Fast(arg, "copy_left: jobs");
-    if (seq == NULL)
+    if (!PyList_Check(arg) && !PyTuple_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "copy_left: jobs must be a list or tuple of jobs, got %.100s",
+                            Py_TYPE(arg)->tp_name);
+    PyObject *held = PySequence_Tuple(arg);   /* its own references: the caller's list may change meanwhile */
+    if (held == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(held);
     job_t **jobs = n > 0 ? PyMem_RawMalloc((size_t)n * sizeof *jobs) : NULL;
     if (n > 0 && jobs == NULL) {
-        Py_DECREF(seq);
+        Py_DECREF(held);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        jobs[k] = PyCapsule_GetPointer(PySequence_Fast_GET_ITEM(seq, k), "moriio_fsm.copy_assist.job");
-        if (jobs[k] == NULL || jobs[k]->finished) {
-            if (jobs[k] != NULL)
-                PyErr_Format(PyExc_RuntimeError, "copy_left: job %zd was finished already", k);
+        jobs[k] = PyCapsule_GetPointer(PyTuple_GET_ITEM(held, k), "moriio_fsm.copy_assist.job");
+        if (jobs[k] != NULL && (jobs[k]->finished || jobs[k]->busy)) {
+            PyErr_Format(PyExc_RuntimeError, "copy_left: job %zd was finished already or is being copied", k);
+            jobs[k] = NULL;
+        }
+        if (jobs[k] == NULL) {
             PyMem_RawFree(jobs);
-            Py_DECREF(seq);
+            Py_DECREF(held);
             return NULL;
         }
     }
+    for (Py_ssize_t k = 0; k < n; k++)
+        jobs[k]->busy++;   /* with the GIL: finish sees it */
     uint64_t copied = 0;
-    /* The list holds the jobs' capsules while the GIL is released, so none is freed meanwhile. */
     Py_BEGIN_ALLOW_THREADS
-    qsort(jobs, (size_t)n, sizeof *jobs, later_slot_first);
     for (Py_ssize_t k = 0; k < n; k++) {
         job_t *job = jobs[k];
         board_slot *slot = &job->board->slots[job->slot];
@@ -570,9 +570,19 @@ static PyObject *copy_left(PyObject *module, PyObject *arg) {
     }
     copy_fence();
     Py_END_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++)
+        jobs[k]->busy--;
     PyMem_RawFree(jobs);
-    Py_DECREF(seq);
+    Py_DECREF(held);
     return PyLong_FromUnsignedLongLong(copied);
+}
+
+/* job_slot(job) -> the board slot it was posted in (the helper works through a board's slots in
+ * ascending order, so a writer copying what is left goes the other way). */
+static PyObject *job_slot(PyObject *module, PyObject *arg) {
+    (void)module;
+    job_t *job = PyCapsule_GetPointer(arg, "moriio_fsm.copy_assist.job");
+    return job == NULL ? NULL : PyLong_FromUnsignedLong(job->slot);
 }
 
 /* ---- the destination's side ------------------------------------------------------------ */
@@ -1105,8 +1115,9 @@ static PyMethodDef methods[] = {
      "finish(job, timeout_s, pidfd[, copy]) -> (pieces the helper copied, pieces); copies the rest here\n"
      "(copy False: none), then waits for the helper to leave the job, without the GIL."},
     {"copy_left", copy_left, METH_O,
-     "copy_left(jobs) -> pieces copied: the pieces nobody claimed yet, of the latest slots first, without\n"
-     "waiting for the helper (finish then waits). Jobs must not be finished yet."},
+     "copy_left(jobs) -> pieces copied: the pieces nobody claimed yet, in the order given, without waiting\n"
+     "for the helper (finish then waits). Jobs must not be finished yet."},
+    {"job_slot", job_slot, METH_O, "job_slot(job) -> the board slot the job was posted in."},
     {"serve", serve, METH_O, "serve(board) -> the helper of that board (its windows and statistics)."},
     {"close", close_helper, METH_O, "close(helper): after the job running now, help no more."},
     {"interrupt", interrupt, METH_O, "interrupt(helper): a help call waiting for work returns now."},

@@ -28,7 +28,7 @@ try:
 except ImportError:          # built without a C compiler: no assist, every writer copies alone
     _copy_assist = None
 
-__all__ = ["AssistBoard", "PeerBoard", "available", "copy_left", "DESC_MAX"]
+__all__ = ["AssistBoard", "PeerBoard", "available", "copy_left", "job_slot", "DESC_MAX"]
 
 #: The longest packed memory descriptor a board holds (longer: that memory gets no help).
 DESC_MAX = _copy_assist.DESC_MAX if _copy_assist is not None else 0
@@ -42,10 +42,16 @@ def available() -> bool:
 
 
 def copy_left(jobs) -> int:
-    """Copy here the pieces of ``jobs`` (posted, not finished) that nobody has claimed yet,
-    without waiting for any peer; the pieces copied. Their ``finish`` then only waits for the
-    peer's pieces in hand. The peer helps a board's jobs in slot order, this goes the other way."""
+    """Copy here the pieces of ``jobs`` (posted, not finished) that nobody has claimed yet, in
+    that order, without waiting for any peer; the pieces copied. Their ``finish`` then only
+    waits for the peer's pieces in hand."""
     return _copy_assist.copy_left(jobs)
+
+
+def job_slot(job) -> int:
+    """The board slot ``job`` was posted in: the peer helps a board's jobs in ascending slot
+    order, so a writer copying what is left goes the other way and meets it only once."""
+    return _copy_assist.job_slot(job)
 
 
 @dataclass(slots=True)

@@ -949,20 +949,26 @@ class CrossMemoryEngine(TransferEngine):
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         # Writes on a peer's board: taken first (close can no longer give them up), their pieces
-        # left copied here all at once, then each waits for the peer's piece in hand, if any.
+        # left copied here, then each waits for the peer's piece in hand, if any. A job that
+        # never reaches its finish (an exception) is given up, so its registrations go.
         taken = {index: self._take_job(posted) for index, posted in enumerate(due) if posted.job is not None}
-        self._copy_left([due[index] for index in taken], taken.values())
-        for index, posted in enumerate(due):
-            if index in taken:
-                try:
-                    outcomes[index] = self._finish_helped(posted, taken[index])
-                except Exception as exc:  # never let one transfer end the worker thread
-                    _log.exception("cross-memory transfer failed unexpectedly")
-                    outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
-            elif posted.failure is not None:
-                outcomes[index] = posted.failure.code, posted.failure.message
-            else:
-                groups.setdefault((posted.op, posted.session.remote_mem.pid, posted.here), []).append(index)
+        try:
+            self._copy_left([(due[index], job) for index, job in taken.items() if job is not None])
+            for index, posted in enumerate(due):
+                if index in taken:
+                    try:
+                        outcomes[index] = self._finish_helped(posted, taken.pop(index))
+                    except Exception as exc:  # never let one transfer end the worker thread
+                        _log.exception("cross-memory transfer failed unexpectedly")
+                        outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
+                elif posted.failure is not None:
+                    outcomes[index] = posted.failure.code, posted.failure.message
+                else:
+                    groups.setdefault((posted.op, posted.session.remote_mem.pid, posted.here), []).append(index)
+        finally:
+            for index, job in taken.items():
+                if job is not None:
+                    self._give_up_taken(due[index], job)
         for (op, pid, here), members in groups.items():
             try:
                 for index, outcome in zip(members, self._copy_together(op, pid, here, [due[i] for i in members])):
@@ -1055,14 +1061,16 @@ class CrossMemoryEngine(TransferEngine):
         return board, job
 
     @staticmethod
-    def _copy_left(posts: list[_Posted], taken) -> None:
-        """Copy the unclaimed pieces of every taken job whose session still lives, in one call
-        without the GIL: the peer works through them from one end, this side from the other."""
-        jobs = [job[1] for posted, job in zip(posts, taken) if job is not None and posted.session._why_dead() is None]
-        if jobs:
+    def _copy_left(taken: list[tuple[_Posted, tuple]]) -> None:
+        """Copy the unclaimed pieces of taken jobs (posted, (board, job)), last slot first: the
+        peer works through a board from the first, so the two meet in one job. Each job's
+        session is asked first, so one killed meanwhile gets no more bytes from here."""
+        for posted, (_, job) in sorted(taken, key=lambda item: _assist.job_slot(item[1][1]), reverse=True):
+            if posted.session._why_dead() is not None:
+                continue
             try:
-                _assist.copy_left(jobs)
-            except Exception:   # each job's finish still copies what is left
+                _assist.copy_left([job])
+            except Exception:   # its finish still copies what is left
                 _log.exception("copy assist: copying the pieces left failed")
 
     def _finish_helped(self, posted: _Posted, taken: tuple | None) -> tuple[int, str]:
@@ -1096,8 +1104,13 @@ class CrossMemoryEngine(TransferEngine):
     def _give_up_help(self, posted: _Posted) -> None:
         """A write posted for help that ends without its copy: take it off the board, let go."""
         taken = self._take_job(posted)
-        if taken is None:
-            return
+        if taken is not None:
+            self._give_up_taken(posted, taken)
+
+    @staticmethod
+    def _give_up_taken(posted: _Posted, taken: tuple) -> None:
+        """Take a taken job off the board without copying (the peer's piece in hand is waited
+        for), then let go of its registrations."""
         board, job = taken
         try:
             board.finish(job, -1, copy=False)

@@ -131,6 +131,41 @@ def test_a_write_smaller_than_the_threshold_is_copied_by_the_writer_alone(pair):
     assert prefill.assist_counts["jobs"] == 0
 
 
+def test_a_session_killed_while_the_writer_copies_what_is_left_gets_no_more_bytes(monkeypatch):
+    """Nobody helps; the writer copies the jobs left one by one and asks each one's session
+    first, so a kill between two jobs keeps the second job's bytes from landing."""
+    prefill = CrossMemoryEngine("assist-kp", share_pages=True, copy_assist=False, inline_copies=True)
+    decode = CrossMemoryEngine("assist-kd", share_pages=True, copy_assist=True)
+    try:
+        source, target = random_bytes(8 << 20, seed=3), torch.zeros(8 << 20, dtype=torch.uint8)
+        local, remote = prefill.register_torch_tensor(source), decode.register_torch_tensor(target)
+        prefill.register_remote_engine(decode.get_engine_desc())
+        sessions = [prefill.create_session(local, remote) for _ in range(2)]
+        calls = []
+        copy_left = copy_assist.copy_left
+
+        def copy_then_kill(jobs):
+            calls.append(copy_left(jobs))
+            for session in sessions:       # the transfer is torn down after the first job
+                session.kill()
+            return calls[-1]
+
+        monkeypatch.setattr(copy_assist, "copy_left", copy_then_kill)
+        size, spots = 2 << 20, [PAGE, PAGE + (3 << 20)]
+        with prefill.posting_together():
+            statuses = [session.batch_write([spot], [spot], [size], k + 1)
+                        for k, (session, spot) in enumerate(zip(sessions, spots))]
+        for status in statuses:
+            assert status.wait_for(10_000) and status.code() != StatusCode.SUCCESS   # both torn down
+        assert calls == [size // PIECE]                          # one job copied, the other not touched
+        whole = [torch.equal(target[spot:spot + size], source[spot:spot + size]) for spot in spots]
+        untouched = [not target[spot:spot + size].any() for spot in spots]
+        assert sorted(whole) == [False, True] and sorted(untouched) == [False, True]
+    finally:
+        prefill.close()
+        decode.close()
+
+
 def assert_copied_alone(prefill, session, source, target) -> None:
     """A 2 MiB write lands whole, and went through no board."""
     status = session.batch_write([PAGE], [PAGE], [2 << 20], 1)
@@ -328,18 +363,21 @@ def test_memory_that_is_not_a_board_is_refused_by_name():
         _native.check_board(junk.data_ptr() + 1)
 
 
-@pytest.mark.parametrize("count", [65, 2048])
-def test_a_job_of_many_scattered_ranges_lands_byte_exact_split_between_helper_and_writer(board, count):
-    """Jobs of more ranges than a post keeps on its stack, up to a full slot, scattered over 8 MiB."""
+@pytest.mark.parametrize("helped", [True, False], ids=["helper copies", "writer copies"])
+@pytest.mark.parametrize("count", [64, 65, 2048])
+def test_a_job_of_many_scattered_ranges_lands_byte_exact(board, count, helped):
+    """Jobs of as many ranges as a post keeps on its stack, one more, and a full slot, scattered
+    over 8 MiB, copied by the helper or by the writer from its own copy of the ranges."""
     owner, source, target = board
     size = (8 << 20) // 2048 - 64                 # gaps between ranges, so nothing merges
     dst = [k * (8 << 20) // count for k in range(count)]
     src = [(8 << 20) - size - d for d in dst]     # read back to front
     job = _native.post(owner.address, [segment(source, target)], [0] * count, src, dst, [size] * count)
     assert job is not None
-    helped = owner.help()
+    by_helper = owner.help() if helped else 0
     by_peer, pieces = _native.finish(job, 5.0, -1)
-    assert pieces == count and by_peer == helped == count   # small ranges: one piece each, all left to the helper
+    # Small ranges: one piece each, all copied by whoever came first.
+    assert pieces == count and by_peer == by_helper == (count if helped else 0)
     for d, s in zip(dst, src):
         assert torch.equal(target[d:d + size], source[s:s + size])
     untouched = torch.ones(8 << 20, dtype=torch.bool)
