@@ -524,11 +524,16 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(kk)", (unsigned long)helped, (unsigned long)job->n_ranges);
 }
 
-/* copy_left(jobs) -> pieces copied: copy the pieces nobody has claimed yet of jobs, in the order
- * given, without the GIL and without waiting for the helper (``finish`` waits, and finds little
- * left). A job is busy meanwhile: finishing it from another thread is refused. */
-static PyObject *copy_left(PyObject *module, PyObject *arg) {
+/* copy_left(jobs[, stops]) -> pieces copied: copy the pieces nobody has claimed yet of jobs, in the
+ * order given, without the GIL and without waiting for the helper (``finish`` waits, and finds
+ * little left). ``stops``: per job, the address of a 32-bit word (or 0); once it is non-zero no
+ * more piece of that job is claimed here (a killed session stops between pieces). A job is busy
+ * meanwhile: finishing it from another thread is refused. */
+static PyObject *copy_left(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
+    if (nargs != 1 && nargs != 2)
+        return PyErr_Format(PyExc_TypeError, "copy_left() takes 1 or 2 arguments (jobs[, stops]), got %zd", nargs);
+    PyObject *arg = args[0];
     if (!PyList_Check(arg) && !PyTuple_Check(arg))
         return PyErr_Format(PyExc_TypeError, "copy_left: jobs must be a list or tuple of jobs, got %.100s",
                             Py_TYPE(arg)->tp_name);
@@ -536,22 +541,43 @@ static PyObject *copy_left(PyObject *module, PyObject *arg) {
     if (held == NULL)
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(held);
-    job_t **jobs = n > 0 ? PyMem_RawMalloc((size_t)n * sizeof *jobs) : NULL;
+    PyObject *stops = NULL;
+    if (nargs == 2 && args[1] != Py_None) {
+        if ((stops = PySequence_Fast(args[1], "copy_left: stops")) == NULL) {
+            Py_DECREF(held);
+            return NULL;
+        }
+        if (PySequence_Fast_GET_SIZE(stops) != n) {
+            Py_DECREF(held);
+            Py_DECREF(stops);
+            return PyErr_Format(PyExc_ValueError, "copy_left: %zd jobs but %zd stops", n,
+                                PySequence_Fast_GET_SIZE(stops));
+        }
+    }
+    job_t **jobs = n > 0 ? PyMem_RawMalloc((size_t)n * (sizeof *jobs + sizeof(uint32_t *))) : NULL;
     if (n > 0 && jobs == NULL) {
         Py_DECREF(held);
+        Py_XDECREF(stops);
         return PyErr_NoMemory();
     }
+    const uint32_t **stop_at = (const uint32_t **)(jobs + n);
     for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t address = 0;
         jobs[k] = PyCapsule_GetPointer(PyTuple_GET_ITEM(held, k), "moriio_fsm.copy_assist.job");
         if (jobs[k] != NULL && (jobs[k]->finished || jobs[k]->busy)) {
             PyErr_Format(PyExc_RuntimeError, "copy_left: job %zd was finished already or is being copied", k);
             jobs[k] = NULL;
         }
+        if (jobs[k] != NULL && stops != NULL &&
+            read_u64(PySequence_Fast_GET_ITEM(stops, k), "stops", k, &address) < 0)
+            jobs[k] = NULL;
         if (jobs[k] == NULL) {
             PyMem_RawFree(jobs);
             Py_DECREF(held);
+            Py_XDECREF(stops);
             return NULL;
         }
+        stop_at[k] = (const uint32_t *)(uintptr_t)address;
     }
     for (Py_ssize_t k = 0; k < n; k++)
         jobs[k]->busy++;   /* with the GIL: finish sees it */
@@ -561,6 +587,8 @@ static PyObject *copy_left(PyObject *module, PyObject *arg) {
         job_t *job = jobs[k];
         board_slot *slot = &job->board->slots[job->slot];
         for (uint32_t claims = 0; claims < job->n_ranges; claims++) {
+            if (stop_at[k] != NULL && load32(stop_at[k]) != 0)
+                break;
             uint32_t index = __atomic_fetch_add(&slot->next, 1, __ATOMIC_ACQ_REL);
             if (index >= job->n_ranges)
                 break;
@@ -574,6 +602,7 @@ static PyObject *copy_left(PyObject *module, PyObject *arg) {
         jobs[k]->busy--;
     PyMem_RawFree(jobs);
     Py_DECREF(held);
+    Py_XDECREF(stops);
     return PyLong_FromUnsignedLongLong(copied);
 }
 
@@ -1114,9 +1143,10 @@ static PyMethodDef methods[] = {
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
      "finish(job, timeout_s, pidfd[, copy]) -> (pieces the helper copied, pieces); copies the rest here\n"
      "(copy False: none), then waits for the helper to leave the job, without the GIL."},
-    {"copy_left", copy_left, METH_O,
-     "copy_left(jobs) -> pieces copied: the pieces nobody claimed yet, in the order given, without waiting\n"
-     "for the helper (finish then waits). Jobs must not be finished yet."},
+    {"copy_left", (PyCFunction)(void (*)(void))copy_left, METH_FASTCALL,
+     "copy_left(jobs[, stops]) -> pieces copied: the pieces nobody claimed yet, in the order given, without\n"
+     "waiting for the helper (finish then waits). stops: per job the address of a 32-bit word, or 0; once\n"
+     "it is non-zero no more piece of that job is copied. Jobs must not be finished yet."},
     {"job_slot", job_slot, METH_O, "job_slot(job) -> the board slot the job was posted in."},
     {"serve", serve, METH_O, "serve(board) -> the helper of that board (its windows and statistics)."},
     {"close", close_helper, METH_O, "close(helper): after the job running now, help no more."},

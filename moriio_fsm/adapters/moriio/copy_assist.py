@@ -41,11 +41,12 @@ def available() -> bool:
     return _copy_assist is not None
 
 
-def copy_left(jobs) -> int:
+def copy_left(jobs, stops=None) -> int:
     """Copy here the pieces of ``jobs`` (posted, not finished) that nobody has claimed yet, in
     that order, without waiting for any peer; the pieces copied. Their ``finish`` then only
-    waits for the peer's pieces in hand."""
-    return _copy_assist.copy_left(jobs)
+    waits for the peer's pieces in hand. ``stops``: per job the address of a 32-bit word (0:
+    none); once it is non-zero, no more of that job is copied here."""
+    return _copy_assist.copy_left(jobs, stops)
 
 
 def job_slot(job) -> int:

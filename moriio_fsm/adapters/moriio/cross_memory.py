@@ -385,6 +385,7 @@ class CrossMemorySession(TransferSession):
         self.mapped_remote_address: int | None = None
         self._here_low = self._here_high = 0    # remote offsets the mapping covers
         self._segment: tuple | None = None
+        self._stopped = ctypes.c_uint32(0)      # see stop_word
         if local_plain and remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
             self._pages = pages
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
@@ -432,6 +433,16 @@ class CrossMemorySession(TransferSession):
 
     def batch_read(self, local_offsets, remote_offsets, sizes, transfer_uid):
         return self._post("read", local_offsets, remote_offsets, sizes, transfer_uid)
+
+    @property
+    def stop_word(self) -> int:
+        """The address of a word that turns non-zero once this session is killed: native copies
+        of its jobs check it between pieces, without the GIL."""
+        return ctypes.addressof(self._stopped)
+
+    def note_killed(self) -> None:
+        """Called by the fault rules when this session is killed: its copies in progress stop."""
+        self._stopped.value = 1
 
     def kill(self) -> None:
         """Break this session (same as ``engine.faults.kill_session(self)``)."""
@@ -1062,16 +1073,17 @@ class CrossMemoryEngine(TransferEngine):
 
     @staticmethod
     def _copy_left(taken: list[tuple[_Posted, tuple]]) -> None:
-        """Copy the unclaimed pieces of taken jobs (posted, (board, job)), last slot first: the
-        peer works through a board from the first, so the two meet in one job. Each job's
-        session is asked first, so one killed meanwhile gets no more bytes from here."""
-        for posted, (_, job) in sorted(taken, key=lambda item: _assist.job_slot(item[1][1]), reverse=True):
-            if posted.session._why_dead() is not None:
-                continue
-            try:
-                _assist.copy_left([job])
-            except Exception:   # its finish still copies what is left
-                _log.exception("copy assist: copying the pieces left failed")
+        """Copy the unclaimed pieces of taken jobs (posted, (board, job)) in one call without the
+        GIL, last slot first: the peer works through a board from the first, so the two meet in
+        one job. A session killed meanwhile stops its jobs between two pieces (its stop word)."""
+        live = [(posted, job) for posted, (_, job) in taken if posted.session._why_dead() is None]
+        live.sort(key=lambda item: _assist.job_slot(item[1]), reverse=True)
+        if not live:
+            return
+        try:
+            _assist.copy_left([job for _, job in live], [posted.session.stop_word for posted, _ in live])
+        except Exception:   # each job's finish still copies what is left
+            _log.exception("copy assist: copying the pieces left failed")
 
     def _finish_helped(self, posted: _Posted, taken: tuple | None) -> tuple[int, str]:
         """Copy what is still left of a write posted for help (``taken``: its board and job, None if

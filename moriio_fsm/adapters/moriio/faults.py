@@ -197,9 +197,13 @@ class LoopbackFaults:
             self._random = random.Random(seed)
 
     def kill_session(self, session: "LoopbackSession") -> None:
-        """Break one session: its queued and future transfers fail with ERR_RDMA_OP."""
+        """Break one session: its queued and future transfers fail with ERR_RDMA_OP, and a
+        copy of its in progress stops between pieces where the engine can stop one."""
         with self._lock:
             self._dead_sessions.add(session)
+        note_killed = getattr(session, "note_killed", None)
+        if note_killed is not None:
+            note_killed()
 
     def kill_peer(self, engine_key: str) -> None:
         """Make a remote engine unreachable: every session to it fails with ERR_RDMA_OP."""

@@ -132,8 +132,8 @@ def test_a_write_smaller_than_the_threshold_is_copied_by_the_writer_alone(pair):
 
 
 def test_a_session_killed_while_the_writer_copies_what_is_left_gets_no_more_bytes(monkeypatch):
-    """Nobody helps; the writer copies the jobs left one by one and asks each one's session
-    first, so a kill between two jobs keeps the second job's bytes from landing."""
+    """Nobody helps; the writer copies the jobs left in one native call that checks each job's
+    session between pieces, so a kill that comes as it starts keeps every byte from landing."""
     prefill = CrossMemoryEngine("assist-kp", share_pages=True, copy_assist=False, inline_copies=True)
     decode = CrossMemoryEngine("assist-kd", share_pages=True, copy_assist=True)
     try:
@@ -144,26 +144,36 @@ def test_a_session_killed_while_the_writer_copies_what_is_left_gets_no_more_byte
         calls = []
         copy_left = copy_assist.copy_left
 
-        def copy_then_kill(jobs):
-            calls.append(copy_left(jobs))
-            for session in sessions:       # the transfer is torn down after the first job
+        def killed_as_it_starts(jobs, stops=None):
+            for session in sessions:       # the transfer is torn down while the copy begins
                 session.kill()
+            calls.append(copy_left(jobs, stops))
             return calls[-1]
 
-        monkeypatch.setattr(copy_assist, "copy_left", copy_then_kill)
+        monkeypatch.setattr(copy_assist, "copy_left", killed_as_it_starts)
         size, spots = 2 << 20, [PAGE, PAGE + (3 << 20)]
         with prefill.posting_together():
             statuses = [session.batch_write([spot], [spot], [size], k + 1)
                         for k, (session, spot) in enumerate(zip(sessions, spots))]
         for status in statuses:
             assert status.wait_for(10_000) and status.code() != StatusCode.SUCCESS   # both torn down
-        assert calls == [size // PIECE]                          # one job copied, the other not touched
-        whole = [torch.equal(target[spot:spot + size], source[spot:spot + size]) for spot in spots]
-        untouched = [not target[spot:spot + size].any() for spot in spots]
-        assert sorted(whole) == [False, True] and sorted(untouched) == [False, True]
+        assert calls == [0] and not target.any()                 # not one piece copied after the kill
     finally:
         prefill.close()
         decode.close()
+
+
+def test_copy_left_stops_a_job_whose_stop_word_is_set_and_copies_the_others(board):
+    owner, source, target = board
+    stopped, going = ctypes.c_uint32(1), ctypes.c_uint32(0)
+    first, second = post(owner, source, target, 4), post(owner, source, target, 4, dst_offset=4 * RANGE,
+                                                          src_offset=4 * RANGE)
+    assert copy_assist.copy_left([first, second], [ctypes.addressof(stopped), ctypes.addressof(going)]) == 4
+    assert not target[:4 * RANGE].any() and torch.equal(target[4 * RANGE:8 * RANGE], source[4 * RANGE:8 * RANGE])
+    assert _native.finish(first, 5.0, -1, False) == (0, 4) and _native.finish(second, 5.0, -1) == (0, 4)
+    assert not target[:4 * RANGE].any()                          # given up: its pieces never copied
+    with pytest.raises(ValueError, match="1 jobs but 2 stops"):
+        copy_assist.copy_left([post(owner, source, target, 1)], [0, 0])
 
 
 def assert_copied_alone(prefill, session, source, target) -> None:
