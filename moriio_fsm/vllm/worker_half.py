@@ -277,6 +277,7 @@ class WorkerHalf:
         self._prepared(transfer_id, info, remote_ids)
 
     def _prepared(self, transfer_id: str, info: TransferInfo, remote_ids: tuple[int, ...]) -> None:
+        """Make every layer's plan and session for ``remote_ids``, unless the transfer ended."""
         if self._closed or self.directory.get(transfer_id) is not info:
             return                   # ended meanwhile: nothing will be posted
         try:

@@ -198,7 +198,7 @@ class LoopbackFaults:
 
     def kill_session(self, session: "LoopbackSession") -> None:
         """Break one session: its queued and future transfers fail with ERR_RDMA_OP, and a
-        copy of its in progress stops between pieces where the engine can stop one."""
+        copy in progress for it stops at the next piece where the engine can stop one."""
         with self._lock:
             self._dead_sessions.add(session)
         note_killed = getattr(session, "note_killed", None)
