@@ -104,13 +104,12 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
         assert copies == [None] and kernel_calls == []
 
 
-def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make_instance, monkeypatch):
-    """D's remote_blocks reach P while its forward runs: P's I/O thread makes the transfer's
-    sessions then, so the posts after the forward make none, and the tokens are the same."""
-    expected = reference(make_instance, PROMPT)
+def warmed_pair_watching_sessions(make_instance, monkeypatch, tid: str):
+    """P (posting after its forward) and D after one transfer (the handshake, once), with P's
+    session creations recorded: (made on the forward thread, forwards ended before it)."""
     P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
     D = make_instance("D", "kv_consumer")
-    warm_p, warm_d = write_pair_params("tx-prepare-warm", P, D)     # the handshake, once
+    warm_p, warm_d = write_pair_params(tid, P, D)
     P.add("p-0", PROMPT, 1, warm_p)
     D.add("d-0", PROMPT, TOKENS, warm_d)
     assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
@@ -119,6 +118,16 @@ def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make
     create = worker.engine.create_session
     monkeypatch.setattr(worker.engine, "create_session", lambda *a: (
         made.append((threading.current_thread() is threading.main_thread(), len(timeline))), create(*a))[1])
+    finish_saves = worker.finish_saves
+    monkeypatch.setattr(worker, "finish_saves", lambda: (timeline.append("forward ended"), finish_saves())[1])
+    return P, D, worker, made
+
+
+def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make_instance, monkeypatch):
+    """D's remote_blocks reach P while its forward runs: P's I/O thread makes the transfer's
+    sessions then, so the posts after the forward make none, and the tokens are the same."""
+    expected = reference(make_instance, PROMPT)
+    P, D, worker, made = warmed_pair_watching_sessions(make_instance, monkeypatch, "tx-prepare-warm")
     forward = P._forward
 
     def slow_forward(out):
@@ -128,8 +137,6 @@ def test_d_blocks_known_during_ps_forward_leave_only_the_posts_for_after_it(make
         return forward(out)
 
     monkeypatch.setattr(P, "_forward", slow_forward)
-    finish_saves = worker.finish_saves
-    monkeypatch.setattr(worker, "finish_saves", lambda: (timeline.append("forward ended"), finish_saves())[1])
     to_p, to_d = write_pair_params("tx-prepare", P, D)
     P.add("p-1", PROMPT, 1, to_p)
     D.add("d-1", PROMPT, TOKENS, to_d)
@@ -144,18 +151,7 @@ def test_d_blocks_known_before_p_starts_the_transfer_are_prepared_before_ps_forw
     both at once): P's machine holds remote_blocks until prefill_started, and P makes the
     transfer's sessions then, before its forward, so the posts after the forward make none."""
     expected = reference(make_instance, PROMPT)
-    P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
-    D = make_instance("D", "kv_consumer")
-    warm_p, warm_d = write_pair_params("tx-early-warm", P, D)       # the handshake, once
-    P.add("p-0", PROMPT, 1, warm_p)
-    D.add("d-0", PROMPT, TOKENS, warm_d)
-    assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
-    worker = P.worker._worker
-    made, timeline = [], []
-    create = worker.engine.create_session
-    monkeypatch.setattr(worker.engine, "create_session", lambda *a: (made.append(len(timeline)), create(*a))[1])
-    finish_saves = worker.finish_saves
-    monkeypatch.setattr(worker, "finish_saves", lambda: (timeline.append("forward ended"), finish_saves())[1])
+    P, D, worker, made = warmed_pair_watching_sessions(make_instance, monkeypatch, "tx-early-warm")
     to_p, to_d = write_pair_params("tx-early", P, D)
     D.add("d-1", PROMPT, TOKENS, to_d)
     held = lambda: any(s.event == "remote_blocks" and s.outcome == "buffered"         # noqa: E731
@@ -165,7 +161,7 @@ def test_d_blocks_known_before_p_starts_the_transfer_are_prepared_before_ps_forw
     P.add("p-1", PROMPT, 1, to_p)
     assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
     assert D.outputs["d-1"] == expected
-    assert len(made) == len(P.kv) and all(at == 0 for at in made), made
+    assert len(made) == len(P.kv) and all(at == 0 for _, at in made), made
 
 
 def test_completions_of_layers_posted_together_carry_the_time_their_copy_ended(make_instance, monkeypatch):
