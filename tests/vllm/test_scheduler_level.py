@@ -167,9 +167,8 @@ def test_d_blocks_known_before_p_starts_the_transfer_are_prepared_before_ps_forw
 def test_completions_of_layers_posted_together_carry_the_time_their_copy_ended(make_instance, monkeypatch):
     """After the forward every layer's write is copied in one go: each completion event is made
     when the copies ended, before any is dispatched, not after the dispatches of those before it."""
-    P = make_instance("P", "kv_producer", extra={"write_posting": "after_forward"})
-    D = make_instance("D", "kv_consumer")
-    worker = P.worker._worker
+    # The link is up before the transfer, so its layers are posted together after the forward.
+    P, D, worker, _ = warmed_pair_watching_sessions(make_instance, monkeypatch, "tx-stamps-warm")
     worker.engine.inline_copies = True         # as on one core: the copies end inside the posting thread's flush
     seen = []                                  # (kind, event time, time its dispatch began)
     dispatch = worker.dispatch
