@@ -66,6 +66,12 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     expected = reference(make_instance, PROMPT)
     P = make_instance("P", "kv_producer", extra={"write_posting": posting})
     D = make_instance("D", "kv_consumer")
+    # One transfer first, so the link to D is up when the measured one posts: until it is, the
+    # layers go one by one from the handshake's thread, which is not what this test is about.
+    warm_p, warm_d = write_pair_params("tx-posting-warm", P, D)
+    P.add("p-0", PROMPT, 1, warm_p)
+    D.add("d-0", PROMPT, TOKENS, warm_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
     worker = P.worker._worker
     timeline: list[str] = []
     dispatch = worker.dispatch

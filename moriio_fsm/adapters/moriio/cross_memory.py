@@ -21,6 +21,7 @@ import select
 import socket
 import threading
 import time
+import traceback
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -366,6 +367,8 @@ class _Posted:
     here: bool   # the copy is a memory copy in this process (the peer's pages are mapped here)
     # (the peer's board, the job) of a write put there when posted; its registrations are held until it ends.
     job: tuple | None = None
+    # When its copy ended (time.monotonic), set by the copy: its status is settled with it later.
+    ended_at: float | None = None
 
 
 class CrossMemorySession(TransferSession):
@@ -806,7 +809,7 @@ class CrossMemoryEngine(TransferEngine):
         if self.inline_copies and verdict is NO_FAULT:
             # Registrations are held for the copy, so a close meanwhile waits for it.
             code, message = self._outcomes([posted])[0]
-            status.settle(code, message)
+            status.settle(code, message, posted.ended_at)
             return status
         with self._wake:
             if self._closed:
@@ -855,7 +858,7 @@ class CrossMemoryEngine(TransferEngine):
         if self.inline_copies:
             posts = [posted for _, posted in held]
             for posted, (code, message) in zip(posts, self._outcomes(posts)):
-                posted.status.settle(code, message)
+                posted.status.settle(code, message, posted.ended_at)
             return
         with self._wake:
             if not self._closed:
@@ -916,10 +919,10 @@ class CrossMemoryEngine(TransferEngine):
     def _run(self) -> None:
         while (due := self._next_due()) is not None:
             outcomes = self._outcomes(due)
-            statuses = [posted.status for posted in due]
+            statuses = [(posted.status, posted.ended_at) for posted in due]
             del due  # let go of the sessions before anyone woken by a status looks for them
-            for status, (code, message) in zip(statuses, outcomes):
-                status.settle(code, message)
+            for (status, ended_at), (code, message) in zip(statuses, outcomes):
+                status.settle(code, message, ended_at)
             del statuses
 
     def help_writers(self, wait_s: float = 0.0, linger_s: float = 0.0) -> int:
@@ -960,18 +963,19 @@ class CrossMemoryEngine(TransferEngine):
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         # Writes on a peer's board: taken first (close can no longer give them up), their pieces
-        # left copied here, then each waits for the peer's piece in hand, if any. A job that
-        # never reaches its finish (an exception) is given up, so its registrations go.
+        # left copied here, then each waits for the peer's piece in hand, if any; only then are
+        # their registrations let go, so each end time is when its last piece landed, not that
+        # plus the others' bookkeeping. A job that never reaches its wait (an exception) is
+        # given up, so its registrations go.
         taken = {index: self._take_job(posted) for index, posted in enumerate(due) if posted.job is not None}
+        waited: list[tuple[int, tuple, object]] = []
         try:
             self._copy_left([(due[index], job) for index, job in taken.items() if job is not None])
             for index, posted in enumerate(due):
                 if index in taken:
-                    try:
-                        outcomes[index] = self._finish_helped(posted, taken.pop(index))
-                    except Exception as exc:  # never let one transfer end the worker thread
-                        _log.exception("cross-memory transfer failed unexpectedly")
-                        outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
+                    job = taken.pop(index)
+                    waited.append((index, job, None))   # let go below, even if the wait is cut short
+                    waited[-1] = (index, job, self._wait_for_helper(posted, job))
                 elif posted.failure is not None:
                     outcomes[index] = posted.failure.code, posted.failure.message
                 else:
@@ -980,6 +984,12 @@ class CrossMemoryEngine(TransferEngine):
             for index, job in taken.items():
                 if job is not None:
                     self._give_up_taken(due[index], job)
+            for index, job, ended in waited:
+                try:
+                    outcomes[index] = self._after_help(due[index], job, ended)
+                except Exception as exc:  # the other jobs are still let go
+                    _log.exception("cross-memory transfer failed unexpectedly")
+                    outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
         for (op, pid, here), members in groups.items():
             try:
                 for index, outcome in zip(members, self._copy_together(op, pid, here, [due[i] for i in members])):
@@ -988,6 +998,9 @@ class CrossMemoryEngine(TransferEngine):
                 _log.exception("cross-memory transfer failed unexpectedly")
                 for index in members:
                     outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
+            ended_at = time.monotonic()
+            for index in members:
+                due[index].ended_at = ended_at
         labelled = []
         for posted, (code, message) in zip(due, outcomes):
             label = f"batch_{posted.op} uid {posted.batch.transfer_uid}"
@@ -1085,23 +1098,47 @@ class CrossMemoryEngine(TransferEngine):
         except Exception:   # each job's finish still copies what is left
             _log.exception("copy assist: copying the pieces left failed")
 
-    def _finish_helped(self, posted: _Posted, taken: tuple | None) -> tuple[int, str]:
-        """Copy what is still left of a write posted for help (``taken``: its board and job, None if
-        close gave it up), wait for the peer's part, let go; the outcome.
+    def _wait_for_helper(self, posted: _Posted, taken: tuple | None):
+        """Copy what is still left of a write posted for help (``taken``: its board and job, None
+        if close gave it up) and wait for the peer's part, noting when it ended; what
+        ``_after_help`` needs. Never raises, lets go of nothing.
 
         A session killed (or a peer gone) since the post copies nothing more: the job is given up."""
+        if taken is None:
+            return None
+        board, job = taken
+        session = posted.session
+        peer = session._peer
+        try:
+            reason = session._why_dead()
+            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1, copy=reason is None)
+        except OSError as exc:          # TimeoutError, ProcessLookupError
+            return exc.with_traceback(None)
+        except Exception as exc:        # a bug: said with its traceback as text, so that a kept
+            # log record does not keep the job's frames, and with them the board's mapping, alive
+            _log.error("cross-memory transfer failed unexpectedly:\n%s", "".join(traceback.format_exception(exc)))
+            return exc.with_traceback(None)
+        posted.ended_at = time.monotonic()
+        return by_peer, pieces, reason
+
+    def _after_help(self, posted: _Posted, taken: tuple | None, ended) -> tuple[int, str]:
+        """Let go of a write posted for help once ``_wait_for_helper`` saw it end (``ended``: what
+        it returned; None: it never ran); the outcome."""
         session = posted.session
         if taken is None:                  # given up by close meanwhile
             return session._failure(f"engine {self.key!r} closed before the transfer completed")
-        board, job = taken
-        peer = session._peer
-        reason = session._why_dead()
-        try:
-            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1, copy=reason is None)
-        except OSError as exc:            # TimeoutError, ProcessLookupError
-            return session._failure(f"{exc} (engine {peer.desc.key!r})")
-        finally:
-            session._let_go()
+        if ended is None:                  # an exception came before the wait: nothing more is copied
+            try:
+                self._give_up_taken(posted, taken)
+            except RuntimeError:           # it was finished already; its registrations went all the same
+                pass
+            return StatusCode.ERR_BAD_STATE, "the engine failed to carry it out"
+        session._let_go()
+        if isinstance(ended, OSError):
+            return session._failure(f"{ended} (engine {session._peer.desc.key!r})")
+        if isinstance(ended, BaseException):  # a bug, logged by the wait: this transfer fails alone
+            return StatusCode.ERR_BAD_STATE, str(ended)
+        by_peer, pieces, reason = ended
         self._count_assisted(pieces, by_peer)
         reason = reason or session._why_dead()   # or killed while the copy ran
         return session._failure(reason) if reason is not None else session._after_copy()

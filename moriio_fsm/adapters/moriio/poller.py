@@ -50,6 +50,9 @@ class CompletionPoller:
     costs no wake-ups; ``poll_interval_s`` is the sleep between sweeps while statuses
     without it (mori.io's) are pending. ``batch_size`` bounds how many are queried per sweep so a flood of
     submissions cannot starve delivery. ``deliver`` must be thread-safe.
+
+    An event's time is when its transfer ended: the status's ``final_at`` where it has one
+    and ``clock`` is ``time.monotonic`` (the clock it is read on), else the sweep's time.
     """
 
     def __init__(self, deliver: Callable[[Event], object], *, poll_interval_s: float = 0.0005,
@@ -65,6 +68,8 @@ class CompletionPoller:
         self._interval = poll_interval_s
         self._batch_size = batch_size
         self._clock = clock
+        # Statuses that say when they ended say it on time.monotonic's clock: usable only then.
+        self._status_times = clock is time.monotonic
         self._incoming: deque[_Pending] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -111,7 +116,7 @@ class CompletionPoller:
             raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
         if status.init() or status.in_progress():
             return None
-        return self._event(_Pending(status, transfer_id, layer, op), self._clock())
+        return self._event(_Pending(status, transfer_id, layer, op), self._ended_at(status))
 
     def _nudge(self) -> None:
         """A watched status just settled (called on the settling thread)."""
@@ -207,7 +212,15 @@ class CompletionPoller:
         if not final:
             return []
         now = self._clock()
-        return [self._event(entry, now) for entry in final]
+        return [self._event(entry, self._ended_at(entry.status, now)) for entry in final]
+
+    def _ended_at(self, status: TransferStatus, now: float | None = None) -> float:
+        """When a final status's transfer ended, on this poller's clock, never after ``now``."""
+        now = self._clock() if now is None else now
+        final_at = getattr(status, "final_at", None) if self._status_times else None
+        ended = final_at() if callable(final_at) else None
+        # Only a plain float reading of the past: a status of unknown make may say anything.
+        return ended if ended.__class__ is float and ended <= now else now
 
     @staticmethod
     def _event(entry: _Pending, now: float) -> Event:

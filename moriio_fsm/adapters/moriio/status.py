@@ -70,13 +70,14 @@ class LocalTransferStatus:
     does each ``when_final`` callback, once.
     """
 
-    __slots__ = ("_code", "_message", "_lock", "_final", "_waiters", "_callbacks", "__weakref__")
+    __slots__ = ("_code", "_message", "_lock", "_final", "_final_at", "_waiters", "_callbacks", "__weakref__")
 
     def __init__(self) -> None:
         self._code = int(StatusCode.INIT)
         self._message = ""
         self._lock = threading.Lock()
         self._final = False
+        self._final_at: float | None = None
         # Made by the first waiter: most statuses are never waited for (a transfer posts one
         # per layer and hears of it by callback), and a Condition costs more than the rest.
         self._waiters: threading.Condition | None = None
@@ -103,6 +104,14 @@ class LocalTransferStatus:
 
     def is_final(self) -> bool:
         return self._final
+
+    def final_at(self) -> float | None:
+        """When (``time.monotonic``) the transfer ended, as its engine saw it; None while not final.
+
+        An engine that settles several statuses after copying them all gives each the time
+        its own copy ended, so that a completion event made later still carries that time.
+        """
+        return self._final_at
 
     def wait(self) -> int:
         """Block until final; returns the final code."""
@@ -146,22 +155,29 @@ class LocalTransferStatus:
             if self._code == StatusCode.INIT:
                 self._code = int(StatusCode.IN_PROGRESS)
 
-    def settle(self, code: int, message: str = "") -> bool:
+    def settle(self, code: int, message: str = "", ended_at: float | None = None) -> bool:
         """Make the status final with ``code``; returns False if it already was.
 
         ``code`` must be SUCCESS or a failure code: INIT and IN_PROGRESS are not
-        final and would leave waiters hanging.
+        final and would leave waiters hanging. ``ended_at``: when the transfer ended
+        (``time.monotonic``; now when None), at most now.
         """
         code = int(code)
         if code != StatusCode.SUCCESS and not code_is_failure(code):
             raise ValueError(
                 f"status code {code} is not final; expected SUCCESS (0) or a failure code above 10"
             )
+        now = time.monotonic()
+        if ended_at is None:
+            ended_at = now
+        elif ended_at.__class__ is not float or not ended_at <= now:   # NaN, the future, not a float
+            raise ValueError(f"ended_at must be a time.monotonic() reading not after now, got {ended_at!r}")
         with self._lock:
             if self._final:
                 return False
             self._message = message
             self._code = code
+            self._final_at = ended_at
             self._final = True
             if self._waiters is not None:
                 self._waiters.notify_all()

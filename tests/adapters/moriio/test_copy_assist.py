@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import msgspec
 import pytest
@@ -591,3 +592,67 @@ def test_a_write_the_board_cannot_take_is_turned_away_by_name_for_the_writer_to_
         assert mapped.post([segment(source, target)], [0], [0], [0], [2 ** 64 - 1]) is None
     assert "could not be posted" in caplog.text and "past the end of the address space" in caplog.text
     assert all(post(owner, source, target, 1) is not None for _ in range(_native.BOARD_SLOTS))
+
+
+def holders(engine, session) -> tuple[dict, dict]:
+    """The registrations this process holds, in its own table and in the peer's."""
+    return dict(engine._own.registry._holders), dict(session._peer.registry._holders)
+
+
+def test_layers_posted_together_end_when_their_last_piece_landed_not_after_the_bookkeeping(pair, monkeypatch):
+    """Each status says when its copy ended: every end is seen before any registration is let
+    go, so a completion made from it does not carry the other layers' letting go."""
+    from moriio_fsm.adapters.moriio.cross_memory import CrossMemorySession
+
+    prefill, decode, session, source, target = pair
+    let_go_at = []
+    let_go = CrossMemorySession._let_go
+
+    def slow_let_go(self):
+        let_go_at.append(time.monotonic())
+        time.sleep(0.002)              # bookkeeping that must not show in the end times
+        let_go(self)
+
+    monkeypatch.setattr(CrossMemorySession, "_let_go", slow_let_go)
+    local, remote = scattered(144, seed=11)
+    started = time.monotonic()
+    with prefill.posting_together():
+        statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 18, 1) for k in range(8)]
+        posted = time.monotonic()
+    for status in statuses:
+        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
+    assert landed(source, target, local, remote)
+    ends = [status.final_at() for status in statuses]
+    assert len(let_go_at) == 8 and all(posted <= end <= let_go_at[0] for end in ends), (started, ends, let_go_at)
+    assert ends == sorted(ends)                  # seen in the order they were posted
+    assert holders(prefill, session) == ({}, {})
+
+
+def test_a_layer_whose_helper_never_leaves_fails_alone_and_every_registration_is_let_go(pair, monkeypatch, caplog):
+    """The wait for one layer's helper times out, another's raises a bug: those two fail by name,
+    the other layers land, and nothing stays held."""
+    prefill, decode, session, source, target = pair
+    finish = copy_assist.PeerBoard.finish
+    calls = []
+
+    def finish_some_badly(self, job, pidfd, timeout_s=None, copy=True):
+        calls.append(job)
+        result = finish(self, job, pidfd, timeout_s, copy)   # the job ends whatever is said after
+        if len(calls) == 2:
+            raise TimeoutError("copy assist: the destination's helper did not finish its part within 1.000 s")
+        if len(calls) == 5:
+            raise RuntimeError("a bug in the board")
+        return result
+
+    monkeypatch.setattr(copy_assist.PeerBoard, "finish", finish_some_badly)
+    local, remote = scattered(144, seed=12)
+    with prefill.posting_together():
+        statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 18, 1) for k in range(8)]
+    for status in statuses:
+        assert status.wait_for(10_000)
+    codes = [status.code() for status in statuses]
+    assert codes == [StatusCode.SUCCESS] + [StatusCode.ERR_RDMA_OP] + [StatusCode.SUCCESS] * 2 + \
+        [StatusCode.ERR_BAD_STATE] + [StatusCode.SUCCESS] * 3, [s.message() for s in statuses]
+    assert "did not finish its part" in statuses[1].message() and "assist-d" in statuses[1].message()
+    assert "a bug in the board" in statuses[4].message() and "a bug in the board" in caplog.text
+    assert holders(prefill, session) == ({}, {})

@@ -6,6 +6,7 @@ from an injected clock, so no test depends on how fast the poller thread runs.
 
 import queue
 import threading
+import time
 
 import pytest
 
@@ -285,3 +286,56 @@ def test_when_final_calls_back_once_now_or_at_settle_and_survives_a_raising_call
     assert calls[-1] == "late"
     with pytest.raises(TypeError, match="callback must be callable"):
         status.when_final("not callable")
+
+
+def test_an_event_carries_the_time_its_transfer_ended_not_the_time_it_was_noticed(delivered):
+    """On time.monotonic's clock a status that says when it ended gives its event that time,
+    whether the poster asks at once or the poller thread notices later."""
+    ended = LocalTransferStatus()
+    ended.settle(StatusCode.SUCCESS, ended_at=time.monotonic() - 0.5)
+    with CompletionPoller(delivered.put) as poller:
+        asked = time.monotonic()
+        assert poller.event_if_final(ended, "tx-e", 0).time == ended.final_at() < asked - 0.4
+        later = LocalTransferStatus()
+        later.mark_in_progress()
+        poller.submit(later, "tx-f", 1)
+        before = time.monotonic()
+        later.settle(StatusCode.ERR_RDMA_OP, "lost", ended_at=before - 0.25)
+        event = delivered.get(timeout=WAIT_S)
+    assert event.kind == "layer_write_failed" and event.time == later.final_at() < before
+
+
+class ClaimsAnything(LocalTransferStatus):
+    """A status of unknown make whose end time is whatever it is told to say."""
+
+    __slots__ = ("claim",)
+
+    def final_at(self):
+        return self.claim
+
+
+@pytest.mark.parametrize("claim", [float("nan"), float("inf"), 1e300, "yesterday", 5, None])
+def test_an_end_time_that_is_not_a_past_monotonic_reading_is_replaced_by_the_pollers_clock(poller, claim):
+    status = ClaimsAnything()
+    status.claim = claim
+    status.settle(StatusCode.SUCCESS)
+    before = time.monotonic()
+    event = poller.event_if_final(status, "tx-claim", 0)
+    assert before <= event.time <= time.monotonic()
+
+
+def test_a_poller_on_another_clock_never_mixes_in_the_statuses_end_times(delivered):
+    status = LocalTransferStatus()
+    status.settle(StatusCode.SUCCESS, ended_at=time.monotonic() - 1.0)
+    with CompletionPoller(delivered.put, clock=FakeClock(77.0)) as poller:
+        assert poller.event_if_final(status, "tx-fake", 0).time == 77.0
+
+
+@pytest.mark.parametrize("ended_at", [float("nan"), float("inf"), "now", 3, 1e300])
+def test_settle_refuses_an_end_time_that_is_not_a_past_monotonic_reading_and_stays_open(ended_at):
+    status = LocalTransferStatus()
+    status.mark_in_progress()
+    with pytest.raises(ValueError, match="ended_at must be a time.monotonic"):
+        status.settle(StatusCode.SUCCESS, ended_at=ended_at)
+    assert status.in_progress() and status.final_at() is None
+    assert status.settle(StatusCode.SUCCESS) and status.final_at() <= time.monotonic()
