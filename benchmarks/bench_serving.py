@@ -362,7 +362,7 @@ def ours_timelines(trace_path: Path, read_mode: bool) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for step in trace.steps:
         info = out.setdefault(step.transfer, {"posts": [], "completions": [], "first_event": step.t,
-                                              "scheduled": [], "remote_blocks": None, "link": step.link})
+                                              "remote_blocks": None, "link": step.link})
         posts = [e for e in step.effects if e.get("kind") == post_kind]
         info["posts"].extend(step.t for _ in posts)
         for effect in posts:
@@ -370,8 +370,6 @@ def ours_timelines(trace_path: Path, read_mode: bool) -> dict[str, dict]:
         if step.event == done_event and step.outcome == "applied":
             info["completions"].append(step.t)
             info.setdefault("done_at", {})[step.data.get("layer")] = step.t
-        if step.event == "layer_scheduled":
-            info["scheduled"].append(step.t)
         if step.event == "remote_blocks" and info["remote_blocks"] is None:
             info["remote_blocks"] = step.t
     return out

@@ -25,6 +25,8 @@ from .bounds import Bounds
 #: start at 1; block lists hold one block, or none where "nothing to load" means something.
 NAMED_DOMAINS: dict[str, Callable[[Bounds], tuple]] = {
     "layer": lambda b: tuple(range(b.layers)),
+    # Layer sets as bitmaps: every non-empty set within the bound.
+    "layers": lambda b: tuple(range(1, 1 << b.layers)),
     "num_layers": lambda b: (b.layers,),
     "num_writers": lambda b: tuple(range(1, b.writers + 1)),
     "consumer_tp_size": lambda b: tuple(range(1, b.writers + 1)),

@@ -72,7 +72,7 @@ class Observer:
         self._final = frozenset(spec.final_states)
         watched_events = COMPLETIONS | FAILURES | CONFIRMATIONS | HOLD_FAILURES
         if self._watch_write_done:
-            watched_events |= {"layer_scheduled", "seal"}
+            watched_events |= {"layer_scheduled", "layers_scheduled", "seal"}
         self._events = frozenset(watched_events) & set(spec.events)
 
     def after(self, memory: tuple, ev, effects, state: str) -> tuple[tuple, list[Breach]]:
@@ -112,6 +112,10 @@ class Observer:
         elif kind == "layer_scheduled":
             if m[SEALED] < 0:
                 m[SCHEDULED] |= bit
+        elif kind == "layers_scheduled":
+            layers = ev.layers
+            if m[SEALED] < 0 and isinstance(layers, int) and layers > 0:
+                m[SCHEDULED] |= layers & ((1 << self._layers) - 1)
         elif kind == "seal":
             if m[SEALED] < 0 and m[SCHEDULED]:
                 m[SEALED] = m[SCHEDULED]

@@ -46,6 +46,25 @@ def layer_already_scheduled(tx, ev) -> bool:
 
 
 @bindings.guard
+def new_layers_allocation_known(tx, ev) -> bool:
+    layers = ev.layers
+    return (tx.has_allocation and 0 < layers and layers >> tx.max_layers == 0
+            and layers & ~tx.scheduled != 0)
+
+
+@bindings.guard
+def layers_are_new(tx, ev) -> bool:
+    layers = ev.layers
+    return 0 < layers and layers >> tx.max_layers == 0 and layers & ~tx.scheduled != 0
+
+
+@bindings.guard
+def layers_already_scheduled(tx, ev) -> bool:
+    layers = ev.layers
+    return 0 < layers and layers >> tx.max_layers == 0 and layers & ~tx.scheduled == 0
+
+
+@bindings.guard
 def layer_in_flight(tx, ev) -> bool:
     layer = ev.layer
     return (0 <= layer < tx.max_layers
@@ -103,6 +122,10 @@ def store_allocation(tx, ev, out) -> None:
     tx.remote_block_ids = ev.block_ids
     tx.decode_rank = ev.decode_rank
     tx.has_allocation = True
+
+
+@bindings.action
+def post_waiting_layers(tx, ev, out) -> None:
     waiting = tx.scheduled & ~tx.posted
     tx.posted |= waiting
     for layer in layer_indices(waiting):
@@ -113,6 +136,11 @@ def store_allocation(tx, ev, out) -> None:
 @bindings.action
 def schedule_layer(tx, ev, out) -> None:
     tx.scheduled |= 1 << ev.layer
+
+
+@bindings.action
+def schedule_layers(tx, ev, out) -> None:
+    tx.scheduled |= ev.layers
 
 
 @bindings.action

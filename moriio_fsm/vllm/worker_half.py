@@ -105,7 +105,7 @@ class WorkerHalf:
         self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
         self._step_idle = False                    # this step runs no forward (StepMetadata.idle)
         self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
-        self._saved_this_step: set[tuple[str, int]] = set()
+        self._saved_this_step: dict[str, int] = {}  # P, WRITE: transfer -> bitmap of layers this forward scheduled
         self._prepare_lock = threading.Lock()
         if recorder is None:
             recorder = self._make_recorder()
@@ -469,19 +469,29 @@ class WorkerHalf:
         layer = self.cache.index.get(layer_name)
         if layer is None:
             return
-        now = self.clock()
+        now, bit = self.clock(), 1 << layer
+        saved = self._saved_this_step
         for tid in self._step_sends:
-            if (tid, layer) not in self._saved_this_step:
-                self._saved_this_step.add((tid, layer))
+            if not saved.get(tid, 0) & bit:
+                saved[tid] = saved.get(tid, 0) | bit
                 self.dispatch("send", events.layer_scheduled(tid, now, layer))
 
     def finish_saves(self) -> None:
-        """The forward ended: every layer is in memory; schedule any not seen, then seal."""
+        """The forward ended: every layer is in memory; schedule any not seen, then seal.
+
+        Each transfer's layers not scheduled yet go in one ``layers_scheduled`` step (after the
+        forward, all of them): one dispatch for the lot, so the dispatch's bookkeeping (trace,
+        metrics, driver) is paid once, not once per layer before the last layer is posted.
+        """
         if not self._step_sends or self.cache is None:
             return
+        every = (1 << len(self.cache.names)) - 1
+        now = self.clock()
         with self._posting_together():   # every layer not yet posted, in one go
-            for name in self.cache.names:
-                self._schedule_layer(name)
+            for tid in self._step_sends:
+                left = every & ~self._saved_this_step.get(tid, 0)
+                if left:
+                    self.dispatch("send", events.layers_scheduled(tid, now, left))
         now = self.clock()
         for tid in self._step_sends:
             self.dispatch("send", events.seal(tid, now))

@@ -518,3 +518,66 @@ def test_events_after_the_end_are_late_and_never_revive_the_transfer():
         assert p.send(kind, **data).outcome is Outcome.LATE
     assert len(p.table) == 0
     assert len(p.kinds("free_blocks")) == 1
+
+
+# -- a forward's layers in one step (layers_scheduled, a bitmap) -----------------------------
+
+def test_a_forwards_layers_in_one_step_post_each_once_and_complete_as_layer_by_layer_would():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    r = p.send("layers_scheduled", layers=(1 << LAYERS) - 1)
+    assert r.outcome is Outcome.APPLIED and r.state == "scheduling"
+    assert [e.layer for e in r.effects] == list(range(LAYERS))
+    assert all(e.kind == "post_write" and e.block_ids == BLOCKS["block_ids"] for e in r.effects)
+    again = p.send("layers_scheduled", layers=(1 << LAYERS) - 1)
+    assert again.outcome is Outcome.DUPLICATE and again.effects == ()
+    p.send("seal")
+    assert p.table.get(p.tid).writes_expected == LAYERS
+    p.complete(range(LAYERS))
+    p.send("request_finished")
+    assert p.state == "released" and len(p.kinds("send_write_done")) == 1
+    assert p.posted_layers() == list(range(LAYERS))
+
+
+def test_layers_scheduled_before_the_allocation_wait_for_it_and_mix_with_single_layers():
+    p = Producer()
+    p.create()
+    p.schedule([1])                                   # one layer during the forward
+    r = p.send("layers_scheduled", layers=0b1011)     # the rest at its end, layer 1 again
+    assert r.outcome is Outcome.APPLIED and r.effects == ()
+    assert p.table.get(p.tid).scheduled == 0b1011
+    posted = p.send("remote_blocks", **BLOCKS)
+    assert sorted(e.layer for e in posted.effects) == [0, 1, 3]
+    late = p.send("layers_scheduled", layers=0b1111)  # only layer 2 is new: only it is posted
+    assert [e.layer for e in late.effects] == [2]
+    p.send("seal")
+    p.complete([0, 1, 2, 3])
+    assert p.state == "completed" and p.posted_layers() == [0, 1, 2, 3]
+
+
+def test_layers_scheduled_after_seal_or_the_end_changes_nothing():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.send("layers_scheduled", layers=0b11)
+    p.send("seal")
+    assert p.send("layers_scheduled", layers=0b11).outcome is Outcome.DUPLICATE
+    # A new layer after the seal would change what D waits for: no row takes it.
+    assert p.send("layers_scheduled", layers=0b111).outcome is Outcome.REJECTED
+    assert p.table.get(p.tid).scheduled == 0b11 and p.posted_layers() == [0, 1]
+    p.send("abort")
+    p.complete([0, 1])
+    assert p.state == "aborted"
+    assert p.send("layers_scheduled", layers=0b100).outcome is Outcome.LATE
+    assert p.posted_layers() == [0, 1]
+
+
+@pytest.mark.parametrize("bad", [0, -1, -(1 << 70), 1 << 4096, (1 << 4096) | 1, "3", None, 2.0, True, [1, 2]])
+def test_bad_layer_sets_are_rejected_not_crashes(bad):
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    r = p.send("layers_scheduled", layers=bad)
+    assert r.outcome is Outcome.REJECTED and r.effects == ()
+    assert p.table.get(p.tid).scheduled == 0 and p.state == "allocated"

@@ -14,6 +14,7 @@ import pytest
 
 from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
 from moriio_fsm.adapters.moriio import _iovec
+from moriio_fsm.machines.bitmaps import layer_indices
 from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed
 
 pytestmark = pytest.mark.integration
@@ -74,11 +75,16 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     assert run_until([P, D], lambda: len(D.outputs.get("d-0", [])) >= TOKENS and both_empty(P, D))
     worker = P.worker._worker
     timeline: list[str] = []
+    steps: list[str] = []                   # the scheduling events, one per dispatch
     dispatch = worker.dispatch
 
     def recording(side, event):
         if event.kind == "layer_scheduled":
             timeline.append(f"scheduled {event.layer}")
+            steps.append(event.kind)
+        elif event.kind == "layers_scheduled":
+            timeline.extend(f"scheduled {layer}" for layer in layer_indices(event.layers))
+            steps.append(event.kind)
         return dispatch(side, event)
 
     worker.dispatch = recording
@@ -104,8 +110,10 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     if posting == "layerwise":
         # Each layer goes as soon as it is saved: the first long before the forward ends.
         assert timeline[first - 1].startswith("saved") and first < ended
+        assert steps == ["layer_scheduled"] * len(P.kv)
     else:
         assert first > ended                                    # nothing goes during the forward
+        assert steps == ["layers_scheduled"]                    # the forward's layers in one step
         # ... and then every layer's ranges go in one run of memory copies, none by the kernel.
         assert copies == [None] and kernel_calls == []
 
