@@ -964,8 +964,8 @@ class CrossMemoryEngine(TransferEngine):
         groups: dict[tuple[str, int, bool], list[int]] = {}
         # Writes on a peer's board: taken first (close can no longer give them up), their pieces
         # left copied here, then each waits for the peer's piece in hand, if any; only then are
-        # their registrations let go, so each end time is when its last piece landed, not that
-        # plus the others' bookkeeping. A job that never reaches its wait (an exception) is
+        # their registrations let go, so each end time is taken as its wait saw it end, not
+        # after the others' bookkeeping. A job that never reaches its wait (an exception) is
         # given up, so its registrations go.
         taken = {index: self._take_job(posted) for index, posted in enumerate(due) if posted.job is not None}
         waited: list[tuple[int, tuple, object]] = []
@@ -974,8 +974,11 @@ class CrossMemoryEngine(TransferEngine):
             for index, posted in enumerate(due):
                 if index in taken:
                     job = taken.pop(index)
-                    waited.append((index, job, None))   # let go below, even if the wait is cut short
-                    waited[-1] = (index, job, self._wait_for_helper(posted, job))
+                    ended = None                 # let go below, even if the wait is cut short
+                    try:
+                        ended = self._wait_for_helper(posted, job)
+                    finally:
+                        waited.append((index, job, ended))
                 elif posted.failure is not None:
                     outcomes[index] = posted.failure.code, posted.failure.message
                 else:
@@ -983,7 +986,10 @@ class CrossMemoryEngine(TransferEngine):
         finally:
             for index, job in taken.items():
                 if job is not None:
-                    self._give_up_taken(due[index], job)
+                    try:
+                        self._give_up_taken(due[index], job)
+                    except Exception:    # its registrations went all the same; the others still go
+                        _log.exception("copy assist: giving up a job failed")
             for index, job, ended in waited:
                 try:
                     outcomes[index] = self._after_help(due[index], job, ended)
@@ -998,9 +1004,6 @@ class CrossMemoryEngine(TransferEngine):
                 _log.exception("cross-memory transfer failed unexpectedly")
                 for index in members:
                     outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
-            ended_at = time.monotonic()
-            for index in members:
-                due[index].ended_at = ended_at
         labelled = []
         for posted, (code, message) in zip(due, outcomes):
             label = f"batch_{posted.op} uid {posted.batch.transfer_uid}"
@@ -1052,6 +1055,10 @@ class CrossMemoryEngine(TransferEngine):
                                batch.local_offsets, batch.remote_offsets, batch.sizes, batch.total_bytes)
                 except CrossMemoryError as exc:
                     outcomes[index] = session._failure(str(exc))
+            # When these copies ended: before their registrations are let go, which is not copying.
+            copied_at = time.monotonic()
+            for posted in group:
+                posted.ended_at = copied_at
         finally:
             for posted in held:
                 posted.session._let_go()
@@ -1100,7 +1107,8 @@ class CrossMemoryEngine(TransferEngine):
 
     def _wait_for_helper(self, posted: _Posted, taken: tuple | None):
         """Copy what is still left of a write posted for help (``taken``: its board and job, None
-        if close gave it up) and wait for the peer's part, noting when it ended; what
+        if close gave it up) and wait for the peer's part, noting when the wait saw it end (jobs
+        are waited for in turn, so a later one may have ended a little earlier); what
         ``_after_help`` needs. Never raises, lets go of nothing.
 
         A session killed (or a peer gone) since the post copies nothing more: the job is given up."""

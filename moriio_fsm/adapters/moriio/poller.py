@@ -16,6 +16,7 @@ from typing import Callable
 
 from moriio_fsm.runtime.declared import make_event
 from moriio_fsm.runtime.events import Event
+from moriio_fsm.runtime.timers import is_time
 
 from .status import StatusCode, TransferStatus
 
@@ -219,8 +220,9 @@ class CompletionPoller:
         now = self._clock() if now is None else now
         final_at = getattr(status, "final_at", None) if self._status_times else None
         ended = final_at() if callable(final_at) else None
-        # Only a plain float reading of the past: a status of unknown make may say anything.
-        return ended if ended.__class__ is float and ended <= now else now
+        # Only a plain float reading of the past the table takes: a status of unknown make may
+        # say anything, and a completion the table refused would leave its layer in flight.
+        return ended if ended.__class__ is float and is_time(ended) and ended <= now else now
 
     @staticmethod
     def _event(entry: _Pending, now: float) -> Event:

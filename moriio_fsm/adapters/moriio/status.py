@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
+from ...runtime.timers import is_time
+
 __all__ = [
     "StatusCode",
     "TransferStatus",
@@ -108,8 +110,9 @@ class LocalTransferStatus:
     def final_at(self) -> float | None:
         """When (``time.monotonic``) the transfer ended, as its engine saw it; None while not final.
 
-        An engine that settles several statuses after copying them all gives each the time
-        its own copy ended, so that a completion event made later still carries that time.
+        An engine that settles statuses after more work (letting go of registrations, copying
+        others) gives each the time its copy was seen to end, so that a completion event made
+        later still carries that time.
         """
         return self._final_at
 
@@ -170,7 +173,8 @@ class LocalTransferStatus:
         now = time.monotonic()
         if ended_at is None:
             ended_at = now
-        elif ended_at.__class__ is not float or not ended_at <= now:   # NaN, the future, not a float
+        elif ended_at.__class__ is not float or not is_time(ended_at) or not ended_at <= now:
+            # NaN, infinities, out of any clock's range, not a float, or the future
             raise ValueError(f"ended_at must be a time.monotonic() reading not after now, got {ended_at!r}")
         with self._lock:
             if self._final:

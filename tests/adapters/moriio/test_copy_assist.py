@@ -656,3 +656,27 @@ def test_a_layer_whose_helper_never_leaves_fails_alone_and_every_registration_is
     assert "did not finish its part" in statuses[1].message() and "assist-d" in statuses[1].message()
     assert "a bug in the board" in statuses[4].message() and "a bug in the board" in caplog.text
     assert holders(prefill, session) == ({}, {})
+
+
+def test_writes_too_small_for_help_end_when_copied_not_after_their_registrations_go(pair, monkeypatch):
+    """Writes under the help threshold go as one copy when the block ends: each status says
+    the copy's end, which comes before any of their registrations is let go."""
+    from moriio_fsm.adapters.moriio.cross_memory import CrossMemorySession
+
+    prefill, decode, session, source, target = pair
+    let_go_at = []
+    let_go = CrossMemorySession._let_go
+
+    def slow_let_go(self):
+        let_go_at.append(time.monotonic())
+        time.sleep(0.002)              # bookkeeping that must not show in the end times
+        let_go(self)
+
+    monkeypatch.setattr(CrossMemorySession, "_let_go", slow_let_go)
+    local, remote = scattered(32, seed=3)          # 8 writes of 4 x 128 KiB, each under 1 MiB
+    with prefill.posting_together():
+        statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 4, 1) for k in range(8)]
+    for status in statuses:
+        assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
+    assert landed(source, target, local, remote)
+    assert len(let_go_at) == 8 and all(status.final_at() <= let_go_at[0] for status in statuses)

@@ -314,7 +314,7 @@ class ClaimsAnything(LocalTransferStatus):
         return self.claim
 
 
-@pytest.mark.parametrize("claim", [float("nan"), float("inf"), 1e300, "yesterday", 5, None])
+@pytest.mark.parametrize("claim", [float("nan"), float("inf"), float("-inf"), 1e300, -1e300, "yesterday", 5, None])
 def test_an_end_time_that_is_not_a_past_monotonic_reading_is_replaced_by_the_pollers_clock(poller, claim):
     status = ClaimsAnything()
     status.claim = claim
@@ -331,7 +331,7 @@ def test_a_poller_on_another_clock_never_mixes_in_the_statuses_end_times(deliver
         assert poller.event_if_final(status, "tx-fake", 0).time == 77.0
 
 
-@pytest.mark.parametrize("ended_at", [float("nan"), float("inf"), "now", 3, 1e300])
+@pytest.mark.parametrize("ended_at", [float("nan"), float("inf"), float("-inf"), -1e300, "now", 3, 1e300])
 def test_settle_refuses_an_end_time_that_is_not_a_past_monotonic_reading_and_stays_open(ended_at):
     status = LocalTransferStatus()
     status.mark_in_progress()
