@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moriio_fsm.adapters.moriio import local_copy  # noqa: E402
-from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, vllm_cpu_python  # noqa: E402
+from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, stop_all, vllm_cpu_python  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
 
 PEERS = ROOT / "benchmarks" / "serving_peers"
@@ -444,7 +444,35 @@ def make_prompts(count: int, length: int, seed: int = 7) -> list[list[int]]:
 QUIET_S = 0.3
 
 
-def start_contender(race: Race, name: str, warmups) -> tuple[Contender | None, dict]:
+#: The watchdog: a process that is never stopped, reading the process groups of the servers
+#: from its stdin; when the bench ends by any means (a SIGKILL included: its stdin closes), it
+#: continues and kills every group it was told of. A stopped server cannot act on the SIGTERM
+#: its parent's death sends it, and would keep its memory and ports for good.
+WATCHDOG = """
+import os, signal, sys, time
+groups = [int(line) for line in sys.stdin]
+for which in (signal.SIGCONT, signal.SIGTERM):
+    for group in groups:
+        try:
+            os.killpg(group, which)
+        except OSError:
+            pass
+time.sleep(10)
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGCONT)
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def start_watchdog() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def start_contender(race: Race, name: str, warmups, watchdog: subprocess.Popen) -> tuple[Contender | None, dict]:
     """Start one connector's servers, wait until they answer, send the warm-ups."""
     result: dict = {"name": name, "samples": [], "error": None, "applied": [], "note": "",
                     "cpu": [], "wait": [], "load": []}
@@ -455,12 +483,18 @@ def start_contender(race: Race, name: str, warmups) -> tuple[Contender | None, d
         return None, result
     try:
         for server in c.servers.values():
+            watchdog.stdin.write(f"{server.pid}\n")
+        watchdog.stdin.flush()
+        for server in c.servers.values():
             server.wait_ready(timeout_s=300)
         for prompt in warmups:                     # handshakes, first-forward costs
             race.send(c, prompt)
     except Exception as exc:  # noqa: BLE001 - said in the output, with the logs' tails
         fail(c, result, exc)
         return None, result
+    except BaseException:                          # Ctrl-C while it starts: it goes too
+        c.stop()
+        raise
     return c, result
 
 
@@ -587,13 +621,14 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
     connector's result; every server it started is stopped when it returns, or raises."""
     results: dict[str, dict] = {}
     running: dict[str, Contender] = {}
+    watchdog = start_watchdog()
     try:
         for name in order:
             if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
                 results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
                 continue
             print(f"starting {name} ...", flush=True)
-            c, results[name] = start_contender(race, name, warmups)
+            c, results[name] = start_contender(race, name, warmups, watchdog)
             if c is None:
                 print(f"  {name}: failed: {results[name]['error']}")
             else:
@@ -613,7 +648,8 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
         print(f"{len(prompts)} prompts, each to {', '.join(running)} in turn ...", flush=True)
         neighbours: list[float] = []     # CPU the stopped connectors' servers took during a request
         for index, prompt in enumerate(prompts):
-            for name in (order if index % 2 == 0 else order[::-1]):
+            # The order rotates, so each connector comes first, and after each other one, as often.
+            for name in order[index % len(order):] + order[:index % len(order)]:
                 c = running.get(name)
                 if c is None:
                     continue
@@ -637,8 +673,13 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
             c.signal(signal.SIGCONT)
             finish_contender(race, c, name, results[name])
     finally:
-        for c in running.values():        # an error or Ctrl-C: nothing stays behind, stopped or not
-            c.stop()
+        # An error or Ctrl-C: nothing stays behind, stopped or not (a SIGKILL: the watchdog).
+        for c in running.values():
+            c.signal(signal.SIGCONT)
+        stop_all([server for c in running.values() for server in c.servers.values()])
+        watchdog.kill()                  # nothing is left for it to kill (before its stdin closes)
+        watchdog.wait()
+        watchdog.stdin.close()
     return results
 
 
@@ -662,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
         print_workarounds(saved["workarounds"])
         return report(saved["results"], saved["expected"], saved["timelines"])
 
+    # SIGTERM and SIGHUP end the run as Ctrl-C does, through the cleanup that stops every server.
+    for which in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(which, lambda number, frame: sys.exit(128 + number))
     if not args.no_netns and os.environ.get("BENCH_IN_NETNS") != "1" and shutil.which("unshare"):
         # Everything below listens on the loopback of a namespace of its own.
         os.environ["BENCH_IN_NETNS"] = "1"
@@ -778,7 +822,7 @@ def report(results: dict, expected, our_timelines) -> int:
         if name != "single":
             note += f"; external tokens on D {int(result.get('external_tokens', 0))}"
         if result.get("cpu_per_request") is not None:
-            note += (f"; servers' CPU {result['cpu_per_request'] * 1e3:.0f}ms/request, run-queue wait "
+            note += (f"; servers' CPU {result['cpu_per_request'] * 1e3:.0f}ms/request (send to last token), run-queue wait "
                      f"{result['wait_per_request'] * 1e3:.0f}ms/request, load {result.get('load', 0):.1f}")
         if result.get("error"):
             note += f"; ERROR: {result['error'].splitlines()[0]}"
