@@ -599,21 +599,28 @@ def holders(engine, session) -> tuple[dict, dict]:
     return dict(engine._own.registry._holders), dict(session._peer.registry._holders)
 
 
+def slow_let_go(monkeypatch) -> list[float]:
+    """Make letting go of a session's registrations take 2 ms (bookkeeping that must not show
+    in end times); the times each let-go began."""
+    from moriio_fsm.adapters.moriio.cross_memory import CrossMemorySession
+
+    let_go_at: list[float] = []
+    let_go = CrossMemorySession._let_go
+
+    def slow(self):
+        let_go_at.append(time.monotonic())
+        time.sleep(0.002)
+        let_go(self)
+
+    monkeypatch.setattr(CrossMemorySession, "_let_go", slow)
+    return let_go_at
+
+
 def test_layers_posted_together_end_when_their_last_piece_landed_not_after_the_bookkeeping(pair, monkeypatch):
     """Each status says when its copy ended: every end is seen before any registration is let
     go, so a completion made from it does not carry the other layers' letting go."""
-    from moriio_fsm.adapters.moriio.cross_memory import CrossMemorySession
-
     prefill, decode, session, source, target = pair
-    let_go_at = []
-    let_go = CrossMemorySession._let_go
-
-    def slow_let_go(self):
-        let_go_at.append(time.monotonic())
-        time.sleep(0.002)              # bookkeeping that must not show in the end times
-        let_go(self)
-
-    monkeypatch.setattr(CrossMemorySession, "_let_go", slow_let_go)
+    let_go_at = slow_let_go(monkeypatch)
     local, remote = scattered(144, seed=11)
     started = time.monotonic()
     with prefill.posting_together():
@@ -661,18 +668,8 @@ def test_a_layer_whose_helper_never_leaves_fails_alone_and_every_registration_is
 def test_writes_too_small_for_help_end_when_copied_not_after_their_registrations_go(pair, monkeypatch):
     """Writes under the help threshold go as one copy when the block ends: each status says
     the copy's end, which comes before any of their registrations is let go."""
-    from moriio_fsm.adapters.moriio.cross_memory import CrossMemorySession
-
     prefill, decode, session, source, target = pair
-    let_go_at = []
-    let_go = CrossMemorySession._let_go
-
-    def slow_let_go(self):
-        let_go_at.append(time.monotonic())
-        time.sleep(0.002)              # bookkeeping that must not show in the end times
-        let_go(self)
-
-    monkeypatch.setattr(CrossMemorySession, "_let_go", slow_let_go)
+    let_go_at = slow_let_go(monkeypatch)
     local, remote = scattered(32, seed=3)          # 8 writes of 4 x 128 KiB, each under 1 MiB
     with prefill.posting_together():
         statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 4, 1) for k in range(8)]
