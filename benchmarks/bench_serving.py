@@ -284,42 +284,23 @@ class Race:
 
 # -- measurements ------------------------------------------------------------------------
 
-def memcpy_bandwidth(nbytes: int, threads: int | None = None, repeats: int = 30) -> float:
-    """Bytes per second of a torch ``copy_`` between two fresh buffers of ``nbytes`` (median)."""
-    import torch
+def memcpy_bandwidth(nbytes: int, threads: int, *, cold: bool, repeats: int = 15) -> float:
+    """Bytes per second of a torch ``copy_`` of ``nbytes`` on ``threads`` threads (median).
 
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-        dst = torch.empty_like(src)
-        dst.copy_(src)                      # fault the pages in first
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - start)
-        return nbytes / statistics.median(times)
-    finally:
-        torch.set_num_threads(before)
-
-
-def cold_memcpy_bandwidth(nbytes: int, repeats: int = 30) -> float:
-    """Bytes per second of a one-thread torch ``copy_`` of ``nbytes`` into memory not in cache (median).
-
-    A transfer's destination is another process's KV blocks, never in this core's cache;
-    ``memcpy_bandwidth`` copies between the same two buffers, which mostly fit in the last
-    level cache here. Destinations rotate over 256 MiB, several times this host's L3.
+    ``cold``: each copy goes to a fresh destination, rotating over 256 MiB (several times
+    this host's L3), as a transfer's does: its destination is another process's KV blocks,
+    never in this core's cache. Else the copy goes between the same two buffers, which fit
+    in the last level cache for a transfer's size here: that measures the cache, not memory.
     """
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-        slots = max(2, (256 << 20) // nbytes)
+        slots = max(2, (256 << 20) // nbytes) if cold else 1
         dst = torch.zeros(slots, nbytes, dtype=torch.uint8)   # zeroed: every page is there
+        dst[0].copy_(src)
         times = []
         for n in range(repeats):
             start = time.perf_counter()
@@ -328,6 +309,24 @@ def cold_memcpy_bandwidth(nbytes: int, repeats: int = 30) -> float:
         return nbytes / statistics.median(times)
     finally:
         torch.set_num_threads(before)
+
+
+#: The copies measured for the baseline: (label, threads, cold). The baseline is the faster
+#: of the cold ones; the warm ones are printed for comparison.
+MEMCPY_KINDS = (("cold_1t", 1, True), ("cold_2t", 2, True), ("warm_1t", 1, False), ("warm_2t", 2, False))
+
+
+def measure_memcpy(nbytes: int, into: dict) -> None:
+    """One sample of each memcpy kind, appended to ``into[label]``; taken while every server is stopped."""
+    for label, threads, cold in MEMCPY_KINDS:
+        into.setdefault(label, []).append(memcpy_bandwidth(nbytes, threads, cold=cold))
+
+
+def memcpy_baseline(samples: dict) -> tuple[float | None, dict[str, float]]:
+    """(the baseline, each kind's median over the run): the faster of the cold copies' medians."""
+    medians = {label: statistics.median(values) for label, values in samples.items() if values}
+    cold = [medians[label] for label, _, is_cold in MEMCPY_KINDS if is_cold and label in medians]
+    return (max(cold) if cold else None), medians
 
 
 def servers_cpu(servers) -> tuple[float, float]:
@@ -639,12 +638,10 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
         # stopped (SIGSTOP to each process group), so each request has the machine to itself.
         for c in running.values():
             c.signal(signal.SIGSTOP)
-        if "ours-write" in running:
-            # The copy baseline, measured while every server is stopped: the bytes one transfer moves.
-            nbytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
-            results["ours-write"]["memcpy_Bps"] = memcpy_bandwidth(nbytes)
-            results["ours-write"]["memcpy_1t_Bps"] = memcpy_bandwidth(nbytes, threads=1)
-            results["ours-write"]["memcpy_cold_Bps"] = cold_memcpy_bandwidth(nbytes)
+        # The copy baseline: the bytes one transfer moves, measured after every round of
+        # prompts while every server is stopped, so it sees the machine as the transfers did.
+        memcpy_bytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
+        memcpy_samples = results["ours-write"].setdefault("memcpy", {}) if "ours-write" in running else None
         print(f"{len(prompts)} prompts, each to {', '.join(running)} in turn ...", flush=True)
         neighbours: list[float] = []     # CPU the stopped connectors' servers took during a request
         for index, prompt in enumerate(prompts):
@@ -665,6 +662,8 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
                     continue
                 neighbours.append(idle_cpu(running, name) - idle_before)
                 c.signal(signal.SIGSTOP)
+            if memcpy_samples is not None:
+                measure_memcpy(memcpy_bytes, memcpy_samples)
         if neighbours:
             print(f"stopped connectors' servers during a request: {pct(neighbours, 50) * 1e3:.1f} ms of CPU p50, "
                   f"{max(neighbours) * 1e3:.1f} ms at most")
@@ -846,18 +845,14 @@ def report(results: dict, expected, our_timelines) -> int:
         print()
 
     # Where our write time goes: per transfer, from P's trace (times from the first post).
-    memcpy_nt = results.get("ours-write", {}).get("memcpy_Bps")
-    memcpy_1t = results.get("ours-write", {}).get("memcpy_1t_Bps")
-    # The baseline is the faster of the two: on a loaded machine a two-thread copy waits for
-    # its slower thread, so one thread can win; the stricter baseline is the honest one.
-    memcpy = max(memcpy_nt or 0, memcpy_1t or 0) or None
+    memcpy, medians = memcpy_baseline(results.get("ours-write", {}).get("memcpy", {}))
     if memcpy:
-        print(f"plain memcpy (torch copy_ of one transfer's bytes, this run, servers idle): {memcpy / 1e9:.2f} GB/s "
-              f"(torch's threads {memcpy_nt / 1e9:.2f} GB/s, one thread {memcpy_1t / 1e9:.2f} GB/s; the faster is the baseline)")
-    memcpy_cold = results.get("ours-write", {}).get("memcpy_cold_Bps")
-    if memcpy_cold:
-        print(f"for comparison, not the baseline: one thread copying into memory not in cache, as a transfer's "
-              f"destination is: {memcpy_cold / 1e9:.2f} GB/s")
+        rounds = len(results["ours-write"]["memcpy"].get("cold_1t", []))
+        print(f"plain memcpy (torch copy_ of one transfer's bytes into memory not in cache, as a transfer's "
+              f"destination is; median of {rounds} rounds, servers stopped): {memcpy / 1e9:.2f} GB/s (one thread "
+              f"{medians['cold_1t'] / 1e9:.2f} GB/s, two {medians['cold_2t'] / 1e9:.2f} GB/s; the faster is the baseline)")
+        print(f"for comparison, not the baseline: the same copy between two buffers that stay in the last level "
+              f"cache: one thread {medians['warm_1t'] / 1e9:.2f} GB/s, two {medians['warm_2t'] / 1e9:.2f} GB/s")
     for mode, lines in our_timelines.items():
         flights = [in_flight(i) for i in lines]
         if flights and ours_bytes(results, mode):
@@ -866,9 +861,7 @@ def report(results: dict, expected, our_timelines) -> int:
             nbytes = ours_bytes(results, mode)
             print(f"{mode}: some copy in flight {fmt_ms(union)} p50 (sum of per-layer post -> completion "
                   f"{fmt_ms(total)}); KV bytes / in-flight time = {nbytes / union / 1e9:.2f} GB/s"
-                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else "")
-                  + (f" ({nbytes / union / memcpy_cold:.3f} of the copy into memory not in cache)"
-                     if memcpy_cold else ""))
+                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else ""))
     timeline = our_timelines.get("ours-write") or []
     if timeline:
         rb = [i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None]
