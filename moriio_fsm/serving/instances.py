@@ -122,19 +122,26 @@ class ProxyConfig:
     connect_timeout_s: float = 5.0
     probe_interval_s: float = 2.0
     max_body_bytes: int = 8 << 20
-    max_connections: int = 512
+    # Clients: connections open at once (one over is answered 503), the time a request's
+    # head and then its whole body may take to arrive (a slow one is cut).
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # Connections to the instances: a request holds up to two (P's and D's) at once.
+    upstream_connections: int = 512
     extra_prefill_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ProxyConfigError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("request_timeout_s", "connect_timeout_s", "probe_interval_s"):
+        for name in ("request_timeout_s", "connect_timeout_s", "probe_interval_s",
+                     "header_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise ProxyConfigError(f"{name}: expected a positive finite number of seconds, "
                                        f"got {value!r}")
-        for name in ("max_body_bytes", "max_connections"):
+        for name in ("max_body_bytes", "max_connections", "upstream_connections"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ProxyConfigError(f"{name}: expected a positive integer, got {value!r}")

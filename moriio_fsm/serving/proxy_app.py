@@ -1,19 +1,24 @@
-"""The P/D proxy's HTTP front: FastAPI routes over ``Proxy``, and a server on a thread.
+"""The P/D proxy's HTTP front: FastAPI routes over ``Proxy``, and the uvicorn server for it.
 
 ``POST /v1/completions`` (streamed or not), ``GET /health`` and ``GET /v1/models``.
-Rules: a body over ``max_body_bytes`` is refused (413) before it is parsed, JSON with NaN
-or nesting too deep is a 400, any failure answers JSON naming its transfer (never a bare
-500), and a client that goes away ends its P and D requests (vLLM then aborts them).
+Rules: a body over ``max_body_bytes`` is refused (413) before it is parsed, one slower than
+``body_timeout_s`` is cut (408), JSON nested too deep is a 400, and so is a value that cannot
+go on to P and D (``proxy.check_values``); a client that leaves mid-body is counted, never a
+traceback; any failure answers JSON naming its transfer (never a bare 500), and a client that
+goes away ends its P and D requests (vLLM then aborts them). ``uvicorn_server`` adds the
+connection cap and the head deadline (``connections.py``).
 """
 
 
 import asyncio
 import json
+import math
 import threading
 import time
 from typing import Any
 
 from ..logs import get_logger
+from .connections import ConnectionGuard
 from .instances import ProxyConfig, ProxyConfigError
 from .proxy import Proxy, TransferFailed
 
@@ -23,31 +28,54 @@ log = get_logger("moriio_fsm.serving.proxy")
 DISCONNECT_POLL_S = 0.25
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+class ClientLeft(Exception):
+    """The client closed its connection before its whole body arrived."""
 
 
-async def read_body(request, limit: int) -> Any:
-    """The request's JSON, read at most ``limit`` bytes; ``TransferFailed`` (413/400) if not."""
+class BodyTooSlow(TransferFailed):
+    """The body took longer than ``body_timeout_s`` to arrive (408)."""
+
+
+async def _read_raw(request, limit: int) -> bytes:
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TransferFailed(413, f"the request body has {declared} bytes; at most {limit} are taken",
                              "invalid_request_error")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TransferFailed(413, f"the request body is over {limit} bytes", "invalid_request_error")
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_no_constants)
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise TransferFailed(413, f"the request body is over {limit} bytes",
+                                     "invalid_request_error")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientLeft() from None
+    return b"".join(chunks)
+
+
+async def read_body(request, limit: int, timeout_s: float) -> Any:
+    """The request's JSON, at most ``limit`` bytes arriving within ``timeout_s``:
+    ``TransferFailed`` (413, 400, ``BodyTooSlow``) or ``ClientLeft`` if not. NaN and the
+    infinities parse here, so that ``check_values`` refuses them naming their field."""
+    try:
+        raw = await asyncio.wait_for(_read_raw(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyTooSlow(408, f"the request body did not arrive within {timeout_s:g}s "
+                               "(the proxy's body_timeout_s)", "timeout") from None
+    try:
+        return json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise TransferFailed(400, f"the request body is not JSON the proxy accepts: "
                                   f"{type(exc).__name__}: {str(exc)[:200]}", "invalid_request_error") from None
 
 
-def build_app(config: ProxyConfig):
-    """The FastAPI app serving ``config``."""
+def build_app(config: ProxyConfig, guard: ConnectionGuard | None = None):
+    """The ASGI app serving ``config``; with ``guard``, it tells the guard when each request
+    is served. ``uvicorn_server`` passes one; served any other way, the app keeps its body
+    timeout but has no connection cap and no head deadline."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -68,8 +96,10 @@ def build_app(config: ProxyConfig):
     app = FastAPI(title="moriio-fsm P/D proxy", lifespan=lifespan)
     app.state.holder = holder
 
-    def failure(exc: TransferFailed) -> JSONResponse:
-        headers = {"x-transfer-id": exc.transfer_id} if exc.transfer_id else None
+    def failure(exc: TransferFailed, close: bool = False) -> JSONResponse:
+        headers = {"x-transfer-id": exc.transfer_id} if exc.transfer_id else {}
+        if close:                           # a body left unread: the connection cannot go on
+            headers["connection"] = "close"
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def until_gone(request: Request) -> None:
@@ -85,11 +115,17 @@ def build_app(config: ProxyConfig):
     async def completions(request: Request):
         proxy = holder["proxy"]
         try:
-            body = await read_body(request, config.max_body_bytes)
+            body = await read_body(request, config.max_body_bytes, config.body_timeout_s)
+        except ClientLeft:
+            for outcome in ("requests", "cancelled", "left_mid_body"):
+                proxy.count(outcome)
+            return Response(status_code=499)       # nobody reads it
         except TransferFailed as exc:
             proxy.count("requests")
             proxy.count("rejected")
-            return failure(exc)
+            if isinstance(exc, BodyTooSlow):
+                proxy.count("body_timeouts")
+            return failure(exc, close=exc.status in (408, 413))
         work = asyncio.ensure_future(whole_answer(body))
         gone = asyncio.ensure_future(until_gone(request))
         try:
@@ -118,6 +154,8 @@ def build_app(config: ProxyConfig):
 
     async def health():
         status, body = holder["proxy"].health()
+        if guard is not None:
+            body["connections"] = guard.describe()
         return JSONResponse(body, status_code=status)
 
     app.get("/health")(health)
@@ -136,19 +174,30 @@ def build_app(config: ProxyConfig):
                                            f"({proxy.decode.unavailable()})", "service_unavailable"))
 
     app.get("/v1/models")(models)
-    return app
+    return app if guard is None else guard.middleware(app)
+
+
+def uvicorn_server(config: ProxyConfig, host: str, port: int, log_level: str = "warning"):
+    """A uvicorn server for the proxy, with ``config``'s connection cap and head deadline."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    guard = ConnectionGuard(config.max_connections, config.header_timeout_s)
+    # The guard finds a request's connection by its client address: take it from the
+    # socket, never from X-Forwarded-For. The guard's head deadline closes idle
+    # keep-alive connections, so uvicorn's own keep-alive timeout must not come first.
+    return uvicorn.Server(uvicorn.Config(
+        build_app(config, guard), host=host, port=port, log_level=log_level, lifespan="on",
+        http=guard.protocol_factory(AutoHTTPProtocol), proxy_headers=False,
+        timeout_keep_alive=math.ceil(config.header_timeout_s) + 1, timeout_graceful_shutdown=5))
 
 
 class ProxyServer:
     """The proxy served by uvicorn on a background thread (the demo's and the tests' way)."""
 
     def __init__(self, config: ProxyConfig, port: int, host: str = "127.0.0.1"):
-        import uvicorn
-
         self.port, self.host = port, host
-        self.server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port,
-                                                    log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn_server(config, host, port)
         self.thread = threading.Thread(target=self.server.run, name="moriio-fsm-proxy", daemon=True)
 
     @property

@@ -273,17 +273,37 @@ def test_a_decode_that_is_down_is_skipped_with_a_new_transfer(fakes, proxy_for):
     (b'{"prompt": [1], "n": 1.0}', "'n' must be 1"),
     (b'{"prompt": [1], "best_of": 3}', "best_of"),
     (b'{"prompt": [1], "max_tokens": 0}', "'max_tokens'"),
-    (b'{"prompt": [1], "temperature": NaN}', "not JSON the proxy accepts"),
-    (b'{"prompt": [1], "temperature": Infinity}', "not JSON the proxy accepts"),
     (b'{"prompt": ' + b'[' * 100_000 + b']' * 100_000 + b'}', "not JSON the proxy accepts"),
-])
+    # numbers JSON can write but P and D cannot be sent: the field is named
+    (b'{"prompt": [1], "temperature": 1e999}', "'temperature' must be a finite number"),
+    (b'{"prompt": [1], "temperature": NaN}', "'temperature' must be a finite number"),
+    (b'{"prompt": [1], "temperature": Infinity}', "'temperature' must be a finite number"),
+    (b'{"prompt": [1], "top_p": -Infinity}', "'top_p' must be a finite number"),
+    (b'{"prompt": [1], "logit_bias": {"50": -1e400}}', "'logit_bias.\"50\"' must be a finite number"),
+    (b'{"prompt": [1], "extra": {"deep": [[0.5, NaN]]}}', "'extra.deep[0][1]' must be a finite number"),
+    # lone surrogates: valid JSON escapes, not valid Unicode
+    (b'{"prompt": "hello \\ud800"}', "'prompt' is not valid Unicode"),
+    (b'{"prompt": [1], "stop": ["ok", "\\udfff"]}', "'stop[1]' is not valid Unicode"),
+    (b'{"prompt": [1], "\\ud800": 1}', "a key of 'the request' is not valid Unicode"),
+    # ill-typed fields, some of which only D would see
+    (b'{"prompt": [1], "temperature": "hot"}', "'temperature' must be a number"),
+    (b'{"prompt": [1], "temperature": true}', "'temperature' must be a number"),
+    (b'{"prompt": [1], "stream_options": 3}', "'stream_options' must be an object"),
+    (b'{"prompt": [1], "min_tokens": 1.5}', "'min_tokens' must be an integer"),
+    (b'{"prompt": [1], "stop": [1]}', "'stop' must be a string or a list of strings"),
+    (b'{"prompt": [1], "logit_bias": {"5": "x"}}', "'logit_bias' must be an object of numbers"),
+    (b'{"prompt": [1], "seed": "1"}', "'seed' must be an integer"),
+    (b'{"prompt": [1], "n": [' + b'1,' * 100_000 + b'1]}', "'n' must be 1 behind a P/D proxy, got [1, 1"),
+], ids=lambda value: value[:60].decode(errors="replace") if isinstance(value, bytes) else None)
 def test_hostile_requests_are_refused_with_the_field_named(fakes, proxy_for, body, expected):
     p, d = fakes("P"), fakes("D")
     proxy = proxy_for("read", [p.url], [d.url])
     reply = httpx.post(f"{proxy.url}/v1/completions", content=body, timeout=10,
                        headers={"content-type": "application/json"})
     assert reply.status_code == 400
-    assert expected in reply.json()["error"]["message"]
+    error = reply.json()["error"]
+    assert expected in error["message"] and error["type"] == "invalid_request_error"
+    assert len(error["message"]) < 400                            # a value is shown, not echoed whole
     assert p.received == [] and d.received == []
     assert post(proxy, {"prompt": [1]}).status_code == 200       # and it still serves
 
