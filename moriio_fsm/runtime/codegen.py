@@ -18,13 +18,19 @@ binding and the spec row, read off the generated line the traceback stopped at. 
 mode writes the same module plus a snapshot and one ``verify`` call per row. Trace mode
 (a table with a step recorder) writes the same module plus one ``shard.fired += (row,)``
 per row taken, so a trace names every row that ran; the plain module is unchanged.
+Nothing of a path or a name becomes code: in comments it is one line of printable text,
+in code a ``repr`` literal or an ASCII identifier, and a field name that cannot be an
+attribute is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import keyword
 import linecache
+import math
 import types
+import unicodedata
 from typing import Any, Callable
 
 from .errors import InvariantViolation, TransitionError
@@ -73,7 +79,45 @@ _TYPE_TESTS = {
 
 
 def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    """``name`` as part of a Python name: ASCII letters, digits and underscores only.
+    (Python folds other letters to their NFKC form, so two distinct names such as
+    U+FB01 "ﬁ" and "fi" would become one.)"""
+    return "".join(c if (c.isascii() and c.isalnum()) or c == "_" else "_" for c in str(name))
+
+
+def _text(value: Any) -> str:
+    """``value`` as text for a comment of the generated module: one line, whatever it
+    holds. Every character that is not printable (line breaks, U+2028, NUL...) is written
+    as its escape, so nothing of a path or a name can end the comment."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _field(name: Any) -> str:
+    """A context or payload field name, checked before it is written as an attribute:
+    an identifier that is not a keyword and that Python does not fold to another name."""
+    if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
+            or unicodedata.normalize("NFKC", name) != name):
+        raise ValueError(f"field name {name!r} cannot be an attribute in generated code; "
+                         "expected an identifier, not a keyword, in its NFKC form")
+    return name
+
+
+def _number(value: Any, what: str) -> str:
+    """A finite int or float as a literal of the generated module."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number to be written into generated "
+                         f"code, got {value!r}")
+    return repr(value)
+
+
+def _index(value: Any, what: str) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{what} must be an int to be written into generated code, got "
+                         f"{value!r}")
+    return value
 
 
 def _restore(tx: Any, frame_locals: dict, state: str) -> None:
@@ -116,8 +160,8 @@ class GeneratedModule:
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
         self._line_info: dict[int, tuple[str, str, Row]] = {}
-        self._lines: list[str] = [f"# Steps generated from {spec.path} ({spec.name}"
-                                  f"{', trace mode' if trace else ''}); "
+        self._lines: list[str] = [f"# Steps generated from {_text(spec.path)} "
+                                  f"({_text(spec.name)}{', trace mode' if trace else ''}); "
                                   "do not edit: regenerated at every build."]
         self._plan = plan
         self._verify = verify
@@ -141,7 +185,7 @@ class GeneratedModule:
 
         source = "\n".join(self._lines) + "\n"
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-        self.filename = f"<moriio-fsm steps {spec.name} {digest}>"
+        self.filename = f"<moriio-fsm steps {_text(spec.name)} {digest}>"
         linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
         self.source = source
         self.code = compile(source, self.filename, "exec")
@@ -178,7 +222,8 @@ class GeneratedModule:
             self._line_info[len(self._lines)] = info
 
     def _where(self, row: Row) -> str:
-        return f"transition #{row.index}, {self.machine.spec.path}:{row.line}"
+        """Where ``row`` is declared, for a comment (escaped: the path is anyone's)."""
+        return _text(f"transition #{row.index}, {self.machine.spec.path}:{row.line}")
 
     def _inline(self, kind: str, name: str, fn: Callable):
         key = (kind, name, self._hoisted)
@@ -196,7 +241,7 @@ class GeneratedModule:
         if inlined is None:
             return f"{self._bind(row.guard, 'guard_' + row.guard_name)}(tx, ev)"
         for text in inlined.lines:
-            self._line(f"{indent}{text}  # guard {row.guard_name}", info)
+            self._line(f"{indent}{text}  # guard {_text(row.guard_name)}", info)
         return inlined.test
 
     def _actions(self, row: Row, indent: str) -> None:
@@ -204,11 +249,11 @@ class GeneratedModule:
             info = ("action", name, row)
             inlined = self._inline("action", name, fn)
             if inlined is None:
-                self._line(f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  # action {name}",
-                           info)
+                self._line(f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  "
+                           f"# action {_text(name)}", info)
                 continue
             for text in inlined.lines:
-                self._line(f"{indent}{text}  # action {name}", info)
+                self._line(f"{indent}{text}  # action {_text(name)}", info)
 
     def _branch(self, row: Row, indent: str) -> str:
         """Open the row's guard (if any); return the indentation of the row's body."""
@@ -216,7 +261,7 @@ class GeneratedModule:
             self._line(f"{indent}# unguarded row ({self._where(row)})")
             return indent
         test = self._guard(row, indent)
-        self._line(f"{indent}if {test}:  # {row.guard_name} ({self._where(row)})",
+        self._line(f"{indent}if {test}:  # {_text(row.guard_name)} ({self._where(row)})",
                    ("guard", row.guard_name, row))
         return indent + "    "
 
@@ -232,7 +277,7 @@ class GeneratedModule:
                 self._line("    return True")
                 return name
             test = self._guard(row, "    ")
-            self._line(f"    if {test}:  # {row.guard_name} ({self._where(row)})",
+            self._line(f"    if {test}:  # {_text(row.guard_name)} ({self._where(row)})",
                        ("guard", row.guard_name, row))
             self._line("        return True")
         self._line("    return False")
@@ -261,7 +306,8 @@ class GeneratedModule:
             body = self._branch(row, "    ")
             self._actions(row, body)
             self._line(f"{body}tx.state = {row.dest!r}")
-            self._line(f"{body}return {row.index + 1 if self._trace else True}")
+            taken = _index(row.index, "a row index") + 1 if self._trace else True
+            self._line(f"{body}return {taken}")
             if row.guard is None:
                 return name
         self._line("    return False")
@@ -280,7 +326,7 @@ class GeneratedModule:
         name = self._unique(f"step_{_ident(state)}__{_ident(kind)}")
         self._line("")
         self._line(f"def {name}(shard, tx, ev):")
-        self._line(f"    # {self.machine.spec.name}: event {kind!r} in state {state!r}")
+        self._line(f"    # {_text(self.machine.spec.name)}: event {kind!r} in state {state!r}")
         self._line("    try:")
         # Events are immutable: their payload is read once, into ev_<field> locals, and a
         # field that is not of its declared type rejects the event before any row runs.
@@ -289,6 +335,7 @@ class GeneratedModule:
         rejected = self._bind(self._result(Outcome.REJECTED, state),
                               f"REJECTED_IN_{_ident(state).upper()}")
         for field, type_name in payload.items():
+            field = _field(field)
             self._line(f"        ev_{field} = ev.{field}")
             test = _TYPE_TESTS[type_name].format(f"ev_{field}")
             if test:
@@ -327,9 +374,11 @@ class GeneratedModule:
         follow_writes = machine.writes_of(closure_rows) - writes
         settle_emits = any(r.emits for r in closure_rows)
         settle = "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
+        index = _index(row.index, "a row index")
         if self._trace:
-            self._line(f"{indent}shard.fired += ({row.index},)  # trace: transition #{row.index}")
+            self._line(f"{indent}shard.fired += ({index},)  # trace: transition #{index}")
         for field in sorted(writes if dest is None else writes | follow_writes):
+            field = _field(field)
             self._line(f"{indent}saved_{field} = tx.{field}")
         if self._verify:
             self._line(f"{indent}before = tx.context()")
@@ -341,7 +390,7 @@ class GeneratedModule:
             self._line(f"{indent}out = NO_EFFECTS")
         self._actions(row, indent)
         outcome = self._bind(row.outcome, row.outcome.name)
-        verify = f"verify(tx, ev, {row.index}, before, out)"
+        verify = f"verify(tx, ev, {index}, before, out)"
         if dest is not None:
             self._line(f"{indent}tx.state = {dest!r}")
             self._line(f"{indent}hops = [({state!r}, {dest!r})]")
@@ -358,6 +407,7 @@ class GeneratedModule:
             self._line(f"{indent}if {test}:  # an eventless row of {state!r} may fire")
             inner = indent + "    "
             for field in sorted(follow_writes):
+                field = _field(field)
                 self._line(f"{inner}saved_{field} = tx.{field}")
             if settle_emits and not row.emits:
                 self._line(f"{inner}out = []")
@@ -372,21 +422,21 @@ class GeneratedModule:
                 # The step skipped the eventless rows because the declarations say this
                 # row writes nothing their guards read; check mode proves it.
                 self._line(f"{indent}if {self._may_fire[state]}(tx, ev):")
-                self._line(f"{indent}    undeclared_read(tx, ev, {row.index}, {state!r})")
+                self._line(f"{indent}    undeclared_read(tx, ev, {index}, {state!r})")
         if row.outcome is Outcome.APPLIED:
             restarts = self._plan.restarts(kind, state)
             if restarts:
                 self._line(f"{indent}deadlines = tx.deadlines")
-            for index, duration in restarts:
+            for timer, duration in restarts:
                 # TimerPlan's restart rule: arm anew if it fired (or would move earlier than
                 # its heap entry), else push the deadline back.
-                self._line(f"{indent}deadline = deadlines[{index}]  "
-                           f"# restart timer {self._plan.names[index]!r}")
-                self._line(f"{indent}pushed_back = ev.time + {duration!r}")
+                self._line(f"{indent}deadline = deadlines[{timer}]  "
+                           f"# restart timer {self._plan.names[timer]!r}")
+                self._line(f"{indent}pushed_back = ev.time + {_number(duration, 'a duration')}")
                 self._line(f"{indent}if deadline is None or pushed_back < deadline:")
-                self._line(f"{indent}    arm(tx, {index}, ev.time)")
+                self._line(f"{indent}    arm(tx, {timer}, ev.time)")
                 self._line(f"{indent}else:")
-                self._line(f"{indent}    deadlines[{index}] = pushed_back")
+                self._line(f"{indent}    deadlines[{timer}] = pushed_back")
         cached = self._bind(self._result(row.outcome, state),
                             f"{row.outcome.name}_IN_{_ident(state).upper()}")
         self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")
