@@ -15,6 +15,7 @@ from typing import Iterable
 
 from ..runtime.timers import TimerPlan
 from .facts import ways_out
+from .reader import printable
 from .replay import ReplayReport, TransferSummary, replay
 
 
@@ -34,15 +35,18 @@ class Explanation:
             return f"transfer {self.transfer!r}: no step of it (or of its request) in the trace"
         sides = sorted({row[2] for row in self.timeline})
         lines = [f"transfer {self.transfer!r}: {len(self.timeline)} steps on "
-                 f"{len(sides)} side(s) ({', '.join(sides)}), sorted by wall clock",
+                 f"{len(sides)} side(s) ({', '.join(map(printable, sides))}), sorted by wall "
+                 "clock",
                  f"  {'t':>10}  {'side':<6} {'transfer':<14} {'event':<22} {'outcome':<9} "
                  f"{'state':<28} effects"]
         for _, t, side, tid, step in self.timeline:
+            # Everything but t is text from the trace: shown escaped, one line per step.
             moved = (f"{step.before or '-'} -> {step.after or '-'}" if step.before != step.after
                      else f"{step.after or '-'}")
-            effects = ", ".join(e.get("kind", "?") for e in step.effects)
-            lines.append(f"  {t:>10.4f}  {side:<6} {tid:<14} {step.event:<22} {step.outcome:<9} "
-                         f"{moved:<28} {effects}".rstrip())
+            effects = ", ".join(printable(e.get("kind", "?")) for e in step.effects)
+            lines.append(f"  {t:>10.4f}  {printable(side):<6} {printable(tid):<14} "
+                         f"{printable(step.event):<22} {printable(step.outcome):<9} "
+                         f"{printable(moved):<28} {effects}".rstrip())
         lines.append("")
         lines.extend(f"why: {reason}" for reason in self.reasons)
         return "\n".join(lines)
@@ -77,10 +81,7 @@ def _why(s: TransferSummary, group: list[TransferSummary], report: ReplayReport)
                 "it cannot be replayed; the timeline shows what was kept")
     live = report.live.get(_key(s))
     if live is None:
-        last = s.steps[-1] if s.steps else None
-        return (f"{s.who} ended {state!r} at t={s.since:.3f}"
-                f"{f' after {last.event}' if last else ''}"
-                f"{f' ({doc})' if doc else ''}.")
+        return _ended(s, doc)
     # The trace ends at the last step of any side, measured on this side's clock.
     end = s.since + (report.end_wall - s.since_wall)
     parts = [f"{s.who} is stuck in {state!r}{f' ({doc})' if doc else ''} for "
@@ -102,30 +103,61 @@ def _why(s: TransferSummary, group: list[TransferSummary], report: ReplayReport)
     return "; ".join(parts) + "."
 
 
+#: Outcomes of a step that ran a row: only such a step can have made a transfer final.
+_MOVED = ("created", "applied")
+
+
+def _ended(s: TransferSummary, doc: str) -> str:
+    """Why a transfer that ended is where it is: the step that made it final (not the
+    events that came after and found it ended), and those later events."""
+    steps = s.steps or []
+    if s.state is None and steps:
+        last = steps[-1]
+        return (f"{s.who} never existed here: its {len(steps)} event(s) found no transfer "
+                f"(the last, {printable(last.event)} at t={last.t:.3f}, was "
+                f"{printable(last.outcome)}).")
+    final = next((i for i in range(len(steps) - 1, -1, -1)
+                  if steps[i].outcome in _MOVED and steps[i].after == s.state), None)
+    text = f"{s.who} ended {s.state!r} at t={s.since:.3f}"
+    if final is not None:
+        step = steps[final]
+        text += printable(f" after {step.event} ({step.before or 'no state'} -> {step.after})")
+    if doc:
+        text += f" ({doc})"
+    later = steps[final + 1:] if final is not None else []
+    if later:
+        shown = ", ".join(printable(f"{step.event} at t={step.t:.3f} ({step.outcome})")
+                          for step in later[:3])
+        text += (f"; {len(later)} later event(s) found it ended: {shown}"
+                 f"{', ...' if len(later) > 3 else ''}")
+    return text + "."
+
+
 def _waits_for(s: TransferSummary, events: list[str], group: list[TransferSummary]) -> str:
     """What the peers' traces say about the remote events ``s`` waits for."""
     wanted = " or ".join(events)
     senders = [o for o in group if o.side != s.side
                and any(f"send_{event}" in o.spec.emits for event in events)]
     arrived = [(kind, source) for kind, _, source in s.arrivals if kind in events]
-    heard = sorted({f"{kind} from {source}" if source else kind for kind, source in arrived})
+    heard = sorted({f"{kind} from {printable(source)}" if source else kind
+                    for kind, source in arrived})
     sources = {source for _, source in arrived if source}
     got = f"{len(arrived)} arrived" + (f" ({', '.join(heard)})" if heard else "")
     if not senders:
         return f"it waits for {wanted}; {got}; no peer that sends it is in the traces given"
     text = [f"it waits for {wanted} from {len(senders)} peer(s) "
-            f"({', '.join(f'{o.side} {o.transfer!r}' for o in senders)}); {got}"]
+            f"({', '.join(f'{printable(o.side)} {o.transfer!r}' for o in senders)}); {got}"]
     for o in senders:
         if o.side in sources:
             continue
         sent = [(kind, t) for kind, t in o.sends if kind in events]
         if sent:
             kind, t = sent[0]
-            text.append(f"{o.side}'s trace shows its transfer {o.transfer!r} "
+            text.append(f"{printable(o.side)}'s trace shows its transfer {o.transfer!r} "
                         f"{_fate(o)} and sent {kind} at t={t:.3f}, which never arrived")
         else:
-            text.append(f"{o.side}'s trace shows its transfer {o.transfer!r} {_fate(o)} "
-                        f"without sending {wanted}")
+            text.append(f"{printable(o.side)}'s trace shows its transfer {o.transfer!r} "
+                        f"{_fate(o)} without sending {wanted}")
     return "; ".join(text)
 
 

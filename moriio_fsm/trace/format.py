@@ -18,6 +18,10 @@ FORMAT = "moriio-fsm-trace"
 VERSION = 1
 #: A line longer than this is refused rather than read (a hostile or broken file).
 MAX_LINE_BYTES = 1 << 20
+#: A record nested deeper than this (objects and arrays within each other, the record
+#: itself the first level) is refused: real records nest a few levels, and a deeper one
+#: would make every tool that walks it recurse without bound.
+MAX_NESTING = 64
 #: The outcome a step gets when a binding raised or an invariant broke (it was rolled back).
 RAISED = "raised"
 

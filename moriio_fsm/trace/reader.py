@@ -4,7 +4,9 @@ Rules: a file is read in bounded pieces (no line over ``MAX_LINE_BYTES`` is ever
 so a huge or hostile file costs time, not memory. The first line must be a header of a
 version this reader knows. Anything else that is wrong (bad JSON, bytes that are not
 UTF-8, a field of the wrong type, an out-of-range number, a record cut off at the end of
-the file) raises ``TraceError("file:line: what was expected")``; nothing else escapes.
+the file, a record nested deeper than ``MAX_NESTING``) raises
+``TraceError("file:line: what was expected")``; nothing else escapes, and every record
+returned is shallow enough for any tool to walk.
 Numbers are range-checked by the decoder itself: JSON has no NaN or infinity, and a
 literal too large for a float is refused, so every number read is finite.
 """
@@ -18,8 +20,8 @@ from typing import Iterable, Iterator
 import msgspec
 
 from ..errors import MoriioFsmError
-from .format import (DECODER, FORMAT, MAX_LINE_BYTES, VERSION, Gap, Header, Record, Step,
-                     TableInfo, decode_line)
+from .format import (DECODER, FORMAT, MAX_LINE_BYTES, MAX_NESTING, VERSION, Gap, Header,
+                     Record, Step, TableInfo, decode_line)
 
 
 class TraceError(MoriioFsmError, ValueError):
@@ -30,12 +32,43 @@ class TraceError(MoriioFsmError, ValueError):
         super().__init__(f"{path}:{line}: {message}")
 
 
+def printable(value: object) -> str:
+    """``value`` as text for one line of a terminal: every character that is not printable
+    (line breaks, terminal escape sequences) written as its escape. Text read from a
+    trace goes through this before it is shown."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _abbreviate(raw: bytes, limit: int = 80) -> str:
     text = raw[:limit].decode("utf-8", "replace").rstrip("\n")
-    return text + ("..." if len(raw) > limit else "")
+    return printable(text) + ("..." if len(raw) > limit else "")
 
 
 _STEP_PREFIX = b'{"type":"step"'
+_TOO_DEEP = (f"the record is nested more than {MAX_NESTING} levels deep (objects and arrays "
+             "within each other); a trace record nests a few levels")
+
+
+def _nesting(record: Record) -> int:
+    """How deep ``record`` nests, itself the first level (without recursion, so a record
+    of any depth is measured in bounded stack)."""
+    deepest = 1
+    stack = [(getattr(record, name), 2) for name in record.__struct_fields__]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list, tuple)))
+    return deepest
 
 
 def iter_records(path: str | Path, *, containing: Iterable[str] | None = None,
@@ -70,11 +103,19 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None,
                     and raw[-1] == 10 and not any(n in raw for n in needles)):
                 continue
             try:
-                record = decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                if raw.isspace():
-                    continue                     # a blank line
-                record = _decode(path, number, raw)      # raises, naming what is wrong
+                try:
+                    record = decode(raw)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    if raw.isspace():
+                        continue                     # a blank line
+                    record = _decode(path, number, raw)      # raises, naming what is wrong
+            except RecursionError:                   # the decoder's own depth limit
+                raise TraceError(path, number, _TOO_DEEP) from None
+            # Every level of nesting opens a bracket, so a line with few brackets is
+            # shallow; only one with many is measured (a cheap test on every line).
+            if (raw.count(b"{") + raw.count(b"[") > MAX_NESTING
+                    and _nesting(record) > MAX_NESTING):
+                raise TraceError(path, number, _TOO_DEEP)
             if number == 1:
                 _check_header(path, record, raw)
             elif record.__class__ is Header:
@@ -98,7 +139,8 @@ def _decode_error(path, number: int, raw: bytes) -> Record:
     try:
         return decode_line(raw)
     except msgspec.ValidationError as exc:
-        raise TraceError(path, number, f"not a valid trace record ({exc}): {_abbreviate(raw)}") from None
+        raise TraceError(path, number, f"not a valid trace record ({printable(exc)}): "
+                         f"{_abbreviate(raw)}") from None
     except msgspec.DecodeError as exc:
         if not raw.endswith(b"\n"):
             raise TraceError(path, number, "the last record is cut off (the file ends in the "
@@ -108,7 +150,7 @@ def _decode_error(path, number: int, raw: bytes) -> Record:
         except UnicodeDecodeError as bad:
             raise TraceError(path, number, f"the line is not UTF-8 (byte {bad.start}); a trace "
                              "is UTF-8 JSON Lines") from None
-        raise TraceError(path, number, f"not JSON ({exc}): {_abbreviate(raw)}") from None
+        raise TraceError(path, number, f"not JSON ({printable(exc)}): {_abbreviate(raw)}") from None
 
 
 def _check_header(path, record: Record, raw: bytes) -> None:

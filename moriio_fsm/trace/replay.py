@@ -11,7 +11,8 @@ afterwards (``anomalies.py``). Timers are replayed as the recorded timer events,
 clock is read. A transfer whose first record is not its start (its earlier records
 were rotated away or fell out of a ring) cannot be replayed and is listed as partial.
 
-Rules: memory grows with the live transfers of the trace, never with its length;
+Rules: memory grows with the live transfers of the trace, never with its length, and a
+table line cannot make it grow otherwise (``table_options`` bounds what it asks for);
 ``TraceError`` (file:line) for anything that makes the trace unreadable.
 """
 
@@ -27,7 +28,8 @@ from ..runtime.errors import InvariantViolation, TransitionError
 from ..runtime.events import Outcome
 from .facts import message_event, once_only_effects, remote_events
 from .format import RAISED, REPLAY_DECODER, Gap, Header, ReplayStep, Step, TableInfo
-from .reader import TraceError, iter_records
+from .reader import TraceError, iter_records, printable
+from .table_options import replay_config, replay_options
 from msgspec.structs import asdict
 
 from .render import effect_dict, same_effect
@@ -84,7 +86,7 @@ class TransferSummary:
 
     @property
     def who(self) -> str:
-        return f"{self.side}/{self.table} {self.transfer!r}"
+        return f"{printable(self.side)}/{printable(self.table)} {self.transfer!r}"
 
 
 @dataclass
@@ -145,12 +147,12 @@ class _Lane:
 
         self.info = info
         self.probe = _Probe()
-        options = dict(info.options)
-        if check_invariants:
-            options["check_invariants"] = True
         source = _spec_source(info, specs, notes)
         try:
-            self.table = build_table(source, executor=engine, config=dict(info.config),
+            options = replay_options(info.options)
+            if check_invariants:
+                options["check_invariants"] = True
+            self.table = build_table(source, executor=engine, config=replay_config(info.config),
                                      recorder=self.probe, **options)
         except (SpecError, LookupError, ValueError, TypeError) as exc:
             raise ReplayError(f"cannot build table {info.table!r} of side {info.side!r} (spec "
@@ -206,8 +208,10 @@ class ReplayError(TraceError):
 
 
 def _sha(path: Path) -> str:
+    # Hashed in pieces: the path comes from the trace and may name a file of any size.
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError:
         return ""
 
@@ -325,6 +329,7 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
                 if known is not None and known != record and key in lanes:
                     raise TraceError(path, line, f"table {record.table!r} of side "
                                      f"{record.side!r} is described differently from before")
+                _check_table_line(path, line, record)
                 infos[key] = record
             elif isinstance(record, Gap):
                 report.gaps.append(record)
@@ -447,6 +452,16 @@ def _replay_file(path: str, report: ReplayReport, lanes: dict, infos: dict, spec
             if len(report.divergences) == 1:
                 report.divergences[0].context = _context(path, line, step)
     report.steps, report.compared = steps, compared
+
+
+def _check_table_line(path: str, line: int, info: TableInfo) -> None:
+    """Refuse, at its line, a table line whose options or config a replay does not build."""
+    try:
+        replay_options(info.options)
+        replay_config(info.config)
+    except ValueError as exc:
+        raise TraceError(path, line, f"table {info.table!r} of side {info.side!r}: "
+                         f"{exc}") from None
 
 
 def _new_lane(side: str, table: str, infos: dict, engine: str, check_invariants: bool,
