@@ -1,7 +1,8 @@
 """Anonymous shared-memory regions (memfds) that a peer process on the same host can map.
 
 Rules: no name in /dev/shm, so nothing leaks when the owner dies; a peer opens a region through
-``/proc/<owner pid>/fd/<fd>`` while the owner keeps the fd open, and its mapping then stands on its own.
+``/proc/<owner pid>/fd/<fd>`` while the owner keeps the fd open, and its mapping then stands on its own;
+a region made ``sealed`` can change size for nobody, and a peer asked to map one refuses any other.
 (``shared_pages`` adopts a registered tensor's pages onto such a memfd, with its own name prefix.)
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from ...errors import MoriioFsmError
 
 import errno
+import fcntl
 import mmap
 import os
 import secrets
@@ -18,12 +20,44 @@ import weakref
 
 import torch
 
-__all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREFIX", "peer_region_problem",
-           "open_peer_region"]
+__all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREFIX", "SHMEM_DEVICE", "SIZE_SEALS",
+           "peer_region_problem", "open_peer_region", "unsealed_problem"]
 
 # Every region is a memfd named with this prefix: /proc/<pid>/fd links read
 # "/memfd:moriio-loopback-<token> (deleted)", and so do its lines in /proc/<pid>/maps.
 REGION_NAME_PREFIX = "moriio-loopback-"
+# A process touching its mapping of a memfd dies of SIGBUS past the file's end, so a memfd that
+# another process may ftruncate is sealed against any change of size (and against unsealing).
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def _shmem_device() -> int | None:
+    """The device of this kernel's memfds (a hugetlb memfd lives elsewhere, and can SIGBUS a reader)."""
+    try:
+        probe = os.memfd_create("moriio-probe", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.fstat(probe).st_dev
+    finally:
+        os.close(probe)
+
+
+SHMEM_DEVICE = _shmem_device()
+
+
+def unsealed_problem(fd: int) -> str | None:
+    """Why the memfd ``fd`` could still fault a process that maps it, or None: it must be an
+    ordinary memfd sealed against any change of size."""
+    if SHMEM_DEVICE is None or os.fstat(fd).st_dev != SHMEM_DEVICE:
+        return "it is not an ordinary memfd (a huge-page one can fault)"
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        seals = 0
+    if seals & SIZE_SEALS != SIZE_SEALS:
+        return f"it is not sealed against any change of size (seals {seals:#x}, {SIZE_SEALS:#x} needed)"
+    return None
 
 
 class RegionUnavailable(MoriioFsmError, OSError):
@@ -69,14 +103,17 @@ class SharedRegion:
         weakref.finalize(mapping, self.close)
 
     @classmethod
-    def allocate(cls, size: int) -> tuple["SharedRegion", torch.Tensor]:
-        """A new zeroed region of ``size`` bytes and the flat uint8 tensor over it."""
+    def allocate(cls, size: int, sealed: bool = False) -> tuple["SharedRegion", torch.Tensor]:
+        """A new zeroed region of ``size`` bytes and the flat uint8 tensor over it; ``sealed``:
+        nobody can change its size (``SIZE_SEALS``), so no peer can make a mapping of it fault."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"shared region size must be a positive number of bytes, got {size!r}")
         token = secrets.token_hex(8)
-        fd = os.memfd_create(REGION_NAME_PREFIX + token, os.MFD_CLOEXEC)
+        fd = os.memfd_create(REGION_NAME_PREFIX + token, os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0))
         try:
             os.ftruncate(fd, size)
+            if sealed:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS)
             mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         except BaseException:
             os.close(fd)
@@ -128,12 +165,17 @@ def open_peer_region(pid: int, fd: int, token: str, size: int, prefix: str) -> i
 class PeerMapping:
     """This process's mapping of a region owned by another process (``fd`` is the owner's).
 
-    The mapping lasts while this object or its ``tensor`` (or a view of it) lives.
+    The mapping lasts while this object or its ``tensor`` (or a view of it) lives. ``sealed``:
+    refused (``RegionUnavailable``) unless the region is sealed against any change of size,
+    so that neither its owner nor another peer can make this mapping fault.
     """
 
-    def __init__(self, pid: int, fd: int, token: str, size: int) -> None:
+    def __init__(self, pid: int, fd: int, token: str, size: int, sealed: bool = False) -> None:
         peer_fd = open_peer_region(pid, fd, token, size, REGION_NAME_PREFIX)
         try:
+            problem = unsealed_problem(peer_fd) if sealed else None
+            if problem is not None:
+                raise RegionUnavailable(f"shared region {token} of process {pid} cannot be mapped safely: {problem}")
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self._map = mmap.mmap(peer_fd, size, flags=flags)
         finally:

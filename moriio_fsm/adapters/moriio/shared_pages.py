@@ -18,6 +18,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from .shared_memory import SHMEM_DEVICE as _SHMEM_DEVICE, SIZE_SEALS as _SIZE_SEALS
 from .shared_memory import RegionUnavailable, open_peer_region
 
 __all__ = ["ADOPTED_NAME_PREFIX", "AdoptedPages", "MemoryClaim", "PeerPages", "claim_memory"]
@@ -27,8 +28,6 @@ _log = logging.getLogger(__name__)
 # Every adopted region is a memfd named with this prefix and a token: its lines in
 # /proc/<pid>/maps read "/memfd:moriio-pages-<token> (deleted)".
 ADOPTED_NAME_PREFIX = "moriio-pages-"
-# A peer copying into a region would die of SIGBUS if the owner shrank it; sealed against any change of size.
-_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 # Pages move in chunks, so that moving a large cache costs one chunk of extra memory, not a second cache.
 _CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -50,21 +49,6 @@ _MADV_DONTFORK = 10
 _MAP_FIXED = 0x10          # not in Python's mmap module
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _RW = mmap.PROT_READ | mmap.PROT_WRITE
-
-
-def _shmem_device() -> int | None:
-    """The device of this kernel's memfds (a hugetlb memfd lives elsewhere, and can SIGBUS a reader)."""
-    try:
-        probe = os.memfd_create("moriio-probe", os.MFD_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.fstat(probe).st_dev
-    finally:
-        os.close(probe)
-
-
-_SHMEM_DEVICE = _shmem_device()
 
 
 def _map(address: int | None, size: int, flags: int, fd: int = -1, offset: int = 0) -> int:
