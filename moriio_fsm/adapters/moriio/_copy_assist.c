@@ -11,7 +11,9 @@
  * snapshot of the job (peers can write the board), and holds the window table's lock for the
  * whole job, so that dropping a window waits for any copy into it. A writer that finds no free
  * slot copies alone; one whose helper does not leave the job in time fails it; no wait is
- * without a bound. */
+ * without a bound. A slot is freed by its writer, or by the destination once that writer's
+ * process is gone (compared by ticket, so never under a writer that took the slot since); the
+ * registrations the destination is asked to map, or would not, are kept in bounded tables. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -19,6 +21,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,7 +33,7 @@
 #include "_int_args.h"
 
 #define BOARD_MAGIC 0x41534d4fu /* "OMSA" */
-#define BOARD_VERSION 1u
+#define BOARD_VERSION 2u   /* 2: a slot's poster_pid is set as it is taken and cleared as it is freed */
 #define BOARD_SLOTS 32     /* a transfer posts one job per layer; several transfers can be in flight */
 #define MAX_SEGMENTS 16
 #define MAX_RANGES 2048
@@ -42,6 +45,7 @@
 #define MAX_WINDOWS 1024
 #define MAX_UNKNOWN 32
 #define INTRO_SLOTS 64     /* writers' registrations announced ahead of their first job */
+#define MAX_REFUSED 256    /* writers' registrations this process would not map, remembered (the oldest forgotten) */
 
 /* A slot's ticket: a generation in the high bits, its state in the low three. */
 enum { FREE = 0, FILLING = 1, POSTED = 2, HELPING = 3, HELPED = 4, REFUSED = 5, CLOSED = 6, ABANDONED = 7 };
@@ -67,7 +71,7 @@ typedef struct {
     uint32_t next;     /* next range to claim */
     uint32_t n_ranges, n_segments;
     uint32_t helped;   /* ranges the helper copied (for statistics only) */
-    uint32_t poster_pid;
+    uint32_t poster_pid;   /* the writer holding the slot, set once it is taken, 0 while free (see free_slot) */
     uint32_t pad[10];
     board_segment segments[MAX_SEGMENTS];
     board_range ranges[MAX_RANGES];
@@ -101,6 +105,13 @@ static uint32_t load32(const uint32_t *word) { return __atomic_load_n(word, __AT
 static void store32(uint32_t *word, uint32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 static int cas32(uint32_t *word, uint32_t expected, uint32_t wanted) {
     return __atomic_compare_exchange_n(word, &expected, wanted, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* Give a slot back. Its poster's pid is cleared first, so that whoever sees the slot taken by the
+ * next writer reads that writer's pid or 0, never the pid of a writer that held it before. */
+static void free_slot(board_slot *slot, uint32_t ticket) {
+    __atomic_store_n(&slot->poster_pid, 0, __ATOMIC_RELAXED);
+    store32(&slot->ticket, NEXT_FREE(ticket));
 }
 
 static double now_s(void) {
@@ -175,7 +186,7 @@ static void job_abandon(job_t *job) {
     uint32_t posted = job->ticket;
     __atomic_store_n(&slot->next, job->n_ranges, __ATOMIC_RELEASE);
     if (cas32(&slot->ticket, posted, WITH_STATE(posted, CLOSED))) {
-        store32(&slot->ticket, NEXT_FREE(posted));
+        free_slot(slot, posted);
         return;
     }
     for (;;) {
@@ -186,7 +197,7 @@ static void job_abandon(job_t *job) {
             continue;     /* it left just now */
         }
         if (now == WITH_STATE(posted, HELPED) || now == WITH_STATE(posted, REFUSED))
-            store32(&slot->ticket, NEXT_FREE(posted));
+            free_slot(slot, posted);
         return;           /* anything else is no longer this job's */
     }
 }
@@ -337,6 +348,8 @@ static PyObject *post(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         uint32_t ticket = load32(&slot->ticket);
         if (STATE(ticket) != FREE || !cas32(&slot->ticket, ticket, WITH_STATE(ticket, FILLING)))
             continue;
+        /* At once: until it is written, nobody can free the slot should this writer die (stale_slots). */
+        __atomic_store_n(&slot->poster_pid, (uint32_t)getpid(), __ATOMIC_RELEASE);
         memcpy(slot->segments, segments, (size_t)n_segments * sizeof *segments);
         uint32_t out = 0;
         for (Py_ssize_t k = 0; k < n; k++) {
@@ -353,7 +366,6 @@ static PyObject *post(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         slot->n_segments = (uint32_t)n_segments;
         slot->n_ranges = (uint32_t)m;
         slot->helped = 0;
-        slot->poster_pid = (uint32_t)getpid();
         __atomic_store_n(&slot->next, 0, __ATOMIC_RELEASE);
         store32(&slot->ticket, WITH_STATE(ticket, POSTED));
         wake_helpers(board);
@@ -464,7 +476,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     copy_fence();
     if (cas32(&slot->ticket, posted, WITH_STATE(posted, CLOSED))) {
-        store32(&slot->ticket, NEXT_FREE(posted));   /* the helper never joined */
+        free_slot(slot, posted);   /* the helper never joined */
     } else {
         double deadline = now_s() + timeout_s;
         for (;;) {
@@ -472,7 +484,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             if (now == WITH_STATE(posted, HELPED) || now == WITH_STATE(posted, REFUSED)) {
                 refused = now == WITH_STATE(posted, REFUSED);
                 helped = refused ? 0 : __atomic_load_n(&slot->helped, __ATOMIC_ACQUIRE);
-                store32(&slot->ticket, NEXT_FREE(posted));
+                free_slot(slot, posted);
                 break;
             }
             if (now != WITH_STATE(posted, HELPING)) {   /* someone else's board write: not ours to free */
@@ -637,10 +649,21 @@ typedef struct {
     struct {
         uint32_t pid, len;
         uint64_t mem_id;
+        uint8_t token[TOKEN_MAX];
         uint8_t desc[DESC_MAX];
     } unknown[MAX_UNKNOWN];
     int n_unknown;
+    /* Registrations the caller would not map (refuse), so that they are not asked for again: a
+     * ring, bounded whatever peers announce; a key pushed out may be asked for once more. */
+    struct {
+        uint32_t pid;
+        uint64_t mem_id;
+        uint8_t token[TOKEN_MAX];
+    } refused_keys[MAX_REFUSED];
+    uint32_t n_refused_keys;       /* refusals recorded so far; the next goes at n % MAX_REFUSED */
     uint32_t intro_seen;           /* board->intro_next when the introductions were last read whole */
+    uint32_t intro_from;           /* where the next reading starts, so that a full list does not
+                                      always leave out the same introductions */
     uint64_t jobs, ranges, bytes, refused;
     board_segment segments[MAX_SEGMENTS];  /* the job being helped, as snapshot */
     board_range snapshot[MAX_RANGES];
@@ -664,17 +687,32 @@ static const window_t *find_dest(helper_t *h, uint64_t mem_id) {
     return NULL;
 }
 
-static void note_unknown(helper_t *h, const board_segment *seg) {
+static int was_refused(const helper_t *h, const board_segment *seg) {
+    uint32_t n = h->n_refused_keys < MAX_REFUSED ? h->n_refused_keys : MAX_REFUSED;
+    for (uint32_t k = 0; k < n; k++)
+        if (h->refused_keys[k].pid == seg->src_pid && h->refused_keys[k].mem_id == seg->src_mem_id &&
+            memcmp(h->refused_keys[k].token, seg->token, TOKEN_MAX) == 0)
+            return 1;
+    return 0;
+}
+
+/* Ask the caller to map a writer's registration; 0 if the list of those is full (asked again later). */
+static int note_unknown(helper_t *h, const board_segment *seg) {
     for (int k = 0; k < h->n_unknown; k++)
-        if (h->unknown[k].pid == seg->src_pid && h->unknown[k].mem_id == seg->src_mem_id)
-            return;
-    if (h->n_unknown == MAX_UNKNOWN || seg->desc_len > DESC_MAX)
-        return;
+        if (h->unknown[k].pid == seg->src_pid && h->unknown[k].mem_id == seg->src_mem_id &&
+            memcmp(h->unknown[k].token, seg->token, TOKEN_MAX) == 0)
+            return 1;
+    if (seg->desc_len > DESC_MAX || was_refused(h, seg))
+        return 1;
+    if (h->n_unknown == MAX_UNKNOWN)
+        return 0;
     int k = h->n_unknown++;
     h->unknown[k].pid = seg->src_pid;
     h->unknown[k].mem_id = seg->src_mem_id;
+    memcpy(h->unknown[k].token, seg->token, TOKEN_MAX);
     h->unknown[k].len = seg->desc_len;
     memcpy(h->unknown[k].desc, seg->desc, seg->desc_len);
+    return 1;
 }
 
 /* Help the job in one slot if it is posted and helpable; 1 if it did. Called with the lock held. */
@@ -741,7 +779,7 @@ static int help_slot(helper_t *h, uint32_t index, double cap) {
     h->bytes += bytes;
     h->refused += refused;
     if (!cas32(&slot->ticket, WITH_STATE(ticket, HELPING), WITH_STATE(ticket, refused ? REFUSED : HELPED)))
-        store32(&slot->ticket, NEXT_FREE(ticket));   /* the writer gave up on it: free it here */
+        free_slot(slot, ticket);   /* the writer gave up on it: free it here */
     futex(&slot->ticket, FUTEX_WAKE, INT_MAX, NULL);   /* the writer may be waiting for this */
     return 1;
 }
@@ -766,8 +804,9 @@ static helper_t *helper_call(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t
 
 /* Note every introduced registration not mapped here; called with the lock held. */
 static void read_intros(helper_t *h) {
-    uint32_t next = load32(&h->board->intro_next);
-    for (int k = 0; k < INTRO_SLOTS; k++) {
+    uint32_t next = load32(&h->board->intro_next), from = h->intro_from;
+    for (uint32_t i = 0; i < INTRO_SLOTS; i++) {
+        uint32_t k = (from + i) % INTRO_SLOTS;
         board_intro *intro = &h->board->intros[k];
         uint32_t before = load32(&intro->seq);
         if (before == 0)
@@ -777,8 +816,10 @@ static void read_intros(helper_t *h) {
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if ((before & 1) || load32(&intro->seq) != before)
             continue;    /* being written (or left half-written): its writer's next job asks again */
-        if (find_source(h, &segment) == NULL)
-            note_unknown(h, &segment);
+        if (find_source(h, &segment) == NULL && !note_unknown(h, &segment)) {
+            h->intro_from = k;   /* the list is full: the next reading starts with this one */
+            break;
+        }
     }
     h->intro_seen = next;   /* always: a slot left odd must not keep every call awake */
 }
@@ -906,6 +947,93 @@ static int work_posted(helper_t *h) {
     return 0;
 }
 
+/* ---- slots of writers that died ------------------------------------------------------- */
+
+/* A slot only its writer frees (unless that writer died). Not HELPING or ABANDONED: a help call of
+ * this process is in that job, and frees an abandoned one as it leaves. */
+static int held_by_poster(uint32_t ticket) {
+    uint32_t state = STATE(ticket);
+    return state == FILLING || state == POSTED || state == HELPED || state == REFUSED || state == CLOSED;
+}
+
+/* Whether no process has ``pid`` now. The board is opened through /proc/<this process's pid>, so
+ * its writers share this process's view of pids. A zombie is not dead yet; EPERM means alive. */
+static int pid_gone(uint32_t pid) {
+    return pid != 0 && pid <= INT_MAX && (pid_t)pid != getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* stale_slots(helper) -> [(slot, ticket, pid)]: slots held by a writer whose process is gone, each
+ * with the ticket it had when its writer was read (the pair read consistently: see free_slot). */
+static PyObject *stale_slots(PyObject *module, PyObject *arg) {
+    (void)module;
+    helper_t *h = helper_of(arg);
+    if (h == NULL)
+        return NULL;
+    uint32_t found[BOARD_SLOTS][3], n = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (uint32_t k = 0; k < BOARD_SLOTS; k++) {
+        board_slot *slot = &h->board->slots[k];
+        uint32_t ticket = load32(&slot->ticket);
+        if (!held_by_poster(ticket))
+            continue;
+        uint32_t pid = __atomic_load_n(&slot->poster_pid, __ATOMIC_ACQUIRE);
+        /* Unchanged: pid is this ticket's writer's, or 0 (taken, its pid not written yet). */
+        if (load32(&slot->ticket) != ticket || !pid_gone(pid))
+            continue;
+        found[n][0] = k;
+        found[n][1] = ticket;
+        found[n][2] = pid;
+        n++;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *out = PyList_New(0);
+    for (uint32_t k = 0; out != NULL && k < n; k++) {
+        PyObject *item = Py_BuildValue("(kkk)", (unsigned long)found[k][0], (unsigned long)found[k][1],
+                                       (unsigned long)found[k][2]);
+        if (item == NULL || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    return out;
+}
+
+/* free_dead(helper, stale) -> the entries of ``stale`` (from stale_slots) whose slot was freed: each
+ * only if its ticket is still the one seen then, so a slot another writer took meanwhile stays its. */
+static PyObject *free_dead(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    helper_t *h = helper_call(args, nargs, 2, "free_dead");
+    if (h == NULL)
+        return NULL;
+    PyObject *stale = PySequence_Fast(args[1], "free_dead: stale must be a sequence of (slot, ticket, pid)");
+    if (stale == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < PySequence_Fast_GET_SIZE(stale); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(stale, i);
+        uint64_t index, ticket, pid;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3 ||
+            read_u64(PyTuple_GET_ITEM(item, 0), "stale.slot", i, &index) < 0 ||
+            read_u64(PyTuple_GET_ITEM(item, 1), "stale.ticket", i, &ticket) < 0 ||
+            read_u64(PyTuple_GET_ITEM(item, 2), "stale.pid", i, &pid) < 0 ||
+            index >= BOARD_SLOTS || ticket > UINT32_MAX || !held_by_poster((uint32_t)ticket)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "free_dead: stale[%zd]: expected (slot below %d, ticket of a held "
+                             "slot, pid) as stale_slots gives", i, BOARD_SLOTS);
+            Py_CLEAR(out);
+            break;
+        }
+        board_slot *slot = &h->board->slots[index];
+        /* Closed by one compare-and-swap first: a writer that took the slot since holds another ticket. */
+        if (!cas32(&slot->ticket, (uint32_t)ticket, WITH_STATE((uint32_t)ticket, CLOSED)))
+            continue;
+        free_slot(slot, (uint32_t)ticket);
+        if (PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+    }
+    Py_DECREF(stale);
+    return out;
+}
+
 /* How long one help call may keep helping beyond its wait (it claims no piece after that), so that
  * writers that keep posting do not keep this caller (a serving loop) from its own work. */
 #define HELP_CAP_S 0.02
@@ -1013,7 +1141,8 @@ static PyObject *install(window_t *table, helper_t *h, const window_t *w) {
         table[slot].used = 1;
         memset(h->skip_valid, 0, sizeof h->skip_valid);   /* a job skipped for want of it may go now */
         for (int k = 0; k < h->n_unknown; k++)
-            if (table == h->sources && h->unknown[k].pid == w->pid && h->unknown[k].mem_id == w->mem_id) {
+            if (table == h->sources && h->unknown[k].pid == w->pid && h->unknown[k].mem_id == w->mem_id &&
+                memcmp(h->unknown[k].token, w->token, TOKEN_MAX) == 0) {
                 h->unknown[k] = h->unknown[--h->n_unknown];
                 break;
             }
@@ -1089,12 +1218,16 @@ static PyObject *drop_dest(PyObject *module, PyObject *const *args, Py_ssize_t n
     return drop(h->dests, h, 0, mem_id, 0);
 }
 
-/* unknown(helper) -> [(pid, mem_id, desc bytes)]: writers' registrations that jobs named and
- * that are not mapped here, taken off the list. */
-static PyObject *unknown(PyObject *module, PyObject *arg) {
+/* unknown(helper[, limit]) -> [(pid, mem_id, token, desc bytes)]: writers' registrations that jobs
+ * or introductions named and that are not mapped here, the first ``limit`` of them (default: all)
+ * taken off the list; the rest stay on it for the next call. */
+static PyObject *unknown(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    helper_t *h = helper_of(arg);
-    if (h == NULL)
+    if (nargs < 1 || nargs > 2)
+        return PyErr_Format(PyExc_TypeError, "unknown() takes 1 or 2 arguments (helper[, limit]), got %zd", nargs);
+    helper_t *h = helper_of(args[0]);
+    uint64_t limit = MAX_UNKNOWN;
+    if (h == NULL || (nargs == 2 && read_u64(args[1], "limit", 0, &limit) < 0))
         return NULL;
     /* Copied out under the lock, turned into objects after it: building them can run a finalizer
      * that calls back in here, and the lock is not recursive. */
@@ -1102,14 +1235,19 @@ static PyObject *unknown(PyObject *module, PyObject *arg) {
     if (taken == NULL)
         return PyErr_NoMemory();
     lock_table(h);
-    int n = h->n_unknown;
-    memcpy(taken, h->unknown, sizeof h->unknown);
-    h->n_unknown = 0;
+    int n = limit < (uint64_t)h->n_unknown ? (int)limit : h->n_unknown;
+    memcpy(taken, h->unknown, (size_t)n * sizeof h->unknown[0]);
+    memmove(h->unknown, h->unknown + n, (size_t)(h->n_unknown - n) * sizeof h->unknown[0]);
+    h->n_unknown -= n;
     pthread_mutex_unlock(&h->lock);
     typeof(h->unknown[0]) *entries = taken;
     PyObject *out = PyList_New(0);
     for (int k = 0; out != NULL && k < n; k++) {
-        PyObject *item = Py_BuildValue("(kKy#)", (unsigned long)entries[k].pid, (unsigned long long)entries[k].mem_id,
+        Py_ssize_t token_len = TOKEN_MAX;   /* as padded on the board: trailing zero bytes dropped */
+        while (token_len > 0 && entries[k].token[token_len - 1] == 0)
+            token_len--;
+        PyObject *item = Py_BuildValue("(kKy#y#)", (unsigned long)entries[k].pid, (unsigned long long)entries[k].mem_id,
+                                       (const char *)entries[k].token, (Py_ssize_t)token_len,
                                        (const char *)entries[k].desc, (Py_ssize_t)entries[k].len);
         if (item == NULL || PyList_Append(out, item) < 0)
             Py_CLEAR(out);
@@ -1117,6 +1255,29 @@ static PyObject *unknown(PyObject *module, PyObject *arg) {
     }
     PyMem_RawFree(taken);
     return out;
+}
+
+/* refuse(helper, pid, mem_id, token): a writer's registration the caller would not map; no job or
+ * introduction names it in ``unknown`` again, until MAX_REFUSED later refusals push it out. */
+static PyObject *refuse(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    helper_t *h = helper_call(args, nargs, 4, "refuse");
+    uint64_t pid, mem_id;
+    if (h == NULL || read_u64(args[1], "pid", 0, &pid) < 0 || read_u64(args[2], "mem_id", 0, &mem_id) < 0)
+        return NULL;
+    if (pid > UINT32_MAX || !PyBytes_Check(args[3]) || PyBytes_GET_SIZE(args[3]) > TOKEN_MAX)
+        return PyErr_Format(PyExc_ValueError, "refuse: expected a pid below 2**32 and a token of at most %d bytes",
+                            TOKEN_MAX);
+    lock_table(h);
+    typeof(h->refused_keys[0]) *key = &h->refused_keys[h->n_refused_keys % MAX_REFUSED];
+    memset(key, 0, sizeof *key);
+    key->pid = (uint32_t)pid;
+    key->mem_id = mem_id;
+    memcpy(key->token, PyBytes_AS_STRING(args[3]), (size_t)PyBytes_GET_SIZE(args[3]));
+    if (++h->n_refused_keys == 2 * MAX_REFUSED)
+        h->n_refused_keys = MAX_REFUSED;   /* the ring is full for good: keep the count from wrapping */
+    pthread_mutex_unlock(&h->lock);
+    Py_RETURN_NONE;
 }
 
 static PyObject *stats(PyObject *module, PyObject *arg) {
@@ -1158,7 +1319,15 @@ static PyMethodDef methods[] = {
     {"add_dest", (PyCFunction)(void (*)(void))add_dest, METH_FASTCALL, "add_dest(helper, mem_id, base, low, high)"},
     {"drop_source", (PyCFunction)(void (*)(void))drop_source, METH_FASTCALL, "drop_source(helper, pid, mem_id)"},
     {"drop_dest", (PyCFunction)(void (*)(void))drop_dest, METH_FASTCALL, "drop_dest(helper, mem_id)"},
-    {"unknown", unknown, METH_O, "unknown(helper) -> [(pid, mem_id, desc)] that jobs named and are not mapped here."},
+    {"unknown", (PyCFunction)(void (*)(void))unknown, METH_FASTCALL,
+     "unknown(helper[, limit]) -> [(pid, mem_id, token, desc)] that jobs or introductions named and are not\n"
+     "mapped here, at most limit of them taken off the list (the rest wait for the next call)."},
+    {"refuse", (PyCFunction)(void (*)(void))refuse, METH_FASTCALL,
+     "refuse(helper, pid, mem_id, token): not named by unknown() again (the last MAX_REFUSED refusals are kept)."},
+    {"stale_slots", stale_slots, METH_O,
+     "stale_slots(helper) -> [(slot, ticket, pid)]: board slots held by writers whose process is gone."},
+    {"free_dead", (PyCFunction)(void (*)(void))free_dead, METH_FASTCALL,
+     "free_dead(helper, stale) -> the entries of stale_slots' answer whose slot still had that ticket, now freed."},
     {"stats", stats, METH_O, "stats(helper) -> {jobs, ranges, bytes, refused}"},
     {NULL, NULL, 0, NULL},
 };
@@ -1180,6 +1349,9 @@ PyMODINIT_FUNC PyInit__copy_assist(void) {
         /* Where slot k's ticket lies (SLOTS_OFFSET + k * SLOT_BYTES): for tools and tests that inspect a board. */
         PyModule_AddIntConstant(module, "SLOTS_OFFSET", (long)offsetof(board_t, slots)) < 0 ||
         PyModule_AddIntConstant(module, "SLOT_BYTES", (long)sizeof(board_slot)) < 0 ||
+        PyModule_AddIntConstant(module, "SLOT_POSTER_OFFSET", (long)offsetof(board_slot, poster_pid)) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_REFUSED", MAX_REFUSED) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_UNKNOWN", MAX_UNKNOWN) < 0 ||
         PyModule_AddIntConstant(module, "MAX_SEGMENTS", MAX_SEGMENTS) < 0 ||
         PyModule_AddIntConstant(module, "DESC_MAX", DESC_MAX) < 0 ||
         PyModule_AddIntConstant(module, "TOKEN_MAX", TOKEN_MAX) < 0) {

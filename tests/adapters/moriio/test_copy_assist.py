@@ -279,7 +279,7 @@ def test_an_introduction_maps_a_writers_memory_before_its_first_job():
         owner.add_dest(9, target.data_ptr(), 0, target.numel())
         seg = (mem.pid, mem.mem_id, mem.shared_token.encode(), 9, mem.pack(), target.data_ptr(), mem.address)
         _native.introduce(owner.address, seg)
-        assert owner.help() == 0 and owner._sources, "the introduction was not mapped"
+        assert owner.help() == 0 and owner.stats()["registrations_mapped"] == 1, "the introduction was not mapped"
         job = _native.post(owner.address, [seg], [0], [low], [low], [2 << 20])
         assert owner.help() == 8
         assert _native.finish(job, 5.0, -1) == (8, 8)
