@@ -44,6 +44,8 @@ NAMED_DOMAINS: dict[str, Callable[[Bounds], tuple]] = {
     "code": lambda b: (13,),
     "reason": lambda b: ("failed",),
     "error": lambda b: ("injected",),
+    # Unknown, and two prompts: enough to meet an allocation made for another prompt.
+    "prompt_digest": lambda b: ("", "a", "b"),
 }
 
 #: Payload values by declared type, for field names not listed above.

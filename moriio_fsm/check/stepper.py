@@ -115,6 +115,7 @@ class Stepper:
         tx.transfer_id = TRANSFER_ID
         tx.state = key[0]
         tx.deadlines = list(key[1])
+        tx._senders = None       # peers are not modelled: every transfer takes any sender
         for name, value in zip(self.fields, key[2:]):
             setattr(tx, name, value)
         for index in self._unhashable:

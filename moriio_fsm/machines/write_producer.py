@@ -89,6 +89,12 @@ def usable_allocation(tx, ev) -> bool:
 
 
 @bindings.guard
+def allocation_for_another_prompt(tx, ev) -> bool:
+    theirs = ev.prompt_digest
+    return bool(theirs) and bool(tx.prompt_digest) and theirs != tx.prompt_digest
+
+
+@bindings.guard
 def awaiting_allocation(tx, ev) -> bool:
     return not tx.has_allocation
 
@@ -115,6 +121,7 @@ def nothing_in_flight(tx, ev) -> bool:
 @bindings.action
 def init_transfer(tx, ev, out) -> None:
     tx.num_writers = ev.num_writers
+    tx.prompt_digest = ev.prompt_digest
 
 
 @bindings.action
@@ -233,6 +240,11 @@ def end_failed(tx, ev, out) -> None:
 
 
 @bindings.action
+def end_mismatched(tx, ev, out) -> None:
+    tx.end_reason = "prompt_mismatch"
+
+
+@bindings.action
 def end_aborted(tx, ev, out) -> None:
     tx.end_reason = "aborted"
 
@@ -249,7 +261,7 @@ def end_released(tx, ev, out) -> None:
 
 @bindings.guard
 def finished_after_failure(tx, ev) -> bool:
-    return tx.end_reason == "failed" and tx.request_finished
+    return tx.end_reason in ("failed", "prompt_mismatch") and tx.request_finished
 
 
 @bindings.guard

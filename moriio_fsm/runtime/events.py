@@ -29,9 +29,13 @@ class Event(_EventHead, kw_only=True, frozen=True, gc=False):
     fields in order, and ``source`` by keyword only
     (``events.layer_scheduled("tx-1", now, layer=3)``); ``kind`` is the declared name.
     ``time`` is the caller's monotonic clock reading in seconds (the core reads no
-    clock); ``source`` names the peer a remote event came from (its host and
-    connection), so that the table can keep one flooding peer from crowding out the
-    others ("" when local). A plain ``Event`` has no kind and is rejected by every table.
+    clock); ``source`` names the peer a remote event came from (its host, its CURVE key
+    when it has one, and its connection: ``sender#connection``), so that the table can
+    keep one flooding peer from crowding out the others and take a transfer's facts only
+    from its own peer. On a creating event ``source`` binds the new transfer instead:
+    ``""`` to no one (any peer may speak for it), ``"?"`` to the first peer it hears from,
+    or a comma-separated list of the senders it accepts (see ``TransferTable``). A plain
+    ``Event`` has no kind and is rejected by every table.
     """
 
     source: str = ""
@@ -74,6 +78,7 @@ class Outcome(enum.Enum):
     UNKNOWN = "unknown"        # a local or timer event for a transfer never created
     BUFFERED = "buffered"      # a remote fact for a transfer not created yet
     DROPPED = "dropped"        # a remote fact for an unknown transfer, buffer full
+    FORGED = "forged"          # a remote fact from a peer the transfer is not bound to
 
 
 # A plain int per member lets hot paths count outcomes in a list instead of hashing

@@ -59,7 +59,8 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
     # request, and a loop of setattr calls would cost several times as much.
     namespace: dict[str, Any] = {"INITIAL_STATE": initial_state}
     lines = ["def __init__(self, transfer_id):", "    self.transfer_id = transfer_id",
-             "    self.state = INITIAL_STATE", f"    self.deadlines = [None] * {num_timers}"]
+             "    self.state = INITIAL_STATE", f"    self.deadlines = [None] * {num_timers}",
+             "    self._senders = None"]
     for index, (name, value) in enumerate(zip(fields, initial)):
         namespace[f"INITIAL_{index}"] = value
         lines.append(f"    self.{name} = INITIAL_{index}")
@@ -68,7 +69,7 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
     # key may use, so no spec can shadow it.
     lines += ["", "def copy(self):", "    other = CLASS.__new__(CLASS)",
               "    other.transfer_id = self.transfer_id", "    other.state = self.state",
-              "    other.deadlines = list(self.deadlines)"]
+              "    other.deadlines = list(self.deadlines)", "    other._senders = self._senders"]
     lines += [f"    other.{name} = self.{name}" for name in fields]
     lines.append("    return other")
     exec(compile("\n".join(lines) + "\n", f"<moriio-fsm record {spec.name}>", "exec"), namespace)   # noqa: S102
@@ -85,7 +86,8 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
 
     cls_name = "".join(part.capitalize() for part in spec.name.split("_")) + "Transfer"
     cls = type(cls_name, (), {
-        "__slots__": ("transfer_id", "state", "deadlines") + fields,
+        # _senders: the peers whose facts the transfer takes (TransferTable's binding).
+        "__slots__": ("transfer_id", "state", "deadlines", "_senders") + fields,
         "__init__": __init__, "__repr__": __repr__, "context": context,
         "_copy": copy,
         "config": dict(config), "spec_name": spec.name, "field_names": fields,

@@ -9,6 +9,10 @@ Rules of this file:
 - Only a local event declared ``creates`` starts a transfer. A peer's message for an
   unknown transfer waits in a bounded, fair, time-limited buffer (``pending.py``) and is
   applied when the local side creates the transfer; it never creates one itself.
+- A transfer is bound to the peers its creating event's ``source`` names (a comma-separated
+  list of senders, ``"?"`` for the first peer it hears from, ``""`` for anyone): a peer's
+  fact from any other sender is FORGED, counted, and changes nothing, whether it arrives
+  live or was held before the transfer existed.
 - A transfer that reached a final state is retired and remembered in a bounded
   per-shard record of ended ids: events for it are LATE. Because peers cannot create
   transfers, even an id that fell out of that record can never come back to life.
@@ -43,7 +47,7 @@ from .codegen import generate_steps
 from .errors import InvariantViolation, TimerStepsFailed, TransitionError
 from .events import Effect, Event, Outcome
 from .machine import Machine
-from .pending import EarlyFacts
+from .pending import EarlyFacts, sender_of
 from .reference import ReferenceSteps
 from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 
@@ -73,6 +77,9 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     def __iter__(self):
         return iter((self.outcome, self.state, self.effects))
 
+
+#: A creating event's ``source`` that binds the transfer to the first peer it hears from.
+FIRST_SENDER = "?"
 
 _HELD = Result(Outcome.BUFFERED, None, _NO_EFFECTS)
 _DROPPED = Result(Outcome.DROPPED, None, _NO_EFFECTS)
@@ -473,8 +480,9 @@ class TransferTable:
     def _guard_special_kinds(self, steps: dict) -> dict:
         """Put a checking wrapper in front of the steps of creating, timer and peer
         events, in every state: a second create is a duplicate, a timer event counts only
-        when its deadline is due. (Every step checks its event's payload types itself.)
-        Returns the creating steps themselves, which ``_create`` runs."""
+        when its deadline is due, a peer's event counts only from the transfer's own peer.
+        (Every step checks its event's payload types itself.) Returns the creating steps
+        themselves, which ``_create`` runs."""
         initial = steps[self.spec.initial]
         creating_steps = {kind: initial.get(kind) for kind in self._creators}
         for state, by_kind in steps.items():
@@ -482,7 +490,30 @@ class TransferTable:
                 by_kind[kind] = self._duplicate_create
             for kind, index in self._plan.index_of_event.items():
                 by_kind[kind] = functools.partial(self._timer_step, index, by_kind.get(kind))
+            for kind in self._remote_payloads:
+                by_kind[kind] = functools.partial(self._peer_step, by_kind.get(kind))
         return creating_steps
+
+    def _peer_step(self, step, shard: _Shard, tx, ev: Event) -> Result:
+        """A peer's event for a live transfer: taken only from a sender the transfer is
+        bound to (any sender when unbound; the first one heard when bound that way)."""
+        bound = tx._senders
+        if bound is not None:
+            source = ev.source
+            if source.__class__ is not str:
+                shard.counts[_REJECTED.index] += 1
+                return Result(_REJECTED, tx.state, _NO_EFFECTS)
+            sender = sender_of(ev)
+            if bound is not FIRST_SENDER and sender not in bound:
+                shard.counts[Outcome.FORGED.index] += 1
+                return Result(Outcome.FORGED, tx.state, _NO_EFFECTS)
+        if step is None:
+            shard.counts[_REJECTED.index] += 1
+            return Result(_REJECTED, tx.state, _NO_EFFECTS)
+        result = step(shard, tx, ev)
+        if bound is FIRST_SENDER:
+            tx._senders = frozenset((sender,))    # after the step: a step that raised binds no one
+        return result
 
     def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
         shard.counts[Outcome.DUPLICATE.index] += 1
@@ -706,9 +737,11 @@ class TransferTable:
     def _create(self, shard: _Shard, ev: Event) -> Result:
         tx = self.machine.record_class(ev.transfer_id)
         step = self._creating_steps.get(ev.kind)
-        if step is None:
+        bound = _bound_senders(ev.source)
+        if step is None or bound is _REJECTED:
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, None, _NO_EFFECTS)
+        tx._senders = bound
         result = step(shard, tx, ev)
         if result.outcome is not _APPLIED:
             # The spec refused the creating event itself (a guard on its payload): nothing
@@ -853,3 +886,15 @@ class TransferTable:
         ended[tx.transfer_id] = state
         if len(ended) > self._ended_cap:
             del ended[next(iter(ended))]
+
+
+def _bound_senders(source: Any):
+    """What a creating event's ``source`` binds its transfer to: None (anyone),
+    ``FIRST_SENDER``, or a frozenset of senders; ``_REJECTED`` when it is no such thing."""
+    if source.__class__ is not str:
+        return _REJECTED
+    if not source:
+        return None
+    if source == FIRST_SENDER:
+        return FIRST_SENDER
+    return frozenset(source.split(","))

@@ -30,6 +30,8 @@ class TransferInfo:
     sessions: dict[int, object] = field(default_factory=dict)
     #: P, WRITE: D's block ids whose writes were prepared (or wait for the link to be), once.
     prepared_for: tuple[int, ...] | None = None
+    #: D, WRITE: the prompt's fingerprint, sent to P with the block ids ("": unknown).
+    prompt_digest: str = ""
 
     def local_ids_for(self, remote_ids: tuple[int, ...]) -> tuple[int, ...]:
         """P's blocks that go to D's ``remote_ids``: the prompt's tail, since D may hold a
@@ -59,8 +61,10 @@ class TransferDirectory:
         self.refused = 0
 
     def add(self, transfer_id: str, info: TransferInfo) -> bool:
+        """Keep ``info`` for ``transfer_id``; False (counted) when the directory is full or
+        the id already names another transfer, whose entry is never replaced."""
         with self._lock:
-            if transfer_id not in self._entries and len(self._entries) >= self._max:
+            if transfer_id in self._entries or len(self._entries) >= self._max:
                 self.refused += 1
                 return False
             self._entries[transfer_id] = info

@@ -23,6 +23,7 @@ class SendStart:
     transfer_id: str
     block_ids: tuple[int, ...]
     peer: PeerAddress | None
+    prompt_digest: str = ""      # the prompt's fingerprint (``transfer_ids.prompt_digest``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class ReceiveStart:
     block_ids: tuple[int, ...]
     peer: PeerAddress
     remote_block_ids: tuple[int, ...] = ()
+    prompt_digest: str = ""      # the prompt's fingerprint, sent to P with the block ids
 
 
 @dataclass(frozen=True, slots=True)

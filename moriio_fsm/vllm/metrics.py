@@ -21,7 +21,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPro
 OUTCOME_OF_STATE = {"failed": "failed", "abandoned": "failed", "expired": "expired",
                     "aborted": "aborted"}
 OUTCOMES = ("completed", "failed", "expired", "aborted", "anomaly")
-EVENT_OUTCOMES = ("late", "duplicate", "rejected", "dropped", "unknown", "buffered", "ignored")
+EVENT_OUTCOMES = ("late", "duplicate", "rejected", "dropped", "unknown", "buffered", "ignored",
+                  "forged")
 MAX_SAMPLES = 4096          # per interval and list: a busy interval keeps the first ones
 TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 BYTE_BUCKETS = tuple(float(1 << p) for p in range(10, 34, 2))

@@ -17,6 +17,7 @@ from ..errors import MoriioFsmError
 
 #: How long a transfer id may be, and what it may hold (ids travel in logs and traces).
 _TRANSFER_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
+_DIGEST = re.compile(r"^[0-9a-f]{1,64}$")
 MAX_BLOCKS = 1 << 20
 
 
@@ -45,6 +46,8 @@ class TransferParams:
     do_remote_prefill: bool
     peer: PeerAddress | None
     remote_block_ids: tuple[int, ...] = ()
+    #: READ mode: P's fingerprint of the prompt whose KV ``remote_block_ids`` hold ("": none).
+    prompt_digest: str = ""
 
 
 def _flag(params: Mapping[str, Any], key: str) -> bool:
@@ -129,4 +132,8 @@ def parse_transfer_params(params: Mapping[str, Any] | None) -> TransferParams | 
     remote_blocks: tuple[int, ...] = ()
     if prefill and params.get("remote_block_ids") is not None:
         remote_blocks = _block_ids(params, "remote_block_ids")
-    return TransferParams(transfer_id, decode, prefill, peer, remote_blocks)
+    digest = params.get("prompt_digest") or ""
+    if not isinstance(digest, str) or (digest and not _DIGEST.match(digest)):
+        raise TransferParamsError(f"kv_transfer_params['prompt_digest']: expected up to 64 "
+                                  f"lower-case hex digits, got {_short(digest)}")
+    return TransferParams(transfer_id, decode, prefill, peer, remote_blocks, digest)

@@ -4,6 +4,9 @@ It decides nothing about a transfer's lifecycle (the machines in the workers do)
 only says which requests load remotely, collects P's prompt blocks across prefill chunks,
 and tells the workers when a transfer starts and when its request ended. What it keeps
 per request is identity (ids, addresses, blocks so far), dropped when the request ends.
+A transfer id drives one request only: a request whose id another request holds or held
+is refused at once (D computes its prompt, P prefills without sending) and never reaches
+the workers, so it can neither cross another request's load nor wait for a finished one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..logs import get_logger
 from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
 from .params import PeerAddress, TransferParams, TransferParamsError, parse_transfer_params
 from .settings import ConnectorSettings
+from .transfer_ids import TransferIdLedger, prompt_digest
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -30,6 +34,7 @@ class _Sender:
     params: TransferParams
     num_prompt_tokens: int
     block_ids: list[int]
+    prompt_digest: str = ""
     started: bool = False
 
 
@@ -45,9 +50,11 @@ class SchedulerHalf:
         self.own_address = own_address
         self._senders: dict[str, _Sender] = {}
         self._receiving: dict[str, TransferParams] = {}
+        self._ids = TransferIdLedger()
+        self._refused: set[str] = set()          # requests whose transfer id was taken
         self._step = StepMetadata()
         self.counts = {"bad_params": 0, "sends_started": 0, "receives_started": 0,
-                       "requests_ended": 0}
+                       "requests_ended": 0, "transfer_ids_refused": 0}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -62,6 +69,22 @@ class SchedulerHalf:
     def _prompt_blocks(self, num_prompt_tokens: int) -> int:
         return math.ceil(num_prompt_tokens / self.block_size)
 
+    def _claim(self, request: Any, params: TransferParams) -> bool:
+        """Whether ``request`` may drive ``params.transfer_id``; a refusal is logged once
+        with both requests and remembered until the request finishes."""
+        req_id = request.request_id
+        if req_id in self._refused:
+            return False
+        holder = self._ids.claim(params.transfer_id, req_id)
+        if holder is None:
+            return True
+        self._refused.add(req_id)
+        self.counts["transfer_ids_refused"] += 1
+        log.error("vllm.transfer_id_in_use", transfer_id=params.transfer_id, request_id=req_id,
+                  held_by=holder, then=("computing the prompt locally" if self.is_consumer
+                                        else "prefilling without sending its KV"))
+        return False
+
     # -- vLLM's scheduler-side hooks ---------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
@@ -69,10 +92,13 @@ class SchedulerHalf:
         if params is None:
             return 0, False
         if params.do_remote_decode and self.is_producer:
-            if request.request_id not in self._senders:
-                self._senders[request.request_id] = _Sender(params, request.num_prompt_tokens, [])
+            if request.request_id not in self._senders and self._claim(request, params):
+                self._senders[request.request_id] = _Sender(
+                    params, request.num_prompt_tokens, [], _digest(request))
             return 0, False
         if not (params.do_remote_prefill and self.is_consumer):
+            return 0, False
+        if not self._claim(request, params):
             return 0, False
         if params.peer is None:
             self.counts["bad_params"] += 1
@@ -90,6 +116,13 @@ class SchedulerHalf:
                                   f"the prompt needs {needed}",
                             then="computing the prompt locally")
                 return 0, False
+            if params.prompt_digest and params.prompt_digest != _digest(request):
+                self.counts["bad_params"] += 1
+                log.warning("vllm.bad_transfer_params", request_id=request.request_id,
+                            transfer_id=params.transfer_id,
+                            error="remote_block_ids hold another prompt's KV (prompt_digest differs)",
+                            then="computing the prompt locally")
+                return 0, False
         # The load is asynchronous in both modes: the forward thread never waits for it.
         return max(wanted, 0), wanted > 0
 
@@ -97,7 +130,8 @@ class SchedulerHalf:
         if not self.is_consumer:
             return
         params = self._params(request)
-        if params is None or not params.do_remote_prefill or params.peer is None:
+        if (params is None or not params.do_remote_prefill or params.peer is None
+                or request.request_id in self._refused):
             return
         # Plan the load once: a second call (more blocks after the load) must not.
         request.kv_transfer_params["do_remote_prefill"] = False
@@ -112,7 +146,7 @@ class SchedulerHalf:
             if self.settings.read_mode:
                 remote = params.remote_block_ids[-len(local):]
         self._step.receives.append(ReceiveStart(request.request_id, params.transfer_id, local,
-                                                params.peer, remote))
+                                                params.peer, remote, _digest(request)))
         self.counts["receives_started"] += 1
 
     def build_connector_meta(self, scheduler_output: Any) -> StepMetadata:
@@ -150,11 +184,14 @@ class SchedulerHalf:
         sender.started = True
         blocks = tuple(sender.block_ids[:self._prompt_blocks(sender.num_prompt_tokens)])
         self._step.sends.append(SendStart(req_id, sender.params.transfer_id, blocks,
-                                          sender.params.peer))
+                                          sender.params.peer, sender.prompt_digest))
         self.counts["sends_started"] += 1
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
+        if req_id in self._refused:
+            self._refused.discard(req_id)
+            return False, None       # its transfer id was another request's: nothing to end
         sender = self._senders.pop(req_id, None)
         received = self._receiving.pop(req_id, None)
         status = getattr(request.status, "name", str(request.status))
@@ -162,9 +199,17 @@ class SchedulerHalf:
         params = sender.params if sender else received or self._params(request)
         if params is None:
             return False, None
+        if sender is None and received is None:
+            # Never looked at by the scheduler: its id may be another request's by now.
+            holder = self._ids.holder(params.transfer_id, req_id)
+            if holder is not None:
+                log.warning("vllm.transfer_id_in_use", transfer_id=params.transfer_id,
+                            request_id=req_id, held_by=holder, then="ending the request alone")
+                return False, None
+        self._ids.finish(params.transfer_id, req_id)
         if params.do_remote_decode and self.is_producer:
             if sender is None:       # ended before the scheduler ever looked at it
-                sender = _Sender(params, request.num_prompt_tokens, [])
+                sender = _Sender(params, request.num_prompt_tokens, [], _digest(request))
             return self._sender_finished(request, sender, block_ids, aborted)
         if self.is_consumer and params.peer is not None and (
                 received is not None or params.do_remote_prefill):
@@ -205,4 +250,9 @@ class SchedulerHalf:
             "remote_notify_port": me.notify_port,
             "remote_dp_rank": me.dp_rank,
             "remote_tp_size": me.tp_size,
+            "prompt_digest": sender.prompt_digest,
         }
+
+
+def _digest(request: Any) -> str:
+    return prompt_digest(getattr(request, "prompt_token_ids", None))

@@ -218,6 +218,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "ucx": (_ucx, {}),
     "write_posting": (_one_of(WRITE_POSTINGS, "write posting"), "auto"),
     "share_pages": (_flag, True),
+    "bind_peers": (_flag, True),
 }
 
 
@@ -241,7 +242,11 @@ class ConnectorSettings:
     allowed to read this one's /proc/<pid>/fd (ptrace read access, which Yama's
     ptrace_scope 1 does not restrict for the same user) can then map the cache, and a
     mapping outlives a later loss of that permission. ``false`` keeps every copy in the
-    kernel, checked each time.
+    kernel, checked each time. ``bind_peers``: a transfer takes control messages only
+    from the host its request named (with ``curve``, only with that host's key); P in READ
+    mode, whose request names no D, takes them from the first D that speaks. ``false``
+    takes them from any sender (for peers whose messages leave from another address than
+    the one the proxy names).
     """
 
     handshake_port: int = 6301
@@ -270,6 +275,7 @@ class ConnectorSettings:
     ucx: Mapping[str, str] = field(default_factory=dict)
     write_posting: str = "auto"
     share_pages: bool = True
+    bind_peers: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":

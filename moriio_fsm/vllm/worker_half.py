@@ -18,12 +18,15 @@ from typing import Any, Callable
 from ..adapters.moriio import CompletionPoller
 from ..adapters.zmq import Delivery, Heartbeat, Role, SendFailure, TransportConfig, ZmqTransport, event_for
 from ..adapters.zmq.errors import ZmqAdapterError
+from ..adapters.zmq.reporting import LogLimiter
+from ..adapters.zmq.senders import AddressCache, expected_senders
 from ..layout import LayerKVFormat
 from ..logs import get_logger
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.events import Outcome
 from ..runtime.driver import Driver
+from ..runtime.table import FIRST_SENDER
 from .directory import TransferDirectory, TransferInfo
 from .kv_cache import LocalKvCache
 from .message_faults import MessageFaults, wants_message_faults
@@ -107,6 +110,10 @@ class WorkerHalf:
         self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
         self._saved_this_step: dict[str, int] = {}  # P, WRITE: transfer -> bitmap of layers this forward scheduled
         self._prepare_lock = threading.Lock()
+        self._addresses = AddressCache()
+        # Requests whose start was refused here (their transfer id was taken), until they end.
+        self._refused: dict[str, str] = {}
+        self._forged_log = LogLimiter(per_second=5)
         if recorder is None:
             recorder = self._make_recorder()
         self.recorder = recorder
@@ -249,6 +256,10 @@ class WorkerHalf:
             if info is not None and len(info.reply_to) < 4096:
                 info.reply_to[rank] = (delivery.peer.address, message.reply_port)
         results = self.dispatch(side, event)
+        if results and results[0][1].outcome is Outcome.FORGED and self._forged_log.allow(self.clock()):
+            log.warning("vllm.message_forged", kind=event.kind, transfer_id=event.transfer_id,
+                        sender=delivery.source,
+                        why="the transfer takes messages only from the peer its request named")
         # Only an allocation the machine stored: a duplicate, or one an ending transfer
         # ignored, is posted to by nothing.
         if event.kind == "remote_blocks" and side == "send" and any(
@@ -383,45 +394,85 @@ class WorkerHalf:
             self._end(ended)
 
     def _start_send(self, send: SendStart) -> None:
+        tid = send.transfer_id
+        if not self._may_start("send", send.request_id, tid):
+            return               # P prefills without sending; its blocks go back when it ends
         info = TransferInfo(send.request_id, send.block_ids, send.peer)
-        if not self.directory.add(send.transfer_id, info):
-            log.error("vllm.transfer_refused", transfer_id=send.transfer_id, why="too many live transfers")
+        if not self.directory.add(tid, info):
+            log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
             return
         writers = max(1, self.tp_size // (send.peer.tp_size if send.peer else 1))
         if send.peer is not None:
             info.link = self.link_for(info, peer_ranks(self.tp_rank, self.tp_size, send.peer.tp_size)[0])
-        self.dispatch("send", events.prefill_started(send.transfer_id, self.clock(), writers))
+        self.dispatch("send", events.prefill_started(tid, self.clock(), writers, send.prompt_digest,
+                                                     source=self._binding(send.peer)))
         # D often allocates before P's scheduler starts the transfer (a proxy sends both at
         # once): the machine held remote_blocks until now, so prepare its writes here.
         # (The machine sets remote_block_ids before has_allocation, so this read needs no lock.)
-        made = self.drivers["send"].table.get(send.transfer_id)
+        made = self.drivers["send"].table.get(tid)
         if made is not None and made.has_allocation:
-            self._prepare_writes(send.transfer_id, made.remote_block_ids)
-        self._step_sends.append(send.transfer_id)
+            self._prepare_writes(tid, made.remote_block_ids)
+        self._step_sends.append(tid)
 
     def _start_receive(self, receive: ReceiveStart) -> None:
-        info = TransferInfo(receive.request_id, receive.block_ids, receive.peer,
-                            receive.remote_block_ids)
-        if not self.directory.add(receive.transfer_id, info):
-            log.error("vllm.transfer_refused", transfer_id=receive.transfer_id, why="too many live transfers")
+        tid, rid = receive.transfer_id, receive.request_id
+        if not self._may_start("receive", rid, tid):
+            if receive.block_ids:        # vLLM waits for this load: fail it, its policy decides
+                self.reports.expect_recving(rid)
+                self.reports.received(rid, receive.block_ids)
             return
-        now, tid = self.clock(), receive.transfer_id
+        info = TransferInfo(rid, receive.block_ids, receive.peer, receive.remote_block_ids,
+                            prompt_digest=receive.prompt_digest)
+        if not self.directory.add(tid, info):
+            log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
+            return
+        now, bound = self.clock(), self._binding(receive.peer)
         if receive.block_ids:
-            self.reports.expect_recving(receive.request_id)
+            self.reports.expect_recving(rid)
         if self.settings.read_mode:
             if not receive.block_ids:
                 return
             self.dispatch("receive", events.read_started(tid, now, len(self.cache.names),
-                                                         list(receive.remote_block_ids)))
+                                                         list(receive.remote_block_ids), source=bound))
             self.dispatch("receive", events.start_reads(tid, now))
             return
         writers = len(peer_ranks(self.tp_rank, self.tp_size, receive.peer.tp_size))
-        self.dispatch("receive", events.receive_started(tid, now, writers))
+        self.dispatch("receive", events.receive_started(tid, now, writers, source=bound))
         if receive.block_ids:
-            self.dispatch("receive", events.blocks_allocated(tid, now, list(receive.block_ids),
-                                                             receive.request_id))
+            self.dispatch("receive", events.blocks_allocated(tid, now, list(receive.block_ids), rid))
         else:
             self.dispatch("receive", events.request_finished(tid, now))
+
+    def _may_start(self, side: str, request_id: str, transfer_id: str) -> bool:
+        """Whether ``request_id`` may start ``transfer_id`` here: no live or remembered
+        transfer has that id. A refusal is logged with both requests and remembered until
+        the request ends, so its end reaches no other request's machine."""
+        holder = self._holder_of(side, transfer_id)
+        if holder is None:
+            return True
+        if len(self._refused) >= 1 << 16:
+            self._refused.pop(next(iter(self._refused)))
+        self._refused[request_id] = transfer_id
+        log.error("vllm.transfer_id_in_use", transfer_id=transfer_id, request_id=request_id,
+                  held_by=holder, then="refused: a load fails (vLLM's load failure policy), "
+                                       "a send does not start")
+        return False
+
+    def _holder_of(self, side: str, transfer_id: str) -> str | None:
+        info = self.directory.get(transfer_id)
+        if info is not None:
+            return f"live request {info.request_id!r}"
+        state = self.drivers[side].table.state_of(transfer_id)
+        return None if state is None else f"a transfer of this id that is {state!r}"
+
+    def _binding(self, peer) -> str:
+        """The source a transfer's creating event carries: the peer whose messages it takes
+        (the host its request named; the first to speak where none is named)."""
+        if not self.settings.bind_peers:
+            return ""
+        if peer is None:
+            return FIRST_SENDER
+        return expected_senders(peer.host, self.transport.config.curve, self._addresses)
 
     def _end(self, ended: RequestEnded) -> None:
         now, tid = self.clock(), ended.transfer_id
@@ -429,12 +480,26 @@ class WorkerHalf:
         if side not in self.drivers:
             return
         table = self.drivers[side].table
+        info = self.directory.get(tid)
+        if self._refused.pop(ended.request_id, None) is not None or (
+                info is not None and info.request_id != ended.request_id):
+            # Its transfer id was another request's: this request moved nothing, so vLLM
+            # gets its blocks back at once and the other request's transfer is left alone.
+            if ended.awaits_report:
+                self.reports.expect_sending(ended.request_id)
+                self.reports.sent(ended.request_id)
+            return
         if ended.awaits_report:
             self.reports.expect_sending(ended.request_id)
         if side == "send" and self.settings.read_mode:
-            info = TransferInfo(ended.request_id, ended.block_ids, None)
-            self.directory.add(tid, info)
-            self.dispatch(side, events.serve_started(tid, now, 1))
+            if not self._may_start(side, ended.request_id, tid):
+                # Freed at once: the scheduler refuses a reused id before it hands out the
+                # request's blocks, so no read can be aimed at them.
+                self._refused.pop(ended.request_id, None)
+                self.reports.sent(ended.request_id)
+                return
+            self.directory.add(tid, TransferInfo(ended.request_id, ended.block_ids, None))
+            self.dispatch(side, events.serve_started(tid, now, 1, source=self._binding(None)))
             self.dispatch(side, events.request_finished(tid, now))
             return
         if table.get(tid) is None:
@@ -447,10 +512,11 @@ class WorkerHalf:
             # The transfer never started here: start it so its machine ends it properly
             # (tells the peer, hands the blocks back if vLLM waits for them).
             self.directory.add(tid, TransferInfo(ended.request_id, (), ended.peer))
+            bound = self._binding(ended.peer)
             if side == "send":
-                self.dispatch(side, events.prefill_started(tid, now, 1))
+                self.dispatch(side, events.prefill_started(tid, now, 1, source=bound))
             else:
-                self.dispatch(side, events.receive_started(tid, now, 1))
+                self.dispatch(side, events.receive_started(tid, now, 1, source=bound))
         if side == "send" and ended.aborted:
             self.dispatch(side, events.abort(tid, now))
         else:

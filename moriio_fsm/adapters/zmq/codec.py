@@ -47,7 +47,7 @@ __all__ = [
 #
 #   message         wire form                                             receiver
 #   remote_blocks   {req_id, transfer_id, block_notify_list, decode_rank,  producer
-#                   type}; older senders omit ``type``
+#                   type[, prompt_digest]}; older senders omit ``type``
 #   write_done      {type, transfer_id[, num_writers][, producer_rank]}   consumer
 #   write_failed    {type, transfer_id[, reason][, writes_stopped]        consumer
 #                   [, producer_rank]}
@@ -241,6 +241,8 @@ class RemoteBlocks:
     """D tells P where its blocks are (WRITE mode), so P can write into them.
 
     ``block_ids`` is flat, or one tuple per KV cache group when ``per_group``.
+    ``prompt_digest`` (extension): D's fingerprint of the prompt the blocks are for, so that
+    P writes only its own prompt's KV into them (lower-case hex).
     """
 
     transfer_id: str
@@ -248,6 +250,8 @@ class RemoteBlocks:
     block_ids: BlockIds
     decode_rank: int = 0
     form: WireForm = field(default=WireForm.TYPED, compare=False)
+    _: KW_ONLY
+    prompt_digest: str | None = None
 
     kind = "remote_blocks"
 
@@ -610,7 +614,18 @@ def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form
     # Upstream readers default a missing decode_rank to 0; keep that leniency.
     rank = data.get("decode_rank", 0)
     _check_int(rank, "decode_rank", 0, limits.max_rank, WireDecodeError)
-    return RemoteBlocks(transfer_id, req_id, blocks, rank, form)
+    digest = data.get("prompt_digest")
+    if digest is not None:
+        digest = _check_digest(digest, "prompt_digest", WireDecodeError)
+    return RemoteBlocks(transfer_id, req_id, blocks, rank, form, prompt_digest=digest)
+
+
+def _check_digest(value: object, name: str, error: type) -> str:
+    if type(value) is not str:
+        raise error(name, f"expected a string, got {_type_name(value)}")
+    if not 0 < len(value) <= 64 or value.strip("0123456789abcdef"):
+        raise error(name, "expected 1-64 lower-case hex digits")
+    return value
 
 
 _DECODERS = {
@@ -733,6 +748,9 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
             ),
             "decode_rank": _check_int(message.decode_rank, "decode_rank", 0, limits.max_rank, WireEncodeError),
         }
+        if message.prompt_digest is not None:
+            payload["prompt_digest"] = _check_digest(message.prompt_digest, "prompt_digest",
+                                                     WireEncodeError)
         if form is not WireForm.UNTYPED:
             payload["type"] = "remote_blocks"
         return msgpack.packb(payload)

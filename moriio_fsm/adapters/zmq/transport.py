@@ -36,6 +36,7 @@ from .outbox import Outboxes
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
 from .reporting import LogLimiter, TransportCounts
+from .senders import sender_name
 from .sockets import bind, server_socket
 from .zap import ZapHandler
 
@@ -115,19 +116,31 @@ class TransportConfig:
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who sent a message: the ROUTER identity of its connection and, when known, its IP address.
+    """Who sent a message: the ROUTER identity of its connection, when known its IP address,
+    and with CURVE the public key it authenticated with (hex).
 
-    ``source`` names the connection: the canonical host, ``#``, the identity in hex
-    (``"127.0.0.1#0080000001"``); the host is ``unknown`` when libzmq did not say.
+    ``source`` names the connection: the sender (``sender_name``: the canonical host, and
+    ``/`` and the key with CURVE), ``#``, the identity in hex (``"127.0.0.1#0080000001"``);
+    the host is ``unknown`` when libzmq did not say.
     """
 
     identity: bytes
     address: str | None
+    key: str | None = None
     # Derived once per connection (peers are cached by identity), not once per message.
     source: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "source", f"{_source_host(self.address)}#{self.identity.hex()}")
+        sender = sender_name(_source_host(self.address), self.key)
+        object.__setattr__(self, "source", f"{sender}#{self.identity.hex()}")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        canonical = canonical_host(host)
+    except ValueError:
+        return False
+    return canonical == "localhost" if isinstance(canonical, str) else canonical.is_loopback
 
 
 def _source_host(address: str | None) -> str:
@@ -429,6 +442,13 @@ class ZmqTransport:
             self._poller.register(sock, zmq.POLLIN)
             log.info("zmq.listening", host=self.bind_host, port=self.notify_port, role=cfg.role.value,
                      curve=cfg.curve is not None)
+            if cfg.curve is None and not _is_loopback(self.bind_host):
+                log.warning("zmq.listening_without_curve", host=self.bind_host, port=self.notify_port,
+                            exposure="anyone who can reach this address can send this listener "
+                                     "control messages; a transfer takes them only from the host "
+                                     "its request named, so a host that can forge that address can "
+                                     "still end or fail its transfers; turn on 'curve' to "
+                                     "authenticate peers by key")
 
     def _loop(self) -> None:
         poller = self._poller
@@ -543,7 +563,11 @@ class ZmqTransport:
         if address and address.startswith("::ffff:"):
             mapped = ipaddress.ip_address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
             address = str(mapped) if mapped is not None else address
-        peer = Peer(identity, address)
+        try:
+            key = frame.get("User-Id") or None   # the ZAP handler's answer: the CURVE key in hex
+        except zmq.ZMQError:
+            key = None                           # no authentication on this socket
+        peer = Peer(identity, address, key)
         peers = self._peers
         if len(peers) >= 4096:
             peers.pop(next(iter(peers)))  # oldest first; identities are per connection

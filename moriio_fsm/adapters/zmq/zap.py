@@ -1,7 +1,8 @@
 """The ZAP handler (RFC 27) that admits CURVE clients to this transport's server sockets.
 
-Rules: only the CURVE mechanism with an authorised client key is admitted; a malformed
-request is refused, never raised; refusals are counted and their warnings rate-limited.
+Rules: only the CURVE mechanism with an authorised client key is admitted, and its key (hex)
+becomes the connection's user id; a malformed request is refused, never raised; refusals
+are counted and their warnings rate-limited.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes]) -> tuple[li
         return [b"1.0", request_id, b"400", b"CURVE required", b"", b""], f"mechanism {mechanism!r} refused"
     if credentials[0] not in authorized:
         return [b"1.0", request_id, b"400", b"client key not authorised", b"", b""], "client key not authorised"
-    return [b"1.0", request_id, b"200", b"OK", b"", b""], None
+    # The user id is the client's key in hex: libzmq attaches it to every message of the
+    # connection ("User-Id"), so a listener knows which key a message came with.
+    return [b"1.0", request_id, b"200", b"OK", credentials[0].hex().encode("ascii"), b""], None
 
 
 class ZapHandler:

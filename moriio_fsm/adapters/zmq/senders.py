@@ -1,0 +1,86 @@
+"""Who may speak for a transfer: the sender names that peers' messages arrive under.
+
+Rules: a sender is the canonical host a message's connection came from, followed by ``/``
+and the hex of the CURVE key it authenticated with when CURVE is on; a transfer is bound to
+the senders of the host its request named. Host names are resolved here, once per name and
+minute at most, so that an address can be compared with them; a name that does not resolve
+binds the transfer to nobody, and its peer's messages are refused.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Callable
+
+from .curve import CurveConfig
+from .policy import canonical_host
+
+__all__ = ["AddressCache", "sender_name", "expected_senders"]
+
+
+def sender_name(host: str, key: str | None = None) -> str:
+    """The sender a message is charged to: ``host`` or ``host/key`` (key in hex)."""
+    return f"{host}/{key}" if key else host
+
+
+def _lookup(name: str) -> tuple[str, ...]:
+    infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    return tuple(sorted({str(canonical_host(info[4][0].split("%", 1)[0])) for info in infos}))
+
+
+class AddressCache:
+    """The addresses a host name stands for, looked up at most once per ``ttl_s`` per name.
+
+    Bounded: past ``max_names`` names the cache starts over. A lookup that fails is
+    remembered for the same time as an empty answer.
+    """
+
+    def __init__(self, ttl_s: float = 60.0, max_names: int = 256,
+                 lookup: Callable[[str], tuple[str, ...]] = _lookup,
+                 clock: Callable[[], float] = time.monotonic):
+        self._ttl = ttl_s
+        self._max = max_names
+        self._lookup = lookup
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._answers: dict[str, tuple[float, tuple[str, ...]]] = {}
+
+    def addresses(self, host: str) -> tuple[str, ...]:
+        """``host`` as canonical addresses: itself when it is an address, else what it resolves to."""
+        try:
+            canonical = canonical_host(host)
+        except ValueError:
+            return ()
+        if not isinstance(canonical, str):
+            return (str(canonical),)
+        now = self._clock()
+        with self._lock:
+            cached = self._answers.get(canonical)
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1]
+        try:
+            found = self._lookup(canonical)
+        except (OSError, UnicodeError, ValueError):
+            found = ()
+        with self._lock:
+            if len(self._answers) >= self._max:
+                self._answers.clear()
+            self._answers[canonical] = (now, found)
+        return found
+
+
+def expected_senders(host: str, curve: CurveConfig | None, cache: AddressCache) -> str:
+    """The creating event's ``source`` that binds a transfer to the peer at ``host``: its
+    addresses, each with the CURVE key this process expects from that host when CURVE is on,
+    comma-separated. Empty addresses give ``"-"``, a sender no message can come from."""
+    addresses = cache.addresses(host)
+    if not addresses:
+        return "-"
+    key = None
+    if curve is not None:
+        from zmq.utils import z85
+
+        key = z85.decode(curve.server_key_for(str(canonical_host(host)))).hex()
+    return ",".join(sender_name(address, key) for address in addresses)
