@@ -141,3 +141,26 @@ def test_server_keys_are_found_by_any_spelling_of_the_host():
         CurveConfig(public, secret, server_keys={"no such host!": ipv6_key})
     with pytest.raises(ValueError, match="same host '::1' with a different key"):
         CurveConfig(public, secret, server_keys={"::1": ipv6_key, "[::1]": name_key})
+
+
+def test_a_message_names_the_key_it_came_with_and_a_transfer_expects_its_hosts_key(shared_keys):
+    """Two peers with authorised keys on one host: the listener tells them apart by key, so a
+    transfer bound to one host's key refuses the other's messages (see tests/runtime)."""
+    from zmq.utils import z85
+
+    from moriio_fsm.adapters.zmq.senders import AddressCache, expected_senders
+
+    other = CurveConfig.generate()
+    server = CurveConfig(shared_keys.public_key, shared_keys.secret_key, frozenset({other.public_key}))
+    other_view = CurveConfig(other.public_key, other.secret_key, server_keys={HOST: shared_keys.public_key})
+    inbox: queue.Queue = queue.Queue()
+    with ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=server), inbox.put) as receiver:
+        for keys in (shared_keys, other_view):
+            with ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=keys),
+                              lambda d: None) as sender:
+                sender.send((HOST, receiver.notify_port), WriteDone("tx-keyed"))
+                delivery = inbox.get(timeout=WAIT_S)
+                assert delivery.source.split("#")[0] == f"{HOST}/{z85.decode(keys.public_key).hex()}"
+    # The peer at HOST is expected with the key server_keys names for it (here: its own pair).
+    bound = expected_senders(HOST, server, AddressCache())
+    assert bound == f"{HOST}/{z85.decode(shared_keys.public_key).hex()}"

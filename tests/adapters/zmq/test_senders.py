@@ -1,0 +1,61 @@
+"""The senders a transfer is bound to: addresses as given, names looked up rarely, keys in hex."""
+
+from __future__ import annotations
+
+from moriio_fsm.adapters.zmq.senders import AddressCache, expected_senders, sender_name
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_an_address_is_its_own_sender_in_canonical_form_without_any_lookup():
+    def lookup(name):
+        raise AssertionError("an address needs no lookup")
+
+    cache = AddressCache(lookup=lookup)
+    assert expected_senders("198.18.0.2", None, cache) == "198.18.0.2"
+    assert expected_senders("[2001:DB8::0:2]", None, cache) == "2001:db8::2"
+    assert expected_senders("::ffff:198.18.0.3", None, cache) == "198.18.0.3"
+
+
+def test_a_name_is_looked_up_once_per_ttl_and_binds_every_address_it_has():
+    asked, clock = [], Clock()
+
+    def lookup(name):
+        asked.append(name)
+        return ("198.18.0.2", "2001:db8::2")
+
+    cache = AddressCache(ttl_s=60.0, lookup=lookup, clock=clock)
+    for _ in range(100):
+        assert expected_senders("Decode-0.", None, cache) == "198.18.0.2,2001:db8::2"
+    assert asked == ["decode-0"]
+    clock.now = 61.0
+    expected_senders("decode-0", None, cache)
+    assert asked == ["decode-0", "decode-0"]
+
+
+def test_a_name_that_does_not_resolve_or_a_junk_host_binds_to_no_sender():
+    def lookup(name):
+        raise OSError("no such host")
+
+    cache = AddressCache(lookup=lookup)
+    assert expected_senders("nowhere.invalid", None, cache) == "-"
+    assert expected_senders("bad host!", None, cache) == "-"
+    assert expected_senders("127.1", None, cache) == "-"        # an ambiguous numeric form
+
+
+def test_the_cache_of_names_is_bounded_whatever_the_requests_name():
+    cache = AddressCache(max_names=16, lookup=lambda name: ("198.18.0.9",))
+    for index in range(1000):
+        cache.addresses(f"host-{index}")
+    assert len(cache._answers) <= 16
+
+
+def test_a_sender_with_a_key_is_host_slash_key():
+    assert sender_name("198.18.0.2", "ab" * 32) == "198.18.0.2/" + "ab" * 32
+    assert sender_name("198.18.0.2") == "198.18.0.2"
