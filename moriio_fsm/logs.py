@@ -3,6 +3,8 @@
 Rules: a library never prints on its own. Every logger here hands its records to the
 stdlib logger of the same name (``moriio_fsm.*``), which prints nothing unless the
 application configured logging; events read ``zmq.listening host='127.0.0.1' port=1``.
+Loaded into vLLM as its connector, the package writes where vLLM's own records go
+(``share_handlers_of``), at vLLM's level, so a server's log shows what the connector saw.
 """
 
 from __future__ import annotations
@@ -26,3 +28,16 @@ def get_logger(name: str):
     """A structlog logger whose records go to ``logging.getLogger(name)``."""
     return structlog.wrap_logger(logging.getLogger(name), processors=[_to_stdlib],
                                  wrapper_class=structlog.BoundLogger)
+
+
+def share_handlers_of(host: str = "vllm") -> None:
+    """Let the package's records go to the handlers of the application's logger ``host``
+    (vLLM's, as vLLM configured it), at its level. Nothing when that logger has no handler
+    (the application configured no logging) or the package has handlers of its own."""
+    ours, theirs = logging.getLogger("moriio_fsm"), logging.getLogger(host)
+    if not theirs.handlers or any(not isinstance(h, logging.NullHandler) for h in ours.handlers):
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.getEffectiveLevel())

@@ -16,7 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from ..adapters.zmq import default_bind_host
 from ..layout import LayerKVFormat
-from ..logs import get_logger
+from ..logs import get_logger, share_handlers_of
 from .metadata import StepMetadata
 from .metrics import FsmConnectorStats, FsmPromMetrics
 from .params import PeerAddress
@@ -60,6 +60,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
+        share_handlers_of("vllm")        # the connector's warnings in the server's log
         transfer = vllm_config.kv_transfer_config
         self.settings = ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
         sides = _sides(transfer.kv_role)

@@ -31,6 +31,10 @@ def decode_report_handlers(worker: "WorkerHalf", op: str) -> dict:
         info = worker.directory.get(effect.transfer_id)
         if info is not None:
             worker.reports.received(info.request_id, info.block_ids if failed else ())
+            if failed and worker.failure_log.allow(worker.clock()):
+                log.warning("vllm.load_failed", transfer_id=effect.transfer_id,
+                            request_id=info.request_id, reason=effect.reason,
+                            blocks=len(info.block_ids), then="vLLM's kv_load_failure_policy decides")
 
     def free_blocks(effect) -> None:
         # vLLM waits for a report only while the load was pending; otherwise it freed them.

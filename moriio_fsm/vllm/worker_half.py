@@ -16,7 +16,8 @@ import time
 from typing import Any, Callable
 
 from ..adapters.moriio import CompletionPoller
-from ..adapters.zmq import Delivery, Heartbeat, Role, SendFailure, TransportConfig, ZmqTransport, event_for
+from ..adapters.zmq import (Delivery, Heartbeat, Role, SendFailure, TransportConfig, WriteFailed,
+                            ZmqTransport, event_for)
 from ..adapters.zmq.errors import ZmqAdapterError
 from ..adapters.zmq.reporting import LogLimiter
 from ..adapters.zmq.senders import AddressCache, expected_senders
@@ -114,6 +115,8 @@ class WorkerHalf:
         # Requests whose start was refused here (their transfer id was taken), until they end.
         self._refused: dict[str, str] = {}
         self._forged_log = LogLimiter(per_second=5)
+        #: Rate-limits the warnings about failed transfers (a storm of them says so once a second).
+        self.failure_log = LogLimiter(per_second=20)
         if recorder is None:
             recorder = self._make_recorder()
         self.recorder = recorder
@@ -256,10 +259,15 @@ class WorkerHalf:
             if info is not None and len(info.reply_to) < 4096:
                 info.reply_to[rank] = (delivery.peer.address, message.reply_port)
         results = self.dispatch(side, event)
-        if results and results[0][1].outcome is Outcome.FORGED and self._forged_log.allow(self.clock()):
+        outcome = results[0][1].outcome if results else None
+        if outcome is Outcome.FORGED and self._forged_log.allow(self.clock()):
             log.warning("vllm.message_forged", kind=event.kind, transfer_id=event.transfer_id,
                         sender=delivery.source,
                         why="the transfer takes messages only from the peer its request named")
+        elif (outcome is Outcome.APPLIED and type(message) is WriteFailed
+              and self.failure_log.allow(self.clock())):
+            log.warning("vllm.peer_failed_transfer", transfer_id=event.transfer_id,
+                        reason=message.reason or "", writes_stopped=message.writes_stopped)
         # Only an allocation the machine stored: a duplicate, or one an ending transfer
         # ignored, is posted to by nothing.
         if event.kind == "remote_blocks" and side == "send" and any(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -82,17 +84,22 @@ class PdPair:
         for server in self.servers.values():
             server.wait_ready()
 
-    def generate(self, prompt, max_tokens=TOKENS):
-        P, D = self.servers["P"], self.servers["D"]
-        tid = f"tx-{uuid.uuid4()}"
-        if self.read_mode:
-            p_reply = complete(P, prompt, 1, {"do_remote_decode": True, "transfer_id": tid})
-            return tokens(complete(D, prompt, max_tokens, p_reply["kv_transfer_params"]))
+    def params(self, tid):
+        """What a proxy gives P and D in WRITE mode for transfer ``tid``: each the other's address."""
         (p_notify, p_handshake), (d_notify, d_handshake) = self.addresses["P"], self.addresses["D"]
         to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
                 "remote_notify_port": d_notify, "remote_handshake_port": d_handshake}
         to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
                 "remote_notify_port": p_notify, "remote_handshake_port": p_handshake}
+        return to_p, to_d
+
+    def generate(self, prompt, max_tokens=TOKENS, tid=None):
+        P, D = self.servers["P"], self.servers["D"]
+        tid = tid or f"tx-{uuid.uuid4()}"
+        if self.read_mode:
+            p_reply = complete(P, prompt, 1, {"do_remote_decode": True, "transfer_id": tid})
+            return tokens(complete(D, prompt, max_tokens, p_reply["kv_transfer_params"]))
+        to_p, to_d = self.params(tid)
         p_done = threading.Thread(target=complete, args=(P, prompt, 1, to_p))
         p_done.start()
         try:
@@ -169,3 +176,116 @@ def test_negative_control_a_transfer_that_moves_nothing_changes_the_output(model
     finally:
         pair.stop()
     assert got != expected["several blocks"]
+
+
+# -- transfer ids that are not unique, and verdicts from a host no request named ------------
+
+OTHER_PROMPT = [(11 * i) % 1000 + 5 for i in range(300)]
+
+
+def answer_or_error(server, prompt, params):
+    """The tokens, or the text of the error the client got (HTTP status or finish reason)."""
+    try:
+        reply = complete(server, prompt, TOKENS, params)
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code}: {error.read()[:200]!r}"
+    choice = reply["choices"][0]
+    if choice.get("finish_reason") not in ("length", "stop"):
+        return f"finish_reason {choice.get('finish_reason')!r}"
+    return choice["token_ids"]
+
+
+def in_threads(*calls):
+    """Run ``(function, args)`` calls at once; their results in order."""
+    results = [None] * len(calls)
+
+    def run(index, function, args):
+        results[index] = function(*args)
+
+    threads = [threading.Thread(target=run, args=(i, f, a)) for i, (f, a) in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert not any(thread.is_alive() for thread in threads), "a request never ended"
+    return results
+
+
+def idle_and_empty(server, timeout_s=30.0):
+    """Wait until ``server`` holds no request and no KV block; its last figures otherwise."""
+    deadline, held = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        text = server.metrics()
+        held = {name: metric_value(text, name) for name in
+                ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")}
+        if not any(held.values()):
+            return None
+        time.sleep(0.5)
+    return held
+
+
+def test_one_transfer_id_on_two_requests_never_crosses_or_hangs_them_on_real_servers(model, single, tmp_path):
+    """D admits the id for prompt A, P for prompt B (each refuses the other request): before,
+    D answered A with B's KV (HTTP 200, wrong tokens) and the other request hung."""
+    want = {"A": tokens(complete(single, PROMPTS["several blocks"], TOKENS)),
+            "B": tokens(complete(single, OTHER_PROMPT, TOKENS))}
+    prompts = {"A": PROMPTS["several blocks"], "B": OTHER_PROMPT}
+    pair = PdPair(model, tmp_path, read_mode=False)
+    P, D = pair.servers["P"], pair.servers["D"]
+    try:
+        to_p, to_d = pair.params("tx-shared")
+        got = in_threads((answer_or_error, (D, prompts["A"], to_d)),
+                         (lambda: (time.sleep(0.3), answer_or_error(D, prompts["B"], to_d))[1], ()),
+                         (lambda: (time.sleep(0.6), complete(P, prompts["B"], 1, to_p))[1], ()),
+                         (lambda: (time.sleep(0.9), complete(P, prompts["A"], 1, to_p))[1], ()))
+        for name, answer in zip("AB", got[:2]):
+            assert answer == want[name] or isinstance(answer, str), (name, answer)
+        assert got[1] == want["B"]                  # refused by D at once: computed there
+        # The same id once more, after both ended: refused, computed by D, no wait.
+        assert pair.generate(prompts["A"], tid="tx-shared") == want["A"]
+        leftovers = {name: idle_and_empty(server) for name, server in pair.servers.items()}
+    finally:
+        pair.stop()
+    assert leftovers == {"P": None, "D": None}
+    for server in (P, D):                            # each refused one request, and says so
+        assert "vllm.transfer_id_in_use transfer_id='tx-shared'" in server.log_path.read_text()
+    assert "prompt_mismatch" in D.log_path.read_text()   # P's verdict on A's blocks
+
+
+def test_a_write_done_forged_from_another_address_is_refused_by_real_servers(model, single, tmp_path):
+    import zmq
+
+    from moriio_fsm.adapters.zmq import WriteDone, encode_notify
+
+    want = tokens(complete(single, PROMPTS["several blocks"], TOKENS))
+    pair = PdPair(model, tmp_path, read_mode=False)
+    P, D = pair.servers["P"], pair.servers["D"]
+    ctx = zmq.Context()
+    forger = ctx.socket(zmq.DEALER)
+    forger.setsockopt(zmq.LINGER, 0)
+    try:
+        to_p, to_d = pair.params("tx-forged")
+        waiting = threading.Thread(target=lambda: results.append(answer_or_error(D, PROMPTS["several blocks"], to_d)))
+        results = []
+        waiting.start()
+        deadline = time.monotonic() + 60
+        while metric_value(D.metrics(), "vllm:num_requests_waiting") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)                      # D allocated and waits for P's KV
+        forger.connect(f"tcp://127.0.0.2:0;127.0.0.1:{pair.addresses['D'][0]}")
+        forger.send(encode_notify(WriteDone("tx-forged", 1)))
+        time.sleep(2.0)
+        assert waiting.is_alive()                 # not told it loaded: still waiting for P
+        complete(P, PROMPTS["several blocks"], 1, to_p)
+        waiting.join(120)
+        leftovers = {name: idle_and_empty(server) for name, server in pair.servers.items()}
+        d_metrics = D.metrics()
+    finally:
+        forger.close(linger=0)
+        ctx.term()
+        pair.stop()
+    assert results == [want]
+    assert leftovers == {"P": None, "D": None}
+    assert metric_value(d_metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == 1
+    assert metric_value(d_metrics, "vllm:moriio_fsm_events_total", outcome="forged") == 1
+    assert "vllm.message_forged kind='write_done' transfer_id='tx-forged' sender='127.0.0.2#" \
+        in D.log_path.read_text()

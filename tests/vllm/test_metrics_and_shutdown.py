@@ -83,3 +83,27 @@ def test_shutdown_stops_every_thread_and_frees_every_port(make_instance):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
             sock.listen()
+
+
+def test_the_connectors_warnings_go_where_vllms_own_records_go(make_instance):
+    """Inside a vLLM server the package's NullHandler would hide every warning: the
+    connector shares the handlers vLLM configured for its own logger, at vLLM's level."""
+    import io
+    import logging
+
+    stream = io.StringIO()
+    served = logging.StreamHandler(stream)
+    vllm_logger, ours = logging.getLogger("vllm"), logging.getLogger("moriio_fsm")
+    kept = (list(ours.handlers), ours.level)
+    vllm_logger.addHandler(served)               # what vLLM's logging set-up does in a server
+    try:
+        make_instance("D", "kv_consumer")
+        from moriio_fsm.logs import get_logger
+
+        get_logger("moriio_fsm.vllm").warning("vllm.transfer_id_in_use", transfer_id="tx-1")
+        assert "vllm.transfer_id_in_use transfer_id='tx-1'" in stream.getvalue()
+        get_logger("moriio_fsm.vllm").debug("vllm.message_dropped")
+        assert "message_dropped" not in stream.getvalue()     # vLLM's level holds
+    finally:
+        vllm_logger.removeHandler(served)
+        ours.handlers[:], ours.level = kept
