@@ -41,3 +41,4 @@ def share_handlers_of(host: str = "vllm") -> None:
         ours.addHandler(handler)
     if ours.level == logging.NOTSET:
         ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = theirs.propagate    # as vLLM's own records: written once, not again by root

@@ -46,6 +46,8 @@ NAMED_DOMAINS: dict[str, Callable[[Bounds], tuple]] = {
     "error": lambda b: ("injected",),
     # Unknown, and two prompts: enough to meet an allocation made for another prompt.
     "prompt_digest": lambda b: ("", "a", "b"),
+    # Unknown, and two engines of D.
+    "decode_dp_rank": lambda b: (-1, 0, 1),
 }
 
 #: Payload values by declared type, for field names not listed above.

@@ -89,6 +89,12 @@ def usable_allocation(tx, ev) -> bool:
 
 
 @bindings.guard
+def allocation_from_another_engine(tx, ev) -> bool:
+    theirs = ev.decode_dp_rank
+    return theirs >= 0 and tx.decode_dp_rank >= 0 and theirs != tx.decode_dp_rank
+
+
+@bindings.guard
 def allocation_for_another_prompt(tx, ev) -> bool:
     theirs = ev.prompt_digest
     return bool(theirs) and bool(tx.prompt_digest) and theirs != tx.prompt_digest
@@ -122,6 +128,7 @@ def nothing_in_flight(tx, ev) -> bool:
 def init_transfer(tx, ev, out) -> None:
     tx.num_writers = ev.num_writers
     tx.prompt_digest = ev.prompt_digest
+    tx.decode_dp_rank = ev.decode_dp_rank
 
 
 @bindings.action

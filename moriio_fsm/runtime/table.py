@@ -511,8 +511,10 @@ class TransferTable:
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, tx.state, _NO_EFFECTS)
         result = step(shard, tx, ev)
-        if bound is FIRST_SENDER:
-            tx._senders = frozenset((sender,))    # after the step: a step that raised binds no one
+        if bound is FIRST_SENDER and result.outcome is _APPLIED:
+            # After the step, and only for a fact the spec took: a step that raised, or a
+            # fact it ignored or refused, binds no one.
+            tx._senders = frozenset((sender,))
         return result
 
     def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
@@ -776,6 +778,10 @@ class TransferTable:
                 continue
             try:
                 held_result = self._run_step(shard, tx, held)
+                if held_result.outcome is Outcome.FORGED:
+                    log.warning("%s: a %s held for %r came from %r, not from the peer the "
+                                "transfer is bound to; refused", self.spec.name, held.kind,
+                                ev.transfer_id, sender_of(held))
             except TransitionError as exc:
                 # The transfer was created; a held fact whose step broke was rolled back
                 # and counts as rejected. Its error is a binding's bug: say so loudly.

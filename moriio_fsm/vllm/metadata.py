@@ -60,6 +60,16 @@ class RequestEnded:
     peer: PeerAddress | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RefusedSend:
+    """P, WRITE: a request refused because an earlier, finished request used its transfer id;
+    ``peer`` is the D its params named, which is told so if it allocates for that id."""
+
+    request_id: str
+    transfer_id: str
+    peer: PeerAddress
+
+
 @dataclass
 class StepMetadata(KVConnectorMetadata):
     """One scheduler step's news for the workers, in the order they must be applied."""
@@ -67,9 +77,10 @@ class StepMetadata(KVConnectorMetadata):
     sends: list[SendStart] = field(default_factory=list)
     receives: list[ReceiveStart] = field(default_factory=list)
     ended: list[RequestEnded] = field(default_factory=list)
+    refused: list[RefusedSend] = field(default_factory=list)
     # The step runs no forward (nothing scheduled): its worker may spend the step helping
     # a peer's write in (copy assist) instead of returning at once to an idle loop.
     idle: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.sends or self.receives or self.ended)
+        return bool(self.sends or self.receives or self.ended or self.refused)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logs import get_logger
-from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
+from .metadata import ReceiveStart, RefusedSend, RequestEnded, SendStart, StepMetadata
 from .params import PeerAddress, TransferParams, TransferParamsError, parse_transfer_params
 from .settings import ConnectorSettings
-from .transfer_ids import TransferIdLedger, prompt_digest
+from .transfer_ids import USED_BEFORE, TransferIdLedger, prompt_digest
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -80,9 +80,12 @@ class SchedulerHalf:
             return True
         self._refused.add(req_id)
         self.counts["transfer_ids_refused"] += 1
-        log.error("vllm.transfer_id_in_use", transfer_id=params.transfer_id, request_id=req_id,
-                  held_by=holder, then=("computing the prompt locally" if self.is_consumer
-                                        else "prefilling without sending its KV"))
+        log.warning("vllm.transfer_id_in_use", transfer_id=params.transfer_id, request_id=req_id,
+                    held_by=holder, then=("computing the prompt locally" if self.is_consumer
+                                          else "prefilling without sending its KV"))
+        if (self.is_producer and not self.settings.read_mode and params.peer is not None
+                and holder == USED_BEFORE):
+            self._step.refused.append(RefusedSend(req_id, params.transfer_id, params.peer))
         return False
 
     # -- vLLM's scheduler-side hooks ---------------------------------------------------------

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 #: Ids remembered after their request finished. A worker's table remembers 65,536 ended
 #: transfers; this is more, so an id the workers still know is always refused here first.
 REMEMBERED_IDS = 1 << 17
+#: Who holds an id whose request finished (what ``claim`` and ``holder`` say then).
+USED_BEFORE = "a request that already finished"
 
 
 class TransferIdLedger:
@@ -34,7 +36,7 @@ class TransferIdLedger:
         if owner is not None:
             return f"live request {owner!r}"
         if hash(transfer_id) in self._used:
-            return "a request that already finished"
+            return USED_BEFORE
         self._owner[transfer_id] = request_id
         return None
 
@@ -43,7 +45,7 @@ class TransferIdLedger:
         owner = self._owner.get(transfer_id)
         if owner is not None:
             return None if owner == request_id else f"live request {owner!r}"
-        return "a request that already finished" if hash(transfer_id) in self._used else None
+        return USED_BEFORE if hash(transfer_id) in self._used else None
 
     def finish(self, transfer_id: str, request_id: str) -> None:
         """``request_id`` finished: its id is used from now on (whether it was claimed or not)."""

@@ -35,6 +35,7 @@ from .metrics import TransferMetrics
 from .metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
 from .peers import PeerLinks
 from .reports import VllmReports
+from .reused_ids import ReusedIdReplies
 from .settings import ConnectorConfigError, ConnectorSettings
 
 log = get_logger("moriio_fsm.vllm")
@@ -139,6 +140,7 @@ class WorkerHalf:
         faults = dict(settings.fault_injection)
         self.message_faults = (MessageFaults(self.transport.send, faults)
                                if wants_message_faults(faults) else None)
+        self.reused_ids = ReusedIdReplies(self.send, tp_rank)
         self.poller = CompletionPoller(self._dispatch_adapter_event)
         self._ticker = threading.Thread(target=self._tick, name="moriio-fsm-timers", daemon=True)
         self._ticker.start()
@@ -252,14 +254,14 @@ class WorkerHalf:
             log.debug("vllm.message_dropped", kind=event.kind, transfer_id=event.transfer_id,
                       why="this rank runs no machine that takes it")
             return
-        if type(message) is Heartbeat and message.reply_port is not None and delivery.peer.address:
-            # Grants go back to the address the heartbeat came from, never to one it names.
-            info = self.directory.get(message.transfer_id)
-            rank = message.consumer_rank if message.consumer_rank is not None else 0
-            if info is not None and len(info.reply_to) < 4096:
-                info.reply_to[rank] = (delivery.peer.address, message.reply_port)
+        undo = self._note_reply_address(message, delivery)
         results = self.dispatch(side, event)
         outcome = results[0][1].outcome if results else None
+        if undo is not None and outcome is not Outcome.APPLIED:
+            undo()                       # a heartbeat the machine did not take says nothing
+        if (event.kind == "remote_blocks" and side == "send"
+                and outcome in (Outcome.LATE, Outcome.BUFFERED, Outcome.DROPPED)):
+            self.reused_ids.unanswered_allocation(event.transfer_id, event.decode_rank)
         if outcome is Outcome.FORGED and self._forged_log.allow(self.clock()):
             log.warning("vllm.message_forged", kind=event.kind, transfer_id=event.transfer_id,
                         sender=delivery.source,
@@ -273,6 +275,26 @@ class WorkerHalf:
         if event.kind == "remote_blocks" and side == "send" and any(
                 done is event and result.outcome is Outcome.APPLIED for done, result in results or ()):
             self._prepare_writes(event.transfer_id, event.block_ids)
+
+    def _note_reply_address(self, message, delivery: Delivery):
+        """READ P: where a heartbeat's sender wants its lease grants, noted before the
+        dispatch whose grant needs it; returns how to take the note back, or None."""
+        if type(message) is not Heartbeat or message.reply_port is None or not delivery.peer.address:
+            return None
+        info = self.directory.get(message.transfer_id)
+        rank = message.consumer_rank if message.consumer_rank is not None else 0
+        if info is None or (rank not in info.reply_to and len(info.reply_to) >= 4096):
+            return None
+        before = info.reply_to.get(rank)
+        # Grants go back to the address the heartbeat came from, never to one it names.
+        info.reply_to[rank] = (delivery.peer.address, message.reply_port)
+
+        def undo() -> None:
+            if before is None:
+                info.reply_to.pop(rank, None)
+            else:
+                info.reply_to[rank] = before
+        return undo
 
     def _prepare_writes(self, transfer_id: str, remote_ids) -> None:
         """P, WRITE: D's blocks are known; make the transfer's plans and sessions now, or once
@@ -394,6 +416,8 @@ class WorkerHalf:
         self._step_idle = metadata is not None and metadata.idle
         if not metadata:
             return
+        for refused in metadata.refused:
+            self.reused_ids.refused(refused.transfer_id, refused.peer)
         for send in metadata.sends:
             self._start_send(send)
         for receive in metadata.receives:
@@ -412,8 +436,11 @@ class WorkerHalf:
         writers = max(1, self.tp_size // (send.peer.tp_size if send.peer else 1))
         if send.peer is not None:
             info.link = self.link_for(info, peer_ranks(self.tp_rank, self.tp_size, send.peer.tp_size)[0])
-        self.dispatch("send", events.prefill_started(tid, self.clock(), writers, send.prompt_digest,
-                                                     source=self._binding(send.peer)))
+        created = events.prefill_started(tid, self.clock(), writers, send.prompt_digest,
+                                         send.peer.dp_rank if send.peer else -1,
+                                         source=self._binding(send.peer))
+        if not self._created("send", created, send.request_id):
+            return               # as refused: no write will start; the blocks go back at the end
         # D often allocates before P's scheduler starts the transfer (a proxy sends both at
         # once): the machine held remote_blocks until now, so prepare its writes here.
         # (The machine sets remote_block_ids before has_allocation, so this read needs no lock.)
@@ -424,32 +451,54 @@ class WorkerHalf:
 
     def _start_receive(self, receive: ReceiveStart) -> None:
         tid, rid = receive.transfer_id, receive.request_id
+        if self.settings.read_mode and not receive.block_ids:
+            return               # nothing to read (a prefix hit, or bad params): no transfer
         if not self._may_start("receive", rid, tid):
-            if receive.block_ids:        # vLLM waits for this load: fail it, its policy decides
-                self.reports.expect_recving(rid)
-                self.reports.received(rid, receive.block_ids)
+            self._fail_load(rid, receive.block_ids)
             return
         info = TransferInfo(rid, receive.block_ids, receive.peer, receive.remote_block_ids,
                             prompt_digest=receive.prompt_digest)
         if not self.directory.add(tid, info):
             log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
+            self._fail_load(rid, receive.block_ids)
             return
         now, bound = self.clock(), self._binding(receive.peer)
+        if self.settings.read_mode:
+            started = events.read_started(tid, now, len(self.cache.names),
+                                          list(receive.remote_block_ids), source=bound)
+        else:
+            writers = len(peer_ranks(self.tp_rank, self.tp_size, receive.peer.tp_size))
+            started = events.receive_started(tid, now, writers, source=bound)
+        if not self._created("receive", started, rid):
+            self._fail_load(rid, receive.block_ids)
+            return
         if receive.block_ids:
             self.reports.expect_recving(rid)
         if self.settings.read_mode:
-            if not receive.block_ids:
-                return
-            self.dispatch("receive", events.read_started(tid, now, len(self.cache.names),
-                                                         list(receive.remote_block_ids), source=bound))
             self.dispatch("receive", events.start_reads(tid, now))
-            return
-        writers = len(peer_ranks(self.tp_rank, self.tp_size, receive.peer.tp_size))
-        self.dispatch("receive", events.receive_started(tid, now, writers, source=bound))
-        if receive.block_ids:
+        elif receive.block_ids:
             self.dispatch("receive", events.blocks_allocated(tid, now, list(receive.block_ids), rid))
         else:
             self.dispatch("receive", events.request_finished(tid, now))
+
+    def _created(self, side: str, event, request_id: str) -> bool:
+        """Dispatch a creating event; when the machine refuses it (a payload its guards
+        refuse, such as more writers than it allows), forget the transfer and say why."""
+        results = self.dispatch(side, event)
+        if results and results[0][1].outcome is Outcome.CREATED:
+            return True
+        self.directory.drop(event.transfer_id)
+        self._remember_refused(request_id, event.transfer_id)
+        log.warning("vllm.transfer_refused", transfer_id=event.transfer_id, request_id=request_id,
+                    why=f"the {self.drivers[side].table.spec.name} machine refused its start "
+                        f"({event.kind} {event.data})")
+        return False
+
+    def _fail_load(self, request_id: str, block_ids) -> None:
+        """A load that cannot start: vLLM's ``kv_load_failure_policy`` decides at once."""
+        if block_ids:
+            self.reports.expect_recving(request_id)
+            self.reports.received(request_id, tuple(block_ids))
 
     def _may_start(self, side: str, request_id: str, transfer_id: str) -> bool:
         """Whether ``request_id`` may start ``transfer_id`` here: no live or remembered
@@ -458,13 +507,16 @@ class WorkerHalf:
         holder = self._holder_of(side, transfer_id)
         if holder is None:
             return True
+        self._remember_refused(request_id, transfer_id)
+        log.warning("vllm.transfer_id_in_use", transfer_id=transfer_id, request_id=request_id,
+                    held_by=holder, then="refused: a load fails (vLLM's load failure policy), "
+                                         "a send does not start")
+        return False
+
+    def _remember_refused(self, request_id: str, transfer_id: str) -> None:
         if len(self._refused) >= 1 << 16:
             self._refused.pop(next(iter(self._refused)))
         self._refused[request_id] = transfer_id
-        log.error("vllm.transfer_id_in_use", transfer_id=transfer_id, request_id=request_id,
-                  held_by=holder, then="refused: a load fails (vLLM's load failure policy), "
-                                       "a send does not start")
-        return False
 
     def _holder_of(self, side: str, transfer_id: str) -> str | None:
         info = self.directory.get(transfer_id)
@@ -480,7 +532,12 @@ class WorkerHalf:
             return ""
         if peer is None:
             return FIRST_SENDER
-        return expected_senders(peer.host, self.transport.config.curve, self._addresses)
+        if not self.transport.policy.is_trusted(peer.host):
+            return "-"           # never dialled, never believed: the transfer fails by its timers
+        # Never waits for a name's lookup (this is the forward thread): until its first
+        # answer, the transfer takes the first sender it hears from.
+        bound = expected_senders(peer.host, self.transport.config.curve, self._addresses)
+        return FIRST_SENDER if bound is None else bound
 
     def _end(self, ended: RequestEnded) -> None:
         now, tid = self.clock(), ended.transfer_id

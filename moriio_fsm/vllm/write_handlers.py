@@ -118,7 +118,8 @@ def consumer_handlers(worker: "WorkerHalf") -> dict:
         for rank in writers(info):
             worker.send(worker.notify_endpoint(info, rank), RemoteBlocks(
                 effect.transfer_id, effect.req_id or info.request_id, tuple(effect.block_ids),
-                decode_rank=worker.tp_rank, prompt_digest=info.prompt_digest or None))
+                decode_rank=worker.tp_rank, prompt_digest=info.prompt_digest or None,
+                decode_dp_rank=worker.dp_rank))
 
     def send_release(effect) -> None:
         info = _info(worker, effect)

@@ -16,10 +16,11 @@ def test_an_event_class_has_the_declared_payload_in_order_and_source_by_keyword(
     ev = events.remote_blocks("tx-1", 1.5, [3, 4], 1, source="10.0.0.2#ab")
     assert isinstance(ev, Event) and ev.kind == "remote_blocks"
     assert (ev.block_ids, ev.decode_rank, ev.req_id, ev.source) == ([3, 4], 1, "", "10.0.0.2#ab")
-    assert ev.data == {"block_ids": [3, 4], "decode_rank": 1, "req_id": "", "prompt_digest": ""}
+    assert ev.data == {"block_ids": [3, 4], "decode_rank": 1, "req_id": "", "prompt_digest": "",
+                             "decode_dp_rank": -1}
     assert events.release("tx-1", 0.0).consumer_tp_size == 1        # the declared default
     with pytest.raises(TypeError):
-        events.remote_blocks("tx-1", 0.0, [3], 1, "req", "digest", "extra")
+        events.remote_blocks("tx-1", 0.0, [3], 1, "req", "digest", 0, "extra")
 
 
 def test_an_effect_class_has_exactly_the_declared_fields():

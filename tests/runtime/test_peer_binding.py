@@ -86,15 +86,22 @@ def test_a_curve_key_is_part_of_the_sender():
 
 
 def test_bound_to_the_first_sender_the_transfer_keeps_that_one():
-    table = TransferTable(build_machine("read_producer"))
-    table.dispatch(make_event("serve_started", "tx-1", 1.0, {"consumer_tp_size": 1}, source=FIRST_SENDER))
+    table = serving_table()
     first = table.dispatch(make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1},
                                       source=f"{D_HOST}#01"))
-    assert first.outcome is not Outcome.FORGED
+    assert first.outcome is Outcome.APPLIED
     later = table.dispatch(make_event("release", "tx-1", 3.0, source=f"{OTHER}#02"))
     assert later.outcome is Outcome.FORGED
     assert table.dispatch(make_event("release", "tx-1", 3.1, source=f"{D_HOST}#03")).outcome \
         is not Outcome.FORGED
+
+
+def serving_table():
+    """P in READ mode holding its blocks for a D it has not heard from yet."""
+    table = TransferTable(build_machine("read_producer"))
+    table.dispatch(make_event("serve_started", "tx-1", 1.0, {"consumer_tp_size": 1}, source=FIRST_SENDER))
+    table.dispatch(make_event("request_finished", "tx-1", 1.1))
+    return table
 
 
 def test_an_unbound_transfer_takes_any_sender_as_before():
@@ -132,3 +139,35 @@ def test_a_forged_verdict_cannot_end_a_waiting_load_on_d():
     done = table.dispatch(make_event("write_done", "tx-1", 3.0, {"num_writers": 1},
                                      source="127.0.0.1#02"))
     assert "report_received" in [e.kind for e in done.effects]
+
+
+def test_a_fact_the_spec_does_not_take_binds_no_one_to_a_first_sender_transfer():
+    table = serving_table()
+    junk = table.dispatch(make_event("heartbeat", "tx-1", 1.5, {"consumer_rank": 0, "seq": -5},
+                                     source=f"{OTHER}#01"))
+    assert junk.outcome is not Outcome.APPLIED
+    real = table.dispatch(make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1},
+                                     source=f"{D_HOST}#02"))
+    assert real.outcome is Outcome.APPLIED
+    assert table.dispatch(make_event("release", "tx-1", 3.0, source=f"{OTHER}#03")).outcome \
+        is Outcome.FORGED
+
+
+def test_a_forged_fact_held_before_creation_is_logged_with_its_sender(caplog):
+    table = TransferTable(PRODUCER)
+    table.dispatch(make_event("remote_blocks", "tx-1", 0.5, BLOCKS, source=f"{OTHER}#aa"))
+    with caplog.at_level("WARNING", logger="moriio_fsm.runtime"):
+        start_producer(table)
+    assert any("tx-1" in r.getMessage() and OTHER in r.getMessage() for r in caplog.records)
+
+
+def test_an_allocation_from_another_d_engine_is_not_this_transfers_but_its_own_still_is():
+    table = TransferTable(PRODUCER)
+    table.dispatch(make_event("prefill_started", "tx-1", 1.0, {"num_writers": 1, "decode_dp_rank": 0},
+                              source=D_HOST))
+    other = table.dispatch(make_event("remote_blocks", "tx-1", 2.0, {**BLOCKS, "decode_dp_rank": 1},
+                                      source=f"{D_HOST}#01"))
+    assert other.outcome is Outcome.IGNORED and not table.get("tx-1").has_allocation
+    own = table.dispatch(make_event("remote_blocks", "tx-1", 2.1, {**BLOCKS, "decode_dp_rank": 0},
+                                    source=f"{D_HOST}#02"))
+    assert own.outcome is Outcome.APPLIED and table.get("tx-1").has_allocation

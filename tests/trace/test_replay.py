@@ -122,7 +122,8 @@ def test_the_checker_api_writes_traces_replay_accepts(tmp_path):
 def test_a_hand_written_payload_may_leave_out_fields_that_have_defaults(tmp_path):
     tables, steps = trace_events("write_producer", [
         events.prefill_started("tx-1", 0.0, 1), events.remote_blocks("tx-1", 0.1, [7], 0)])
-    assert steps[1].data == {"block_ids": [7], "decode_rank": 0, "req_id": "", "prompt_digest": ""}
+    assert steps[1].data == {"block_ids": [7], "decode_rank": 0, "req_id": "", "prompt_digest": "",
+                             "decode_dp_rank": -1}
     short = steps[1].__class__(**{**{f: getattr(steps[1], f) for f in steps[1].__struct_fields__},
                                   "data": {"block_ids": [7], "decode_rank": 0}})
     path = tmp_path / "t.jsonl"

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from harness import capture_wire, run_until, write_pair_params
-from moriio_fsm.adapters.zmq import LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed, encode_notify
+from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed, encode_notify
 
 pytestmark = pytest.mark.integration
 
@@ -119,11 +119,14 @@ def test_read_mode_p_keeps_its_blocks_for_the_d_reading_them_despite_a_forged_re
     D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])
     # D spoke first (its heartbeat) and reads under the lease P granted it.
     assert run_until([P, D], lambda: any(type(m) is LeaseGranted for _, m in p_wire))
+    grants_to = dict(P.worker._worker.directory.get("tx-forge-r").reply_to)
     forger = Forger(P.notify_port)
     try:
+        forger.send(Heartbeat("tx-forge-r", 9, 0, reply_port=9))     # "send my grants to me"
         forger.send(Release("tx-forge-r", consumer_tp_size=1))
-        assert wait_for(lambda: forged_count(P, "send") == 1, [P])
+        assert wait_for(lambda: forged_count(P, "send") == 2, [P])
         assert "p-1" in P.scheduler.requests and P.reported_sending == []
+        assert P.worker._worker.directory.get("tx-forge-r").reply_to == grants_to
     finally:
         forger.close()
     # The stalled read times out; D recomputes and releases P itself.

@@ -94,7 +94,7 @@ def test_the_connectors_warnings_go_where_vllms_own_records_go(make_instance):
     stream = io.StringIO()
     served = logging.StreamHandler(stream)
     vllm_logger, ours = logging.getLogger("vllm"), logging.getLogger("moriio_fsm")
-    kept = (list(ours.handlers), ours.level)
+    kept = (list(ours.handlers), ours.level, ours.propagate)
     vllm_logger.addHandler(served)               # what vLLM's logging set-up does in a server
     try:
         make_instance("D", "kv_consumer")
@@ -106,4 +106,4 @@ def test_the_connectors_warnings_go_where_vllms_own_records_go(make_instance):
         assert "message_dropped" not in stream.getvalue()     # vLLM's level holds
     finally:
         vllm_logger.removeHandler(served)
-        ours.handlers[:], ours.level = kept
+        ours.handlers[:], ours.level, ours.propagate = kept

@@ -124,6 +124,45 @@ def test_read_mode_d_refuses_blocks_that_hold_another_prompt(make_instance):
     assert D.outputs["d-b"] == want_b              # computed locally, not read from A's blocks
     assert D.reported_recving == []
     assert run_until([P, D], lambda: both_empty(P, D), 10)       # P's unread lease ran out
+    assert len(D.worker._worker.directory) == 0                  # nothing kept for a load not made
+
+
+@pytest.mark.parametrize("order", ["d_allocates_first", "p_refuses_first"])
+def test_a_d_that_never_saw_the_id_hears_at_once_that_p_used_it_before(make_instance, order):
+    """A retry reuses an id only P remembers (its first D is gone): P refuses the request,
+    and the new D, which allocated for it, is told so instead of waiting for its timeouts."""
+    want_a, want_b = reference(make_instance, PROMPT_A, PROMPT_B)
+    P, D1 = make_instance("P", "kv_producer"), make_instance("D1", "kv_consumer")
+    to_p, to_d = write_pair_params("tx-retry", P, D1)
+    P.add("p-1", PROMPT_A, 1, dict(to_p))
+    D1.add("d-1", PROMPT_A, TOKENS, dict(to_d))
+    assert run_until([P, D1], lambda: decoded(D1, "d-1")() and both_empty(P, D1))
+    D2 = make_instance("D2", "kv_consumer", extra={"machine_config": {"write_consumer": {
+        "write_timeout_s": 60.0, "safety_timeout_s": 60.0}}})   # only P's answer ends it in time
+    D2.scheduler.recompute_kv_load_failures = True
+    to_p2, to_d2 = write_pair_params("tx-retry", P, D2)
+    if order == "d_allocates_first":
+        D2.add("d-2", PROMPT_B, TOKENS, to_d2)
+        for _ in range(3):
+            D2.step()
+        P.add("p-2", PROMPT_B, 1, to_p2)
+    else:
+        P.add("p-2", PROMPT_B, 1, to_p2)
+        P.step()
+        D2.add("d-2", PROMPT_B, TOKENS, to_d2)
+    assert run_until([P, D2], lambda: decoded(D2, "d-2")() and both_empty(P, D2), 15)
+    assert D2.outputs["d-2"] == want_b and D2.load_errors
+
+
+def test_a_load_whose_start_the_machine_refuses_fails_at_once_instead_of_waiting(make_instance):
+    (want_a,) = reference(make_instance, PROMPT_A)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    D.scheduler.recompute_kv_load_failures = True
+    _, to_d = write_pair_params("tx-wide", P, D)
+    D.add("d-1", PROMPT_A, TOKENS, {**to_d, "remote_tp_size": 128})   # more writers than allowed
+    assert run_until([D], lambda: decoded(D, "d-1")() and D.empty(), 10)
+    assert D.outputs["d-1"] == want_a and D.load_errors
+    assert len(D.worker._worker.directory) == 0
 
 
 # -- the worker alone, should a duplicate ever get past a scheduler -----------------------

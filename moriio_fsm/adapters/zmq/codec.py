@@ -47,7 +47,7 @@ __all__ = [
 #
 #   message         wire form                                             receiver
 #   remote_blocks   {req_id, transfer_id, block_notify_list, decode_rank,  producer
-#                   type[, prompt_digest]}; older senders omit ``type``
+#                   type[, prompt_digest][, decode_dp_rank]}; older senders omit ``type``
 #   write_done      {type, transfer_id[, num_writers][, producer_rank]}   consumer
 #   write_failed    {type, transfer_id[, reason][, writes_stopped]        consumer
 #                   [, producer_rank]}
@@ -242,7 +242,8 @@ class RemoteBlocks:
 
     ``block_ids`` is flat, or one tuple per KV cache group when ``per_group``.
     ``prompt_digest`` (extension): D's fingerprint of the prompt the blocks are for, so that
-    P writes only its own prompt's KV into them (lower-case hex).
+    P writes only its own prompt's KV into them (lower-case hex). ``decode_dp_rank``
+    (extension): the data-parallel rank of the D engine that allocated them.
     """
 
     transfer_id: str
@@ -252,6 +253,7 @@ class RemoteBlocks:
     form: WireForm = field(default=WireForm.TYPED, compare=False)
     _: KW_ONLY
     prompt_digest: str | None = None
+    decode_dp_rank: int | None = None
 
     kind = "remote_blocks"
 
@@ -617,7 +619,11 @@ def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form
     digest = data.get("prompt_digest")
     if digest is not None:
         digest = _check_digest(digest, "prompt_digest", WireDecodeError)
-    return RemoteBlocks(transfer_id, req_id, blocks, rank, form, prompt_digest=digest)
+    dp_rank = data.get("decode_dp_rank")
+    if dp_rank is not None:
+        _check_int(dp_rank, "decode_dp_rank", 0, limits.max_rank, WireDecodeError)
+    return RemoteBlocks(transfer_id, req_id, blocks, rank, form, prompt_digest=digest,
+                        decode_dp_rank=dp_rank)
 
 
 def _check_digest(value: object, name: str, error: type) -> str:
@@ -751,6 +757,9 @@ def encode_notify(message: NotifyMessage, *, limits: WireLimits = DEFAULT_LIMITS
         if message.prompt_digest is not None:
             payload["prompt_digest"] = _check_digest(message.prompt_digest, "prompt_digest",
                                                      WireEncodeError)
+        if message.decode_dp_rank is not None:
+            payload["decode_dp_rank"] = _check_int(message.decode_dp_rank, "decode_dp_rank", 0,
+                                                   limits.max_rank, WireEncodeError)
         if form is not WireForm.UNTYPED:
             payload["type"] = "remote_blocks"
         return msgpack.packb(payload)

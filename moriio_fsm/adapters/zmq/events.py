@@ -27,7 +27,8 @@ def _rank(value: int | None) -> int:
 
 def _remote_blocks(message: RemoteBlocks, now: float, source: str) -> Event:
     return events.remote_blocks(message.transfer_id, now, message.block_ids, message.decode_rank,
-                                message.req_id, message.prompt_digest or "", source=source)
+                                message.req_id, message.prompt_digest or "",
+                                _rank(message.decode_dp_rank), source=source)
 
 
 def _write_done(message: WriteDone, now: float, source: str) -> Event:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import zmq
 
-from .sockets import set_keepalive, tcp_url
+from .sockets import set_keepalive, source_for, tcp_url
 
 if TYPE_CHECKING:
     from .reporting import TransportCounts
@@ -40,8 +40,9 @@ class Outboxes:
     """The sender sockets of one transport, at most ``config.max_peers`` of them."""
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: "TransportConfig",
-                 counts: "TransportCounts", fail: FailReport) -> None:
+                 counts: "TransportCounts", fail: FailReport, source: str | None = None) -> None:
         self._ctx = ctx
+        self._source = source          # the address senders connect from (sockets.source_for)
         self._poller = poller
         self._config = config
         self._counts = counts
@@ -151,7 +152,7 @@ class Outboxes:
             set_keepalive(sock, config)
             if config.curve is not None:
                 config.curve.apply_client(sock, host)
-            sock.connect(tcp_url(host, port))
+            sock.connect(tcp_url(host, port, source_for(self._source, host)))
         except BaseException:
             sock.close(linger=0)
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 from .errors import UntrustedPeerError
 
@@ -164,6 +164,21 @@ class PeerPolicy:
                 return str(canonical)
         reason = "only loopback is trusted when no peers are configured" if self.loopback_only else "address is not in the trusted peers"
         raise UntrustedPeerError(host, str(canonical), reason)
+
+    def admits_address(self, address: str, addresses_of: Callable[[str], Iterable[str]]) -> bool:
+        """Whether a connection from ``address`` (an IP literal, as libzmq reports a peer)
+        comes from a trusted peer: an address or range this policy lists, or an address one
+        of its host names stands for (``addresses_of(name)``: canonical addresses)."""
+        try:
+            canonical = canonical_host(address)
+        except ValueError:
+            return False
+        if isinstance(canonical, str):
+            return False                 # libzmq reports addresses, never names
+        if any(canonical.version == n.version and canonical in n for n in self._networks):
+            return True
+        text = str(canonical)
+        return any(text in addresses_of(name) for name in sorted(self._names))
 
     def is_trusted(self, host: str) -> bool:
         try:

@@ -3,8 +3,9 @@
 Rules: a sender is the canonical host a message's connection came from, followed by ``/``
 and the hex of the CURVE key it authenticated with when CURVE is on; a transfer is bound to
 the senders of the host its request named. Host names are resolved here, once per name and
-minute at most, so that an address can be compared with them; a name that does not resolve
-binds the transfer to nobody, and its peer's messages are refused.
+minute at most, so that an address can be compared with them: ``addresses`` may wait for
+the resolver, ``known_addresses`` never does (it answers from the cache, refreshing it in
+the background, or says it does not know yet).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class AddressCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._answers: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._pending: set[str] = set()          # names a background lookup is resolving
 
     def addresses(self, host: str) -> tuple[str, ...]:
         """``host`` as canonical addresses: itself when it is an address, else what it resolves to."""
@@ -60,22 +62,56 @@ class AddressCache:
             cached = self._answers.get(canonical)
         if cached is not None and now - cached[0] < self._ttl:
             return cached[1]
+        return self._resolve(canonical)
+
+    def known_addresses(self, host: str) -> tuple[str, ...] | None:
+        """``host`` as canonical addresses without waiting: an address is itself; a name is
+        what the cache holds (an answer past its time is still used while a background
+        lookup refreshes it), or None while its first lookup runs in the background."""
         try:
-            found = self._lookup(canonical)
+            canonical = canonical_host(host)
+        except ValueError:
+            return ()
+        if not isinstance(canonical, str):
+            return (str(canonical),)
+        with self._lock:
+            cached = self._answers.get(canonical)
+            stale = cached is None or self._clock() - cached[0] >= self._ttl
+            start = stale and canonical not in self._pending
+            if start:
+                self._pending.add(canonical)
+        if start:
+            threading.Thread(target=self._refresh, args=(canonical,), daemon=True,
+                             name="moriio-fsm-resolver").start()
+        return None if cached is None else cached[1]
+
+    def _refresh(self, name: str) -> None:
+        try:
+            self._resolve(name)
+        finally:
+            with self._lock:
+                self._pending.discard(name)
+
+    def _resolve(self, name: str) -> tuple[str, ...]:
+        try:
+            found = self._lookup(name)
         except (OSError, UnicodeError, ValueError):
             found = ()
         with self._lock:
             if len(self._answers) >= self._max:
                 self._answers.clear()
-            self._answers[canonical] = (now, found)
+            self._answers[name] = (self._clock(), found)
         return found
 
 
-def expected_senders(host: str, curve: CurveConfig | None, cache: AddressCache) -> str:
+def expected_senders(host: str, curve: CurveConfig | None, cache: AddressCache) -> str | None:
     """The creating event's ``source`` that binds a transfer to the peer at ``host``: its
     addresses, each with the CURVE key this process expects from that host when CURVE is on,
-    comma-separated. Empty addresses give ``"-"``, a sender no message can come from."""
-    addresses = cache.addresses(host)
+    comma-separated; never waits for a resolver (None: ``host`` is a name not resolved yet).
+    A name that resolves to nothing gives ``"-"``, a sender no message can come from."""
+    addresses = cache.known_addresses(host)
+    if addresses is None:
+        return None
     if not addresses:
         return "-"
     key = None

@@ -1,27 +1,54 @@
 """Options and endpoints shared by every TCP socket the transport's I/O thread opens.
 
 Rules: every socket gets TCP keepalive and IPv6; every server socket caps its frame
-size before anything is allocated and, with CURVE on, authenticates through ZAP.
+size before anything is allocated and admits peers only through ZAP (trusted addresses;
+with CURVE on, authorised keys); a sender connects from the address its transport listens
+on, so that its peers see it come from the host they know it by.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from typing import TYPE_CHECKING
 
 from ...logs import get_logger
 import zmq
 
+from .curve import ZAP_DOMAIN
+
 if TYPE_CHECKING:
     from .transport import TransportConfig
 
-__all__ = ["bind", "server_socket", "set_keepalive", "tcp_url"]
+__all__ = ["bind", "server_socket", "set_keepalive", "source_for", "tcp_url"]
 
 log = get_logger("moriio_fsm.adapters.zmq")
 
 
-def tcp_url(host: str, port: int) -> str:
-    """The ZeroMQ endpoint of ``host:port``; an IPv6 literal goes in brackets."""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+def tcp_url(host: str, port: int, source: str | None = None) -> str:
+    """The ZeroMQ endpoint of ``host:port``; an IPv6 literal goes in brackets. With
+    ``source`` (an address of this host, of the same family), connections leave from it."""
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if source is None:
+        return f"tcp://{target}"
+    origin = f"[{source}]:0" if ":" in source else f"{source}:0"
+    return f"tcp://{origin};{target}"
+
+
+def source_for(local: str | None, host: str) -> str | None:
+    """The address a connection to ``host`` leaves from: ``local`` (the address this
+    transport listens on) when both are addresses of one family and ``local`` is not a
+    wildcard; None (the kernel's choice) otherwise, and for host names."""
+    if not local:
+        return None
+    try:
+        mine, theirs = ipaddress.ip_address(local), ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if mine.version != theirs.version or mine.is_unspecified:
+        return None
+    if mine.is_loopback and not theirs.is_loopback:
+        return None                  # a loopback address cannot reach another host
+    return str(mine)
 
 
 def set_keepalive(sock: zmq.Socket, config: "TransportConfig") -> None:
@@ -43,6 +70,9 @@ def server_socket(ctx: zmq.Context, config: "TransportConfig", kind: int, max_by
     # allocating it: the first line of defence against memory floods.
     sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     set_keepalive(sock, config)
+    # Every connection is put to the ZAP handler (zap.py) before it may send a byte: its
+    # address must be trusted, and with CURVE on its key authorised.
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
     if config.curve is not None:
         config.curve.apply_server(sock)
     return sock

@@ -36,7 +36,7 @@ from .outbox import Outboxes
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
 from .reporting import LogLimiter, TransportCounts
-from .senders import sender_name
+from .senders import AddressCache, sender_name
 from .sockets import bind, server_socket
 from .zap import ZapHandler
 
@@ -127,7 +127,7 @@ class Peer:
     identity: bytes
     address: str | None
     key: str | None = None
-    # Derived once per connection (peers are cached by identity), not once per message.
+    # Derived once per (identity, address, key), not once per message.
     source: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -228,10 +228,13 @@ class ZmqTransport:
         os.set_blocking(self._wake_write, False)
         self.counts = TransportCounts()
         self._log_limiter = LogLimiter()
-        self._peers: dict[bytes, Peer] = {}
+        self._peers: dict[tuple, Peer] = {}
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
-        self._outboxes = Outboxes(self._ctx, self._poller, config, self.counts, self._fail)
+        self.bind_host = config.bind_host or default_bind_host()
+        self._addresses = AddressCache()     # the trusted names' addresses, for inbound checks
+        self._outboxes = Outboxes(self._ctx, self._poller, config, self.counts, self._fail,
+                                  source=self.bind_host)
         self._handshakes = HandshakeRequests(self._ctx, self._poller, config, self.counts)
         self._handshake_servers = HandshakeServers(self._ctx, self._poller, config, self.counts,
                                                    self._reject_handshake_request)
@@ -239,7 +242,6 @@ class ZmqTransport:
         self._zap: ZapHandler | None = None
         self._authorized = config.curve.authorized_raw_keys() if config.curve else frozenset()
         self.notify_port: int | None = None
-        self.bind_host = config.bind_host or default_bind_host()
         started = threading.Event()
         failure: list[BaseException] = []
         self._thread = threading.Thread(
@@ -432,9 +434,10 @@ class ZmqTransport:
     def _open_sockets(self) -> None:
         cfg = self.config
         self._poller.register(self._wake_read, zmq.POLLIN)
-        if cfg.curve is not None:
-            # Bound before any server socket, so no CURVE client is ever let in unchecked.
-            self._zap = ZapHandler(self._ctx, self._poller, self._authorized, self.counts, self._log_limiter)
+        # Bound before any server socket, so no peer is ever let in unchecked.
+        self._zap = ZapHandler(self._ctx, self._poller,
+                               self._authorized if cfg.curve is not None else None,
+                               self.counts, self._log_limiter, admits=self._admits)
         if cfg.listen:
             sock = server_socket(self._ctx, cfg, zmq.ROUTER, cfg.limits.max_message_bytes)
             self.notify_port = bind(sock, self.bind_host, cfg.notify_port)
@@ -555,7 +558,14 @@ class ZmqTransport:
 
     # receiving --------------------------------------------------------------
 
+    def _admits(self, address: str) -> bool:
+        """ZAP's question, on the I/O thread: may a connection from ``address`` come in?"""
+        return self.policy.admits_address(address, self._addresses.addresses)
+
     def _peer_for(self, identity: bytes, frame: zmq.Frame) -> Peer:
+        """Who sent ``frame``: read from the frame itself every time, since a peer picks its
+        own routing identity and may take one a closed connection used; the ``Peer`` is
+        cached per (identity, address, key) only to keep its ``source`` text."""
         try:
             address = frame.get("Peer-Address")
         except zmq.ZMQError:
@@ -567,11 +577,14 @@ class ZmqTransport:
             key = frame.get("User-Id") or None   # the ZAP handler's answer: the CURVE key in hex
         except zmq.ZMQError:
             key = None                           # no authentication on this socket
-        peer = Peer(identity, address, key)
+        cache_key = (identity, address, key)
         peers = self._peers
-        if len(peers) >= 4096:
-            peers.pop(next(iter(peers)))  # oldest first; identities are per connection
-        peers[identity] = peer
+        peer = peers.get(cache_key)
+        if peer is None:
+            peer = Peer(identity, address, key)
+            if len(peers) >= 4096:
+                peers.pop(next(iter(peers)))     # oldest first
+            peers[cache_key] = peer
         return peer
 
     def _drain_listener(self) -> None:
@@ -579,7 +592,7 @@ class ZmqTransport:
         recv = sock.recv
         cfg = self.config
         role, limits, deliver = cfg.role, cfg.limits, self._on_message
-        peers, counts, monotonic = self._peers, self.counts, time.monotonic
+        counts, monotonic = self.counts, time.monotonic
         for _ in range(cfg.max_batch):
             try:
                 identity = recv(zmq.NOBLOCK)
@@ -590,12 +603,9 @@ class ZmqTransport:
                 # The rest of a multipart message is already here (all or nothing).
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                self._reject(peers.get(identity) or Peer(identity, None),
-                             WireDecodeError("<frame>", "no payload frame"))
+                self._reject(Peer(identity, None), WireDecodeError("<frame>", "no payload frame"))
                 continue
-            peer = peers.get(identity)
-            if peer is None:
-                peer = self._peer_for(identity, frame)
+            peer = self._peer_for(identity, frame)
             if frame.more:
                 extra = 0
                 while sock.getsockopt(zmq.RCVMORE):

@@ -108,7 +108,7 @@ def test_decoded_messages_become_the_machines_events():
     assert type(blocks) is events.remote_blocks and isinstance(blocks, Event)
     assert (blocks.transfer_id, blocks.kind, blocks.time, blocks.source) == ("tx-2", "remote_blocks", 12.5, "")
     assert dict(blocks.data) == {"block_ids": ((1, 2), (300, 70000)), "decode_rank": 3, "req_id": "req-2",
-                                 "prompt_digest": ""}
+                                 "prompt_digest": "", "decode_dp_rank": -1}
     # Fields upstream does not send become the defaults the specs declare.
     assert dict(event_for(WriteDone("a", 2), 0).data) == {"num_writers": 2, "producer_rank": -1}
     assert dict(event_for(WriteDone("a"), 0).data) == {"num_writers": 1, "producer_rank": -1}  # one writer

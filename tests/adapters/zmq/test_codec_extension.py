@@ -424,9 +424,11 @@ def test_encoder_refuses_bad_extension_values_naming_the_field(message, field, r
 
 EVENTS = [
     (RemoteBlocks("tx", "req-9", ((1, 2), (3,)), 4), events.remote_blocks,
-     {"block_ids": ((1, 2), (3,)), "decode_rank": 4, "req_id": "req-9", "prompt_digest": ""}),
+     {"block_ids": ((1, 2), (3,)), "decode_rank": 4, "req_id": "req-9", "prompt_digest": "",
+      "decode_dp_rank": -1}),
     (RemoteBlocks("tx", "req-9", (5,), 0, prompt_digest="00ff"), events.remote_blocks,
-     {"block_ids": (5,), "decode_rank": 0, "req_id": "req-9", "prompt_digest": "00ff"}),
+     {"block_ids": (5,), "decode_rank": 0, "req_id": "req-9", "prompt_digest": "00ff",
+      "decode_dp_rank": -1}),
     (WriteDone("tx"), events.write_done, {"num_writers": 1, "producer_rank": -1}),
     (WriteDone("tx", 3, producer_rank=2), events.write_done, {"num_writers": 3, "producer_rank": 2}),
     (WriteDone("tx", producer_rank=0), events.write_done, {"num_writers": 1, "producer_rank": 0}),
