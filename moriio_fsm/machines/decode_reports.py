@@ -6,7 +6,8 @@ itself in the context, so the specs' "reported once" and "freed once" invariants
 
 from __future__ import annotations
 
-from .binding import Bindings, emits
+from ..runtime.bindings import Bindings
+from ..runtime.declared import emits
 
 
 def report_received(tx, ev, out) -> None:

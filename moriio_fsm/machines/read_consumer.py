@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from .binding import Bindings, emits
+from ..runtime.bindings import Bindings
+from ..runtime.declared import emits
 from .bitmaps import layer_indices
 from .decode_reports import bind_decode_reports
 

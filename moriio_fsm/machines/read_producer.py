@@ -7,7 +7,8 @@ that gives no rank (an upstream D) is counted, so the quorum still completes.
 
 from __future__ import annotations
 
-from .binding import Bindings, emits
+from ..runtime.bindings import Bindings
+from ..runtime.declared import emits
 
 bindings = Bindings("read_producer")
 

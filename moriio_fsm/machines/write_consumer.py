@@ -8,7 +8,8 @@ transfer. Which function runs when is decided by the spec alone.
 
 from __future__ import annotations
 
-from .binding import Bindings, emits
+from ..runtime.bindings import Bindings
+from ..runtime.declared import emits
 from .decode_reports import bind_decode_reports
 
 bindings = Bindings("write_consumer")

@@ -9,7 +9,8 @@ the fields the spec declares for them. Payload fields arrive of their declared t
 
 from __future__ import annotations
 
-from .binding import Bindings, emits
+from ..runtime.bindings import Bindings
+from ..runtime.declared import emits
 from .bitmaps import layer_indices
 
 bindings = Bindings("write_producer")

@@ -17,6 +17,7 @@ import msgspec
 
 from ..lang.errors import Problem, SpecError
 from ..lang.model import Spec
+from ..lang.shipped import SHIPPED_SPECS, load_machine_spec
 from .events import Effect, Event
 
 _PYTHON_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool,
@@ -97,8 +98,8 @@ def _lookup(family: str, kind: str) -> type:
     cls = _classes.get((family, kind))
     if cls is None and not _shipped_loaded:
         _shipped_loaded = True
-        from ..machines import register_shipped_kinds   # late: machines imports this module
-        register_shipped_kinds()
+        for name in SHIPPED_SPECS:
+            register_spec(load_machine_spec(name))
         cls = _classes.get((family, kind))
     if cls is None:
         known = sorted(k for f, k in _classes if f == family)

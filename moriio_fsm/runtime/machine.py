@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..lang.expr import compile_predicate
 from ..lang.model import Spec
-from ..machines.binding import Bindings
+from .bindings import Bindings
 from .declared import register_spec
 from .events import Outcome
 

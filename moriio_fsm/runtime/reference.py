@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from transitions import Machine as PyTransitionsMachine, State
 
+from ..lang.model import value_fits
+from .bindings import checked_action, checked_guard
 from .errors import InvariantViolation, TransitionError
 from .events import Outcome
-from ..lang.model import value_fits
-from ..machines.binding import checked_action, checked_guard
 from .machine import Machine
 
 #: The trigger name eventless rows get inside pytransitions; the loader refuses it as a
@@ -71,7 +71,7 @@ def _before(row, actions):
 def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
     """The class-level pytransitions machine of ``machine``. In check mode every guard
     runs on a read recorder and every action is followed by proofs of its declared
-    writes and emits (moriio_fsm.machines.binding)."""
+    writes and emits (``bindings.py``)."""
     spec = machine.spec
     engine = PyTransitionsMachine(
         model=None, states=[State(name, final=s.final) for name, s in spec.states.items()],

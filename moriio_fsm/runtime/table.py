@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import msgspec
 
 from ..lang.model import value_fits
-from ..machines.binding import effect_problem
+from .bindings import effect_problem
 from .codegen import generate_steps
 from .errors import InvariantViolation, TimerStepsFailed, TransitionError
 from .events import Effect, Event, Outcome

@@ -14,7 +14,7 @@ from moriio_fsm.check.report import steps_of
 from moriio_fsm.check.single import Dispatch
 from moriio_fsm.lang.loader import load_spec
 from moriio_fsm.machines import load_bindings, resolve_config, spec_path
-from moriio_fsm.machines.binding import emits
+from moriio_fsm.runtime.declared import emits
 from moriio_fsm.runtime.machine import Machine
 
 SMALL = Bounds(layers=1, faults=0, tick_s="off")

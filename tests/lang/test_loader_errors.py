@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moriio_fsm.machines.binding import Bindings, emits
+from moriio_fsm.runtime.bindings import Bindings
+from moriio_fsm.runtime.declared import emits
 from moriio_fsm.lang.errors import Problem, SpecError
 from moriio_fsm.lang.loader import load_spec, parse_spec
 

@@ -15,7 +15,7 @@ import pytest
 
 from moriio_fsm.lang.loader import parse_spec
 from moriio_fsm.machines import build_machine, build_table, write_producer
-from moriio_fsm.machines.binding import Bindings
+from moriio_fsm.runtime.bindings import Bindings
 from moriio_fsm.runtime.declared import effect_class, emits, events
 from moriio_fsm.runtime.driver import Driver
 from moriio_fsm.runtime.errors import InvariantViolation, TimerStepsFailed, TransitionError

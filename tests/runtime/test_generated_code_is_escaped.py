@@ -19,7 +19,7 @@ import pytest
 
 from moriio_fsm.lang.loader import parse_spec
 from moriio_fsm.machines import build_table, spec_path
-from moriio_fsm.machines.binding import Bindings
+from moriio_fsm.runtime.bindings import Bindings
 from moriio_fsm.runtime.errors import TransitionError
 from moriio_fsm.runtime.machine import Machine
 from moriio_fsm.runtime.table import TransferTable

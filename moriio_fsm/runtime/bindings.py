@@ -1,11 +1,14 @@
 """Binding a spec's named guards and actions to Python functions, and checking that the
 two agree: every name bound and declared, every field a binding touches declared.
 
-A machine module creates one ``Bindings`` and decorates its functions with
+The runtime owns this machinery (machines, both executors and check mode use it); the
+per-spec modules of ``moriio_fsm.machines`` only fill a ``Bindings`` each. A machine
+module creates one ``Bindings`` and decorates its functions with
 ``@bindings.guard`` and ``@bindings.action``. Signatures: ``guard(transfer, event) ->
 bool`` reads the context (only the fields its spec entry ``reads``) and changes nothing;
 ``action(transfer, event, out)`` changes only the fields its entry ``writes`` and emits
-effects with ``out.append(emits.<kind>(transfer.transfer_id, field=value, ...))``.
+effects with ``out.append(emits.<kind>(transfer.transfer_id, field=value, ...))`` (``emits``:
+``moriio_fsm.runtime.declared``).
 Neither performs I/O.
 
 ``check`` reads each binding's bytecode: the attributes a guard loads, the attributes an
@@ -22,10 +25,9 @@ from typing import Any, Callable, Iterator
 
 from ..lang.errors import Problem, SpecError
 from ..lang.model import FIELD_TYPES, Spec
-from ..runtime.declared import emits
-from ..runtime.events import Effect
+from .events import Effect
 
-__all__ = ["Bindings", "emits", "attribute_loads", "attribute_stores", "emitted_kinds",
+__all__ = ["Bindings", "attribute_loads", "attribute_stores", "emitted_kinds",
            "checked_guard", "checked_action", "effect_problem"]
 
 Guard = Callable[[Any, Any], bool]
