@@ -7,7 +7,7 @@ Rules of this file:
   data that is not a mapping, a peer's payload missing a declared field) is REJECTED
   and counted before anything else; it never raises and never fires a timer.
 - Only a local event declared ``creates`` starts a transfer. A peer's message for an
-  unknown transfer waits in a bounded, fair, time-limited buffer (``pending.py``) and is
+  unknown transfer waits in a bounded, fair, time-limited buffer (``early_facts.py``) and is
   applied when the local side creates the transfer; it never creates one itself.
 - A transfer is bound to the peers its creating event's ``source`` names (a comma-separated
   list of senders, ``"?"`` for the first peer it hears from, ``""`` for anyone): a peer's
@@ -47,7 +47,7 @@ from .codegen import generate_steps
 from .errors import InvariantViolation, TimerStepsFailed, TransitionError
 from .events import Effect, Event, Outcome
 from .machine import Machine
-from .pending import EarlyFacts, sender_of
+from .early_facts import EarlyFacts, sender_of
 from .reference import ReferenceSteps
 from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 

@@ -288,7 +288,7 @@ def test_one_host_posing_as_many_peers_cannot_push_out_a_real_peers_fact():
 
 
 def test_a_flooder_filling_one_transfers_slots_gives_way_to_a_real_peer():
-    from moriio_fsm.runtime.pending import EarlyFacts
+    from moriio_fsm.runtime.early_facts import EarlyFacts
 
     facts = EarlyFacts(capacity=64, per_transfer=8, per_source=16, ttl=1e9)
     for _ in range(8):
