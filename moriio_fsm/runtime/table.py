@@ -66,16 +66,14 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     ``state`` is None when no transfer exists for the event (unknown, buffered,
     dropped, rejected before creation). ``hops`` lists the ``(from, to)`` state
     changes in order, eventless follow-ups included, or is None when the state did not
-    change. Unpacks as ``outcome, state, effects``.
+    change. Fields are read by name: a result does not unpack (four fields read as three
+    would hide which one was left out).
     """
 
     outcome: Outcome
     state: str | None
     effects: Sequence[Effect]
     hops: tuple[tuple[str, str], ...] | None = None
-
-    def __iter__(self):
-        return iter((self.outcome, self.state, self.effects))
 
 
 #: A creating event's ``source`` that binds the transfer to the first peer it hears from.

@@ -34,6 +34,14 @@ def test_a_peer_message_never_creates_a_transfer_but_waits_for_the_local_side():
     assert [e.kind for e in posted.effects] == ["post_write"]
 
 
+def test_a_result_is_read_by_name_and_does_not_unpack():
+    # Four fields read as three would silently drop the hops.
+    result = new_table().dispatch(make_event("prefill_started", "tx-1", 1.0, {"num_writers": 1}))
+    assert (result.outcome, result.state, result.effects) == (Outcome.CREATED, "allocated", ())
+    with pytest.raises(TypeError):
+        outcome, state, effects = result
+
+
 def test_held_peer_facts_expire_after_their_ttl():
     table = new_table(pending_ttl_s=5.0)
     table.dispatch(make_event("remote_blocks", "tx-1", 0.0, BLOCKS))
