@@ -39,7 +39,8 @@ from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
 from .events import event_for
 from .hosts import default_bind_host
-from .transport import Delivery, Peer, SendFailure, TransportConfig, ZmqTransport
+from .config import TransportConfig
+from .transport import Delivery, Peer, SendFailure, ZmqTransport
 
 __all__ = [
     "AgentMetadata",

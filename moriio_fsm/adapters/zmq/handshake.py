@@ -14,12 +14,12 @@ from ...logs import get_logger
 import zmq
 
 from .codec import HANDSHAKE_REQUEST, decode_handshake_reply
+from .config import TransportConfig
 from .errors import HandshakeFailedError, WireDecodeError
 from .sockets import bind, server_socket, set_keepalive, tcp_url
 
 if TYPE_CHECKING:
     from .reporting import TransportCounts
-    from .transport import TransportConfig
 
 __all__ = ["HandshakeRequests", "HandshakeServers"]
 
@@ -38,7 +38,7 @@ class _Pending:
 class HandshakeRequests:
     """Handshakes this transport started, one DEALER socket each until it ends."""
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: "TransportConfig",
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
                  counts: "TransportCounts") -> None:
         self._ctx = ctx
         self._poller = poller
@@ -130,7 +130,7 @@ class HandshakeServers:
     ``reject(identity, error)`` is told of every malformed request.
     """
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: "TransportConfig",
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
                  counts: "TransportCounts", reject: Callable[[bytes, WireDecodeError], None]) -> None:
         self._ctx = ctx
         self._poller = poller

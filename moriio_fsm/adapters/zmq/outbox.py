@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Callable
 
 import zmq
 
+from .config import TransportConfig
 from .sockets import set_keepalive, source_for, tcp_url
 
 if TYPE_CHECKING:
     from .reporting import TransportCounts
-    from .transport import TransportConfig
 
 __all__ = ["Outbox", "Outboxes", "SendQueue"]
 
@@ -39,7 +39,7 @@ class Outbox:
 class Outboxes:
     """The sender sockets of one transport, at most ``config.max_peers`` of them."""
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: "TransportConfig",
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
                  counts: "TransportCounts", fail: FailReport, source: str | None = None) -> None:
         self._ctx = ctx
         self._source = source          # the address senders connect from (sockets.source_for)

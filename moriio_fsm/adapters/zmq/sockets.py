@@ -9,15 +9,12 @@ on, so that its peers see it come from the host they know it by.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
 
 from ...logs import get_logger
 import zmq
 
+from .config import TransportConfig
 from .curve import ZAP_DOMAIN
-
-if TYPE_CHECKING:
-    from .transport import TransportConfig
 
 __all__ = ["bind", "server_socket", "set_keepalive", "source_for", "tcp_url"]
 
@@ -51,7 +48,7 @@ def source_for(local: str | None, host: str) -> str | None:
     return str(mine)
 
 
-def set_keepalive(sock: zmq.Socket, config: "TransportConfig") -> None:
+def set_keepalive(sock: zmq.Socket, config: TransportConfig) -> None:
     """TCP keepalive, so a peer that vanished without a FIN is noticed; IPv6 allowed."""
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, config.tcp_keepalive_idle_s)
@@ -60,7 +57,7 @@ def set_keepalive(sock: zmq.Socket, config: "TransportConfig") -> None:
     sock.setsockopt(zmq.IPV6, 1)
 
 
-def server_socket(ctx: zmq.Context, config: "TransportConfig", kind: int, max_bytes: int) -> zmq.Socket:
+def server_socket(ctx: zmq.Context, config: TransportConfig, kind: int, max_bytes: int) -> zmq.Socket:
     """An unbound server socket of ``kind`` that refuses frames above ``max_bytes``."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
