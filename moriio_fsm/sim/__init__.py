@@ -1,5 +1,6 @@
 """A deterministic in-memory P/D world for joint runs of the machines.
 
-``world`` holds the clock, the lossy channel and the stand-in RDMA engine; ``ledger``
-checks every rule about blocks; ``pd`` wires P and D ranks of both modes together.
+``world`` holds the clock, the lossy channel, the stand-in RDMA engine and the block
+ledger (``moriio_fsm.ledger``, which checks every rule about blocks); ``pd`` wires P and D
+ranks of both modes together.
 """

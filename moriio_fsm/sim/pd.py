@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..ledger import QUARANTINE
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.driver import Driver
@@ -33,6 +34,8 @@ CONFIG = {
                       "lease_margin_s": 0.6, "abandon_timeout_s": 0.3},
 }
 LAYERS = 4
+#: How a consumer's blocks leave as its transfer ends.
+CONSUMER_ENDINGS = ("report_received", "report_load_failure", "free_blocks", QUARANTINE)
 
 
 def link(transfer_id: str) -> str:
@@ -89,7 +92,7 @@ class PD:
             node.add(machine, Driver(table, handlers, clock=lambda: self.world.now))
 
     def _blocks(self, node: str, transfer_id: str):
-        return self.world.ledger.of(node, transfer_id)
+        return self.world.ledger.blocks(node, transfer_id)
 
     def _write_producer_handlers(self, node: Node) -> dict:
         w, p = self.world, int(node.name[1:])
@@ -117,8 +120,7 @@ class PD:
             "send_write_done": lambda e: verdict("write_done", e, {"num_writers": e.num_writers}),
             "send_write_failed": lambda e: verdict("write_failed", e, {
                 "reason": e.reason, "writes_stopped": e.writes_stopped}),
-            "free_blocks": lambda e: w.ledger.hand_back(self._blocks(node.name, e.transfer_id), "freed"),
-            "quarantine_blocks": lambda e: w.ledger.quarantine(self._blocks(node.name, e.transfer_id)),
+            **w.ledger.handlers(node.name, ("free_blocks", QUARANTINE)),
         }
 
     def _write_consumer_handlers(self, node: Node) -> dict:
@@ -129,19 +131,13 @@ class PD:
             for p in writers:
                 w.send(node.name, f"P{p}", kind, f"{e.transfer_id}>d{d}", data)
 
-        def mine(e):
-            return self._blocks(node.name, e.transfer_id)
-
         return {
             "send_remote_blocks": lambda e: to_writers("remote_blocks", e, {
                 "block_ids": e.block_ids, "decode_rank": d, "req_id": e.req_id}),
             "send_release": lambda e: to_writers("release", e, {"consumer_tp_size": 1,
                                                                 "consumer_rank": d}),
             "hold_blocks": lambda e: None,
-            "report_received": lambda e: w.ledger.hand_back(mine(e), "reported_received"),
-            "report_load_failure": lambda e: w.ledger.hand_back(mine(e), "reported_failure"),
-            "free_blocks": lambda e: w.ledger.hand_back(mine(e), "freed"),
-            "quarantine_blocks": lambda e: w.ledger.quarantine(mine(e)),
+            **w.ledger.handlers(node.name, CONSUMER_ENDINGS),
         }
 
     def _read_producer_handlers(self, node: Node) -> dict:
@@ -163,7 +159,7 @@ class PD:
                                                    f"{e.transfer_id}<p{p}", {
                                                        "seq": e.seq, "lease_s": e.lease_s,
                                                        "consumer_rank": e.consumer_rank}),
-            "free_blocks": lambda e: w.ledger.hand_back(self._blocks(node.name, e.transfer_id), "freed"),
+            **w.ledger.handlers(node.name, ("free_blocks",)),
         }
 
     def _read_consumer_handlers(self, node: Node) -> dict:
@@ -195,9 +191,6 @@ class PD:
             base, p = producer(e)
             w.send(node.name, f"P{p}", kind, base, data)
 
-        def mine(e):
-            return self._blocks(node.name, e.transfer_id)
-
         return {
             "request_handshake": handshake,
             "send_heartbeat": lambda e: to_producer("heartbeat", e, {"consumer_rank": d, "seq": e.seq}),
@@ -205,10 +198,7 @@ class PD:
             "send_release": lambda e: to_producer("release", e, {
                 "consumer_tp_size": len(self.layout.readers_of(producer(e)[1])), "consumer_rank": d}),
             "hold_blocks": lambda e: None,
-            "report_received": lambda e: w.ledger.hand_back(mine(e), "reported_received"),
-            "report_load_failure": lambda e: w.ledger.hand_back(mine(e), "reported_failure"),
-            "free_blocks": lambda e: w.ledger.hand_back(mine(e), "freed"),
-            "quarantine_blocks": lambda e: w.ledger.quarantine(mine(e)),
+            **w.ledger.handlers(node.name, CONSUMER_ENDINGS),
         }
 
     # -- what the hosts do -----------------------------------------------------------------
@@ -266,7 +256,7 @@ class PD:
                 for state, count in driver.table.stats()["ended"].items():
                     bucket = report.ended.setdefault(machine, {})
                     bucket[state] = bucket.get(state, 0) + count
-        report.violations = list(self.world.ledger.violations)
+        report.violations = [str(violation) for violation in self.world.ledger.violations]
         report.log = self.world.log
         return report
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..runtime.declared import make_event
 from ..runtime.driver import Driver
 from ..runtime.events import Event
-from .ledger import Blocks, Ledger
+from ..ledger import Blocks, Ledger, Operation
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Op:
     source: Blocks
     target: Blocks
     state: str = "pending"      # pending | hung | done
+    entry: Operation | None = None      # its entry in the ledger, once posted
 
 
 class World:
@@ -115,8 +116,7 @@ class World:
         """Post ``op``; it completes, fails or hangs later, as the faults say."""
         self.ops.append(op)
         what = f"{op.kind} of layer {op.layer} by {node.name}/{op.transfer_id}"
-        self.ledger.start(op.source, what)
-        self.ledger.start(op.target, what)
+        op.entry = self.ledger.post(what, op.source, op.target)
         roll = self.rng.random()
         if roll < self.faults.hang_op:
             op.state = "hung"           # never completes and never moves a byte again
@@ -127,8 +127,7 @@ class World:
         def complete() -> None:
             if op.state != "pending":
                 return                  # torn down, or its node died
-            self.ledger.touch(op.source, what)
-            self.ledger.touch(op.target, what)
+            self.ledger.moved(op.entry)
             op.state = "done"
             self._settle(op)
             kind = failed_kind if failed else done_kind
@@ -160,8 +159,7 @@ class World:
         self.ledger.bury(name)
 
     def _settle(self, op: Op) -> None:
-        self.ledger.finish(op.source)
-        self.ledger.finish(op.target)
+        self.ledger.settle(op.entry)
 
 
 class Node:
