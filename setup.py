@@ -7,12 +7,12 @@ install still succeeds; the engine then copies with ``ctypes.memmove`` and write
 """
 from setuptools import Extension, setup
 
-_HERE = "moriio_fsm/adapters/moriio/"
+_HERE = "moriio_fsm/engines/same_host/"
 _HEADERS = [_HERE + "_copy_kernels.h", _HERE + "_int_args.h"]
 
 setup(ext_modules=[
-    Extension("moriio_fsm.adapters.moriio._stream_copy", [_HERE + "_stream_copy.c"],
+    Extension("moriio_fsm.engines.same_host._stream_copy", [_HERE + "_stream_copy.c"],
               depends=_HEADERS, extra_compile_args=["-O2"], optional=True),
-    Extension("moriio_fsm.adapters.moriio._copy_assist", [_HERE + "_copy_assist.c"],
+    Extension("moriio_fsm.engines.same_host._copy_assist", [_HERE + "_copy_assist.c"],
               depends=_HEADERS, extra_compile_args=["-O2", "-Wall"], optional=True),
 ])

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from moriio_fsm.adapters.moriio import LoopbackEngine
-from moriio_fsm.adapters.moriio.cross_memory import CrossMemoryEngine
-from moriio_fsm.adapters.moriio.shared_memory import PeerMapping
-from moriio_fsm.adapters.nixl import probe_nixl
+from moriio_fsm.engines import LoopbackEngine
+from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.shared_memory import PeerMapping
+from moriio_fsm.engines.nixl import probe_nixl
 
 MIB = 1 << 20
 # NIXL engines measured, by name: the UCX transports each runs with (both 127.0.0.1). TCP alone
@@ -33,7 +33,7 @@ def nixl_engines(side: str) -> dict:
     """One NixlEngine per transport, or none (with the reason printed by P) when nixl does not import."""
     if not probe_nixl().available:
         return {}
-    from moriio_fsm.adapters.nixl import NixlEngine
+    from moriio_fsm.engines.nixl import NixlEngine
 
     return {name: NixlEngine(f"bench-{side}-{name}", "127.0.0.1", ucx={"UCX_TLS": tls})
             for name, tls in NIXL_TRANSPORTS.items()}

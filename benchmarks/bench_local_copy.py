@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from moriio_fsm.adapters.moriio import local_copy
+from moriio_fsm.engines.same_host import local_copy
 
 MiB = 1 << 20
 

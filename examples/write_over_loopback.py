@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from moriio_fsm.adapters.moriio import CompletionPoller, LoopbackEngine
+from moriio_fsm.engines import CompletionPoller, LoopbackEngine
 from moriio_fsm.adapters.zmq import (RemoteBlocks, Role, TransportConfig, WriteDone,
                                      WriteFailed, ZmqTransport, event_for)
 from moriio_fsm.layout import LayerKVFormat, TransferPlanner

@@ -1,4 +1,6 @@
-"""Adapters between the sans-I/O core and the outside world: ``moriio`` moves KV bytes, ``zmq`` control messages.
+"""Adapters between the sans-I/O core and the outside world: ``zmq`` carries control messages (the transfer
+engines that move KV bytes are ``moriio_fsm.engines``; ``moriio`` and ``nixl`` here re-export them under the
+paths the README names).
 
 Rules: adapters own every thread and socket (the core owns none) and turn what they observe into events.
 """

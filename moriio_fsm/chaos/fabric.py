@@ -18,7 +18,7 @@ from collections import defaultdict, deque
 
 import torch
 
-from ..adapters.moriio import CompletionPoller, LoopbackEngine
+from ..engines import CompletionPoller, LoopbackEngine
 from ..runtime.events import Event
 
 #: Bytes per block per layer: the run checks custody, not bandwidth.

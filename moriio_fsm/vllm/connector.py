@@ -40,15 +40,15 @@ def _sides(kv_role: str | None) -> tuple[str, ...]:
 def make_engine(settings: ConnectorSettings, host: str):
     """The transfer engine the ``backend`` setting names (mori.io and nixl are imported only here)."""
     if settings.backend == "same_host":
-        from ..adapters.moriio.cross_memory import CrossMemoryEngine
+        from ..engines.same_host import CrossMemoryEngine
 
         # KV caches are registered before the first forward, so their pages can be shared.
         return lambda key: CrossMemoryEngine(key, host, share_pages=settings.share_pages)
     if settings.backend == "nixl":
-        from ..adapters.nixl import NixlEngine
+        from ..engines.nixl import NixlEngine
 
         return lambda key: NixlEngine(key, host, ucx=dict(settings.ucx))
-    from ..adapters.moriio import MoriEngine
+    from ..engines.mori import MoriEngine
 
     return lambda key: MoriEngine(key, host, qp_per_transfer=settings.qp_per_transfer,
                                   post_batch_size=settings.post_batch_size,

@@ -148,7 +148,7 @@ def _curve(key: str, value: Any) -> dict[str, Any] | None:
 
 def _ucx(key: str, value: Any) -> dict[str, str]:
     """UCX_* environment variables the nixl backend starts its engine with (they win over the environment)."""
-    from ..adapters.nixl.ucx_env import check_ucx_overrides
+    from ..engines.nixl.ucx_env import check_ucx_overrides
 
     try:
         return check_ucx_overrides(f"kv_connector_extra_config[{key!r}]", value)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..adapters.moriio import CompletionPoller
+from ..engines.poller import CompletionPoller
 from ..adapters.zmq import (Delivery, Heartbeat, Role, SendFailure, TransportConfig, WriteFailed,
                             ZmqTransport, event_for)
 from ..adapters.zmq.errors import ZmqAdapterError

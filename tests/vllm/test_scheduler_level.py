@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
-from moriio_fsm.adapters.moriio import _iovec
+from moriio_fsm.engines.same_host import iovec
 from moriio_fsm.machines.bitmaps import layer_indices
 from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed
 
@@ -96,8 +96,8 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     copies, kernel_calls = [], []
     move = engine._move
     monkeypatch.setattr(engine, "_move", lambda op, pid, *rest: (copies.append(pid), move(op, pid, *rest))[1])
-    real = _iovec.SYSCALLS["write"]
-    monkeypatch.setitem(_iovec.SYSCALLS, "write", lambda *call: (kernel_calls.append(call), real(*call))[1])
+    real = iovec.SYSCALLS["write"]
+    monkeypatch.setitem(iovec.SYSCALLS, "write", lambda *call: (kernel_calls.append(call), real(*call))[1])
     to_p, to_d = write_pair_params("tx-posting", P, D)
     P.add("p-1", PROMPT, 1, to_p)
     D.add("d-1", PROMPT, TOKENS, to_d)

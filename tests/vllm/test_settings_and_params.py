@@ -80,7 +80,7 @@ def test_the_nixl_backend_takes_ucx_variables():
 
 
 def test_the_nixl_backend_makes_a_nixl_engine_with_the_ucx_variables(monkeypatch):
-    from moriio_fsm.adapters import nixl
+    from moriio_fsm.engines import nixl
     from moriio_fsm.vllm.connector import make_engine
 
     made = []

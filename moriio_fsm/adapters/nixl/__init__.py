@@ -1,21 +1,8 @@
-"""The NIXL transfer engine (UCX: TCP, shared memory, RDMA where present), for hosts without AMD hardware.
+"""The NIXL engine's former import path, which the README names: a re-export of ``moriio_fsm.engines.nixl``.
 
-Rules: importing this package never imports ``nixl``; it is imported when an engine starts or ``probe_nixl`` runs,
-and a missing or broken install is reported as a reason, as ``probe_mori`` does.
+Rules: nothing is defined here; new code imports from ``moriio_fsm.engines.nixl``.
 """
 
-from .availability import NixlAvailability, NixlUnavailableError, probe_nixl
-from .engine import NixlEngine, NixlEngineDesc, NixlMemoryDesc, NixlSession
-from .ucx_env import check_ucx_overrides, ucx_environment
-
-__all__ = [
-    "NixlAvailability",
-    "NixlEngine",
-    "NixlEngineDesc",
-    "NixlMemoryDesc",
-    "NixlSession",
-    "NixlUnavailableError",
-    "check_ucx_overrides",
-    "probe_nixl",
-    "ucx_environment",
-]
+from ...engines.nixl import (NixlAvailability, NixlEngine, NixlEngineDesc, NixlMemoryDesc, NixlSession,
+                             NixlUnavailableError, check_ucx_overrides, probe_nixl, ucx_environment)
+from ...engines.nixl import __all__  # noqa: F401 - the same names
