@@ -9,18 +9,15 @@ frame the receiver cannot decode is counted, never raised (a real listener drops
 
 from __future__ import annotations
 
-import random
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..adapters.zmq.codec import (HANDSHAKE_REQUEST, AgentMetadata, HandshakeReply, NotifyMessage,
                                   Role, WireDecodeError, decode_handshake_reply,
                                   decode_handshake_request, decode_notify,
                                   encode_handshake_reply, encode_notify)
 from ..adapters.zmq.events import event_for
-from .fabric import BLOCK_BYTES, BLOCKS
-
-if TYPE_CHECKING:
-    from .run import ChaosRun
+from .fabric import BLOCK_BYTES, BLOCKS, Fabric
+from .world import World
 
 #: A message's ordinary trip (virtual seconds), and how late a delayed one comes.
 LATENCY_S = (0.0005, 0.0015)
@@ -30,17 +27,18 @@ LATE_S = (1.0, 4.0)
 class Channel:
     """Carries frames between ranks on the run's virtual clock."""
 
-    def __init__(self, run: "ChaosRun", rng: random.Random, fault_rate: float):
-        self.run = run
-        self.rng = rng
-        self.rate = fault_rate
+    def __init__(self, world: World, fabric: Fabric):
+        self.world = world
+        self.fabric = fabric
+        self.rng = world.rng
+        self.rate = world.settings.fault_rate
         self.sent = self.lost = self.duplicated = self.delayed = self.undecodable = 0
 
     def send(self, sender: str, receiver: str, frames: tuple[bytes, ...],
              arrive: Callable[[tuple[bytes, ...]], None]) -> None:
         self.sent += 1
         roll = self.rng.random
-        if not self.run.alive(sender) or roll() < self.rate:
+        if not self.world.alive(sender) or roll() < self.rate:
             self.lost += 1
             return
         copies = 1
@@ -52,14 +50,14 @@ class Channel:
             if roll() < self.rate:
                 delay += LATE_S[0] + (LATE_S[1] - LATE_S[0]) * roll()
                 self.delayed += 1
-            self.run.at(delay, lambda: self.run.alive(receiver) and arrive(frames))
+            self.world.at(delay, lambda: self.world.alive(receiver) and arrive(frames))
 
     # -- the notify port ------------------------------------------------------------------
 
     def notify(self, sender: str, receiver: str, message: NotifyMessage) -> None:
         """Send ``message`` in upstream's wire format; the receiver gets its event."""
         frame = encode_notify(message)
-        role = self.run.role_of(receiver)
+        role = self.world.role_of(receiver)
         self.send(sender, receiver, (frame,), lambda frames: self._received(sender, receiver,
                                                                              role, frames[0]))
 
@@ -69,7 +67,7 @@ class Channel:
         except WireDecodeError:
             self.undecodable += 1
             return
-        self.run.rank(receiver).dispatch(event_for(message, self.run.now, source=sender))
+        self.world.deliver(receiver, event_for(message, self.world.now, source=sender))
 
     # -- the handshake port ---------------------------------------------------------------
 
@@ -82,7 +80,7 @@ class Channel:
             except WireDecodeError:
                 self.undecodable += 1
                 return
-            engine, memory = self.run.fabric.descriptors(producer)
+            engine, memory = self.fabric.descriptors(producer)
             reply = HandshakeReply(
                 AgentMetadata(engine_id=producer, agent_metadata=engine, kv_caches_base_addr=(0,),
                               num_blocks=BLOCKS, block_len=BLOCK_BYTES, attn_backend_name="loopback"),
