@@ -1,14 +1,15 @@
-"""Events that enter the runtime and effects that leave it.
+"""Events that enter the runtime, effects that leave it, and what one dispatch did.
 
 Adapters (vLLM hooks, ZMQ listener, RDMA completion poller, timers) build an
-``Event``; the core answers with ``Effect`` values that adapters execute. Both
-are immutable plain data so that a trace of them can be replayed exactly.
+``Event``; the core answers with a ``Result``: an ``Outcome``, the transfer's state and
+the ``Effect`` values that adapters execute. All are immutable plain data so that a
+trace of them can be replayed exactly.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import msgspec
 
@@ -51,7 +52,7 @@ class Effect(msgspec.Struct, frozen=True, gc=False):
     """Something the outside world must do because of a transition.
 
     Every kind a spec declares under ``emits`` is a subclass of this one, made by
-    ``moriio_fsm.runtime.effects`` with the declared fields after ``transfer_id``
+    ``moriio_fsm.runtime.declared`` with the declared fields after ``transfer_id``
     (``PostWrite(transfer_id, layer, block_ids, decode_rank)``); ``kind`` is the declared
     name. Effects are immutable, compare by value and are built in C, one per posted
     layer on the hot path.
@@ -86,3 +87,19 @@ class Outcome(enum.Enum):
 for _index, _member in enumerate(Outcome):
     _member.index = _index
 del _index, _member
+
+
+class Result(msgspec.Struct, frozen=True, gc=False):
+    """What one dispatch did: the outcome, the transfer's state after it, the effects.
+
+    ``state`` is None when no transfer exists for the event (unknown, buffered,
+    dropped, rejected before creation). ``hops`` lists the ``(from, to)`` state
+    changes in order, eventless follow-ups included, or is None when the state did not
+    change. Fields are read by name: a result does not unpack (four fields read as three
+    would hide which one was left out).
+    """
+
+    outcome: Outcome
+    state: str | None
+    effects: Sequence[Effect]
+    hops: tuple[tuple[str, str], ...] | None = None

@@ -54,3 +54,34 @@ def test_an_ill_formed_event_is_a_counted_rejection(table, make):
     assert table.stats()["pending_events"] == 0 and len(table) == 1
     # The table keeps working.
     assert table.dispatch(events.layer_scheduled("tx-1", 0.2, 0)).outcome is Outcome.APPLIED
+
+
+class _UnhashableKind(Event):
+    kind = ["layer_scheduled"]          # a kind no dict can look up
+
+
+class _StepLog:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def bind_table(self, table):
+        return lambda ev, before, result, rows, *error: self.kinds.append(ev.kind)
+
+
+@pytest.mark.parametrize("shards", [1, 8], ids=["one-shard", "eight-shards"])
+@pytest.mark.parametrize("recording", ["none", "results", "steps"])
+def test_every_dispatch_variant_rejects_an_ill_formed_event_alike(shards, recording):
+    # One dispatch path, specialised per shards and recorder: each variant answers an
+    # event it cannot look up with the transfer's state, and records nothing of it.
+    results_seen: list[str] = []
+    steps_seen = _StepLog()
+    recorder = {"none": None, "steps": steps_seen,
+                "results": lambda ev, result: results_seen.append(ev.kind)}[recording]
+    table = build_table("write_producer", shards=shards, recorder=recorder)
+    table.dispatch(events.prefill_started("tx-1", 0.0, 1))
+    result = table.dispatch(_UnhashableKind("tx-1", 0.1))
+    assert (result.outcome, result.state, result.effects) == (Outcome.REJECTED, "allocated", ())
+    assert table.stats()["outcomes"]["rejected"] == 1
+    assert table.dispatch(events.layer_scheduled("tx-1", 0.2, 0)).outcome is Outcome.APPLIED
+    recorded = {"none": [], "results": results_seen, "steps": steps_seen.kinds}[recording]
+    assert recorded == ([] if recording == "none" else ["prefill_started", "layer_scheduled"])
