@@ -18,121 +18,39 @@ binding and the spec row, read off the generated line the traceback stopped at. 
 mode writes the same module plus a snapshot and one ``verify`` call per row. Trace mode
 (a table with a step recorder) writes the same module plus one ``shard.fired += (row,)``
 per row taken, so a trace names every row that ran; the plain module is unchanged.
-Nothing of a path or a name becomes code: in comments it is one line of printable text,
-in code a ``repr`` literal or an ASCII identifier, and a field name that cannot be an
-attribute is refused.
+Nothing of a path or a name becomes code (``codegen_text.py``). What the steps call
+while they run (the rollback, the effect list of rows without emits) is
+``step_rollback.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import keyword
 import linecache
-import math
 import types
-import unicodedata
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from .codegen_text import (TYPE_TESTS, attribute_name, ident, index_literal, number_literal,
+                           one_line)
 from .errors import InvariantViolation, TransitionError
 from .events import Outcome
 from .inline import inline_action, inline_guard
 from .machine import Machine, Row
+from .step_rollback import NoEffects, restore
 from .timers import TimerPlan
 
 
-class NoEffects(list):
-    """The ``out`` handed to actions of rows that declare no emits: it stays empty, and
-    any way of adding to it raises (one instance is shared by every step)."""
+@dataclass(frozen=True)
+class _RowShape:
+    """What one row does to a step, worked out before its lines are written."""
 
-    __slots__ = ()
-
-    def _refuse(self, *items: Any) -> None:
-        kinds = ", ".join(repr(getattr(item, "kind", item)) for item in items) or "an effect"
-        raise TransitionError(f"an action emitted {kinds} from a row that declares no emits")
-
-    def append(self, effect: Any) -> None:
-        self._refuse(effect)
-
-    def extend(self, effects: Any) -> None:
-        self._refuse(*list(effects))
-
-    def insert(self, index: Any, effect: Any) -> None:
-        self._refuse(effect)
-
-    def __iadd__(self, effects: Any):
-        self._refuse(*list(effects))
-
-    def __setitem__(self, index: Any, effect: Any) -> None:
-        self._refuse(effect)
-
-
-#: The test that a value is NOT of a declared field type (``value_fits``, inverted, inline).
-_TYPE_TESTS = {
-    "int": "type({0}) is not int",
-    "float": "type({0}) is not float and type({0}) is not int",
-    "bool": "type({0}) is not bool",
-    "str": "not isinstance({0}, str)",
-    "list": "not isinstance({0}, (list, tuple))",
-    "tuple": "not isinstance({0}, tuple)",
-    "any": "",
-}
-
-
-def _ident(name: str) -> str:
-    """``name`` as part of a Python name: ASCII letters, digits and underscores only.
-    (Python folds other letters to their NFKC form, so two distinct names such as
-    U+FB01 "ﬁ" and "fi" would become one.)"""
-    return "".join(c if (c.isascii() and c.isalnum()) or c == "_" else "_" for c in str(name))
-
-
-def _text(value: Any) -> str:
-    """``value`` as text for a comment of the generated module: one line, whatever it
-    holds. Every character that is not printable (line breaks, U+2028, NUL...) is written
-    as its escape, so nothing of a path or a name can end the comment."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
-def _field(name: Any) -> str:
-    """A context or payload field name, checked before it is written as an attribute:
-    an identifier that is not a keyword and that Python does not fold to another name."""
-    if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
-            or unicodedata.normalize("NFKC", name) != name):
-        raise ValueError(f"field name {name!r} cannot be an attribute in generated code; "
-                         "expected an identifier, not a keyword, in its NFKC form")
-    return name
-
-
-def _number(value: Any, what: str) -> str:
-    """A finite int or float as a literal of the generated module."""
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number to be written into generated "
-                         f"code, got {value!r}")
-    return repr(value)
-
-
-def _index(value: Any, what: str) -> int:
-    if type(value) is not int:
-        raise ValueError(f"{what} must be an int to be written into generated code, got "
-                         f"{value!r}")
-    return value
-
-
-def _restore(tx: Any, frame_locals: dict, state: str) -> None:
-    """Put back every field the failed step saved (its ``saved_<field>`` locals), or in
-    check mode the whole context it saw before (``before``): a binding that wrote an
-    undeclared field is caught there and must not leave the write behind."""
-    before = frame_locals.get("before")
-    if before is not None:
-        for field, value in before.items():
-            setattr(tx, field, value)
-    for field in tx.field_names:
-        key = "saved_" + field
-        if key in frame_locals:
-            setattr(tx, field, frame_locals[key])
-    tx.state = state
+    dest: str | None            # the state it moves to; None when it keeps the state
+    writes: set[str]            # the fields its actions may write
+    may_settle: bool            # whether an eventless row may fire after it
+    follow_writes: set[str]     # the fields those eventless rows may write besides
+    settle_emits: bool          # whether those eventless rows emit
+    index: int                  # the row's index in the spec
 
 
 class GeneratedModule:
@@ -155,13 +73,13 @@ class GeneratedModule:
         self._ns: dict[str, Any] = {
             "Result": result_cls, "finish": None, "arm": None, "settle": None, "verify": None,
             "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(), "failure": self._failure,
-            "restore": _restore, "undeclared_read": self._undeclared_read,
+            "restore": restore, "undeclared_read": self._undeclared_read,
         }
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
         self._line_info: dict[int, tuple[str, str, Row]] = {}
-        self._lines: list[str] = [f"# Steps generated from {_text(spec.path)} "
-                                  f"({_text(spec.name)}{', trace mode' if trace else ''}); "
+        self._lines: list[str] = [f"# Steps generated from {one_line(spec.path)} "
+                                  f"({one_line(spec.name)}{', trace mode' if trace else ''}); "
                                   "do not edit: regenerated at every build."]
         self._plan = plan
         self._verify = verify
@@ -185,7 +103,7 @@ class GeneratedModule:
 
         source = "\n".join(self._lines) + "\n"
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-        self.filename = f"<moriio-fsm steps {_text(spec.name)} {digest}>"
+        self.filename = f"<moriio-fsm steps {one_line(spec.name)} {digest}>"
         linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
         self.source = source
         self.code = compile(source, self.filename, "exec")
@@ -208,10 +126,10 @@ class GeneratedModule:
         unique if another object already took it)."""
         key = id(obj)
         if key not in self._names:
-            unique, n = _ident(name), 1
+            unique, n = ident(name), 1
             while unique in self._ns:
                 n += 1
-                unique = f"{_ident(name)}_{n}"
+                unique = f"{ident(name)}_{n}"
             self._names[key] = unique
             self._ns[unique] = obj
         return self._names[key]
@@ -223,7 +141,7 @@ class GeneratedModule:
 
     def _where(self, row: Row) -> str:
         """Where ``row`` is declared, for a comment (escaped: the path is anyone's)."""
-        return _text(f"transition #{row.index}, {self.machine.spec.path}:{row.line}")
+        return one_line(f"transition #{row.index}, {self.machine.spec.path}:{row.line}")
 
     def _inline(self, kind: str, name: str, fn: Callable):
         key = (kind, name, self._hoisted)
@@ -241,7 +159,7 @@ class GeneratedModule:
         if inlined is None:
             return f"{self._bind(row.guard, 'guard_' + row.guard_name)}(tx, ev)"
         for text in inlined.lines:
-            self._line(f"{indent}{text}  # guard {_text(row.guard_name)}", info)
+            self._line(f"{indent}{text}  # guard {one_line(row.guard_name)}", info)
         return inlined.test
 
     def _actions(self, row: Row, indent: str) -> None:
@@ -250,10 +168,10 @@ class GeneratedModule:
             inlined = self._inline("action", name, fn)
             if inlined is None:
                 self._line(f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  "
-                           f"# action {_text(name)}", info)
+                           f"# action {one_line(name)}", info)
                 continue
             for text in inlined.lines:
-                self._line(f"{indent}{text}  # action {_text(name)}", info)
+                self._line(f"{indent}{text}  # action {one_line(name)}", info)
 
     def _branch(self, row: Row, indent: str) -> str:
         """Open the row's guard (if any); return the indentation of the row's body."""
@@ -261,14 +179,14 @@ class GeneratedModule:
             self._line(f"{indent}# unguarded row ({self._where(row)})")
             return indent
         test = self._guard(row, indent)
-        self._line(f"{indent}if {test}:  # {_text(row.guard_name)} ({self._where(row)})",
+        self._line(f"{indent}if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
                    ("guard", row.guard_name, row))
         return indent + "    "
 
     def _emit_may_fire(self, state: str, rows: tuple[Row, ...]) -> str:
         """``may_fire_<state>(tx, ev)``: whether an eventless row of ``state`` would fire;
         the guards run in order, as in ``eventless_<state>``, and change nothing."""
-        name = self._unique(f"may_fire_{_ident(state)}")
+        name = self._unique(f"may_fire_{ident(state)}")
         self._hoisted = frozenset()
         self._line("")
         self._line(f"def {name}(tx, ev):")
@@ -277,7 +195,7 @@ class GeneratedModule:
                 self._line("    return True")
                 return name
             test = self._guard(row, "    ")
-            self._line(f"    if {test}:  # {_text(row.guard_name)} ({self._where(row)})",
+            self._line(f"    if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
                        ("guard", row.guard_name, row))
             self._line("        return True")
         self._line("    return False")
@@ -297,7 +215,7 @@ class GeneratedModule:
         return " or ".join(tests)
 
     def _emit_eventless(self, state: str, rows: tuple[Row, ...]) -> str:
-        name = self._unique(f"eventless_{_ident(state)}")
+        name = self._unique(f"eventless_{ident(state)}")
         self._hoisted = frozenset()           # called from every kind's steps: read ev itself
         self._line("")
         self._line(f"def {name}(tx, ev, out):")
@@ -306,7 +224,7 @@ class GeneratedModule:
             body = self._branch(row, "    ")
             self._actions(row, body)
             self._line(f"{body}tx.state = {row.dest!r}")
-            taken = _index(row.index, "a row index") + 1 if self._trace else True
+            taken = index_literal(row.index, "a row index") + 1 if self._trace else True
             self._line(f"{body}return {taken}")
             if row.guard is None:
                 return name
@@ -323,21 +241,21 @@ class GeneratedModule:
         return unique
 
     def _emit_step(self, state: str, kind: str, rows: tuple[Row, ...]) -> str:
-        name = self._unique(f"step_{_ident(state)}__{_ident(kind)}")
+        name = self._unique(f"step_{ident(state)}__{ident(kind)}")
         self._line("")
         self._line(f"def {name}(shard, tx, ev):")
-        self._line(f"    # {_text(self.machine.spec.name)}: event {kind!r} in state {state!r}")
+        self._line(f"    # {one_line(self.machine.spec.name)}: event {kind!r} in state {state!r}")
         self._line("    try:")
         # Events are immutable: their payload is read once, into ev_<field> locals, and a
         # field that is not of its declared type rejects the event before any row runs.
         payload = self.machine.spec.events[kind].payload
         self._hoisted = frozenset(payload)
         rejected = self._bind(self._result(Outcome.REJECTED, state),
-                              f"REJECTED_IN_{_ident(state).upper()}")
+                              f"REJECTED_IN_{ident(state).upper()}")
         for field, type_name in payload.items():
-            field = _field(field)
+            field = attribute_name(field)
             self._line(f"        ev_{field} = ev.{field}")
-            test = _TYPE_TESTS[type_name].format(f"ev_{field}")
+            test = TYPE_TESTS[type_name].format(f"ev_{field}")
             if test:
                 self._line(f"        if {test}:  # not a {type_name}")
                 self._line(f"            shard.counts[{Outcome.REJECTED.index}] += 1")
@@ -351,7 +269,7 @@ class GeneratedModule:
                 break
         if not exhausted:
             rejected = self._bind(self._result(Outcome.REJECTED, state),
-                                  f"REJECTED_IN_{_ident(state).upper()}")
+                                  f"REJECTED_IN_{ident(state).upper()}")
             self._line(f"        shard.counts[{Outcome.REJECTED.index}] += 1  # no row took it")
             self._line(f"        return {rejected}")
         self._line("    except BaseException as exc:")
@@ -363,6 +281,31 @@ class GeneratedModule:
         return name
 
     def _emit_row(self, state: str, kind: str, row: Row, indent: str) -> None:
+        """The body of one row whose guard held: saves, actions, then the state change
+        (handed to ``finish``) or, keeping the state, the follow-ups, checks, timer
+        restarts and the counted result."""
+        shape = self._row_shape(state, row)
+        self._emit_row_start(row, shape, indent)
+        self._actions(row, indent)
+        outcome = self._bind(row.outcome, row.outcome.name)
+        if shape.dest is not None:
+            self._emit_state_change(state, shape, outcome, indent)
+            return
+        if shape.may_settle:
+            self._emit_settle_in_place(state, row, shape, outcome, indent)
+        if self._verify:
+            self._emit_kept_state_check(state, row, shape, indent)
+        if row.outcome is Outcome.APPLIED:
+            self._emit_restarts(kind, state, indent)
+        cached = self._bind(self._result(row.outcome, state),
+                            f"{row.outcome.name}_IN_{ident(state).upper()}")
+        self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")
+        if row.emits:
+            self._line(f"{indent}return Result({outcome}, {state!r}, out) if out else {cached}")
+        else:
+            self._line(f"{indent}return {cached}")
+
+    def _row_shape(self, state: str, row: Row) -> "_RowShape":
         machine = self.machine
         dest = None if row.dest in (None, state) else row.dest   # a self-loop keeps the state
         writes = machine.writes_of([row])
@@ -371,79 +314,84 @@ class GeneratedModule:
             or (dest is None and bool(writes & self._eventless_reads[state])))
         closure = machine.eventless_closure({dest or state}) if may_settle else set()
         closure_rows = [r for s in closure for r in machine.eventless[s]]
-        follow_writes = machine.writes_of(closure_rows) - writes
-        settle_emits = any(r.emits for r in closure_rows)
-        settle = "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
-        index = _index(row.index, "a row index")
+        return _RowShape(dest, writes, may_settle, machine.writes_of(closure_rows) - writes,
+                         any(r.emits for r in closure_rows),
+                         index_literal(row.index, "a row index"))
+
+    def _emit_row_start(self, row: Row, shape: "_RowShape", indent: str) -> None:
+        """The trace note, the saves a rollback needs, check mode's snapshot and ``out``."""
         if self._trace:
-            self._line(f"{indent}shard.fired += ({index},)  # trace: transition #{index}")
-        for field in sorted(writes if dest is None else writes | follow_writes):
-            field = _field(field)
+            self._line(f"{indent}shard.fired += ({shape.index},)  "
+                       f"# trace: transition #{shape.index}")
+        saved = shape.writes if shape.dest is None else shape.writes | shape.follow_writes
+        for field in sorted(saved):
+            field = attribute_name(field)
             self._line(f"{indent}saved_{field} = tx.{field}")
         if self._verify:
             self._line(f"{indent}before = tx.context()")
-        if row.emits or (dest is not None and settle_emits):
+        if row.emits or (shape.dest is not None and shape.settle_emits):
             self._line(f"{indent}out = []")
-        elif row.actions or may_settle or dest is not None:
+        elif row.actions or shape.may_settle or shape.dest is not None:
             self._line(f"{indent}out = NO_OUT")
         elif self._verify:
             self._line(f"{indent}out = NO_EFFECTS")
-        self._actions(row, indent)
-        outcome = self._bind(row.outcome, row.outcome.name)
-        verify = f"verify(tx, ev, {index}, before, out)"
-        if dest is not None:
-            self._line(f"{indent}tx.state = {dest!r}")
-            self._line(f"{indent}hops = [({state!r}, {dest!r})]")
-            if machine.eventless[dest]:
-                self._line(f"{indent}{settle}")
-            if self._verify:
-                self._line(f"{indent}{verify}")
-            self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
-            return
-        if may_settle:
-            # The state's eventless guards, tested in place: only when one holds does the
-            # step pay for the follow-up (a list for its effects, the saves, the hops).
-            test = self._eventless_test(state, indent)
-            self._line(f"{indent}if {test}:  # an eventless row of {state!r} may fire")
-            inner = indent + "    "
-            for field in sorted(follow_writes):
-                field = _field(field)
-                self._line(f"{inner}saved_{field} = tx.{field}")
-            if settle_emits and not row.emits:
-                self._line(f"{inner}out = []")
-            self._line(f"{inner}hops = []")
-            self._line(f"{inner}{settle}")
-            if self._verify:
-                self._line(f"{inner}{verify}")
-            self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
+
+    def _settle_call(self) -> str:
+        return "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
+
+    def _emit_state_change(self, state: str, shape: "_RowShape", outcome: str,
+                           indent: str) -> None:
+        dest = shape.dest
+        self._line(f"{indent}tx.state = {dest!r}")
+        self._line(f"{indent}hops = [({state!r}, {dest!r})]")
+        if self.machine.eventless[dest]:
+            self._line(f"{indent}{self._settle_call()}")
         if self._verify:
-            self._line(f"{indent}{verify}")
-            if row.outcome is Outcome.APPLIED and not may_settle and machine.eventless[state]:
-                # The step skipped the eventless rows because the declarations say this
-                # row writes nothing their guards read; check mode proves it.
-                self._line(f"{indent}if {self._may_fire[state]}(tx, ev):")
-                self._line(f"{indent}    undeclared_read(tx, ev, {index}, {state!r})")
-        if row.outcome is Outcome.APPLIED:
-            restarts = self._plan.restarts(kind, state)
-            if restarts:
-                self._line(f"{indent}deadlines = tx.deadlines")
-            for timer, duration in restarts:
-                # TimerPlan's restart rule: arm anew if it fired (or would move earlier than
-                # its heap entry), else push the deadline back.
-                self._line(f"{indent}deadline = deadlines[{timer}]  "
-                           f"# restart timer {self._plan.names[timer]!r}")
-                self._line(f"{indent}pushed_back = ev.time + {_number(duration, 'a duration')}")
-                self._line(f"{indent}if deadline is None or pushed_back < deadline:")
-                self._line(f"{indent}    arm(tx, {timer}, ev.time)")
-                self._line(f"{indent}else:")
-                self._line(f"{indent}    deadlines[{timer}] = pushed_back")
-        cached = self._bind(self._result(row.outcome, state),
-                            f"{row.outcome.name}_IN_{_ident(state).upper()}")
-        self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")
-        if row.emits:
-            self._line(f"{indent}return Result({outcome}, {state!r}, out) if out else {cached}")
-        else:
-            self._line(f"{indent}return {cached}")
+            self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
+        self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
+
+    def _emit_settle_in_place(self, state: str, row: Row, shape: "_RowShape", outcome: str,
+                              indent: str) -> None:
+        # The state's eventless guards, tested in place: only when one holds does the
+        # step pay for the follow-up (a list for its effects, the saves, the hops).
+        test = self._eventless_test(state, indent)
+        self._line(f"{indent}if {test}:  # an eventless row of {state!r} may fire")
+        inner = indent + "    "
+        for field in sorted(shape.follow_writes):
+            field = attribute_name(field)
+            self._line(f"{inner}saved_{field} = tx.{field}")
+        if shape.settle_emits and not row.emits:
+            self._line(f"{inner}out = []")
+        self._line(f"{inner}hops = []")
+        self._line(f"{inner}{self._settle_call()}")
+        if self._verify:
+            self._line(f"{inner}verify(tx, ev, {shape.index}, before, out)")
+        self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
+
+    def _emit_kept_state_check(self, state: str, row: Row, shape: "_RowShape",
+                               indent: str) -> None:
+        self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
+        if (row.outcome is Outcome.APPLIED and not shape.may_settle
+                and self.machine.eventless[state]):
+            # The step skipped the eventless rows because the declarations say this
+            # row writes nothing their guards read; check mode proves it.
+            self._line(f"{indent}if {self._may_fire[state]}(tx, ev):")
+            self._line(f"{indent}    undeclared_read(tx, ev, {shape.index}, {state!r})")
+
+    def _emit_restarts(self, kind: str, state: str, indent: str) -> None:
+        restarts = self._plan.restarts(kind, state)
+        if restarts:
+            self._line(f"{indent}deadlines = tx.deadlines")
+        for timer, duration in restarts:
+            # TimerPlan's restart rule: arm anew if it fired (or would move earlier than
+            # its heap entry), else push the deadline back.
+            self._line(f"{indent}deadline = deadlines[{timer}]  "
+                       f"# restart timer {self._plan.names[timer]!r}")
+            self._line(f"{indent}pushed_back = ev.time + {number_literal(duration, 'a duration')}")
+            self._line(f"{indent}if deadline is None or pushed_back < deadline:")
+            self._line(f"{indent}    arm(tx, {timer}, ev.time)")
+            self._line(f"{indent}else:")
+            self._line(f"{indent}    deadlines[{timer}] = pushed_back")
 
     def _result(self, outcome: Outcome, state: str):
         """The one shared effect-free ``Result`` of ``outcome`` in ``state``."""
