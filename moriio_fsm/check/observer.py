@@ -9,7 +9,9 @@ explored state, because the rules are about history (once, after, never while):
 - blocks leave (are handed back, or quarantined) at most once, and exactly once by the
   end when the transfer ever held them (posted an operation on them, asked vLLM to hold
   them, or gave them to the peer); never while an operation of this side on them may be
-  in flight;
+  in flight (the block ledger's rules, ``moriio_fsm.ledger``, seen from one side: its
+  ``freed_under_operation`` is ``no_handback_in_flight`` here, as only this side's
+  operations are seen);
 - write_done is sent at most once, and only after every write sealed (the layers
   scheduled before the first seal that had any) completed, none having failed;
 - a transfer that ends without success (in a final state that is not an anomaly)
@@ -21,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import ledger
 from ..lang.model import Spec
+from ..ledger import HANDBACKS, QUARANTINE
 
-HANDBACKS = frozenset({"free_blocks", "report_received", "report_load_failure"})
-QUARANTINES = frozenset({"quarantine_blocks"})
 POSTS = frozenset({"post_write", "post_read"})
 TEARDOWNS = frozenset({"abandon_writes", "abandon_reads"})
 HOLDS = frozenset({"hold_blocks", "hold_for_reads"})
@@ -137,24 +139,14 @@ class Observer:
             m[CUSTODY] |= _HOLD
         elif kind in HANDOVERS:
             m[CUSTODY] |= _HANDED_OVER
-        elif kind in QUARANTINES:
-            if m[LEAVES]:
-                breaches.append(Breach("blocks_leave_once", "quarantine_blocks after the blocks "
-                                                             "had already left"))
+        elif kind == QUARANTINE:
+            _see_violation(breaches, ledger.quarantine(_where(m))[1])
             m[LEAVES] = min(m[LEAVES] + 1, 2)
             m[QUARANTINED] = True
-        elif kind in HANDBACKS:
-            if kind == "report_load_failure" and m[QUARANTINED]:
-                pass            # a failed load of quarantined blocks gives nothing back
-            else:
-                if m[LEAVES]:
-                    breaches.append(Breach("blocks_leave_once",
-                                           f"{kind} after the blocks had already left"))
-                if m[IN_FLIGHT]:
-                    breaches.append(Breach("no_handback_in_flight",
-                                           f"{kind} while layer(s) {_layers(m[IN_FLIGHT])} may "
-                                           "still be in flight"))
-                m[LEAVES] = min(m[LEAVES] + 1, 2)
+        elif kind in HANDBACKS and not ledger.frees_nothing(_where(m), kind):
+            touching = f"layer(s) {_layers(m[IN_FLIGHT])}" if m[IN_FLIGHT] else ""
+            _see_violation(breaches, ledger.hand_back(_where(m), kind, touching)[1])
+            m[LEAVES] = min(m[LEAVES] + 1, 2)
         if kind in SUCCESSES:
             m[SUCCEEDED] = True
         if kind in FAILURE_NEWS:
@@ -183,15 +175,29 @@ class Observer:
     def at_end(self, m, state: str) -> list[Breach]:
         breaches = []
         if m[CUSTODY] and not m[LEAVES]:
-            breaches.append(Breach("blocks_leave_once",
-                                   f"ended in {state!r} holding blocks it never handed back "
-                                   "nor quarantined"))
+            breaches.append(Breach(*ledger.never_left(state)))
         if (self._tells_failure and state not in self._anomaly and not m[SUCCEEDED]
                 and not m[TOLD_FAILURE]):
             breaches.append(Breach("failure_tells_peer",
                                    f"ended in {state!r} without success and without telling "
                                    "the peer"))
         return breaches
+
+
+def _where(m) -> int:
+    """Where the blocks are, in the ledger's terms."""
+    if m[QUARANTINED]:
+        return ledger.QUARANTINED
+    return ledger.GONE if m[LEAVES] else ledger.HELD
+
+
+def _see_violation(breaches: list[Breach], violation: ledger.Violation | None) -> None:
+    if violation is None:
+        return
+    rule = violation.rule
+    if rule == ledger.FREED_UNDER_OPERATION:
+        rule = "no_handback_in_flight"      # this side's operations only
+    breaches.append(Breach(rule, violation.message))
 
 
 def _layers(bitmap: int) -> str:

@@ -16,19 +16,20 @@ on; a late one arrives at any later time, or never. Faults (a duplicated or late
 a failed operation, handshake or handler) count against ``Bounds.faults``; losing a
 message is free, and an operation that stalls simply never completes.
 
-The ledger's rules, over both sides: blocks never go back while an operation writing
-into them may be in flight, nor P's while a read from them may be (unless D's blocks,
-which that read writes into, are quarantined); no operation is posted on blocks that
-went back; blocks leave at most once. And both sides end: from every reachable state,
-timers, time and the hosts alone bring both to a final state.
+The block ledger's rules (``moriio_fsm.ledger``), over both sides: blocks never go back
+while an operation writing into them may be in flight, nor P's while one reading from
+them may be (unless D's blocks, which it writes into, are quarantined); no operation is
+posted on blocks that went back; blocks leave at most once. And both sides end: from
+every reachable state, timers, time and the hosts alone bring both to a final state.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .. import ledger
+from ..ledger import GONE, HELD
 from ..machines import build_machine
 from ..runtime.declared import make_event
 from ..runtime.errors import InvariantViolation, TransitionError
@@ -37,9 +38,11 @@ from ..runtime.timers import TimerPlan
 from .alphabet import Alphabet
 from .bounds import Bounds, CheckUsageError
 from .explore import Move
+from .joint import (LATE, NOT_STARTABLE, STARTABLE, STARTED, Joint, layer_bits, show_bits,
+                    show_message)
 from .observer import Breach
 from .single import Dispatch, TimePasses, breach_of, next_instant
-from .stepper import TRANSFER_ID, Stepper, _freeze, _thaw
+from .stepper import TRANSFER_ID, Stepper, _thaw
 
 #: The machines of each mode, producer first.
 MODES = {
@@ -62,61 +65,13 @@ PAIR_CONFIGS: dict[str, dict[str, dict[str, float]]] = {
     },
 }
 
-HELD, GONE, QUARANTINED = 0, 1, 2
-_BLOCKS = {HELD: "held", GONE: "gone", QUARANTINED: "quarantined"}
-# D's creation in READ mode: not yet possible, possible (P held its blocks), done.
-NOT_STARTABLE, STARTABLE, STARTED = 0, 1, 2
 _ERROR = "injected"
-#: When a late message is due: never (it may arrive at any time, or not at all).
-LATE = math.inf
 
 
 class WorldNote(NamedTuple):
     """A counterexample's step that is the world's doing, not a machine's."""
 
     text: str
-
-
-class Joint:
-    """A pair state being worked on (``freeze`` makes the hashable form).
-
-    Freezing forgets what can no longer matter, so that states differing only in it are
-    one: the context of a side that ended (its table retired it: every event for it is
-    LATE) and the messages addressed to it.
-    """
-
-    __slots__ = ("finals", "now", "p", "d", "channel", "in_flight", "teardown", "p_blocks",
-                 "d_blocks", "handshake", "d_start")
-
-    def __init__(self, finals: tuple, state: tuple):
-        self.finals = finals
-        (self.now, self.p, self.d, channel, self.in_flight, self.teardown, self.p_blocks,
-         self.d_blocks, self.handshake, self.d_start) = state
-        self.channel = list(channel)
-
-    def freeze(self) -> tuple:
-        p, d, channel = self.p, self.d, self.channel
-        p_ended = p is not None and p[0] in self.finals[0]
-        d_ended = d is not None and d[0] in self.finals[1]
-        if p_ended:
-            p = (p[0], ())
-        if d_ended:
-            d = (d[0], ())
-        if p_ended or d_ended:
-            channel = [m for m in channel
-                       if not (p_ended and m[1] == "P") and not (d_ended and m[1] == "D")]
-        return (self.now, p, d, tuple(sorted(channel)), self.in_flight, self.teardown,
-                self.p_blocks, self.d_blocks, self.handshake, self.d_start)
-
-    def copy(self) -> "Joint":
-        other = Joint.__new__(Joint)
-        other.finals = self.finals
-        (other.now, other.p, other.d, other.in_flight, other.teardown, other.p_blocks,
-         other.d_blocks, other.handshake, other.d_start) = (
-            self.now, self.p, self.d, self.in_flight, self.teardown, self.p_blocks,
-            self.d_blocks, self.handshake, self.d_start)
-        other.channel = list(self.channel)
-        return other
 
 
 @dataclass
@@ -164,6 +119,7 @@ class PairModel:
              for name, emit in machine.spec.emits.items() if emit.on_failure}
             for machine in self.machines]
         self._carry = [getattr(self, f"_{mode}_{side}") for side in ("p", "d")]
+        self._op = "write" if mode == "write" else "read"
 
     # -- Model -------------------------------------------------------------------------
 
@@ -188,7 +144,7 @@ class PairModel:
         now = joint.now
         due = False
         for side in (0, 1):
-            key = self._key(joint, side)
+            key = joint.key(side)
             if key is None or key[0] in self._final[side]:
                 continue
             for index, deadline in enumerate(key[1]):
@@ -206,7 +162,7 @@ class PairModel:
                 moved.channel = [m for m in moved.channel if m[0] >= later]
                 moves.append(Move(TimePasses(later), moved.freeze(), 0, True, []))
         for side in (0, 1):
-            key = self._key(joint, side)
+            key = joint.key(side)
             if key is None or key[0] in self._final[side]:
                 continue
             for concrete in self._local[side]:
@@ -247,7 +203,7 @@ class PairModel:
                 world = joint.copy()
                 if not keep:
                     world.channel.remove(message)
-                note = WorldNote(f"{_show_message(message)} {what}")
+                note = WorldNote(f"{show_message(message)} {what}")
                 ev = make_event(kind, TRANSFER_ID, joint.now,
                                 {n: _thaw(v) for n, v in data}, source="peer")
                 moves += self._react(world, side, ev, cost, allowance, peer_free=False,
@@ -256,7 +212,7 @@ class PairModel:
                 world = joint.copy()
                 world.channel.remove(message)
                 world.channel.append((LATE, to, kind, data))
-                moves.append(Move((WorldNote(f"{_show_message(message)} is late"),),
+                moves.append(Move((WorldNote(f"{show_message(message)} is late"),),
                                   world.freeze(), 1, False, []))
         return moves
 
@@ -315,7 +271,7 @@ class PairModel:
                peer_free: bool, note: WorldNote | None = None) -> list[Move]:
         """Hand ``ev`` to ``side`` (copying ``joint`` first) and settle what follows."""
         labels = [note] if note is not None else []
-        key = self._key(joint, side)
+        key = joint.key(side)
         if key is None or key[0] in self._final[side]:
             # Nothing there to take it (ended: the table answers LATE, changing nothing).
             if note is None:
@@ -334,7 +290,7 @@ class PairModel:
         if key is None:
             raise CheckUsageError(f"{self.machines[side].spec.name} refused its creating event "
                                   f"{ev!r} in the {self.mode} pair")
-        self._set_key(branch.joint, side, key)
+        branch.joint.set_key(side, key)
         branch.labels = branch.labels + [Dispatch(self._who(side), ev, result)]
         return self._carry_out_all(branch, side, result.effects, allowance)
 
@@ -350,7 +306,7 @@ class PairModel:
                 done.append(branch)
                 continue
             ev, rest = branch.pending[0], branch.pending[1:]
-            key = self._key(branch.joint, side)
+            key = branch.joint.key(side)
             if key[0] in self._final[side]:
                 branch.pending = rest          # LATE: the ended transfer takes nothing
                 work.append(branch)
@@ -362,7 +318,7 @@ class PairModel:
                                     branch.labels + [Dispatch(self._who(side), ev, None)],
                                     branch.breaches + [breach_of(exc)], ()))
                 continue
-            self._set_key(branch.joint, side, key)
+            branch.joint.set_key(side, key)
             branch.labels = branch.labels + [Dispatch(self._who(side), ev, result)]
             branch.pending = rest
             work.extend(self._carry_out_all(branch, side, result.effects, allowance))
@@ -370,7 +326,6 @@ class PairModel:
 
     def _carry_out_all(self, branch: _Branch, side: int, effects, allowance: int) -> list[_Branch]:
         branches = [branch]
-        carry = self._carry[side]
         for effect in effects:
             next_branches = []
             for b in branches:
@@ -393,7 +348,7 @@ class PairModel:
                         b.labels + [WorldNote(f"the handler of {effect.kind} raised")],
                         list(b.breaches), b.pending + (ev,)))
                 breaches: list[Breach] = []
-                carry(b.joint, effect, breaches)
+                self._carry_out(b.joint, side, effect, breaches)
                 if breaches:
                     b.breaches = b.breaches + breaches
                 next_branches.append(b)
@@ -406,119 +361,84 @@ class PairModel:
 
     # -- the effects of each side ------------------------------------------------------
 
-    def _write_p(self, joint: Joint, effect: Effect, breaches: list) -> None:
+    def _carry_out(self, joint: Joint, side: int, effect: Effect, breaches: list) -> None:
+        """Carry out ``effect`` of ``side``: blocks and operations here, messages and the
+        hosts' part by the side's own function."""
         kind = effect.kind
-        if kind == "post_write":
-            self._post(joint, effect.layer, "write", breaches)
-        elif kind == "abandon_writes":
-            joint.teardown |= _bits(effect.layers) & joint.in_flight
-        elif kind == "send_write_done":
-            self._send(joint, "D", "write_done", num_writers=effect.num_writers, producer_rank=0)
-        elif kind == "send_write_failed":
-            self._send(joint, "D", "write_failed", reason=effect.reason,
-                       writes_stopped=effect.writes_stopped, producer_rank=0)
-        elif kind == "free_blocks":
-            # P's blocks are the source of its writes: D would get whatever lands there next.
-            self._hand_back(joint, 0, kind, joint.in_flight, "a write from them", breaches)
-        elif kind == "quarantine_blocks":
-            joint.p_blocks = QUARANTINED
-
-    def _write_d(self, joint: Joint, effect: Effect, breaches: list) -> None:
-        if effect.kind == "send_remote_blocks":
-            self._send(joint, "P", "remote_blocks", block_ids=effect.block_ids, decode_rank=0,
-                       req_id=effect.req_id)
+        if kind in ledger.HANDBACKS:
+            self._hand_back(joint, side, kind, breaches)
+        elif kind == ledger.QUARANTINE:
+            custody, violation = ledger.quarantine(joint.blocks(side),
+                                                   owner=self.side_names[side])
+            self._blocks_moved(joint, side, custody, violation, breaches)
+        elif kind in ("post_write", "post_read"):
+            self._post(joint, effect.layer, breaches)
+        elif kind in ("abandon_writes", "abandon_reads"):
+            joint.teardown |= layer_bits(effect.layers) & joint.in_flight
         else:
-            self._consumer_end(joint, effect, "a write into them", breaches)
+            self._carry[side](joint, effect)
 
-    def _consumer_end(self, joint: Joint, effect: Effect, what: str, breaches: list) -> None:
-        """What both consumers do as a transfer ends: release P, give the blocks back (to
-        vLLM, as a load or a failed one) or quarantine them."""
-        kind = effect.kind
-        if kind == "send_release":
-            self._send(joint, "P", "release", consumer_tp_size=1, consumer_rank=0)
-        elif kind in ("report_received", "report_load_failure", "free_blocks"):
-            self._hand_back(joint, 1, kind, joint.in_flight, what, breaches)
-        elif kind == "quarantine_blocks":
-            joint.d_blocks = QUARANTINED
+    def _write_p(self, joint: Joint, effect: Effect) -> None:
+        if effect.kind == "send_write_done":
+            joint.send("D", "write_done", num_writers=effect.num_writers, producer_rank=0)
+        elif effect.kind == "send_write_failed":
+            joint.send("D", "write_failed", reason=effect.reason,
+                       writes_stopped=effect.writes_stopped, producer_rank=0)
 
-    def _read_p(self, joint: Joint, effect: Effect, breaches: list) -> None:
-        kind = effect.kind
-        if kind == "hold_for_reads":
+    def _write_d(self, joint: Joint, effect: Effect) -> None:
+        if effect.kind == "send_remote_blocks":
+            joint.send("P", "remote_blocks", block_ids=effect.block_ids, decode_rank=0,
+                       req_id=effect.req_id)
+        elif effect.kind == "send_release":
+            joint.send("P", "release", consumer_tp_size=1, consumer_rank=0)
+
+    def _read_p(self, joint: Joint, effect: Effect) -> None:
+        if effect.kind == "hold_for_reads":
             if joint.d_start == NOT_STARTABLE:
                 joint.d_start = STARTABLE
-        elif kind == "send_lease_granted":
-            self._send(joint, "D", "lease_granted", seq=effect.seq, lease_s=effect.lease_s,
+        elif effect.kind == "send_lease_granted":
+            joint.send("D", "lease_granted", seq=effect.seq, lease_s=effect.lease_s,
                        consumer_rank=effect.consumer_rank)
-        elif kind == "free_blocks":
-            # A read from freed blocks is harmless only into blocks D quarantined.
-            reading = joint.in_flight if joint.d_blocks != QUARANTINED else 0
-            self._hand_back(joint, 0, kind, reading, "a read from them", breaches)
 
-    def _read_d(self, joint: Joint, effect: Effect, breaches: list) -> None:
-        kind = effect.kind
-        if kind == "request_handshake":
+    def _read_d(self, joint: Joint, effect: Effect) -> None:
+        if effect.kind == "request_handshake":
             joint.handshake = 1
-        elif kind == "send_heartbeat":
-            self._send(joint, "P", "heartbeat", consumer_rank=0, seq=effect.seq)
-        elif kind == "post_read":
-            self._post(joint, effect.layer, "read", breaches)
-        elif kind == "abandon_reads":
-            joint.teardown |= _bits(effect.layers) & joint.in_flight
-        else:
-            self._consumer_end(joint, effect, "a read into them", breaches)
+        elif effect.kind == "send_heartbeat":
+            joint.send("P", "heartbeat", consumer_rank=0, seq=effect.seq)
+        elif effect.kind == "send_release":
+            joint.send("P", "release", consumer_tp_size=1, consumer_rank=0)
 
     # -- the ledger --------------------------------------------------------------------
 
-    def _post(self, joint: Joint, layer: int, op: str, breaches: list) -> None:
-        for name, blocks in (("P", joint.p_blocks), ("D", joint.d_blocks)):
-            if blocks == GONE:
-                breaches.append(Breach("operation_on_freed_blocks",
-                                       f"a {op} of layer {layer} was posted on {name}'s blocks "
-                                       "after they went back"))
+    def _post(self, joint: Joint, layer: int, breaches: list) -> None:
+        for side, name in enumerate(self.side_names):
+            violation = ledger.posted(joint.blocks(side), f"a {self._op} of layer {layer}",
+                                      owner=name)
+            if violation is not None:
+                breaches.append(Breach(*violation))
         if 0 <= layer < self.bounds.layers:
             joint.in_flight |= 1 << layer
 
-    def _hand_back(self, joint: Joint, side: int, kind: str, touching: int, what: str,
-                   breaches: list) -> None:
-        name = self.side_names[side]
-        blocks = joint.p_blocks if side == 0 else joint.d_blocks
-        if blocks == QUARANTINED:
-            if kind != "report_load_failure":
-                breaches.append(Breach("blocks_leave_once",
-                                       f"{name} {kind} after quarantining its blocks"))
-            return
-        if blocks == GONE:
-            breaches.append(Breach("blocks_leave_once", f"{name} {kind} after its blocks "
-                                                         "had gone back"))
-        if touching:
-            breaches.append(Breach("freed_under_operation",
-                                   f"{name}'s blocks went back ({kind}) while {what} "
-                                   f"(layer(s) {_show_bits(touching)}) may still be in flight"))
-        if side == 0:
-            joint.p_blocks = GONE
-        else:
-            joint.d_blocks = GONE
+    def _hand_back(self, joint: Joint, side: int, kind: str, breaches: list) -> None:
+        # P's blocks are every operation's source, D's its target; what is read from P
+        # into blocks D quarantined is never used.
+        touching = joint.in_flight if ledger.reaches(side == 1, joint.d_blocks) else 0
+        what = f"a {self._op} {'into' if side else 'from'} its blocks"
+        during = f"{what} (layer(s) {show_bits(touching)})" if touching else ""
+        custody, violation = ledger.hand_back(joint.blocks(side), kind, during,
+                                              owner=self.side_names[side])
+        self._blocks_moved(joint, side, custody, violation, breaches)
 
     @staticmethod
-    def _send(joint: Joint, to: str, kind: str, **data: Any) -> None:
-        joint.channel.append((joint.now, to, kind,
-                              tuple((n, _freeze(v)) for n, v in data.items())))
+    def _blocks_moved(joint: Joint, side: int, custody: int, violation, breaches: list) -> None:
+        joint.set_blocks(side, custody)
+        if violation is not None:
+            breaches.append(Breach(*violation))
 
     # -- helpers -------------------------------------------------------------------------
 
-    @staticmethod
-    def _key(joint: Joint, side: int):
-        return joint.p if side == 0 else joint.d
-
-    @staticmethod
-    def _set_key(joint: Joint, side: int, key) -> None:
-        if side == 0:
-            joint.p = key
-        else:
-            joint.d = key
-
     def _live_deadlines(self, joint: Joint, side: int):
-        key = self._key(joint, side)
+        key = joint.key(side)
         if key is None or key[0] in self._final[side]:
             return ()
         return key[1]
@@ -530,20 +450,3 @@ class PairModel:
     def _who(self, side: int) -> str:
         return f"{self.side_names[side]} {self.machines[side].spec.name}"
 
-
-def _bits(layers) -> int:
-    found = 0
-    for layer in layers:
-        if 0 <= layer < 64:
-            found |= 1 << layer
-    return found
-
-
-def _show_bits(bitmap: int) -> str:
-    return ", ".join(str(i) for i in range(bitmap.bit_length()) if bitmap >> i & 1)
-
-
-def _show_message(message) -> str:
-    _, to, kind, data = message
-    args = ", ".join(f"{n}={_thaw(v)!r}" for n, v in data)
-    return f"message {kind}({args}) to {to}"

@@ -63,9 +63,9 @@ def test_a_reader_that_ignores_its_lease_is_caught_reading_freed_blocks():
     config = resolve_config(spec, PAIR_CONFIGS["read"]["read_consumer"])
     reader = Machine(spec, load_bindings(spec).replaced(can_read), config)
     result = check_pair("read", SMALL, machines={"read_consumer": reader})
-    assert "P's blocks went back (free_blocks) while a read from them" in \
+    assert "P: free_blocks while a read from its blocks (layer(s) 0)" in \
         result.findings["freed_under_operation"].message
-    assert "a read of layer 0 was posted on P's blocks after they went back" in \
+    assert "P: a read of layer 0 posted after the blocks went back" in \
         result.findings["operation_on_freed_blocks"].message
 
 
@@ -91,3 +91,23 @@ def give_up_waiting(tx, ev, out) -> None:      # the rule as it was
     else:
         tx.reported_failure += 1
         out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
+
+
+def test_blocks_quarantined_after_the_failed_load_gave_them_back_are_caught():
+    """The pair judges a quarantine by the ledger's rule too: once D reported the load
+    failed, vLLM owns the blocks again, and keeping them out of circulation is too late."""
+    def give_up_waiting(tx, ev, out) -> None:     # planted: fails the load, then quarantines
+        if not tx.request_finished:
+            tx.reported_failure += 1
+            out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
+        tx.blocks_quarantined += 1
+        out.append(emits.quarantine_blocks(tx.transfer_id, reason="safety_timeout"))
+
+    spec = load_spec(spec_path("write_consumer"))
+    late = Machine(spec, load_bindings(spec).replaced(give_up_waiting), resolve_config(spec, None))
+    result = check_pair("write", SMALL, machines={"write_consumer": late})
+    assert result.findings["blocks_leave_once"].message == (
+        "D: quarantine_blocks after the blocks had already left")
+    steps = [s.event.kind for s in steps_of(result.findings["blocks_leave_once"].path)
+             if isinstance(s, Dispatch)]
+    assert steps[-1] == "safety_timeout"

@@ -208,7 +208,7 @@ def test_a_consumer_freeing_on_its_request_alone_is_caught_by_the_pair(tmp_path)
     pair = check_pair("write", Bounds(layers=1, faults=0, tick_s="off"),
                       machines={"write_consumer": bare})
     finding = pair.findings["freed_under_operation"]
-    assert "D's blocks went back" in finding.message
+    assert "D: free_blocks while a write into its blocks" in finding.message
 
 
 def test_final_states_that_are_not_absorbing_are_caught():
