@@ -26,6 +26,8 @@ HELD, GONE, QUARANTINED = 0, 1, 2
 HANDBACKS = frozenset({"free_blocks", "report_received", "report_load_failure"})
 FAILED_LOAD = "report_load_failure"
 QUARANTINE = "quarantine_blocks"
+#: Every effect that moves blocks (a consumer may emit each of them).
+BLOCK_EFFECTS = HANDBACKS | {QUARANTINE}
 
 #: The rules.
 LEAVE_ONCE = "blocks_leave_once"

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..adapters.zmq.codec import (Heartbeat, LeaseGranted, Release, RemoteBlocks, Role,
                                   WriteDone, WriteFailed)
+from ..ledger import BLOCK_EFFECTS, QUARANTINE
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.driver import Driver
-from ..ledger import QUARANTINE
 from ..runtime.events import Event
 from .hosts import Hosts
 from .operations import Operations
@@ -26,8 +26,6 @@ from .world import World
 
 PRODUCER_MACHINES = {"write": "write_producer", "read": "read_producer"}
 CONSUMER_MACHINES = {"write": "write_consumer", "read": "read_consumer"}
-#: How a consumer's blocks leave as its transfer ends.
-CONSUMER_ENDINGS = ("report_received", "report_load_failure", "free_blocks", QUARANTINE)
 
 
 class Rank:
@@ -125,7 +123,7 @@ class Rank:
         return {
             "send_release": lambda e: self._notify(Release(e.transfer_id, 1, consumer_rank=0)),
             "hold_blocks": lambda e: None,
-            **self._ledger(*CONSUMER_ENDINGS),
+            **self._ledger(*BLOCK_EFFECTS),
         }
 
     def _write_consumer_handlers(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..ledger import QUARANTINE
+from ..ledger import BLOCK_EFFECTS, QUARANTINE
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.driver import Driver
@@ -34,8 +34,6 @@ CONFIG = {
                       "lease_margin_s": 0.6, "abandon_timeout_s": 0.3},
 }
 LAYERS = 4
-#: How a consumer's blocks leave as its transfer ends.
-CONSUMER_ENDINGS = ("report_received", "report_load_failure", "free_blocks", QUARANTINE)
 
 
 def link(transfer_id: str) -> str:
@@ -137,7 +135,7 @@ class PD:
             "send_release": lambda e: to_writers("release", e, {"consumer_tp_size": 1,
                                                                 "consumer_rank": d}),
             "hold_blocks": lambda e: None,
-            **w.ledger.handlers(node.name, CONSUMER_ENDINGS),
+            **w.ledger.handlers(node.name, BLOCK_EFFECTS),
         }
 
     def _read_producer_handlers(self, node: Node) -> dict:
@@ -198,7 +196,7 @@ class PD:
             "send_release": lambda e: to_producer("release", e, {
                 "consumer_tp_size": len(self.layout.readers_of(producer(e)[1])), "consumer_rank": d}),
             "hold_blocks": lambda e: None,
-            **w.ledger.handlers(node.name, CONSUMER_ENDINGS),
+            **w.ledger.handlers(node.name, BLOCK_EFFECTS),
         }
 
     # -- what the hosts do -----------------------------------------------------------------
