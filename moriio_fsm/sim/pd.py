@@ -92,20 +92,30 @@ class PD:
     def _blocks(self, node: str, transfer_id: str):
         return self.world.ledger.blocks(node, transfer_id)
 
-    def _write_producer_handlers(self, node: Node) -> dict:
-        w, p = self.world, int(node.name[1:])
+    def _operations(self, node: Node, op: str, blocks: Callable[[Any], tuple]) -> dict:
+        """The handlers that post and abandon ``node``'s operations (``op`` is "write" or
+        "read"); ``blocks(effect)`` names an operation's source and target blocks."""
+        w = self.world
+        abandoned = events.writes_abandoned if op == "write" else events.reads_abandoned
 
-        def post_write(e):
-            d = e.decode_rank
-            base = e.transfer_id.split(">")[0]
-            op = Op(node.name, e.transfer_id, e.layer, "write",
-                    self._blocks(node.name, e.transfer_id), self._blocks(f"D{d}", base))
-            w.post(node, op, "layer_write_completed", "layer_write_failed")
+        def post(e):
+            source, target = blocks(e)
+            w.post(node, Op(node.name, e.transfer_id, e.layer, op, source, target),
+                   f"layer_{op}_completed", f"layer_{op}_failed")
 
         def abandon(e):
             if w.tear_down(node, e.transfer_id, e.layers):
-                return events.writes_abandoned(e.transfer_id, w.now)
+                return abandoned(e.transfer_id, w.now)
             return None
+
+        return {f"post_{op}": post, f"abandon_{op}s": abandon}
+
+    def _write_producer_handlers(self, node: Node) -> dict:
+        w, p = self.world, int(node.name[1:])
+
+        def blocks(e):          # the source here, the target on the D rank written to
+            base = e.transfer_id.split(">")[0]
+            return self._blocks(node.name, e.transfer_id), self._blocks(f"D{e.decode_rank}", base)
 
         def verdict(kind, e, data):
             base = e.transfer_id.split(">")[0]
@@ -114,7 +124,7 @@ class PD:
                 w.send(node.name, f"D{d}", kind, base, {**data, "producer_rank": p})
 
         return {
-            "post_write": post_write, "abandon_writes": abandon,
+            **self._operations(node, "write", blocks),
             "send_write_done": lambda e: verdict("write_done", e, {"num_writers": e.num_writers}),
             "send_write_failed": lambda e: verdict("write_failed", e, {
                 "reason": e.reason, "writes_stopped": e.writes_stopped}),
@@ -174,16 +184,9 @@ class PD:
                 events.handshake_failed(e.transfer_id, w.now, "refused") if data
                 else events.handshake_done(e.transfer_id, w.now)))
 
-        def post_read(e):
+        def blocks(e):          # the source on the P rank read from, the target here
             base, p = producer(e)
-            op = Op(node.name, e.transfer_id, e.layer, "read", self._blocks(f"P{p}", base),
-                    self._blocks(node.name, e.transfer_id))
-            w.post(node, op, "layer_read_completed", "layer_read_failed")
-
-        def abandon(e):
-            if w.tear_down(node, e.transfer_id, e.layers):
-                return events.reads_abandoned(e.transfer_id, w.now)
-            return None
+            return self._blocks(f"P{p}", base), self._blocks(node.name, e.transfer_id)
 
         def to_producer(kind, e, data):
             base, p = producer(e)
@@ -192,7 +195,7 @@ class PD:
         return {
             "request_handshake": handshake,
             "send_heartbeat": lambda e: to_producer("heartbeat", e, {"consumer_rank": d, "seq": e.seq}),
-            "post_read": post_read, "abandon_reads": abandon,
+            **self._operations(node, "read", blocks),
             "send_release": lambda e: to_producer("release", e, {
                 "consumer_tp_size": len(self.layout.readers_of(producer(e)[1])), "consumer_rank": d}),
             "hold_blocks": lambda e: None,
