@@ -14,6 +14,8 @@ indexed once, by source state and by (event, source), and every check reads the 
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .errors import Problem
 from .expr import ExpressionError, compile_predicate
@@ -23,79 +25,99 @@ from .model import Spec, TransitionSpec
 _CYCLE_SHOWN = 20
 
 
+#: A check reports a problem with ``add(line, message)``.
+Add = Callable[[int, str], None]
+
+
+@dataclass
+class _Rows:
+    """Every row by source state and by (event, source), in row order (event None:
+    eventless), and the states each state's rows lead to (state-changing rows only)."""
+
+    rows_from: dict[str, list[TransitionSpec]] = field(default_factory=lambda: defaultdict(list))
+    by_trigger: dict[tuple[str | None, str], list[TransitionSpec]] = field(
+        default_factory=lambda: defaultdict(list))
+    edges: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    @classmethod
+    def of(cls, spec: Spec) -> "_Rows":
+        rows = cls()
+        for t in spec.transitions:
+            for s in t.sources:
+                rows.rows_from[s].append(t)
+                rows.by_trigger[(t.event, s)].append(t)
+                if t.dest is not None and t.dest != s:
+                    rows.edges[s].add(t.dest)
+        return rows
+
+
 def validate_spec(spec: Spec) -> list[Problem]:
-    """Return every structural problem of ``spec`` (empty when it is sound)."""
+    """Return every structural problem of ``spec`` (empty when it is sound), the checks
+    in a fixed order."""
     problems: list[Problem] = []
 
     def add(line: int, message: str) -> None:
         problems.append(Problem(spec.path, line, message))
 
-    # Every row by source state and by (event, source), in row order (event None: eventless).
-    rows_from: dict[str, list[TransitionSpec]] = defaultdict(list)
-    by_trigger: dict[tuple[str | None, str], list[TransitionSpec]] = defaultdict(list)
-    # Outgoing edges per state (state-changing transitions only).
-    edges: dict[str, set[str]] = defaultdict(set)
-    for t in spec.transitions:
-        event, dest = t.event, t.dest
-        for s in t.sources:
-            rows_from[s].append(t)
-            by_trigger[(event, s)].append(t)
-            if dest is not None and dest != s:
-                edges[s].add(dest)
+    rows = _Rows.of(spec)
+    _final_states_absorb(spec, add)
+    _every_state_reachable(spec, rows, add)
+    _every_live_state_can_end(spec, rows, add)
+    _guards_separate_rows(spec, rows, add)
+    _eventless_rows_do_not_cycle(spec, add)
+    _timers_always_find_a_row(spec, rows, add)
+    _failed_effects_come_back(spec, rows, add)
+    _creation_is_handled(spec, rows, add)
+    _every_name_is_used(spec, add)
+    _invariants_type_check(spec, add)
+    return problems
 
-    # Final states are absorbing: nothing may start from them.
+
+def _final_states_absorb(spec: Spec, add: Add) -> None:
+    """Final states are absorbing: nothing may start from them."""
     for t in spec.transitions:
         for s in t.sources:
             if s in spec.states and spec.states[s].final:
                 add(t.line, f"final state {s!r} has an outgoing {t.label()}; final states are absorbing")
 
-    # Reachability from the initial state.
-    if spec.initial in spec.states:
-        seen = {spec.initial}
-        queue = deque([spec.initial])
-        while queue:
-            for nxt in edges[queue.popleft()]:
-                if nxt not in seen:
-                    seen.add(nxt)
-                    queue.append(nxt)
-        for name, state in spec.states.items():
-            if name not in seen:
-                add(state.line, f"unreachable state {name!r}: no transition path leads to it from "
-                                f"initial state {spec.initial!r}")
 
-    # Every live state needs a way out, a path to an end, and an exit that does not
-    # wait on the peer (a local event, a timer, or an eventless transition).
-    # The events of the timers armed in each state.
-    armed: dict[str, set[str]] = defaultdict(set)
+def _every_state_reachable(spec: Spec, rows: _Rows, add: Add) -> None:
+    if spec.initial not in spec.states:
+        return
+    seen = {spec.initial}
+    queue = deque([spec.initial])
+    while queue:
+        for nxt in rows.edges[queue.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    for name, state in spec.states.items():
+        if name not in seen:
+            add(state.line, f"unreachable state {name!r}: no transition path leads to it from "
+                            f"initial state {spec.initial!r}")
+
+
+def _every_live_state_can_end(spec: Spec, rows: _Rows, add: Add) -> None:
+    """Every live state needs a way out, a path to an end, and an exit that does not wait
+    on the peer (a local event, a timer, or an eventless transition)."""
+    armed: dict[str, set[str]] = defaultdict(set)      # the events of the timers armed in each
     for timer in spec.timers.values():
         for s in timer.states:
             armed[s].add(timer.event)
-
-    # Which states reach a final one: one walk backwards from the finals.
     finals = set(spec.final_states)
-    into: dict[str, set[str]] = defaultdict(set)
-    for s, dests in edges.items():
-        for d in dests:
-            into[d].add(s)
-    reaches_final = set(finals)
-    pending = deque(finals)
-    while pending:
-        for prev in into[pending.popleft()]:
-            if prev not in reaches_final:
-                reaches_final.add(prev)
-                pending.append(prev)
+    reaches_final = _reaching(finals, rows.edges)
     if not finals:
         add(spec.line, "the spec has no final state; every transfer must be able to end")
-    peer_free_ends = ends_without_peer(spec, rows_from)
+    peer_free_ends = ends_without_peer(spec, rows.rows_from)
     for name, state in spec.states.items():
         if state.final:
             continue
-        if not edges[name]:
+        if not rows.edges[name]:
             add(state.line, f"non-final state {name!r} has no way out: no transition leaves it")
             continue
         if name not in reaches_final:
             add(state.line, f"non-final state {name!r} can never reach a final state")
-        if not _has_backstop(spec, name, rows_from[name], armed.get(name, set())):
+        if not _has_backstop(spec, name, rows.rows_from[name], armed.get(name, set())):
             add(state.line, f"state {name!r} waits only on peers or adapters: no local event, no "
                             "timer armed in it (that the peer cannot keep postponing) and no "
                             "unguarded eventless step can take a transfer out of it; arm a timer "
@@ -107,11 +129,29 @@ def validate_spec(spec: Spec) -> list[Problem]:
                             "state (timers that only lead on to more waiting, or that a peer "
                             "keeps restarting, do not count), so a transfer in it can wait forever")
 
-    # Two transitions for one (event, source) must be separated by guards, tried in order.
-    # A row can never fire when an earlier one has no guard or the same guard; each such
-    # row is reported once, against the earliest row that shadows it. One pass per
-    # trigger: comparing every pair would be quadratic in a table of thousands of rows.
-    for (event, source), candidates in by_trigger.items():
+
+def _reaching(targets: set[str], edges: dict[str, set[str]]) -> set[str]:
+    """``targets`` and every state with a path to one of them: one walk backwards."""
+    into: dict[str, set[str]] = defaultdict(set)
+    for s, dests in edges.items():
+        for d in dests:
+            into[d].add(s)
+    reached = set(targets)
+    pending = deque(targets)
+    while pending:
+        for prev in into[pending.popleft()]:
+            if prev not in reached:
+                reached.add(prev)
+                pending.append(prev)
+    return reached
+
+
+def _guards_separate_rows(spec: Spec, rows: _Rows, add: Add) -> None:
+    """Two transitions for one (event, source) must be separated by guards, tried in
+    order. A row can never fire when an earlier one has no guard or the same guard; each
+    such row is reported once, against the earliest row that shadows it. One pass per
+    trigger: comparing every pair would be quadratic in a table of thousands of rows."""
+    for (event, source), candidates in rows.by_trigger.items():
         unguarded: TransitionSpec | None = None
         first_with: dict[str, TransitionSpec] = {}
         for later in candidates:
@@ -131,7 +171,9 @@ def validate_spec(spec: Spec) -> list[Problem]:
             else:
                 first_with.setdefault(guard, later)
 
-    # Eventless transitions must not form a cycle, or one step could loop forever.
+
+def _eventless_rows_do_not_cycle(spec: Spec, add: Add) -> None:
+    """Eventless transitions must not form a cycle, or one step could loop forever."""
     eventless: dict[str, set[str]] = defaultdict(set)
     for t in spec.transitions:
         if t.event is None and t.dest is not None:
@@ -142,29 +184,34 @@ def validate_spec(spec: Spec) -> list[Problem]:
         add(state.line if state else spec.line,
             "eventless transitions form a cycle: " + _show_path(cycle))
 
-    # Timers only make sense on live states, and each armed state must say what its
-    # timer's firing means, whatever the guards say: a firing no row takes would be
-    # rejected, the timer would be gone and the transfer could wait forever.
+
+def _timers_always_find_a_row(spec: Spec, rows: _Rows, add: Add) -> None:
+    """Timers only make sense on live states, and each armed state must say what its
+    timer's firing means, whatever the guards say: a firing no row takes would be
+    rejected, the timer would be gone and the transfer could wait forever."""
     for timer in spec.timers.values():
         for s in timer.states:
             if s in spec.states and spec.states[s].final:
                 add(timer.line, f"timer {timer.name!r} is armed in final state {s!r}; a final state "
                                 "never leaves, so the timer could only fire into nothing")
                 continue
-            rows = by_trigger.get((timer.event, s), [])
-            if s in spec.states and not rows:
+            handling = rows.by_trigger.get((timer.event, s), [])
+            if s in spec.states and not handling:
                 add(timer.line, f"timer {timer.name!r} is armed in state {s!r} but no transition "
                                 f"handles its event {timer.event!r} there; add one (it may be "
                                 "'outcome: ignored')")
-            elif rows and rows[-1].guard is not None:
-                add(rows[-1].line, f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
-                                   f"where every row has a guard ({_listing([repr(t.guard) for t in rows])}); "
-                                   "when none holds the firing is rejected and the timer is lost: "
-                                   "end with an unguarded row (it may be 'outcome: ignored')")
+            elif handling and handling[-1].guard is not None:
+                add(handling[-1].line, f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
+                                       f"where every row has a guard "
+                                       f"({_listing([repr(t.guard) for t in handling])}); "
+                                       "when none holds the firing is rejected and the timer is "
+                                       "lost: end with an unguarded row (it may be 'outcome: ignored')")
 
-    # What a driver must do when the handler of an emitted effect fails: the emit names
-    # an event the transfer receives, which must be the adapter's and handled wherever
-    # the emitting rows leave the transfer alive.
+
+def _failed_effects_come_back(spec: Spec, rows: _Rows, add: Add) -> None:
+    """What a driver must do when the handler of an emitted effect fails: the emit names
+    an event the transfer receives, which must be the adapter's and handled wherever
+    the emitting rows leave the transfer alive."""
     emitting_rows: dict[str, list] = defaultdict(list)
     for t in spec.transitions:
         for e in t.emits:
@@ -190,19 +237,23 @@ def validate_spec(spec: Spec) -> list[Problem]:
                            f"field(s) {', '.join(missing)} that the effect does not carry; a "
                            "driver can only fill fields of the effect, and 'error'")
         for s in alive_after:
-            if not by_trigger.get((event.name, s)):
+            if not rows.by_trigger.get((event.name, s)):
                 add(emit.line, f"emit {name!r}: its on_failure event {event.name!r} is not handled "
                                f"in state {s!r}, where rows emitting it leave the transfer")
 
-    # Creation: exactly the local 'creates' events, each handled in the initial state.
+
+def _creation_is_handled(spec: Spec, rows: _Rows, add: Add) -> None:
+    """Creation: exactly the local 'creates' events, each handled in the initial state."""
     creators = [e for e in spec.events.values() if e.creates]
     if not creators:
         add(spec.line, "no event is marked 'creates: true'; a transfer could never start")
     for e in creators:
-        if not by_trigger.get((e.name, spec.initial)):
+        if not rows.by_trigger.get((e.name, spec.initial)):
             add(e.line, f"creating event {e.name!r} has no transition from initial state {spec.initial!r}")
 
-    # Declared names that nothing uses are dead text that drifts from the truth.
+
+def _every_name_is_used(spec: Spec, add: Add) -> None:
+    """Declared names that nothing uses are dead text that drifts from the truth."""
     used_guards = {t.guard for t in spec.transitions if t.guard}
     used_actions = {a for t in spec.transitions for a in t.actions}
     used_emits = {e for t in spec.transitions for e in t.emits}
@@ -218,8 +269,10 @@ def validate_spec(spec: Spec) -> list[Problem]:
         if name not in used_events:
             add(event.line, f"event {name!r} is declared but no transition handles it")
 
-    # Invariants are type-checked against the context's types ('state' is the state's
-    # name), so a wrong-typed one fails here and not in the middle of a checked run.
+
+def _invariants_type_check(spec: Spec, add: Add) -> None:
+    """Invariants are type-checked against the context's types ('state' is the state's
+    name), so a wrong-typed one fails here and not in the middle of a checked run."""
     types = {name: f.type for name, f in spec.context.items()}
     types["state"] = "str"
     for inv in spec.invariants:
@@ -227,7 +280,6 @@ def validate_spec(spec: Spec) -> list[Problem]:
             compile_predicate(inv.expr, types, types=types)
         except ExpressionError as exc:
             add(inv.line, f"invariant {inv.name!r}: {exc}")
-    return problems
 
 
 def _eventless_cycles(eventless: dict[str, set[str]], roots: list[str]) -> list[list[str]]:
