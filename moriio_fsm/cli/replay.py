@@ -12,16 +12,38 @@ import sys
 
 from ._trace_args import add_spec_option, fail, progress_for, spec_overrides
 
+#: The executors a replay can run on (``moriio_fsm.trace.replay.EXECUTORS``; named here so
+#: that ``--help`` imports nothing heavy).
+EXECUTORS = ("compiled", "transitions")
+
+
+#: The executor the fresh machines run on unless ``--executor`` names another.
+DEFAULT_EXECUTOR = "compiled"
+
+
+def _executor(args: argparse.Namespace) -> str:
+    """``--executor``, or the old ``--engine`` (with a note that it was renamed);
+    ``ValueError`` when both are given and disagree."""
+    if args.renamed_engine is None:
+        return args.executor or DEFAULT_EXECUTOR
+    print("moriio-fsm: replay --engine is renamed --executor (an engine is a transfer "
+          "engine); --engine still works", file=sys.stderr)
+    if args.executor is not None and args.executor != args.renamed_engine:
+        raise ValueError(f"--executor {args.executor} and --engine {args.renamed_engine} "
+                         "disagree; give --executor only")
+    return args.renamed_engine
+
 
 def _replay(args: argparse.Namespace) -> int:
     from ..trace.reader import TraceError
     from ..trace.replay import replay
 
     try:
+        executor = _executor(args)
         specs = spec_overrides(args.spec)
         with progress_for(args.traces) as progress:
             report = replay(args.traces, transfer=args.transfer, until=args.until,
-                            engine=args.engine, check_invariants=args.check_invariants,
+                            executor=executor, check_invariants=args.check_invariants,
                             specs=specs, progress=progress)
     except (TraceError, ValueError) as exc:
         return fail(str(exc))
@@ -34,7 +56,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 def as_json(report) -> dict:
     return {
-        "ok": report.ok, "files": report.files, "engine": report.engine, "steps": report.steps,
+        "ok": report.ok, "files": report.files, "executor": report.executor,
+        "engine": report.executor,          # the key's old name, for scripts that read it
+        "steps": report.steps,
         "compared": report.compared, "sides": report.sides,
         "divergences": [{"file": d.path, "line": d.line, "seq": d.step.seq, "side": d.step.side,
                          "table": d.step.table, "transfer": d.step.transfer,
@@ -54,7 +78,7 @@ def render(report) -> str:
     lines = [f"replayed {report.compared:,} of {report.steps:,} steps, "
              f"{len(report.transfers):,} transfers on {len(report.sides)} side(s) "
              f"({', '.join(report.sides) or 'none'}) from {len(report.files)} file(s) with the "
-             f"{report.engine} engine" + (f", until seq {report.until}" if report.until else "")]
+             f"{report.executor} executor" + (f", until seq {report.until}" if report.until else "")]
     if partial:
         lines.append(f"{partial} transfer(s) start mid-way in the trace (earlier steps rotated "
                      "away or not kept) and were not replayed")
@@ -95,8 +119,12 @@ def register(sub) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--transfer", metavar="ID", help="replay only this transfer's request")
     p.add_argument("--until", type=int, metavar="SEQ", help="stop each side after this seq")
-    p.add_argument("--engine", choices=("compiled", "transitions"), default="compiled",
-                   help="executor of the fresh machines (transitions: the reference semantics)")
+    p.add_argument("--executor", choices=EXECUTORS, default=None,
+                   help="what runs the fresh machines: compiled (generated steps, the "
+                        "default) or transitions (the reference semantics)")
+    # The option's old name: still accepted, not shown, noted on stderr when used.
+    p.add_argument("--engine", dest="renamed_engine", choices=EXECUTORS, default=None,
+                   help=argparse.SUPPRESS)
     p.add_argument("--check-invariants", action="store_true",
                    help="evaluate every spec invariant after every replayed step")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

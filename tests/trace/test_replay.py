@@ -12,13 +12,30 @@ from moriio_fsm.trace import TraceRecorder, replay, trace_events, write_trace
 from .conftest import close_all
 
 
-def test_the_demo_trace_reproduces_with_both_engines(demo_trace):
-    for engine in ("compiled", "transitions"):
-        report = replay([demo_trace], engine=engine)
+def test_the_demo_trace_reproduces_with_both_executors(demo_trace):
+    for executor in ("compiled", "transitions"):
+        report = replay([demo_trace], executor=executor)
         assert report.compared == report.steps == 71 and not report.divergences
         # The demo's unconfirmed teardown ends quarantined: an anomaly by its spec.
         assert [(a.kind, a.transfer) for a in report.anomalies] == [
             ("anomaly_state", "tx-demo-unconfirmed_teardown")]
+
+
+def test_the_executor_option_and_its_old_name_engine(demo_trace, capsys):
+    assert main(["replay", str(demo_trace), "--executor", "transitions", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["executor"] == "transitions" and captured.err == ""
+    # Old scripts keep working: --engine is still taken, with a one-line note on stderr.
+    assert main(["replay", str(demo_trace), "--engine", "transitions", "--json"]) == 1
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["executor"] == data["engine"] == "transitions"
+    assert captured.err.count("\n") == 1 and "renamed --executor" in captured.err
+    assert main(["replay", str(demo_trace), "--engine", "compiled", "--executor",
+                 "transitions"]) == 2
+    assert "disagree" in capsys.readouterr().err
+    assert main(["replay", str(demo_trace)]) == 1
+    assert "with the compiled executor" in capsys.readouterr().out
 
 
 def _tamper(path, match: str, old: str, new: str, transfer: str = ""):
@@ -129,3 +146,10 @@ def test_a_hand_written_payload_may_leave_out_fields_that_have_defaults(tmp_path
     path = tmp_path / "t.jsonl"
     write_trace(path, [*tables, steps[0], short])
     assert replay([path]).compared == 2 and not replay([path]).divergences
+
+
+def test_replay_offers_every_executor_a_table_has():
+    from moriio_fsm.cli.replay import EXECUTORS as offered
+    from moriio_fsm.runtime.table import EXECUTORS
+
+    assert offered == EXECUTORS
