@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..lang.model import value_fits
 from .early_facts import sender_of
 from .errors import TransitionError
 from .events import Event, Outcome, Result
+from .shard import Shard
 
-if TYPE_CHECKING:
-    from .table import _Shard
 
 log = logging.getLogger("moriio_fsm.runtime")
 
@@ -74,7 +73,7 @@ class Admission:
                 by_kind[kind] = functools.partial(self._peer_step, by_kind.get(kind))
         return creating_steps
 
-    def _peer_step(self, step, shard: _Shard, tx, ev: Event) -> Result:
+    def _peer_step(self, step, shard: Shard, tx, ev: Event) -> Result:
         """A peer's event for a live transfer: taken only from a sender the transfer is
         bound to (any sender when unbound; the first one heard when bound that way)."""
         bound = tx._senders
@@ -97,13 +96,13 @@ class Admission:
             tx._senders = frozenset((sender,))
         return result
 
-    def _duplicate_create(self, shard: _Shard, tx, ev: Event) -> Result:
+    def _duplicate_create(self, shard: Shard, tx, ev: Event) -> Result:
         shard.counts[Outcome.DUPLICATE.index] += 1
         return Result(Outcome.DUPLICATE, tx.state, NO_EFFECTS)
 
     # -- events for transfers that are not live -------------------------------------------
 
-    def _dispatch_absent(self, shard: _Shard, ev: Event) -> Result:
+    def _dispatch_absent(self, shard: Shard, ev: Event) -> Result:
         tid = ev.transfer_id
         counts = shard.counts
         if tid in shard.ended:
@@ -139,14 +138,14 @@ class Admission:
                 return False
         return True
 
-    def _run_step(self, shard: _Shard, tx, ev: Event) -> Result:
+    def _run_step(self, shard: Shard, tx, ev: Event) -> Result:
         step = self._steps[tx.state].get(ev.kind)
         if step is None:
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, tx.state, NO_EFFECTS)
         return step(shard, tx, ev)
 
-    def _create(self, shard: _Shard, ev: Event) -> Result:
+    def _create(self, shard: Shard, ev: Event) -> Result:
         tx = self.machine.record_class(ev.transfer_id)
         step = self._creating_steps.get(ev.kind)
         bound = bound_senders(ev.source)
@@ -182,7 +181,7 @@ class Admission:
         shard.live[ev.transfer_id] = tx
         return self._apply_held(shard, tx, ev, fresh, result)
 
-    def _apply_held(self, shard: _Shard, tx, ev: Event, fresh: list, created: Result) -> Result:
+    def _apply_held(self, shard: Shard, tx, ev: Event, fresh: list, created: Result) -> Result:
         """Apply the peer's facts held for the transfer ``ev`` just created, in arrival
         order; the result is the creation's, with the effects and hops of all of them."""
         effects = list(created.effects)

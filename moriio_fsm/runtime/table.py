@@ -52,6 +52,7 @@ from .errors import InvariantViolation, TransitionError
 from .events import Event, Outcome, Result
 from .machine import Machine
 from .reference import ReferenceSteps
+from .shard import Shard
 from .timer_driving import TimerDriving
 from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 
@@ -63,21 +64,6 @@ _REJECTED = Outcome.REJECTED
 _NO_EFFECTS = NO_EFFECTS
 
 EXECUTORS = ("compiled", "transitions")
-
-
-class _Shard:
-    """One lock's worth of a table: its live transfers, ended ids, held facts, counters."""
-
-    __slots__ = ("lock", "live", "ended", "early", "counts", "ended_in", "fired")
-
-    def __init__(self, early: EarlyFacts) -> None:
-        self.lock = threading.Lock()
-        self.live: dict[str, Any] = {}
-        self.ended: dict[str, str] = {}          # insertion-ordered: oldest first
-        self.early = early
-        self.counts = [0] * len(Outcome)         # indexed by Outcome.index
-        self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
-        self.fired: tuple[int, ...] = ()         # trace mode: rows the running step took
 
 
 Recorder = Callable[[Event, Result], None]
@@ -126,7 +112,7 @@ class TransferTable(Admission, TimerDriving):
         per_shard = max(1, pending_capacity // shards)
         per_source = (max(1, per_shard // 4) if pending_per_source is None
                       else max(1, pending_per_source // shards))
-        self._shards = tuple(_Shard(EarlyFacts(per_shard, pending_per_transfer, per_source,
+        self._shards = tuple(Shard(EarlyFacts(per_shard, pending_per_transfer, per_source,
                                                pending_ttl_s)) for _ in range(shards))
         self._mask = shards - 1
         self._ended_cap = max(1, ended_capacity // shards)
@@ -325,7 +311,7 @@ class TransferTable(Admission, TimerDriving):
         raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
                               f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
 
-    def _settle_traced(self, tx, ev: Event, out: list, hops: list, shard: _Shard) -> None:
+    def _settle_traced(self, tx, ev: Event, out: list, hops: list, shard: Shard) -> None:
         """``_settle`` for trace-mode steps: the eventless function returns the row it
         took (+ 1), noted in ``shard.fired``."""
         fire_eventless = self._fire_eventless_traced
@@ -368,7 +354,7 @@ class TransferTable(Admission, TimerDriving):
                 raise InvariantViolation(f"{self.spec.name}: transition #{row_index} {problem} "
                                          f"(transfer {tx.transfer_id!r}); the step was rolled back")
 
-    def _finish(self, shard: _Shard, tx, ev: Event, outcome: Outcome, hops: list, out) -> Result:
+    def _finish(self, shard: Shard, tx, ev: Event, outcome: Outcome, hops: list, out) -> Result:
         """The tail of an applied step that changed state (or may have): timers by the
         hops, retirement when final, the outcome counted."""
         deadlines = tx.deadlines
@@ -392,7 +378,7 @@ class TransferTable(Admission, TimerDriving):
         shard.counts[outcome.index] += 1
         return Result(outcome, state, out or _NO_EFFECTS, tuple(hops) if hops else None)
 
-    def _retire(self, shard: _Shard, tx) -> None:
+    def _retire(self, shard: Shard, tx) -> None:
         shard.live.pop(tx.transfer_id, None)
         tx.deadlines[:] = self._no_deadlines
         state = tx.state

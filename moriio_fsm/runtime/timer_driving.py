@@ -10,14 +10,11 @@ holds up the others. ``TimerDriving`` is the part of ``TransferTable`` that does
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .errors import TimerStepsFailed, TransitionError
 from .events import Event, Outcome, Result
+from .shard import Shard
 from .timers import check_time
 
-if TYPE_CHECKING:
-    from .table import _Shard
 
 _REJECTED = Outcome.REJECTED
 _NO_EFFECTS: tuple = ()
@@ -107,7 +104,7 @@ class TimerDriving:
         tx.deadlines[index] = deadline
         self._heap.push(deadline, tx, index)
 
-    def _timer_step(self, index: int, step, shard: _Shard, tx, ev: Event) -> Result:
+    def _timer_step(self, index: int, step, shard: Shard, tx, ev: Event) -> Result:
         deadline = tx.deadlines[index]
         if deadline is None or deadline > ev.time:
             shard.counts[Outcome.IGNORED.index] += 1
