@@ -113,7 +113,7 @@ class TransferTable(Admission, TimerDriving):
         per_source = (max(1, per_shard // 4) if pending_per_source is None
                       else max(1, pending_per_source // shards))
         self._shards = tuple(Shard(EarlyFacts(per_shard, pending_per_transfer, per_source,
-                                               pending_ttl_s)) for _ in range(shards))
+                                              pending_ttl_s)) for _ in range(shards))
         self._mask = shards - 1
         self._ended_cap = max(1, ended_capacity // shards)
         self._check = check_invariants
