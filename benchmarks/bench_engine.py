@@ -18,7 +18,7 @@ import time
 import torch
 
 from moriio_fsm.engines import LoopbackEngine
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.engines.shared_memory import PeerMapping
 from moriio_fsm.engines.nixl import probe_nixl
 

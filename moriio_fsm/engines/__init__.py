@@ -5,8 +5,8 @@ Rules, mori.io's: posting never blocks, bad argument values come back as already
 final once it succeeded or failed; mori.io and nixl are imported only on demand.
 """
 
-from .interface import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
 from .faults import HeldTransfers, LoopbackFaults, PostedTransfer
+from .interface import EngineDescriptor, MemoryDescriptor, TransferEngine, TransferSession
 from .loopback import LoopbackEngine, LoopbackEngineDesc, LoopbackMemoryDesc, LoopbackSession
 from .mori import MoriAvailability, MoriEngine, MoriSession, MoriUnavailableError, probe_mori
 from .poller import CompletionPoller

@@ -1,7 +1,9 @@
-"""Fault injection for ``LoopbackEngine``: failures, stalls, holds, latency, dead sessions and peers.
+"""Fault injection for the project's own engines (loopback, same host): failures, stalls, holds, latency, dead
+sessions and peers.
 
 Rules: every method is thread-safe and predicates run outside every lock; the engine
-asks only ``decide`` and ``session_fault`` and carries out the answer itself.
+asks only ``decide`` and ``session_fault`` and carries out the answer itself; a session is
+known here only by what ``FaultableSession`` declares.
 """
 
 from __future__ import annotations
@@ -10,14 +12,21 @@ import random
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from .status import StatusCode
 
-if TYPE_CHECKING:
-    from .loopback import LoopbackSession
+__all__ = ["FaultVerdict", "FaultableSession", "HeldTransfers", "InjectedFailure", "LoopbackFaults",
+           "PostedTransfer"]
 
-__all__ = ["FaultVerdict", "HeldTransfers", "InjectedFailure", "LoopbackFaults", "PostedTransfer"]
+
+class FaultableSession(Protocol):
+    """What the fault rules need of a session: whom it reaches, and a word when it is killed."""
+
+    remote_engine_key: str
+
+    def note_killed(self) -> None:
+        """Called by ``kill_session``: copies of this session in progress stop where they can."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +148,7 @@ class LoopbackFaults:
         self._random = random.Random(0)
         # Weak, so a killed session leaves no trace once collected and a later
         # session that happens to reuse its address is not taken for dead.
-        self._dead_sessions: weakref.WeakSet[LoopbackSession] = weakref.WeakSet()
+        self._dead_sessions: weakref.WeakSet[FaultableSession] = weakref.WeakSet()
         self._dead_peers: set[str] = set()
 
     def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
@@ -196,14 +205,12 @@ class LoopbackFaults:
             self._jitter_s = float(jitter_s)
             self._random = random.Random(seed)
 
-    def kill_session(self, session: "LoopbackSession") -> None:
+    def kill_session(self, session: FaultableSession) -> None:
         """Break one session: its queued and future transfers fail with ERR_RDMA_OP, and a
         copy in progress for it stops at the next piece where the engine can stop one."""
         with self._lock:
             self._dead_sessions.add(session)
-        note_killed = getattr(session, "note_killed", None)
-        if note_killed is not None:
-            note_killed()
+        session.note_killed()
 
     def kill_peer(self, engine_key: str) -> None:
         """Make a remote engine unreachable: every session to it fails with ERR_RDMA_OP."""
@@ -241,7 +248,7 @@ class LoopbackFaults:
             return NO_FAULT  # the common case builds nothing
         return FaultVerdict(failure, stall, hold, delay)
 
-    def session_fault(self, session: "LoopbackSession") -> str | None:
+    def session_fault(self, session: FaultableSession) -> str | None:
         """Why ``session``'s transfers must fail (it or its peer was killed), or None."""
         with self._lock:
             if session in self._dead_sessions:

@@ -1,27 +1,23 @@
-"""The transfer-engine interface, mirroring mori.io's surface: packed descriptors, sessions, uids, one status a batch.
+"""The transfer-engine interface, mirroring mori.io's surface, and every hook the vLLM worker calls on an engine.
 
 Rules: posting never blocks; wrong argument *values* come back as an already-failed status (ERR_INVALID_ARGS),
-wrong *types* raise ``TypeError``; nothing malformed ever reaches native code.
+wrong *types* raise ``TypeError``. A hook an engine has no use for keeps its default here, which does nothing
+and says so: the worker calls every hook on every engine, never probing for one.
 """
 
 from __future__ import annotations
 
 import abc
-import operator
-from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+import contextlib
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Protocol, Sequence, runtime_checkable
 
-from .status import StatusCode, TransferStatus, wait_all
+from .checks import integer
+from .status import TransferStatus, wait_all
 
-__all__ = [
-    "EngineDescriptor",
-    "MemoryDescriptor",
-    "TransferEngine",
-    "TransferSession",
-    "CheckedBatch",
-    "ArgumentProblem",
-    "check_transfer_batch",
-]
+if TYPE_CHECKING:
+    from .faults import LoopbackFaults
+
+__all__ = ["EngineDescriptor", "MemoryDescriptor", "TransferEngine", "TransferSession"]
 
 
 @runtime_checkable
@@ -43,123 +39,6 @@ class MemoryDescriptor(Protocol):
     def pack(self) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ArgumentProblem:
-    """Why a transfer request was refused before anything was posted."""
-
-    code: int
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedBatch:
-    """A checked batch: equal-length lists of non-negative ints within both regions."""
-
-    local_offsets: list[int]
-    remote_offsets: list[int]
-    sizes: list[int]
-    transfer_uid: int
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.sizes)
-
-
-def _integer(name: str, value: Any, expected: str = "an integer") -> int:
-    """``value`` as an int; anything else, bool included, raises ``TypeError`` naming ``name``."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}")
-
-
-def _int_list(name: str, values: Any) -> list[int]:
-    if type(values) is list or type(values) is tuple:
-        # What every caller passes: skip the Iterable check (an ABC check costs more than
-        # the conversion), and copy so that a caller changing its list cannot change the batch.
-        try:
-            return list(map(operator.index, values))
-        except TypeError:
-            pass                           # the slow path names the element
-    if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
-        raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
-    values = list(values)
-    try:
-        return list(map(operator.index, values))
-    except TypeError:
-        # Only on failure: name the first element that is not an integer.
-        for index, value in enumerate(values):
-            if not isinstance(value, bool):
-                _integer(f"{name}[{index}]", value)
-        raise
-
-
-def check_transfer_batch(
-    local_offsets: Any,
-    remote_offsets: Any,
-    sizes: Any,
-    transfer_uid: Any,
-    *,
-    local_size: int,
-    remote_size: int,
-) -> CheckedBatch | ArgumentProblem:
-    """Check one batch against the two regions' sizes (bytes).
-
-    Raises ``TypeError`` when an argument is not an integer (sequence); returns an
-    ``ArgumentProblem`` (ERR_INVALID_ARGS) for lengths that differ, an empty
-    batch, negative offsets or uid, sizes below 1, or a range past either region.
-    """
-    uid = _integer("transfer_uid", transfer_uid, "an integer from allocate_transfer_uid()")
-    lo = _int_list("local_offsets", local_offsets)
-    ro = _int_list("remote_offsets", remote_offsets)
-    sz = _int_list("sizes", sizes)
-    if not (len(lo) == len(ro) == len(sz)):
-        return ArgumentProblem(
-            StatusCode.ERR_INVALID_ARGS,
-            f"local_offsets, remote_offsets and sizes must have equal lengths; "
-            f"got {len(lo)}, {len(ro)} and {len(sz)}",
-        )
-    if not sz:
-        return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, "empty batch: sizes is empty")
-    if uid < 0:
-        return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, f"transfer_uid must be >= 0, got {uid}")
-    problem = (
-        _range_problem("local", lo, sz, local_size) or _range_problem("remote", ro, sz, remote_size)
-    )
-    if problem is not None:
-        return problem
-    return CheckedBatch(lo, ro, sz, uid)
-
-
-def _range_problem(side: str, offsets: list[int], sizes: list[int], region_size: int):
-    smallest_size = min(sizes)
-    if smallest_size < 1:
-        index = sizes.index(smallest_size)
-        return ArgumentProblem(
-            StatusCode.ERR_INVALID_ARGS,
-            f"sizes[{index}] is {smallest_size}; every size must be at least 1 byte",
-        )
-    smallest_offset = min(offsets)
-    if smallest_offset < 0:
-        index = offsets.index(smallest_offset)
-        return ArgumentProblem(
-            StatusCode.ERR_INVALID_ARGS,
-            f"{side}_offsets[{index}] is {smallest_offset}; offsets must be >= 0",
-        )
-    ends = list(map(operator.add, offsets, sizes))
-    furthest = max(ends)
-    if furthest > region_size:
-        index = ends.index(furthest)
-        return ArgumentProblem(
-            StatusCode.ERR_INVALID_ARGS,
-            f"{side} range {index} [{offsets[index]}, {furthest}) ends past the "
-            f"{side} region of {region_size} bytes",
-        )
-    return None
-
-
 class TransferSession(abc.ABC):
     """A channel from one local registered region to one remote registered region.
 
@@ -167,48 +46,45 @@ class TransferSession(abc.ABC):
     with a status; ``batch_*`` returns one status for the whole batch.
     """
 
+    #: Whether ``kill`` stops this session's transfers, those in flight included. An engine whose
+    #: bytes are moved by a NIC or a library it cannot interrupt leaves it False: the machines then
+    #: keep the blocks of an abandoned transfer out of use rather than free them under a copy.
+    killable: bool = False
+
     @abc.abstractmethod
     def allocate_transfer_uid(self) -> int: ...
 
     @abc.abstractmethod
-    def batch_write(
-        self,
-        local_offsets: Sequence[int],
-        remote_offsets: Sequence[int],
-        sizes: Sequence[int],
-        transfer_uid: int,
-    ) -> TransferStatus:
+    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                    transfer_uid: int) -> TransferStatus:
         """Copy local ranges into the remote region (one-sided)."""
 
     @abc.abstractmethod
-    def batch_read(
-        self,
-        local_offsets: Sequence[int],
-        remote_offsets: Sequence[int],
-        sizes: Sequence[int],
-        transfer_uid: int,
-    ) -> TransferStatus:
+    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                   transfer_uid: int) -> TransferStatus:
         """Copy remote ranges into the local region (one-sided)."""
 
     def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
-        return self.batch_write(
-            [_integer("local_offset", local_offset)],
-            [_integer("remote_offset", remote_offset)],
-            [_integer("size", size)],
-            transfer_uid,
-        )
+        return self.batch_write(*_one_range(local_offset, remote_offset, size), transfer_uid)
 
     def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
-        return self.batch_read(
-            [_integer("local_offset", local_offset)],
-            [_integer("remote_offset", remote_offset)],
-            [_integer("size", size)],
-            transfer_uid,
-        )
+        return self.batch_read(*_one_range(local_offset, remote_offset, size), transfer_uid)
 
     @abc.abstractmethod
     def alive(self) -> bool:
         """False once the session, its engine or its peer is gone."""
+
+    def kill(self) -> None:
+        """Break this session: its queued and later transfers fail, and a copy in progress stops where it can.
+
+        Only where ``killable``; elsewhere it raises ``RuntimeError``, changing nothing.
+        """
+        raise RuntimeError(f"a {type(self).__name__} cannot stop a transfer in flight")
+
+
+def _one_range(local_offset: int, remote_offset: int, size: int) -> tuple[list[int], list[int], list[int]]:
+    return ([integer("local_offset", local_offset)], [integer("remote_offset", remote_offset)],
+            [integer("size", size)])
 
 
 class TransferEngine(abc.ABC):
@@ -216,9 +92,18 @@ class TransferEngine(abc.ABC):
 
     ``create_session`` returns None (as mori does) when either region or the
     remote engine is unknown or unreachable. ``close`` is idempotent.
+
+    Below the abstract methods, the hooks the vLLM worker calls: each default does nothing.
     """
 
     key: str
+
+    #: The fault rules this engine takes (``engine.faults.fail_nth(3)``...), or None where it injects no faults.
+    faults: LoopbackFaults | None = None
+
+    #: Whether a post is copied on the thread that posts it, its status final on return: the caller
+    #: then shares its core with every copy, and ``wait_for_copies`` lets one end.
+    inline_copies: bool = False
 
     @abc.abstractmethod
     def get_engine_desc(self) -> EngineDescriptor: ...
@@ -262,9 +147,29 @@ class TransferEngine(abc.ABC):
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    # -- hooks for the worker: what an engine may do better with a hint -------------------------
 
-def require_bytes(name: str, packed: Any) -> bytes:
-    """Descriptors unpack only from bytes-like input; anything else is a caller bug."""
-    if not isinstance(packed, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{name} must be bytes from .pack(), got {type(packed).__name__}")
-    return bytes(packed)
+    def posting_together(self) -> ContextManager[None]:
+        """A block whose posts on this thread the engine may carry out together when it ends.
+
+        A status posted inside must not be waited for inside. By default each post goes its way at once.
+        """
+        return contextlib.nullcontext()
+
+    def prepare_remote_memory(self, mem: MemoryDescriptor) -> None:
+        """Make a peer's registered memory ready for its first session now (a handshake's work, off the
+        posting thread). Never raises for a peer that is unknown or gone. By default there is nothing to do."""
+
+    def help_writers(self, wait_s: float | None = None, linger_s: float | None = None) -> int:
+        """Spend the caller's otherwise idle time on peers' writes into this engine's memory; the ranges
+        copied. ``wait_s``: how long to wait for one; ``linger_s``: after helping, for the next (None: the
+        engine's own figures). By default no peer is ever helped: 0 at once."""
+        return 0
+
+    def interrupt_help(self) -> None:
+        """A ``help_writers`` call waiting for a write returns now (its caller has news to report)."""
+
+    def wait_for_copies(self, timeout_s: float | None = None) -> bool:
+        """Block until no copy of this engine runs, at most ``timeout_s`` (None: the engine's own figure);
+        True if none runs. By default no copy runs on the caller's core: True at once."""
+        return True

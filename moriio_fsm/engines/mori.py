@@ -6,22 +6,15 @@ abort inside mori); every in-flight status stays referenced until it is final, a
 
 from __future__ import annotations
 
-from ..errors import MoriioFsmError
-
 import importlib
-import subprocess
-import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from .interface import (
-    ArgumentProblem,
-    TransferEngine,
-    TransferSession,
-    check_transfer_batch,
-    require_bytes,
-)
+from ..errors import MoriioFsmError
+from .base import SessionBase
+from .checks import CheckedBatch, require_bytes
+from .interface import TransferEngine
+from .probe import Availability, ImportProbe
 from .status import StatusCode, TransferStatus, code_is_failure, failed_status
 
 __all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "probe_mori"]
@@ -31,52 +24,10 @@ class MoriUnavailableError(MoriioFsmError, RuntimeError):
     """mori.io cannot be used in this process; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class MoriAvailability:
-    available: bool
-    reason: str
+MoriAvailability = Availability
 
-
-_probe_lock = threading.Lock()
-_probe_result: MoriAvailability | None = None
-
-
-def probe_mori(*, isolated: bool = False, timeout_s: float = 60.0) -> MoriAvailability:
-    """Whether ``mori.io`` imports here; the answer is cached for the process.
-
-    A missing package raises ``ImportError``, a wheel whose native libraries
-    (ROCm, ibverbs) are absent raises ``OSError``, and a broken install may raise
-    anything else while importing; every such exception becomes a reason string.
-    With ``isolated=True`` the import is first tried in a child interpreter, so a
-    native crash there cannot take this process down.
-    """
-    global _probe_result
-    with _probe_lock:
-        if _probe_result is not None:
-            return _probe_result
-        if isolated:
-            try:
-                child = subprocess.run([sys.executable, "-c", "import mori.io"],
-                                       capture_output=True, text=True, timeout=timeout_s)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _probe_result = MoriAvailability(False, f"probing mori.io in a child failed: {exc}")
-                return _probe_result
-            if child.returncode != 0:
-                last = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
-                _probe_result = MoriAvailability(False, f"mori.io does not import: {last}")
-                return _probe_result
-        try:
-            importlib.import_module("mori.io")
-        except ImportError as exc:
-            _probe_result = MoriAvailability(False, f"mori.io is not installed: {exc}")
-        except OSError as exc:
-            _probe_result = MoriAvailability(False, f"mori.io native libraries failed to load: {exc}")
-        except Exception as exc:  # a broken install can raise anything while importing
-            _probe_result = MoriAvailability(
-                False, f"mori.io failed while importing: {type(exc).__name__}: {exc}")
-        else:
-            _probe_result = MoriAvailability(True, "mori.io imported")
-        return _probe_result
+#: ``probe_mori(isolated=False, timeout_s=60.0)``: whether ``mori.io`` imports here (cached for the process).
+probe_mori = ImportProbe("mori.io", "mori.io", "mori.io is not installed: {exc}")
 
 
 def _mori_io():
@@ -165,36 +116,24 @@ class _InFlight:
             return list(self._live)
 
 
-class MoriSession(TransferSession):
+class MoriSession(SessionBase):
     """A mori ``IOEngineSession`` between one local and one remote memory region."""
 
-    def __init__(self, engine: "MoriEngine", raw: Any, local_size: int, remote_size: int) -> None:
-        self._engine = engine
+    def __init__(self, engine: "MoriEngine", raw: Any, local_mem: Any, remote_mem: Any) -> None:
+        super().__init__(engine, local_mem, remote_mem)
         self._raw = raw
-        self._local_size = local_size
-        self._remote_size = remote_size
 
     def allocate_transfer_uid(self) -> int:
         return int(self._raw.allocate_transfer_uid())
 
-    def batch_write(self, local_offsets, remote_offsets, sizes, transfer_uid):
-        return self._post("write", self._raw.batch_write, local_offsets, remote_offsets, sizes, transfer_uid)
-
-    def batch_read(self, local_offsets, remote_offsets, sizes, transfer_uid):
-        return self._post("read", self._raw.batch_read, local_offsets, remote_offsets, sizes, transfer_uid)
-
     def alive(self) -> bool:
         return not self._engine.closed and bool(self._raw.alive())
 
-    def _post(self, op, call, local_offsets, remote_offsets, sizes, transfer_uid) -> TransferStatus:
-        checked = check_transfer_batch(local_offsets, remote_offsets, sizes, transfer_uid,
-                                       local_size=self._local_size, remote_size=self._remote_size)
-        if isinstance(checked, ArgumentProblem):
-            return failed_status(checked.code, f"batch_{op}: {checked.message}")
+    def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:
         if self._engine.closed:
             return failed_status(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine is closed")
-        status = MoriStatus(call(checked.local_offsets, checked.remote_offsets,
-                                 checked.sizes, checked.transfer_uid))
+        post = self._raw.batch_write if op == "write" else self._raw.batch_read
+        status = MoriStatus(post(checked.local_offsets, checked.remote_offsets, checked.sizes, checked.transfer_uid))
         self._engine._in_flight.keep(status)
         return status
 
@@ -294,7 +233,7 @@ class MoriEngine(TransferEngine):
         raw = self._engine.create_session(local_mem, remote_mem)
         if raw is None:
             return None
-        return MoriSession(self, raw, int(local_mem.size), int(remote_mem.size))
+        return MoriSession(self, raw, local_mem, remote_mem)
 
     def close(self) -> None:
         """Mark the engine closed; mori frees its native state when it is collected.

@@ -8,8 +8,6 @@ a region made ``sealed`` can change size for nobody, and a peer asked to map one
 
 from __future__ import annotations
 
-from ..errors import MoriioFsmError
-
 import errno
 import fcntl
 import mmap
@@ -19,6 +17,8 @@ import threading
 import weakref
 
 import torch
+
+from ..errors import MoriioFsmError
 
 __all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREFIX", "SHMEM_DEVICE", "SIZE_SEALS",
            "peer_region_problem", "open_peer_region", "unsealed_problem"]

@@ -38,7 +38,7 @@ def abandon(worker: "WorkerHalf", transfer_id: str, layers, answer):
     info = worker.directory.get(transfer_id)
     sessions = [info.sessions[layer] for layer in layers
                 if info is not None and layer in info.sessions]
-    if any(getattr(session, "kill", None) is None for session in sessions):
+    if not all(session.killable for session in sessions):
         raise RuntimeError(f"the {type(worker.engine).__name__} cannot stop an in-flight "
                            "transfer; its blocks stay quarantined")
     for session in sessions:

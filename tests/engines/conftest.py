@@ -14,7 +14,7 @@ import torch
 
 from moriio_fsm.engines import LoopbackEngine, probe_mori
 from moriio_fsm.engines.same_host.registry import REGISTRY_NAME_PREFIX
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX
 from moriio_fsm.engines.same_host.shared_pages import ADOPTED_NAME_PREFIX
 from moriio_fsm.engines.nixl import probe_nixl

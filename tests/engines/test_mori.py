@@ -107,10 +107,10 @@ def fake_mori_io():
 
 @pytest.fixture
 def fresh_probe(monkeypatch):
-    monkeypatch.setattr(mori, "_probe_result", None)
+    monkeypatch.setattr(probe_mori, "_result", None)
     yield
     # Later tests must probe the real environment again, not this test's fake.
-    mori._probe_result = None
+    probe_mori.forget()
 
 
 @pytest.fixture

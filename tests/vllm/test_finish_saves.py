@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness import free_port
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.layout import CPU_ATTN, LayerKVFormat
 from moriio_fsm.machines.bitmaps import layer_indices
 from moriio_fsm.vllm.metadata import SendStart, StepMetadata

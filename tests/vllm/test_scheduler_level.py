@@ -94,8 +94,9 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
     # Every copy the engine makes: P's KV pages are shared, so each is a memory copy in P.
     engine = P.worker._worker.engine
     copies, kernel_calls = [], []
-    move = engine._move
-    monkeypatch.setattr(engine, "_move", lambda op, pid, *rest: (copies.append(pid), move(op, pid, *rest))[1])
+    for strategy in (engine._pages, engine._kernel):
+        monkeypatch.setattr(strategy, "move", lambda *call, move=strategy.move, name=strategy.name: (
+            copies.append(name), move(*call))[1])
     real = iovec.SYSCALLS["write"]
     monkeypatch.setitem(iovec.SYSCALLS, "write", lambda *call: (kernel_calls.append(call), real(*call))[1])
     to_p, to_d = write_pair_params("tx-posting", P, D)
@@ -115,7 +116,7 @@ def test_write_posting_decides_when_p_posts_a_layer_and_both_give_the_same_token
         assert first > ended                                    # nothing goes during the forward
         assert steps == ["layers_scheduled"]                    # the forward's layers in one step
         # ... and then every layer's ranges go in one run of memory copies, none by the kernel.
-        assert copies == [None] and kernel_calls == []
+        assert copies == ["shared_pages"] and kernel_calls == []
 
 
 def warmed_pair_watching_sessions(make_instance, monkeypatch, tid: str):
@@ -199,12 +200,13 @@ def test_completions_of_layers_posted_together_carry_the_time_their_copy_ended(m
 
 
 def recorded_help(monkeypatch, worker):
-    """Every help_writers call of ``worker``'s engine: (wait_s, step idle, load pending) at the call."""
+    """Every help_writers call of ``worker``'s engine: (how long it may wait, step idle, load pending) at the call."""
     calls = []
     help_writers = worker.engine.help_writers
 
-    def recording(wait_s=0.0, linger_s=0.0):
-        calls.append((wait_s, worker._step_idle, worker.reports.loads_pending()))
+    def recording(wait_s=None, linger_s=None):
+        waits = worker.engine.tuning.assist_wait_s if wait_s is None else wait_s
+        calls.append((waits, worker._step_idle, worker.reports.loads_pending()))
         return help_writers(wait_s, linger_s)
 
     monkeypatch.setattr(worker.engine, "help_writers", recording)
@@ -220,7 +222,7 @@ def test_every_write_through_ds_board_gives_the_same_tokens_and_d_helps_only_on_
     P = make_instance("P", "kv_producer", extra={"write_posting": posting})
     D = make_instance("D", "kv_consumer")
     engine = P.worker._worker.engine
-    monkeypatch.setattr(engine, "ASSIST_MIN_BYTES", 0)     # this KV is small: every write goes on the board
+    monkeypatch.setattr(engine.tuning, "assist_min_bytes", 0)     # this KV is small: every write goes on the board
     calls = recorded_help(monkeypatch, D.worker._worker)
     to_p, to_d = write_pair_params("tx-assist", P, D)
     P.add("p-1", PROMPT, 1, to_p)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.layout import CPU_ATTN, LayerKVFormat
 from moriio_fsm.vllm.metadata import ReceiveStart, RequestEnded, SendStart, StepMetadata
 from moriio_fsm.vllm.params import PeerAddress

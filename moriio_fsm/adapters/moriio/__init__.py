@@ -3,8 +3,30 @@
 Rules: nothing is defined here; new code imports from ``moriio_fsm.engines``.
 """
 
-from ...engines import (CompletionPoller, EngineDescriptor, HeldTransfers, LoopbackEngine, LoopbackEngineDesc,
-                        LoopbackFaults, LoopbackMemoryDesc, LoopbackSession, MemoryDescriptor, MoriAvailability,
-                        MoriEngine, MoriSession, MoriUnavailableError, PostedTransfer, StatusCode, TransferEngine,
-                        TransferSession, TransferStatus, probe_mori, wait_all)
-from ...engines import __all__  # noqa: F401 - the same names
+from ...engines import (
+                        CompletionPoller,
+                        EngineDescriptor,
+                        HeldTransfers,
+                        LoopbackEngine,
+                        LoopbackEngineDesc,
+                        LoopbackFaults,
+                        LoopbackMemoryDesc,
+                        LoopbackSession,
+                        MemoryDescriptor,
+                        MoriAvailability,
+                        MoriEngine,
+                        MoriSession,
+                        MoriUnavailableError,
+                        PostedTransfer,
+                        StatusCode,
+                        TransferEngine,
+                        TransferSession,
+                        TransferStatus,
+                        probe_mori,
+                        wait_all,
+)
+
+__all__ = ["CompletionPoller", "EngineDescriptor", "HeldTransfers", "LoopbackEngine", "LoopbackEngineDesc",
+           "LoopbackFaults", "LoopbackMemoryDesc", "LoopbackSession", "MemoryDescriptor", "MoriAvailability",
+           "MoriEngine", "MoriSession", "MoriUnavailableError", "PostedTransfer", "StatusCode", "TransferEngine",
+           "TransferSession", "TransferStatus", "probe_mori", "wait_all"]

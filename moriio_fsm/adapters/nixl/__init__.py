@@ -3,6 +3,17 @@
 Rules: nothing is defined here; new code imports from ``moriio_fsm.engines.nixl``.
 """
 
-from ...engines.nixl import (NixlAvailability, NixlEngine, NixlEngineDesc, NixlMemoryDesc, NixlSession,
-                             NixlUnavailableError, check_ucx_overrides, probe_nixl, ucx_environment)
-from ...engines.nixl import __all__  # noqa: F401 - the same names
+from ...engines.nixl import (
+                             NixlAvailability,
+                             NixlEngine,
+                             NixlEngineDesc,
+                             NixlMemoryDesc,
+                             NixlSession,
+                             NixlUnavailableError,
+                             check_ucx_overrides,
+                             probe_nixl,
+                             ucx_environment,
+)
+
+__all__ = ["NixlAvailability", "NixlEngine", "NixlEngineDesc", "NixlMemoryDesc", "NixlSession",
+           "NixlUnavailableError", "check_ucx_overrides", "probe_nixl", "ucx_environment"]

@@ -4,6 +4,7 @@ peer process's shared memory, with fault injection.
 Rules: mori's status semantics; nothing here needs anything but torch and msgpack.
 """
 
-from .engine import LoopbackEngine, LoopbackEngineDesc, LoopbackMemoryDesc, LoopbackSession
+from .descriptors import LoopbackEngineDesc, LoopbackMemoryDesc
+from .engine import LoopbackEngine, LoopbackSession
 
 __all__ = ["LoopbackEngine", "LoopbackEngineDesc", "LoopbackMemoryDesc", "LoopbackSession"]

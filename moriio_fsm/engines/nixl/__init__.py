@@ -5,7 +5,9 @@ and a missing or broken install is reported as a reason, as ``probe_mori`` does.
 """
 
 from .availability import NixlAvailability, NixlUnavailableError, probe_nixl
-from .engine import NixlEngine, NixlEngineDesc, NixlMemoryDesc, NixlSession
+from .descriptors import NixlEngineDesc, NixlMemoryDesc
+from .engine import NixlEngine
+from .session import NixlSession
 from .ucx_env import check_ucx_overrides, ucx_environment
 
 __all__ = [

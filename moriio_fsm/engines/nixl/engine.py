@@ -14,24 +14,23 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 
-from ..interface import ArgumentProblem, CheckedBatch, TransferEngine, TransferSession, check_transfer_batch, \
-    require_bytes
-from ..status import LocalTransferStatus, StatusCode, failed_status
+from ..base import EngineBase
+from ..checks import CheckedBatch, check_registrable
+from ..inflight import PostQueue, closed_text
+from ..status import LocalTransferStatus, StatusCode
 from .availability import NixlUnavailableError, nixl_api
+from .descriptors import NixlEngineDesc, NixlMemoryDesc
+from .session import NixlSession, Peer, Registration, Transfer
 from .ucx_env import ucx_environment
 
-__all__ = ["NixlEngine", "NixlEngineDesc", "NixlMemoryDesc", "NixlSession"]
+__all__ = ["NixlEngine", "NixlSession"]
 
 _log = logging.getLogger(__name__)
-
-_Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 # What a transfer that NIXL or UCX could not stop still holds (its handle, its agent, its
 # tensors): kept for the life of the process so that bytes still moving land in memory
@@ -39,136 +38,7 @@ _Positive = Annotated[int, msgspec.Meta(gt=0)]
 _lingering: list[Any] = []
 
 
-class NixlEngineDesc(msgspec.Struct, frozen=True, tag="moriio-nixl-engine"):
-    """Who a NIXL engine is: its agent name (the engine key) and the agent's packed metadata."""
-
-    key: str
-    agent_metadata: bytes  # NIXL's full local metadata: connection info and the memory registered so far
-    host: str = ""
-    hostname: str = ""
-    pid: int = 0
-
-    def pack(self) -> bytes:
-        return msgspec.msgpack.encode(self)
-
-    @classmethod
-    def unpack(cls, packed: Any) -> "NixlEngineDesc":
-        """Raises ``TypeError`` for non-bytes and ``ValueError`` for bytes that are not such a descriptor."""
-        return _decode("engine descriptor", cls, packed)
-
-
-class NixlMemoryDesc(msgspec.Struct, frozen=True, tag="moriio-nixl-memory"):
-    """One registered tensor: its owner, where it lives, how big it is, and NIXL's metadata for it alone."""
-
-    engine_key: str
-    mem_id: _Positive
-    address: _Positive
-    size: _Positive
-    dtype: str
-    shape: tuple[int, ...]
-    # Partial agent metadata of this one region (no connection info): a peer that learned the
-    # engine before this tensor was registered loads it from here.
-    metadata: bytes = b""
-
-    def pack(self) -> bytes:
-        return msgspec.msgpack.encode(self)
-
-    @classmethod
-    def unpack(cls, packed: Any) -> "NixlMemoryDesc":
-        """Raises ``TypeError`` for non-bytes and ``ValueError`` for bytes that are not such a descriptor."""
-        return _decode("memory descriptor", cls, packed)
-
-
-def _decode(what: str, kind: type, packed: Any):
-    data = require_bytes(what, packed)
-    try:
-        return msgspec.msgpack.decode(data, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError included
-        raise ValueError(f"{what} is not a packed {kind.__name__}: {exc}") from None
-
-
-@dataclass(eq=False)
-class _Peer:
-    desc: NixlEngineDesc
-    generation: int
-    loaded: set[int] = field(default_factory=set)  # mem_ids of its memory loaded into our agent
-    withdrawn: bool = False
-    broken: str | None = None  # why the transport to it failed; later transfers fail at once
-
-    def gone(self) -> str | None:
-        if self.withdrawn:
-            return f"remote engine {self.desc.key!r} was deregistered"
-        return self.broken
-
-
-@dataclass(frozen=True, slots=True)
-class _Registration:
-    desc: NixlMemoryDesc
-    tensor: torch.Tensor  # held so the memory cannot be freed while NIXL may reach it
-    reg_descs: Any  # NIXL's registration list, what deregistration takes
-
-
-@dataclass(slots=True, eq=False)
-class _Posted:
-    status: LocalTransferStatus
-    session: "NixlSession"
-    op: str
-    batch: CheckedBatch
-    handle: Any = None
-    deadline: float = 0.0
-    cancel_failed: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"batch_{self.op} uid {self.batch.transfer_uid}"
-
-
-class NixlSession(TransferSession):
-    """A channel from one local registered tensor to one registered tensor of a peer (or this) engine."""
-
-    def __init__(self, engine: "NixlEngine", local: NixlMemoryDesc, remote: NixlMemoryDesc,
-                 peer: _Peer | None) -> None:
-        self._engine = engine
-        self.local_mem = local
-        self.remote_mem = remote
-        self.remote_engine_key = remote.engine_key
-        self._peer = peer  # None: the remote memory is this engine's own
-
-    def allocate_transfer_uid(self) -> int:
-        return self._engine.allocate_transfer_uid()
-
-    def batch_write(self, local_offsets, remote_offsets, sizes, transfer_uid):
-        return self._post("write", local_offsets, remote_offsets, sizes, transfer_uid)
-
-    def batch_read(self, local_offsets, remote_offsets, sizes, transfer_uid):
-        return self._post("read", local_offsets, remote_offsets, sizes, transfer_uid)
-
-    def alive(self) -> bool:
-        return self.why_dead() is None
-
-    def why_dead(self) -> str | None:
-        """Why transfers on this session fail now, or None."""
-        engine = self._engine
-        if engine.closed:
-            return f"engine {engine.key!r} is closed"
-        if not engine._holds(self.local_mem):
-            return f"local memory {self.local_mem.mem_id} was deregistered"
-        if self._peer is None:
-            return None if engine._holds(self.remote_mem) else \
-                f"memory {self.remote_mem.mem_id} of this engine was deregistered"
-        return self._peer.gone() or engine._peer_replaced(self._peer)
-
-    def _post(self, op, local_offsets, remote_offsets, sizes, transfer_uid):
-        checked = check_transfer_batch(
-            local_offsets, remote_offsets, sizes, transfer_uid,
-            local_size=self.local_mem.size, remote_size=self.remote_mem.size,
-        )
-        if isinstance(checked, ArgumentProblem):
-            return failed_status(checked.code, f"batch_{op}: {checked.message}")
-        return self._engine._submit(self, op, checked)
-
-
-class NixlEngine(TransferEngine):
+class NixlEngine(EngineBase):
     """A transfer engine over a NIXL agent with the UCX backend; peers on this host or others.
 
     Any contiguous CPU tensor can be registered (as NIXL DRAM), wherever the process
@@ -196,12 +66,14 @@ class NixlEngine(TransferEngine):
     ``host``), applied to ``os.environ`` before the agent starts.
     """
 
+    engine_desc_type = NixlEngineDesc
+    memory_desc_type = NixlMemoryDesc
+
     def __init__(self, key: str, host: str = "127.0.0.1", port: int = 0, *,
                  ucx: dict[str, str] | None = None, transfer_timeout_s: float = 120.0,
                  idle_progress_s: float = 0.001, min_poll_s: float = 0.00002,
                  deregister_wait_s: float = 10.0) -> None:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"engine key must be a non-empty string, got {key!r}")
+        super().__init__(key)
         if not isinstance(host, str):
             raise TypeError(f"host must be a string, got {type(host).__name__}")
         for name, value in (("transfer_timeout_s", transfer_timeout_s), ("idle_progress_s", idle_progress_s),
@@ -212,7 +84,6 @@ class NixlEngine(TransferEngine):
             raise ValueError("idle_progress_s and transfer_timeout_s must be > 0 seconds, got "
                              f"{idle_progress_s!r} and {transfer_timeout_s!r}")
         api = nixl_api()
-        self.key = key
         self.ucx_applied = ucx_environment(host, ucx)
         self._api = api
         config = api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[])
@@ -237,49 +108,26 @@ class NixlEngine(TransferEngine):
         # NIXL agents are made without thread synchronisation: every call takes this lock.
         self._agent_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._closed = False
-        self._uids = itertools.count(1)
+        self._wake = threading.Condition(self._lock)   # _busy changes
         self._mem_ids = itertools.count(1)
         self._generations = itertools.count(1)
-        self._memory: dict[int, _Registration] = {}
-        self._peers: dict[str, _Peer] = {}
+        self._memory: dict[int, Registration] = {}
+        self._peers: dict[str, Peer] = {}
         self._busy: Counter = Counter()  # ("mem", id) / ("peer", generation) -> transfers using it
-        self._incoming: list[_Posted] = []
+        self._queue = PostQueue(most=None)
         self._stuck = False  # a transfer NIXL could not cancel at close: nothing may be freed
         self._worker = threading.Thread(target=self._run, name=f"nixl-{key}", daemon=True)
         self._worker.start()
 
     # -- descriptors and registration ------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def get_engine_desc(self) -> NixlEngineDesc:
-        return self._desc
-
-    def unpack_engine_desc(self, packed: bytes) -> NixlEngineDesc:
-        return NixlEngineDesc.unpack(packed)
-
-    def unpack_memory_desc(self, packed: bytes) -> NixlMemoryDesc:
-        return NixlMemoryDesc.unpack(packed)
-
     def register_remote_engine(self, desc: NixlEngineDesc) -> None:
         """Load a peer's agent metadata; raises ``ValueError`` when NIXL refuses it or it names another agent.
 
         Registering the same descriptor again is a no-op; a new descriptor under a known
         key (the peer restarted) replaces the old one, whose sessions then fail.
         """
-        if not isinstance(desc, NixlEngineDesc):
-            raise TypeError(f"desc must be a NixlEngineDesc, got {type(desc).__name__}")
-        self._require_open("register_remote_engine")
-        if desc.key == self.key:
-            if desc.agent_metadata != self._desc.agent_metadata:
-                raise ValueError(f"engine key {desc.key!r} is this engine's own, but the descriptor is another's")
-            return
-        with self._lock:
-            known = self._peers.get(desc.key)
-        if known is not None and known.desc == desc and known.gone() is None:
+        done, known = self._known_remote(desc, self._peers, self._lock)
+        if done:
             return
         if known is not None:
             self._withdraw(known)
@@ -294,18 +142,20 @@ class NixlEngine(TransferEngine):
                 self._forget_agent(name)
                 raise ValueError(f"the metadata of engine {desc.key!r} names NIXL agent {name!r}")
         with self._lock:
-            self._peers[desc.key] = _Peer(desc, next(self._generations))
+            self._peers[desc.key] = Peer(desc, next(self._generations))
 
     def deregister_remote_engine(self, desc: NixlEngineDesc) -> None:
         """Forget a peer: its sessions' later transfers fail; NIXL drops it once none is in flight."""
-        if not isinstance(desc, NixlEngineDesc):
-            raise TypeError(f"desc must be a NixlEngineDesc, got {type(desc).__name__}")
+        self._check_engine_desc(desc)
         with self._lock:
             peer = self._peers.get(desc.key)
         if peer is not None:
             self._withdraw(peer)
 
-    def _withdraw(self, peer: _Peer) -> None:
+    def _is_own(self, desc: NixlEngineDesc) -> bool:
+        return desc.agent_metadata == self._desc.agent_metadata
+
+    def _withdraw(self, peer: Peer) -> None:
         with self._wake:
             peer.withdrawn = True
             if self._peers.get(peer.desc.key) is peer:
@@ -342,16 +192,7 @@ class NixlEngine(TransferEngine):
         Raises ``TypeError`` for a non-tensor and ``ValueError`` for a tensor that is not
         contiguous, not on the CPU or empty, or that NIXL refuses.
         """
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise ValueError(f"NixlEngine registers host memory (DRAM) only; the tensor is on {tensor.device}")
-        if not tensor.is_contiguous():
-            raise ValueError(f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
-                             "must be contiguous to be registered (register a contiguous byte view of it)")
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes == 0:
-            raise ValueError("an empty tensor cannot be registered")
+        nbytes = check_registrable(tensor, "NixlEngine", "host memory (DRAM)")
         self._require_open("register_torch_tensor")
         address = tensor.data_ptr()
         with self._agent_lock:
@@ -366,7 +207,7 @@ class NixlEngine(TransferEngine):
             desc = NixlMemoryDesc(engine_key=self.key, mem_id=mem_id, address=address, size=nbytes,
                                   dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
                                   metadata=metadata)
-            self._memory[mem_id] = _Registration(desc, tensor, reg_descs)
+            self._memory[mem_id] = Registration(desc, tensor, reg_descs)
         return desc
 
     def deregister_memory(self, mem: NixlMemoryDesc) -> None:
@@ -374,10 +215,7 @@ class NixlEngine(TransferEngine):
 
         Unknown (already deregistered) memory is ignored.
         """
-        if not isinstance(mem, NixlMemoryDesc):
-            raise TypeError(f"mem must be a NixlMemoryDesc, got {type(mem).__name__}")
-        if mem.engine_key != self.key:
-            raise ValueError(f"memory {mem.mem_id} belongs to engine {mem.engine_key!r}, not {self.key!r}")
+        self._check_memory_desc(mem)
         with self._wake:
             registration = self._memory.pop(mem.mem_id, None)
             if registration is None:
@@ -391,7 +229,7 @@ class NixlEngine(TransferEngine):
         with self._agent_lock:
             self._deregister_natively(registration)
 
-    def _deregister_natively(self, registration: _Registration) -> None:
+    def _deregister_natively(self, registration: Registration) -> None:
         try:
             self._agent.deregister_memory(registration.reg_descs)
         except Exception as exc:
@@ -403,22 +241,15 @@ class NixlEngine(TransferEngine):
         registration = self._memory.get(mem.mem_id)
         return registration is not None and registration.desc == mem
 
-    def _peer_replaced(self, peer: _Peer) -> str | None:
+    def _peer_replaced(self, peer: Peer) -> str | None:
         if self._peers.get(peer.desc.key) is not peer:
             return f"remote engine {peer.desc.key!r} was deregistered or registered anew"
         return None
 
-    def allocate_transfer_uid(self) -> int:
-        with self._lock:
-            return next(self._uids)
-
     # -- sessions ------------------------------------------------------------
     def create_session(self, local_mem, remote_mem) -> NixlSession | None:
         """A session, or None when a region or the remote engine is not registered or NIXL refuses it (logged)."""
-        if not isinstance(local_mem, NixlMemoryDesc) or not isinstance(remote_mem, NixlMemoryDesc):
-            raise TypeError(
-                f"create_session needs two NixlMemoryDesc, got "
-                f"{type(local_mem).__name__} and {type(remote_mem).__name__}")
+        self._check_session_descs(local_mem, remote_mem)
         if self._closed:
             return None
         if local_mem.engine_key != self.key or not self._holds(local_mem):
@@ -459,23 +290,23 @@ class NixlEngine(TransferEngine):
     # -- posting and completing ----------------------------------------------
     def _submit(self, session: NixlSession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
         """Queue one checked batch for the engine's thread; returns its status at once."""
-        status = LocalTransferStatus()
-        posted = _Posted(status, session, op, batch)
+        posted = Transfer(LocalTransferStatus(), session, op, batch)
         with self._wake:
             reason = session.why_dead()
-            if reason is not None:
-                code = StatusCode.ERR_BAD_STATE if self._closed else StatusCode.ERR_RDMA_OP
-                status.settle(code, f"{posted.label}: {reason}")
-                return status
-            for what in self._uses(posted):
-                self._busy[what] += 1
-            status.mark_in_progress()
-            self._incoming.append(posted)
-            self._wake.notify()
-        return status
+            if reason is None:
+                for what in self._uses(posted):
+                    self._busy[what] += 1
+        if reason is not None:
+            posted.settle(StatusCode.ERR_BAD_STATE if self._closed else StatusCode.ERR_RDMA_OP, reason)
+            return posted.status
+        posted.status.mark_in_progress()
+        sequence = self._queue.number()
+        if sequence is None or not self._queue.put(posted, sequence):
+            self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text(self.key))
+        return posted.status
 
     @staticmethod
-    def _uses(posted: _Posted) -> list[tuple]:
+    def _uses(posted: Transfer) -> list[tuple]:
         session = posted.session
         uses = [("mem", session.local_mem.mem_id)]
         if session._peer is None:
@@ -484,7 +315,7 @@ class NixlEngine(TransferEngine):
             uses.append(("peer", session._peer.generation))
         return uses
 
-    def _finish(self, posted: _Posted, code: int, message: str = "", *, transport_failed: bool = False) -> None:
+    def _finish(self, posted: Transfer, code: int, message: str = "", *, transport_failed: bool = False) -> None:
         """Settle a transfer and let go of what it used (the worker, or close)."""
         peer = posted.session._peer
         if transport_failed and peer is not None and peer.broken is None:
@@ -495,18 +326,12 @@ class NixlEngine(TransferEngine):
             for what in self._uses(posted):
                 self._busy[what] -= 1
             self._wake.notify_all()
-        posted.status.settle(code, f"{posted.label}: {message}" if message else "")
+        posted.settle(code, message)
 
     def _run(self) -> None:
-        active: list[_Posted] = []
+        active: list[Transfer] = []
         pause = self._min_poll_s
-        while True:
-            with self._wake:
-                if not self._closed and not self._incoming:
-                    self._wake.wait(pause if active else self._idle_progress_s)
-                if self._closed:
-                    break
-                incoming, self._incoming = self._incoming, []
+        while (incoming := self._queue.take(pause if active else self._idle_progress_s)) is not None:
             for posted in incoming:
                 if self._start(posted):
                     active.append(posted)
@@ -519,7 +344,7 @@ class NixlEngine(TransferEngine):
                 self._progress()
         self._abandon(active)
 
-    def _start(self, posted: _Posted) -> bool:
+    def _start(self, posted: Transfer) -> bool:
         """Build and post one NIXL transfer request; True while it is in flight."""
         session = posted.session
         reason = session.why_dead()
@@ -552,7 +377,7 @@ class NixlEngine(TransferEngine):
         posted.deadline = time.monotonic() + self._transfer_timeout_s
         return not self._settle_if_final(posted, state)
 
-    def _check(self, posted: _Posted) -> bool:
+    def _check(self, posted: Transfer) -> bool:
         """Poll one transfer; True once it is final (settled)."""
         with self._agent_lock:
             try:
@@ -574,7 +399,7 @@ class NixlEngine(TransferEngine):
         posted.deadline = time.monotonic() + 1.0  # try to cancel again later
         return False
 
-    def _settle_if_final(self, posted: _Posted, state: str) -> bool:
+    def _settle_if_final(self, posted: Transfer, state: str) -> bool:
         if state == "PROC":
             return False
         if state == "DONE":
@@ -587,7 +412,7 @@ class NixlEngine(TransferEngine):
                          transport_failed=True)
         return True
 
-    def _release(self, posted: _Posted) -> None:
+    def _release(self, posted: Transfer) -> None:
         with self._agent_lock:
             try:
                 self._agent.release_xfer_handle(posted.handle)
@@ -595,7 +420,7 @@ class NixlEngine(TransferEngine):
                 _log.warning("%s of engine %r: releasing its NIXL handle failed: %s", posted.label, self.key, exc)
                 _lingering.append(posted.handle)
 
-    def _cancel(self, posted: _Posted) -> bool:
+    def _cancel(self, posted: Transfer) -> bool:
         """Release an unfinished request (NIXL cancels it); False when NIXL could not."""
         with self._agent_lock:
             try:
@@ -612,24 +437,16 @@ class NixlEngine(TransferEngine):
             except Exception as exc:  # never let progress end the worker thread
                 _log.warning("NIXL progress of engine %r failed: %s", self.key, exc)
 
-    def _abandon(self, active: list[_Posted]) -> None:
-        """At close: fail what is queued or in flight; what cannot be cancelled keeps its resources."""
-        with self._wake:
-            queued, self._incoming = self._incoming, []
-        closed_text = f"engine {self.key!r} closed before the transfer completed"
-        for posted in queued:
-            self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text)
+    def _abandon(self, active: list[Transfer]) -> None:
+        """At close: fail what is in flight; what cannot be cancelled keeps its resources."""
         for posted in active:
             if self._cancel(posted):
-                self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text)
+                self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text(self.key))
             else:
                 _lingering.append(posted.handle)
                 self._stuck = True
-                self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text + " (NIXL could not cancel it)")
-
-    def _require_open(self, what: str) -> None:
-        if self._closed:
-            raise RuntimeError(f"{what}: engine {self.key!r} is closed")
+                self._finish(posted, StatusCode.ERR_BAD_STATE,
+                             closed_text(self.key) + " (NIXL could not cancel it)")
 
     def close(self) -> None:
         """Fail every transfer still queued or in flight (ERR_BAD_STATE), then release NIXL's resources.
@@ -641,7 +458,8 @@ class NixlEngine(TransferEngine):
             if self._closed:
                 return
             self._closed = True
-            self._wake.notify_all()
+        for posted in self._queue.close() or ():
+            self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text(self.key))
         if threading.current_thread() is not self._worker:
             self._worker.join()
         with self._lock:
@@ -659,6 +477,6 @@ class NixlEngine(TransferEngine):
         # The agent's destructor tears UCX down; nothing of ours can reach it any more.
         self._agent = None
 
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<NixlEngine {self.key!r} host={self._host} {state}>"
+
+    def _where(self) -> str:
+        return f"host={self._host}"

@@ -27,7 +27,7 @@ from ..shared_memory import PeerMapping, RegionUnavailable, SharedRegion
 from .shared_pages import PeerPages
 
 try:
-    from . import _copy_assist
+    import moriio_fsm.engines.same_host._copy_assist as _copy_assist
 except ImportError:          # built without a C compiler: no assist, every writer copies alone
     _copy_assist = None
 
@@ -317,10 +317,6 @@ class AssistBoard:
 class PeerBoard:
     """A peer engine's job board mapped here: where this engine's writes into that peer get help."""
 
-    #: Longest wait for the peer once this side has copied every piece left: a helper holds
-    #: one piece (about 256 KiB) at a time, so only a stopped or starved peer is that slow.
-    FINISH_TIMEOUT_S = 1.0
-
     def __init__(self, pid: int, fd: int, token: str) -> None:
         if _copy_assist is None:
             raise RuntimeError("copy assist needs the native module _copy_assist, which this install lacks")
@@ -352,10 +348,11 @@ class PeerBoard:
             _log.warning("copy assist: a write could not be posted (%s); it is copied by the writer alone", str(exc))
             return None
 
-    def finish(self, job, pidfd: int, timeout_s: float | None = None, copy: bool = True) -> tuple[int, int]:
-        """Copy what is left of ``job`` here and wait for the peer's part; (pieces the peer
-        copied, pieces in all: ranges are cut into pieces of about 256 KiB).
+    def finish(self, job, pidfd: int, timeout_s: float, copy: bool = True) -> tuple[int, int]:
+        """Copy what is left of ``job`` here and wait for the peer's part, at most ``timeout_s`` once
+        this side is done; (pieces the peer copied, pieces in all: ranges are cut into pieces of about
+        256 KiB). ``pidfd``: the peer's process, whose exit ends the wait (-1: none).
 
         ``TimeoutError`` or ``ProcessLookupError`` when the peer's part may not have landed.
         ``copy`` False: give the job up (nothing more is copied; the peer's piece in hand is waited for)."""
-        return _copy_assist.finish(job, self.FINISH_TIMEOUT_S if timeout_s is None else timeout_s, pidfd, copy)
+        return _copy_assist.finish(job, timeout_s, pidfd, copy)

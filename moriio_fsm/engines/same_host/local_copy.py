@@ -12,7 +12,7 @@ import operator
 from collections.abc import Sequence
 
 try:
-    from . import _stream_copy
+    import moriio_fsm.engines.same_host._stream_copy as _stream_copy
 except ImportError:          # built without a C compiler: the install keeps going without it
     _stream_copy = None
 

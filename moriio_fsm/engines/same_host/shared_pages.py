@@ -18,7 +18,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from ..shared_memory import SHMEM_DEVICE as _SHMEM_DEVICE, SIZE_SEALS as _SIZE_SEALS
+from ..shared_memory import SHMEM_DEVICE as _SHMEM_DEVICE
+from ..shared_memory import SIZE_SEALS as _SIZE_SEALS
 from ..shared_memory import RegionUnavailable, open_peer_region
 
 __all__ = ["ADOPTED_NAME_PREFIX", "AdoptedPages", "MemoryClaim", "PeerPages", "claim_memory"]

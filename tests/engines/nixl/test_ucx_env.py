@@ -60,14 +60,14 @@ def test_bad_overrides_are_refused_naming_the_entry(value, named):
 
 
 def test_a_missing_nixl_is_a_reason_not_an_exception(monkeypatch):
-    monkeypatch.setattr(availability, "_probe_result", None)
+    monkeypatch.setattr(probe_nixl, "_result", None)
     monkeypatch.setitem(sys.modules, "nixl._api", None)  # importing it now raises ImportError
     monkeypatch.setitem(sys.modules, "nixl", None)
     result = probe_nixl()
     assert not result.available and "nixl is not installed" in result.reason
     with pytest.raises(availability.NixlUnavailableError, match="not installed"):
         availability.nixl_api()
-    monkeypatch.setattr(availability, "_probe_result", None)  # the next probe imports for real
+    probe_nixl.forget()  # the next probe imports for real
 
 
 def test_nixls_log_does_not_go_to_stdout():

@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine, CrossMemoryError
+from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryError
 
 NOBODY = 65534
 WAIT_MS = 10_000

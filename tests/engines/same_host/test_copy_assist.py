@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import copy_assist
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine, CrossMemoryMemoryDesc
+from moriio_fsm.engines.same_host import assisted, copy_assist
+from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc
 
 from ..json_peer import JsonLinePeer
 
@@ -152,7 +152,7 @@ def test_a_session_killed_while_the_writer_copies_what_is_left_gets_no_more_byte
             calls.append(copy_left(jobs, stops))
             return calls[-1]
 
-        monkeypatch.setattr(copy_assist, "copy_left", killed_as_it_starts)
+        monkeypatch.setattr(assisted, "copy_left", killed_as_it_starts)   # where the writer's side calls it
         size, spots = 2 << 20, [PAGE, PAGE + (3 << 20)]
         with prefill.posting_together():
             statuses = [session.batch_write([spot], [spot], [size], k + 1)
@@ -446,7 +446,7 @@ def test_a_dropped_destination_gets_no_more_help_and_a_closed_board_none_at_all(
     target.zero_()
     offsets = [k * RANGE for k in range(8)]
     job = mapped.post([segment(source, target)], [0] * 8, offsets, offsets, [RANGE] * 8)
-    assert owner.help() == 0 and mapped.finish(job, -1) == (0, 8)
+    assert owner.help() == 0 and mapped.finish(job, -1, 1.0) == (0, 8)
     assert torch.equal(target[:8 * RANGE], source[:8 * RANGE])
 
 
@@ -525,7 +525,7 @@ def test_a_decode_process_helps_with_writes_into_it_and_every_byte_lands():
 # -- what the review of the first version found -------------------------------------------------
 
 def test_closing_the_writer_with_a_write_still_on_the_board_lets_its_memory_go_at_once():
-    from moriio_fsm.engines.same_host import engine as cross_memory
+    from moriio_fsm.engines.same_host import registrations
     prefill = CrossMemoryEngine("assist-p3", share_pages=True, copy_assist=False, inline_copies=True,
                                 deregister_wait_s=5.0)
     decode = CrossMemoryEngine("assist-d3", share_pages=True, copy_assist=True)
@@ -534,13 +534,13 @@ def test_closing_the_writer_with_a_write_still_on_the_board_lets_its_memory_go_a
         session = prefill.create_session(prefill.register_torch_tensor(source),
                                          (prefill.register_remote_engine(decode.get_engine_desc()),
                                           decode.register_torch_tensor(target))[1])
-        lingering = len(cross_memory._lingering)
+        lingering = len(registrations._lingering)
         with prefill.posting_together():
             status = session.batch_write([PAGE], [PAGE], [4 << 20], 1)
-            assert prefill._posted_for_help, "the write was not put on the board"
+            assert prefill._assisted.posted, "the write was not put on the board"
             prefill.close()      # the write's registrations are held by the job: close gives it up
         assert status.wait_for(1000) and status.code() == StatusCode.ERR_BAD_STATE
-        assert len(cross_memory._lingering) == lingering, "close waited for, then kept, memory the job held"
+        assert len(registrations._lingering) == lingering, "close waited for, then kept, memory the job held"
     finally:
         prefill.close()
         decode.close()
@@ -597,23 +597,23 @@ def test_a_write_the_board_cannot_take_is_turned_away_by_name_for_the_writer_to_
 
 def holders(engine, session) -> tuple[dict, dict]:
     """The registrations this process holds, in its own table and in the peer's."""
-    return dict(engine._own.registry._holders), dict(session._peer.registry._holders)
+    return dict(engine._own.registry._holders), dict(session.peer.registry._holders)
 
 
 def slow_let_go(monkeypatch) -> list[float]:
     """Make letting go of a session's registrations take 2 ms (bookkeeping that must not show
     in end times); the times each let-go began."""
-    from moriio_fsm.engines.same_host.engine import CrossMemorySession
+    from moriio_fsm.engines.same_host import CrossMemorySession
 
     let_go_at: list[float] = []
-    let_go = CrossMemorySession._let_go
+    let_go = CrossMemorySession.let_go
 
     def slow(self):
         let_go_at.append(time.monotonic())
         time.sleep(0.002)
         let_go(self)
 
-    monkeypatch.setattr(CrossMemorySession, "_let_go", slow)
+    monkeypatch.setattr(CrossMemorySession, "let_go", slow)
     return let_go_at
 
 

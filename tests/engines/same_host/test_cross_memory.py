@@ -21,7 +21,7 @@ import torch
 
 from moriio_fsm.engines import StatusCode
 from moriio_fsm.engines.same_host import iovec
-from moriio_fsm.engines.same_host.engine import (
+from moriio_fsm.engines.same_host import (
     CrossMemoryEngine,
     CrossMemoryEngineDesc,
     CrossMemoryError,
@@ -46,7 +46,7 @@ def cma():
 def split_cma(monkeypatch):
     """A pair whose producer splits every batch across two copy threads."""
     made = Pair("cross_memory", size=SIZE, copy_threads=2)
-    monkeypatch.setattr(made.producer, "PARALLEL_COPY_MIN_BYTES", 1)
+    monkeypatch.setattr(made.producer.tuning, "parallel_copy_min_bytes", 1)
     yield made
     made.close()
 
@@ -161,24 +161,24 @@ def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_
     """Posting threads that copy inline and the worker can all reach the first split copy
     together: each pool made would start threads of its own that nothing shuts down."""
     engine = split_cma.producer
-    import moriio_fsm.engines.same_host.engine as cross_memory
+    from moriio_fsm.engines import copy_split
     pools = []
-    real_pool = cross_memory.ThreadPoolExecutor
+    real_pool = copy_split.ThreadPoolExecutor
 
     def counted(*args, **kwargs):
         time.sleep(0.02)                   # a slow start widens the window between check and make
         pools.append(real_pool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(cross_memory, "ThreadPoolExecutor", counted)
+    monkeypatch.setattr(copy_split, "ThreadPoolExecutor", counted)
     local, remote, sizes = scattered(64, 32, 48)
     start, errors = threading.Barrier(8), []
 
     def copy():
         start.wait()
         try:
-            engine._move("write", None, split_cma.source.data_ptr(), split_cma.target.data_ptr(),
-                         local, remote, sizes, sum(sizes))
+            engine._pages.move("write", None, split_cma.source.data_ptr(), split_cma.target.data_ptr(),
+                               local, remote, sizes, sum(sizes))
         except BaseException as exc:       # noqa: BLE001 - reported below
             errors.append(exc)
 

@@ -122,7 +122,7 @@ def test_an_inline_engine_copies_on_the_poster_and_hands_back_a_final_status():
 def test_an_engine_on_one_core_copies_inline_by_default(monkeypatch):
     import os
 
-    from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+    from moriio_fsm.engines.same_host import CrossMemoryEngine
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     with CrossMemoryEngine("one-core") as engine:

@@ -12,7 +12,7 @@ import torch
 
 from moriio_fsm.engines import StatusCode
 from moriio_fsm.engines.same_host import iovec
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.layout import LayerKVFormat, describe_layer, plan_transfer
 
 from ..json_peer import JsonLinePeer

@@ -22,7 +22,7 @@ import torch
 
 from moriio_fsm.engines import StatusCode
 from moriio_fsm.engines.same_host import iovec
-from moriio_fsm.engines.same_host.engine import CrossMemoryEngine, CrossMemoryMemoryDesc
+from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc
 from moriio_fsm.engines.shared_memory import RegionUnavailable, SharedRegion
 from moriio_fsm.engines.same_host.shared_pages import ADOPTED_NAME_PREFIX, AdoptedPages, PeerPages
 
@@ -238,7 +238,7 @@ def test_a_memory_descriptor_with_impossible_shared_pages_is_refused_naming_the_
 
 
 def test_an_unsealed_or_stale_region_is_not_mapped_and_the_copy_still_lands(caplog):
-    caplog.set_level(logging.DEBUG, logger="moriio_fsm.engines.same_host.engine")   # the repeat is debug
+    caplog.set_level(logging.DEBUG, logger="moriio_fsm.engines.same_host.peers")   # the repeat is debug
     pair = Pair("cross_memory_shared", size=SIZE)
     unsealed = os.memfd_create(ADOPTED_NAME_PREFIX + "0123456789abcdef", os.MFD_CLOEXEC)
     try:
@@ -316,7 +316,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 def test_an_interpreter_that_exits_without_closing_while_copies_run_exits_cleanly():
     done = run_python("""
         import threading, torch
-        from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+        from moriio_fsm.engines.same_host import CrossMemoryEngine
         writer, owner = CrossMemoryEngine("w", inline_copies=False), CrossMemoryEngine("o", share_pages=True)
         writer.register_remote_engine(writer.unpack_engine_desc(owner.get_engine_desc().pack()))
         target = torch.zeros(64 << 20, dtype=torch.uint8)
@@ -413,7 +413,7 @@ def test_a_forked_child_does_not_inherit_the_shared_pages():
 
 
 def test_pages_that_cannot_go_back_to_private_memory_keep_every_byte_and_are_never_freed(monkeypatch, caplog):
-    from moriio_fsm.engines.same_host import engine as cross_memory, shared_pages
+    from moriio_fsm.engines.same_host import registrations, shared_pages
 
     def refuse(fd, start, offset, size):
         raise OSError(12, "refused for the test")
@@ -426,14 +426,14 @@ def test_pages_that_cannot_go_back_to_private_memory_keep_every_byte_and_are_nev
         monkeypatch.setattr(shared_pages, "_move_onto_private", refuse)
         owner.deregister_memory(desc)
         assert torch.equal(target, kept)
-        assert any(t is target for t in cross_memory._lingering)     # never freed while still shared
+        assert any(t is target for t in registrations._lingering)     # never freed while still shared
         assert "back onto private memory" in caplog.text
 
 
 def test_memory_freed_under_its_registration_is_deregistered_without_a_crash():
     done = run_python("""
         import torch
-        from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+        from moriio_fsm.engines.same_host import CrossMemoryEngine
         with CrossMemoryEngine("freed", share_pages=True) as owner:
             target = torch.zeros(8 << 20, dtype=torch.uint8)
             desc = owner.register_torch_tensor(target)
@@ -448,7 +448,7 @@ def test_memory_freed_under_its_registration_is_deregistered_without_a_crash():
 def test_a_read_into_read_only_memory_fails_with_a_status_not_a_crash():
     done = run_python("""
         import ctypes, mmap, torch
-        from moriio_fsm.engines.same_host.engine import CrossMemoryEngine
+        from moriio_fsm.engines.same_host import CrossMemoryEngine
         reader, owner = CrossMemoryEngine("ro-reader"), CrossMemoryEngine("ro-owner", share_pages=True)
         reader.register_remote_engine(reader.unpack_engine_desc(owner.get_engine_desc().pack()))
         remote = reader.unpack_memory_desc(owner.register_torch_tensor(torch.ones(1 << 20, dtype=torch.uint8)).pack())
