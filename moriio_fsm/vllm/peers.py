@@ -123,10 +123,8 @@ class PeerLinks:
         memory = {name: engine.unpack_memory_desc(descs[0]) for name, descs in reply.layer_memory.items()}
         # An engine that maps a peer's memory (shared pages) does it here, on the I/O thread,
         # rather than in the first transfer's post on the forward thread.
-        prepare = getattr(engine, "prepare_remote_memory", None)
-        if prepare is not None:
-            for desc in memory.values():
-                prepare(desc)
+        for desc in memory.values():
+            engine.prepare_remote_memory(desc)
         return PeerLink(address, meta.engine_id, meta.num_blocks, meta.kv_format, memory)
 
     def close(self) -> None:

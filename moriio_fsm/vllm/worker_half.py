@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..engines.interface import TransferEngine
 from ..engines.poller import CompletionPoller
 from ..adapters.zmq import (Delivery, Heartbeat, Role, SendFailure, TransportConfig, WriteFailed,
                             ZmqTransport, event_for)
@@ -60,18 +61,18 @@ def peer_ranks(my_rank: int, my_tp: int, peer_tp: int) -> list[int]:
 ENGINE_FAULTS = ("fail_nth", "stall_nth", "drop_nth", "drop_all", "fail_rate", "latency_s")
 
 
-def inject_faults(engine: Any, faults: dict) -> None:
+def inject_faults(engine: TransferEngine, faults: dict) -> None:
     """Arm the engine's fault injection from the ``fault_injection`` setting."""
     if not any(faults.get(name) for name in ENGINE_FAULTS):
         return                       # only control-message faults (message_faults.py)
-    rules = getattr(engine, "faults", None)
+    rules = engine.faults
     if rules is None:
         raise ConnectorConfigError(f"kv_connector_extra_config['fault_injection']: the "
                                    f"{type(engine).__name__} injects no faults; use the "
                                    "same_host backend")
-    for name in ("fail_nth", "stall_nth", "drop_nth"):
+    for name, arm in (("fail_nth", rules.fail_nth), ("stall_nth", rules.stall_nth), ("drop_nth", rules.drop_nth)):
         if name in faults:
-            getattr(rules, name)(faults[name])
+            arm(faults[name])
     if faults.get("drop_all"):
         rules.drop_when(lambda posted: True)
     if faults.get("fail_rate"):
@@ -85,6 +86,10 @@ def inject_faults(engine: Any, faults: dict) -> None:
         rules.fail_when(unlucky, message="injected failure (fault_injection.fail_rate)")
     if faults.get("latency_s"):
         rules.set_latency(faults["latency_s"], seed=faults.get("seed", 0))
+
+
+class _ThreadPosts(threading.local):
+    collected: list | None = None    # this thread's posts awaiting their flush, inside a posting block
 
 
 class WorkerHalf:
@@ -109,7 +114,7 @@ class WorkerHalf:
         self._closed = False
         self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
         self._step_idle = False                    # this step runs no forward (StepMetadata.idle)
-        self._posts = threading.local()           # .collected: this thread's posts awaiting their flush
+        self._posts = _ThreadPosts()
         self._saved_this_step: dict[str, int] = {}  # P, WRITE: transfer -> bitmap of layers this forward scheduled
         self._prepare_lock = threading.Lock()
         self._addresses = AddressCache()
@@ -202,14 +207,13 @@ class WorkerHalf:
 
     @contextlib.contextmanager
     def _posting_together(self):
-        together = getattr(self.engine, "posting_together", None)
         local = self._posts
-        if together is None or getattr(local, "collected", None) is not None:
-            yield                        # no such engine, or an outer dispatch of this thread flushes
+        if self.engine is None or local.collected is not None:
+            yield                        # no engine yet, or an outer dispatch of this thread flushes
             return
         local.collected = []
         try:
-            with together():
+            with self.engine.posting_together():
                 yield
         finally:
             collected, local.collected = local.collected, None
@@ -378,7 +382,7 @@ class WorkerHalf:
         event = self.poller.event_if_final(status, transfer_id, layer, op)
         if event is not None:
             return event
-        collected = getattr(self._posts, "collected", None)
+        collected = self._posts.collected
         if collected is not None:
             collected.append((status, transfer_id, layer, op))
         else:
@@ -401,7 +405,7 @@ class WorkerHalf:
         if self.settings.fault_injection:
             inject_faults(self.engine, self.settings.fault_injection)
         self.cache.register(self.engine)
-        self.reports.on_load_ended = getattr(self.engine, "interrupt_help", None)
+        self.reports.on_load_ended = self.engine.interrupt_help
         self.peers = PeerLinks(lambda address: self.transport.request_handshake(address),
                                self.engine, self.cache.summary, self.cache.names)
         port = self.settings.handshake_port + self.dp_rank * self.tp_size + self.tp_rank
@@ -628,36 +632,21 @@ class WorkerHalf:
             self.dispatch("send", events.seal(tid, now))
         self._step_sends = []
 
-    #: How long vLLM's request for finished transfers waits for a copy running on another thread.
-    COPY_WAIT_S = 0.05
-    #: On a step with no forward while a load is pending: how long to wait for a peer's write
-    #: to help with, and after helping, for the transfer's next layer (copy assist).
-    #: A step spent here holds back the steps after it (vLLM's engine waits for this worker):
-    #: a request arriving meanwhile is scheduled at most this much later, and a load that
-    #: ends ends the wait at once (``VllmReports.on_load_ended``).
-    #: Between two waits vLLM's empty step costs about 1.7 ms here (the engine core and this
-    #: worker hand the step over through shared memory, on one core): with a 2 ms wait D was
-    #: elsewhere when P's first post came in about half the transfers of the serving race, and
-    #: copied a third of the pieces instead of half or more; with 20 ms it missed one in five.
-    ASSIST_WAIT_S = 0.02
-    ASSIST_LINGER_S = 0.0005
-
     def finished(self) -> tuple[set[str], set[str]]:
         """What finished since the last call. On a step with no forward while a load is pending,
         first helps with peers' writes into this engine (copy assist); on one core lets a copy
         in flight end (briefly). vLLM's engine loop asks without pause while a request waits
-        for KV: this keeps it from spinning on the core a copy needs."""
-        help_writers = getattr(self.engine, "help_writers", None)
-        if (help_writers is not None and self._step_idle and not self.settings.read_mode
-                and self.reports.loads_pending()):
+        for KV: this keeps it from spinning on the core a copy needs. How long each waits is
+        the engine's tuning; a load that ends ends the wait at once (``VllmReports.on_load_ended``)."""
+        engine = self.engine
+        if engine is not None and self._step_idle and not self.settings.read_mode and self.reports.loads_pending():
             # Nothing else would use this core: wait for a writer's job instead of spinning
-            # through empty steps (each takes vLLM a millisecond or two here, and a transfer's
-            # layers are posted within one). Other steps do not help: their core is the forward's.
-            help_writers(self.ASSIST_WAIT_S, self.ASSIST_LINGER_S)
+            # through empty steps. Other steps do not help: their core is the forward's.
+            engine.help_writers()
         # Only an engine copying inline shares this core with the loop; with cores to spare,
         # waiting would only delay other requests' steps.
-        if getattr(self.engine, "inline_copies", False):
-            self.engine.wait_for_copies(self.COPY_WAIT_S)
+        if engine is not None and engine.inline_copies:
+            engine.wait_for_copies()
         return self.reports.take()
 
     def load_errors(self) -> set[int]:
