@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moriio_fsm.engines.same_host import local_copy  # noqa: E402
 from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, stop_all, vllm_cpu_python  # noqa: E402
+from moriio_fsm.vllm.settings import COPY_STRATEGIES  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
 
 PEERS = ROOT / "benchmarks" / "serving_peers"
@@ -203,7 +204,7 @@ class Race:
                 trace.unlink(missing_ok=True)
                 extra = {"backend": "same_host", "read_mode": read, "host_ip": "127.0.0.1",
                          "notify_port": c.ports[f"{side}_notify"], "handshake_port": c.ports[f"{side}_handshake"],
-                         "trace_file": str(trace)}
+                         "trace_file": str(trace), "copy_strategy": self.args.copy_strategy}
                 config = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "moriio_fsm.vllm.connector",
                           "kv_role": role, "engine_id": side, "kv_connector_extra_config": extra}
                 c.servers[side] = self._server(f"{name}-{side}", http_port, core, config)
@@ -694,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", dest="pin_servers", action="store_false",
                         help="do not confine each server's processes to its core (taskset)")
     parser.add_argument("--no-netns", action="store_true", help="do not enter a private network namespace")
+    parser.add_argument("--copy-strategy", default="auto", choices=COPY_STRATEGIES,
+                        help="how our same-host engine copies, on both P and D: kernel, shared_pages, "
+                             "copy_assist, or auto (the connector's default)")
     parser.add_argument("--report-only", action="store_true", help="print the report of the last run in --work again")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -733,7 +737,8 @@ def main(argv: list[str] | None = None) -> int:
           f"tokens, one request at a time; full blocks per request {kv_per_request / 2**20:.1f} MiB")
     print(f"cores: P (and the single instance) on core 0, D on core 1: "
           f"{'every process of a server confined to its core (taskset)' if args.pin_servers else 'compute threads only (VLLM_CPU_OMP_THREADS_BIND)'}")
-    print(f"same-host engine's in-process copies (shared pages): {local_copy.copier()}")
+    print(f"same-host engine's copy strategy: {args.copy_strategy}; its in-process copies (shared pages): "
+          f"{local_copy.copier()}")
     print(f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}")
     for peer in PEER_NAMES:
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")

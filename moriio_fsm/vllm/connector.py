@@ -41,9 +41,11 @@ def make_engine(settings: ConnectorSettings, host: str):
     """The transfer engine the ``backend`` setting names (mori.io and nixl are imported only here)."""
     if settings.backend == "same_host":
         from ..engines.same_host import CrossMemoryEngine
+        from ..engines.same_host.strategy import engine_options
 
         # KV caches are registered before the first forward, so their pages can be shared.
-        return lambda key: CrossMemoryEngine(key, host, share_pages=settings.share_pages)
+        options = engine_options(settings.copy_strategy, settings.share_pages)
+        return lambda key: CrossMemoryEngine(key, host, **options)
     if settings.backend == "nixl":
         from ..engines.nixl import NixlEngine
 

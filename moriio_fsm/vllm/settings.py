@@ -23,6 +23,11 @@ BACKENDS = ("rdma", "xgmi", "same_host", "nixl")
 #: (where the CPU copies, so overlap only makes the copy and the forward share a core).
 WRITE_POSTINGS = ("auto", "layerwise", "after_forward")
 
+#: How the same-host engine copies (``engines/same_host/strategy.py``): by the kernel, into shared
+#: pages, or into shared pages with copy assist; ``auto``: shared pages unless ``share_pages`` is
+#: off, with copy assist where its native module is built.
+COPY_STRATEGIES = ("auto", "kernel", "shared_pages", "copy_assist")
+
 
 class ConnectorConfigError(MoriioFsmError, ValueError):
     """A ``kv_connector_extra_config`` key or a ``kv_role`` the connector cannot use."""
@@ -218,8 +223,22 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "ucx": (_ucx, {}),
     "write_posting": (_one_of(WRITE_POSTINGS, "write posting"), "auto"),
     "share_pages": (_flag, True),
+    "copy_strategy": (_one_of(COPY_STRATEGIES, "copy strategy"), "auto"),
     "bind_peers": (_flag, True),
 }
+
+
+def _check_copy_strategy(values: dict[str, Any]) -> None:
+    """A copy strategy other than ``auto`` is the same-host engine's, and one into shared pages needs them."""
+    strategy = values["copy_strategy"]
+    if strategy == "auto":
+        return
+    if values["backend"] != "same_host":
+        raise ConnectorConfigError(f"kv_connector_extra_config['copy_strategy']: copy strategies apply to the "
+                                   f"same_host backend only; backend is {values['backend']!r}")
+    if strategy != "kernel" and not values["share_pages"]:
+        raise ConnectorConfigError(f"kv_connector_extra_config['copy_strategy']: {strategy!r} copies into shared "
+                                   "pages, but share_pages is false; use 'kernel' or share the pages")
 
 
 @dataclass(frozen=True)
@@ -242,7 +261,9 @@ class ConnectorSettings:
     allowed to read this one's /proc/<pid>/fd (ptrace read access, which Yama's
     ptrace_scope 1 does not restrict for the same user) can then map the cache, and a
     mapping outlives a later loss of that permission. ``false`` keeps every copy in the
-    kernel, checked each time. ``bind_peers``: a transfer takes control messages only
+    kernel, checked each time. ``copy_strategy`` (backend ``same_host``) names how copies into
+    and out of this instance's KV cache go: ``kernel``, ``shared_pages`` or ``copy_assist``
+    (``COPY_STRATEGIES``). ``bind_peers``: a transfer takes control messages only
     from the host its request named (with ``curve``, only with that host's key); P in READ
     mode, whose request names no D, takes them from the first D that speaks. ``false``
     takes them from any sender (for peers whose messages leave from another address than
@@ -275,6 +296,7 @@ class ConnectorSettings:
     ucx: Mapping[str, str] = field(default_factory=dict)
     write_posting: str = "auto"
     share_pages: bool = True
+    copy_strategy: str = "auto"
     bind_peers: bool = True
 
     @classmethod
@@ -299,6 +321,7 @@ class ConnectorSettings:
             raise ConnectorConfigError(f"kv_connector_extra_config['ucx']: UCX settings apply to the nixl "
                                        f"backend only; backend is {values['backend']!r}")
         values["ucx"] = MappingProxyType(values["ucx"])
+        _check_copy_strategy(values)
         settings = cls(**values)
         if settings.read_mode:
             settings._check_lease_fits_a_read()

@@ -201,3 +201,48 @@ def test_share_pages_decides_whether_the_same_host_engine_shares_the_kv_cache(ex
         assert desc.shares_pages is shared
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("strategy, shares, offers_board", [
+    ("kernel", False, False), ("shared_pages", True, False), ("copy_assist", True, True)])
+def test_copy_strategy_selects_how_peers_copy_into_the_kv_cache(strategy, shares, offers_board):
+    """The setting decides what this instance offers its peers: its pages to map, and a board where
+    a peer's large writes get this instance's help."""
+    import torch
+
+    from moriio_fsm.engines.same_host import copy_assist
+    from moriio_fsm.vllm.connector import make_engine
+
+    if offers_board and not copy_assist.available():
+        pytest.skip("the native copy-assist module was not built")
+    settings = ConnectorSettings.from_extra_config({"backend": "same_host", "copy_strategy": strategy})
+    engine = make_engine(settings, "127.0.0.1")(f"settings-{strategy}")
+    try:
+        page = 4096
+        whole = torch.zeros(16 * page, dtype=torch.uint8)
+        skip = -whole.data_ptr() % page
+        assert engine.register_torch_tensor(whole[skip:skip + 8 * page]).shares_pages is shares
+        assert (engine.get_engine_desc().assist_fd >= 0) is offers_board
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"backend": "same_host", "copy_strategy": "memcpy"}, r"copy_strategy.*unknown copy strategy 'memcpy'"),
+    ({"copy_strategy": "kernel"}, r"copy_strategy.*same_host backend only.*rdma"),
+    ({"backend": "nixl", "copy_strategy": "copy_assist"}, r"copy_strategy.*same_host backend only.*nixl"),
+    ({"backend": "same_host", "share_pages": False, "copy_strategy": "shared_pages"},
+     r"copy_strategy.*'shared_pages'.*share_pages is false"),
+    ({"backend": "same_host", "share_pages": False, "copy_strategy": "copy_assist"},
+     r"copy_strategy.*'copy_assist'.*share_pages is false"),
+])
+def test_a_copy_strategy_that_cannot_apply_is_refused_naming_why(extra, named):
+    with pytest.raises(ConnectorConfigError, match=named):
+        ConnectorSettings.from_extra_config(extra)
+
+
+def test_auto_and_kernel_stand_without_shared_pages():
+    for strategy in ("auto", "kernel"):
+        settings = ConnectorSettings.from_extra_config(
+            {"backend": "same_host", "share_pages": False, "copy_strategy": strategy})
+        assert settings.copy_strategy == strategy
