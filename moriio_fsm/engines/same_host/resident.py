@@ -40,7 +40,7 @@ def pin_pages(address: int, nbytes: int, what: str) -> bool:
 
     A KV cache's free blocks sit untouched for long stretches, and a kernel may take such
     pages back (reclaim, zero-page shrinking, a VM balloon); a copy into a block then pays
-    a fault per 4 KiB page, which here made a transfer's copy 7 to 20 times slower.
+    a fault per 4 KiB page (docs/architecture.md has what that cost).
     """
     if _mlock is None:
         return False
