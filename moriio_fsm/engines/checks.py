@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, Iterable
 
 import msgspec
 
@@ -152,11 +152,9 @@ def decode_descriptor(what: str, kind: type, packed: Any):
 
 
 class PackedDescriptor(msgspec.Struct, frozen=True):
-    """A descriptor that travels as msgpack bytes (a subclass names its ``tag``): ``unpack`` takes only
-    bytes of its own kind, every field checked."""
-
-    #: What the descriptor is, for the messages of ``unpack``: "engine descriptor", "memory descriptor".
-    describes: ClassVar[str]
+    """A descriptor that travels as msgpack bytes: a subclass names its ``tag``, whose last word says what
+    it describes ("moriio-cma-engine": an engine); ``unpack`` takes only bytes of its own kind, every
+    field checked."""
 
     def pack(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -164,7 +162,8 @@ class PackedDescriptor(msgspec.Struct, frozen=True):
     @classmethod
     def unpack(cls, packed: Any):
         """Raises ``TypeError`` for non-bytes and ``ValueError`` for bytes that are not such a descriptor."""
-        return decode_descriptor(cls.describes, cls, packed)
+        tag = cls.__struct_config__.tag
+        return decode_descriptor(f"{str(tag).rpartition('-')[2]} descriptor", cls, packed)
 
 
 def check_registrable(tensor: Any, engine: str, memory: str = "host memory") -> int:

@@ -6,7 +6,7 @@ non-bytes, ``ValueError`` naming what is wrong).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import msgspec
 
@@ -20,8 +20,6 @@ _Positive = Annotated[int, msgspec.Meta(gt=0)]
 class NixlEngineDesc(PackedDescriptor, frozen=True, tag="moriio-nixl-engine"):
     """Who a NIXL engine is: its agent name (the engine key) and the agent's packed metadata."""
 
-    describes: ClassVar[str] = "engine descriptor"
-
     key: str
     agent_metadata: bytes  # NIXL's full local metadata: connection info and the memory registered so far
     host: str = ""
@@ -31,8 +29,6 @@ class NixlEngineDesc(PackedDescriptor, frozen=True, tag="moriio-nixl-engine"):
 
 class NixlMemoryDesc(PackedDescriptor, frozen=True, tag="moriio-nixl-memory"):
     """One registered tensor: its owner, where it lives, how big it is, and NIXL's metadata for it alone."""
-
-    describes: ClassVar[str] = "memory descriptor"
 
     engine_key: str
     mem_id: _Positive

@@ -8,7 +8,7 @@ for anything else); a memory descriptor's shared pages lie within its memory, pa
 from __future__ import annotations
 
 import mmap
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import msgspec
 
@@ -23,8 +23,6 @@ _Token = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{0,32}$")]
 
 class CrossMemoryEngineDesc(PackedDescriptor, frozen=True, tag="moriio-cma-engine"):
     """Who a cross-memory engine is: its process, host, pid namespace and registration table."""
-
-    describes: ClassVar[str] = "engine descriptor"
 
     key: str
     pid: _Positive
@@ -44,8 +42,6 @@ class CrossMemoryEngineDesc(PackedDescriptor, frozen=True, tag="moriio-cma-engin
 
 class CrossMemoryMemoryDesc(PackedDescriptor, frozen=True, tag="moriio-cma-memory"):
     """One registered tensor: its owner, its slot in the owner's table, where it lives and how big it is."""
-
-    describes: ClassVar[str] = "memory descriptor"
 
     engine_key: str
     mem_id: _Positive
