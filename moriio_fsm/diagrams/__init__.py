@@ -13,8 +13,17 @@ the drawings in the docs and the README's WRITE producer diagram.
 from __future__ import annotations
 
 from .docs import README, readme_block, replace_readme_block, write_docs
-from .drawing import (FORMATS, OVERVIEW_FORMATS, DiagramError, dot, draw, mermaid,
-                      overview_dot, render, render_overview)
+from .drawing import (
+    FORMATS,
+    OVERVIEW_FORMATS,
+    DiagramError,
+    dot,
+    draw,
+    mermaid,
+    overview_dot,
+    render,
+    render_overview,
+)
 from .stamps import drawing_digest, source_digest
 from .usage import Usage, usage_from_trace
 

@@ -22,10 +22,10 @@ MESSAGE_COLOUR = "#7f3f98"
 def overview_source(specs: dict[str, Spec]) -> str:
     """Dot source of the overview of ``specs`` (by name: ``write_producer``...)."""
     lines = ["digraph machines {",
-             f'  graph [rankdir=TB, compound=true, newrank=true, nodesep=0.12, ranksep=0.25, '
-             f'fontname="{FONT}", fontsize=11, pad=0.15, labelloc=t, label=<{_title()}>];',
-             f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, '
-             'margin="0.04,0.02", height=0.28];',
+             ('  graph [rankdir=TB, compound=true, newrank=true, nodesep=0.12, ranksep=0.25, '
+              f'fontname="{FONT}", fontsize=11, pad=0.15, labelloc=t, label=<{_title()}>];'),
+             (f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, '
+              'margin="0.04,0.02", height=0.28];'),
              '  edge [arrowsize=0.5, color="#555555"];']
     for mode in MODES:
         producer, consumer = specs[f"{mode}_producer"], specs[f"{mode}_consumer"]
@@ -37,10 +37,10 @@ def overview_source(specs: dict[str, Spec]) -> str:
 
 
 def _title() -> str:
-    lines = ["One machine per mode and side, one transfer each. Arrows: its state moves (the "
-             "events are in each spec's own picture).",
-             "Purple: the messages it gets from the other side. Double border: final state; "
-             "red: anomaly."]
+    lines = [("One machine per mode and side, one transfer each. Arrows: its state moves (the "
+              "events are in each spec's own picture)."),
+             ("Purple: the messages it gets from the other side. Double border: final state; "
+              "red: anomaly.")]
     return ('<FONT POINT-SIZE="15"><B>The four transfer machines</B></FONT><BR/>'
             + "".join(f'<FONT POINT-SIZE="10">{escape(line)}</FONT><BR/>' for line in lines))
 
@@ -54,9 +54,9 @@ def _cluster(spec: Spec, words: str, received: list[str], sender: str) -> list[s
     mode = spec.name.split("_")[0].upper()
     heard = escape(f"from {sender}: {', '.join(received)}")
     lines = [f"  subgraph {quoted('cluster_' + spec.name)} {{",
-             f'    label=<<B>{escape(spec.name)}</B><BR/>{mode}, {escape(words)}<BR/>'
-             f'<FONT COLOR="{MESSAGE_COLOUR}">{heard}</FONT>>; '
-             'style="rounded"; color="#888888"; fontsize=11;',
+             (f'    label=<<B>{escape(spec.name)}</B><BR/>{mode}, {escape(words)}<BR/>'
+              f'<FONT COLOR="{MESSAGE_COLOUR}">{heard}</FONT>>; '
+              'style="rounded"; color="#888888"; fontsize=11;'),
              f'    {_node(spec, "__start")} [shape=point, width=0.1, label=""];',
              f"    {_node(spec, '__start')} -> {_node(spec, spec.initial)} [weight=10];"]
     for name, state in spec.states.items():

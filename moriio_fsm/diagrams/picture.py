@@ -67,7 +67,9 @@ class Box:
     @property
     def kind(self) -> str:
         """What colours the box: ``stuck`` first, then ``anomaly``, ``final``, or ``""``."""
-        return "stuck" if self.stuck else "anomaly" if self.anomaly else "final" if self.final else ""
+        if self.stuck:
+            return "stuck"
+        return "anomaly" if self.anomaly else "final" if self.final else ""
 
     @property
     def role(self) -> str:
@@ -112,12 +114,15 @@ def picture(spec: Spec, *, usage: Usage | None = None, all_rows: bool = False,
     for row in spec.transitions:
         if row.outcome != "applied" and not all_rows:
             continue
-        leaving = () if row.dest is None else tuple(s for s in row.sources if s != row.dest)
+        dest = row.dest
+        leaving = tuple(s for s in row.sources if dest is not None and s != dest)
         for source in row.sources:
             if source not in leaving:
                 boxes[source].lines.append(_line(spec, row, usage, (source,)))
-        for tails in [leaving] if shared_tails and leaving else [(s,) for s in leaving]:
-            arrow = arrows.setdefault((row.dest, tails), Arrow(tails, row.dest))
+        if dest is None or not leaving:
+            continue
+        for tails in [leaving] if shared_tails else [(s,) for s in leaving]:
+            arrow = arrows.setdefault((dest, tails), Arrow(tails, dest))
             arrow.lines.append(_line(spec, row, usage, tails))
     kept = _fold(list(arrows.values())) if shared_tails else list(arrows.values())
     return Picture(spec.name, Path(spec.path).name, spec.initial, boxes, kept,

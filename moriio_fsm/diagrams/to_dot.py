@@ -57,10 +57,10 @@ def _graph_attributes(pic: Picture) -> list[str]:
     legend = LEGEND.format(spec_file=pic.spec_file) + (COUNTS if pic.counted else "")
     text = "<BR/>".join(escape(part) for part in textwrap.wrap(legend, 110))
     title = f'<FONT POINT-SIZE="14"><B>{escape(pic.name)}</B></FONT><BR/>{text}'
-    return [f'  graph [rankdir=TB, nodesep=0.15, ranksep=0.3, fontname="{FONT}", '
-            f"fontsize=10, pad=0.15, labelloc=t, label=<{title}>];",
-            f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, '
-            'margin="0.06,0.03"];',
+    return [(f'  graph [rankdir=TB, nodesep=0.15, ranksep=0.3, fontname="{FONT}", '
+             f"fontsize=10, pad=0.15, labelloc=t, label=<{title}>];"),
+            (f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, '
+             'margin="0.06,0.03"];'),
             f'  edge [fontname="{FONT}", fontsize=9, arrowsize=0.6, color="#333333"];']
 
 

@@ -7,8 +7,8 @@ table named after the spec); a row index the spec does not have is skipped.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..lang.model import Spec
 
@@ -38,7 +38,8 @@ def usage_from_trace(paths: Iterable[str], spec: Spec) -> Usage:
                 continue
             if not isinstance(record, Step) or record.after is None:
                 continue
-            if (record.side, record.table) not in tables and record.table.split("#")[0] != spec.name:
+            ours = (record.side, record.table) in tables or record.table.split("#")[0] == spec.name
+            if not ours:
                 continue
             key = (record.side, record.table, record.transfer)
             state = record.before if record.before is not None else spec.initial
@@ -51,7 +52,7 @@ def usage_from_trace(paths: Iterable[str], spec: Spec) -> Usage:
                     state = row.dest
             last[key] = record.after
     final = set(spec.final_states)
-    for state in last.values():
-        if state is not None and state not in final:
-            usage.stuck[state] = usage.stuck.get(state, 0) + 1
+    for left in last.values():
+        if left is not None and left not in final:
+            usage.stuck[left] = usage.stuck.get(left, 0) + 1
     return usage
