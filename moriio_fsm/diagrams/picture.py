@@ -102,7 +102,8 @@ class Picture:
     initial: str
     boxes: dict[str, Box]
     arrows: list[Arrow]
-    counted: bool = False
+    counted: bool = False       # lines carry a trace's counts
+    all_rows: bool = False      # rows that change nothing are drawn too
 
 
 def picture(spec: Spec, *, usage: Usage | None = None, all_rows: bool = False,
@@ -126,7 +127,7 @@ def picture(spec: Spec, *, usage: Usage | None = None, all_rows: bool = False,
             arrow.lines.append(_line(spec, row, usage, tails))
     kept = _fold(list(arrows.values())) if shared_tails else list(arrows.values())
     return Picture(spec.name, Path(spec.path).name, spec.initial, boxes, kept,
-                   counted=usage is not None)
+                   counted=usage is not None, all_rows=all_rows)
 
 
 def _fold(arrows: list[Arrow]) -> list[Arrow]:

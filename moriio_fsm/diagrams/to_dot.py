@@ -29,7 +29,7 @@ FILLS = {"stuck": ("#ffe599", "#b45f06"), "anomaly": ("#f4cccc", "#990000"),
 LEGEND = ("An arrow's line: event [guard] / effects; [guard] alone: as soon as the guard "
           "holds. Blue, dashed: a timer's event. In a box: the timers armed there (italic), "
           "then the rows that keep the state. Double border: final; red: anomaly. Not drawn: "
-          "actions, row order, rows that change nothing (see {spec_file}).")
+          "actions, row order, what restarts a timer{unchanged} (see {spec_file}).")
 COUNTS = (" xN: transfers of the trace that took the row; yellow: states where transfers "
           "were left.")
 
@@ -54,7 +54,9 @@ def dot_source(pic: Picture) -> str:
 
 
 def _graph_attributes(pic: Picture) -> list[str]:
-    legend = LEGEND.format(spec_file=pic.spec_file) + (COUNTS if pic.counted else "")
+    unchanged = "" if pic.all_rows else ", rows that change nothing"
+    legend = LEGEND.format(spec_file=pic.spec_file, unchanged=unchanged)
+    legend += COUNTS if pic.counted else ""
     text = "<BR/>".join(escape(part) for part in textwrap.wrap(legend, 110))
     title = f'<FONT POINT-SIZE="14"><B>{escape(pic.name)}</B></FONT><BR/>{text}'
     return [(f'  graph [rankdir=TB, nodesep=0.15, ranksep=0.3, fontname="{FONT}", '
