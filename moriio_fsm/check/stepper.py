@@ -155,14 +155,23 @@ class Stepper:
             return result, None
         tx = self.table.get(tid)
         if tx is None:
-            raise CheckUsageError(
-                f"{self.machine.spec.name}: event {ev.kind!r} ends the transfer in the step "
-                f"that creates it ({result.state!r}); the checker explores transfers that "
-                "live past their creating step")
+            tx = self._ended_in_creation(msgspec.structs.replace(ev, transfer_id=tid))
         copy = copy_record(tx)
         copy.transfer_id = TRANSFER_ID
         key = self.key_of(copy)
         return result, key
+
+    def _ended_in_creation(self, ev: Event):
+        """The record of a transfer that ended in the step creating it. The table retired
+        it at once, keeping only its state, so the same creating step runs again on a fresh
+        record (a step depends on its record and event alone) and that record is kept."""
+        tx = self._record_class(ev.transfer_id)
+        tx._senders = None
+        try:
+            self.table._creating_steps[ev.kind](self._shard, tx, ev)
+        finally:
+            tx.deadlines[:] = self._no_deadlines
+        return tx
 
     def run(self, tx, ev: Event) -> tuple[Result, tuple]:
         """Run ``ev``'s step on a copy of ``tx``; the result and the key after it."""

@@ -184,3 +184,11 @@ def test_a_second_remote_load_after_a_completed_one_never_waits(side):
     again = d.send("receive_started", num_writers=1)
     assert again.outcome is Outcome.LATE and again.state == "received"
     assert d.send("blocks_allocated", block_ids=BLOCKS).outcome is Outcome.LATE
+
+
+def test_a_load_that_ended_before_it_started_releases_p_in_its_creating_step(side):
+    d = side("write_consumer")
+    r = d.send("finished_before_start")
+    assert (r.outcome, r.state) == (Outcome.CREATED, "released")
+    assert d.kinds() == ["send_release"]
+    assert d.send("request_finished").outcome is Outcome.LATE

@@ -305,6 +305,19 @@ def test_a_request_that_finished_without_any_layer_fails_the_transfer():
     assert r.effects[0].data == {"reason": "failed", "decode_rank": 1, "writes_stopped": True}
 
 
+@pytest.mark.parametrize("kind, end, reason", [("finished_before_start", "failed", "failed"),
+                                               ("aborted_before_start", "aborted", "aborted")])
+def test_a_request_that_ended_before_its_transfer_started_ends_it_in_the_creating_step(kind, end, reason):
+    """The transfer starts only to end: D hears write_failed (its writes never started) and
+    the blocks go back, in the step that creates it; the request's end repeated is late."""
+    p = Producer()
+    r = p.send(kind)
+    assert (r.outcome, r.state) == (Outcome.CREATED, end)
+    assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
+    assert r.effects[0].data == {"reason": reason, "decode_rank": -1, "writes_stopped": True}
+    assert p.send("request_finished").outcome is Outcome.LATE
+
+
 def test_defer_timeout_expires_a_transfer_whose_allocation_never_came():
     p = Producer(defer_timeout_s=5.0)
     p.create()
