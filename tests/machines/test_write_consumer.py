@@ -186,6 +186,20 @@ def test_a_second_remote_load_after_a_completed_one_never_waits(side):
     assert d.send("blocks_allocated", block_ids=BLOCKS).outcome is Outcome.LATE
 
 
+def test_a_writer_that_failed_before_the_allocation_fails_the_load_as_soon_as_blocks_come(side):
+    """P's request ended before its transfer started, and P said so before D allocated: D
+    does not wait for its write timeout, it releases P and fails the load at allocation."""
+    d = side("write_consumer")
+    d.send("receive_started", num_writers=1)
+    r = d.send("write_failed", producer_rank=0, reason="aborted", writes_stopped=True)
+    assert (r.outcome, r.state, r.effects) == (Outcome.APPLIED, "awaiting_allocation", ())
+    assert d.send("write_failed", producer_rank=0, writes_stopped=True).outcome is Outcome.DUPLICATE
+    r = d.send("blocks_allocated", block_ids=BLOCKS)
+    assert r.state == "failed"
+    assert d.kinds() == ["send_remote_blocks", "send_release", "report_load_failure"]
+    assert not d.kinds("free_blocks")
+
+
 def test_a_load_that_ended_before_it_started_releases_p_in_its_creating_step(side):
     d = side("write_consumer")
     r = d.send("finished_before_start")

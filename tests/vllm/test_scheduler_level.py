@@ -308,6 +308,28 @@ def test_p_aborts_during_chunked_prefill_tells_d_and_d_recomputes(make_instance)
     assert P.reported_sending == []        # P's blocks were never held for a write
 
 
+def test_p_aborted_before_d_allocated_fails_ds_load_at_its_allocation(make_instance):
+    """P's request ends before its transfer started and before D's scheduler allocated:
+    P's write_failed reaches D before D's transfer exists (D holds it), and D fails its
+    load as soon as it allocates, instead of waiting out its write timeout."""
+    expected = reference(make_instance, LONG_PROMPT)
+    P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
+    D.scheduler.recompute_kv_load_failures = True
+    to_p, to_d = write_pair_params("tx-w5-early", P, D)
+    P.add("p-1", LONG_PROMPT, 1, to_p)
+    P.step()                               # the first of three prefill chunks
+    P.abort("p-1")
+    P.step()                               # P ends the transfer it never started: D hears write_failed
+    d_worker = D.worker._worker
+    held = lambda: any(s.event == "write_failed" and s.outcome == "buffered"         # noqa: E731
+                       for s in d_worker.recorder.records() if s.transfer == "tx-w5-early")
+    assert run_until([P], held, timeout_s=10.0)
+    D.add("d-1", LONG_PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected    # recomputed after the failed load
+    assert D.load_errors
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_a_failed_write_is_handled_by_the_load_failure_policy(make_instance, policy):
     expected = reference(make_instance, PROMPT)
