@@ -7,12 +7,8 @@ never reported, so vLLM never reuses memory a transfer may still touch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..logs import get_logger
-
-if TYPE_CHECKING:
-    from .worker_half import WorkerHalf
+from .context import HandlerContext
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -24,23 +20,24 @@ def _quarantine(side: str, what: str):
     return quarantine_blocks
 
 
-def decode_report_handlers(worker: "WorkerHalf", op: str) -> dict:
+def decode_report_handlers(ctx: HandlerContext, op: str) -> dict:
     """D's handlers for the effects both consumer machines emit (``op``: write or read)."""
 
     def report(effect, failed: bool) -> None:
-        info = worker.directory.get(effect.transfer_id)
+        info = ctx.directory.get(effect.transfer_id)
         if info is not None:
-            worker.reports.received(info.request_id, info.block_ids if failed else ())
-            if failed and worker.failure_log.allow(worker.clock()):
+            ctx.reports.received(info.request_id, info.block_ids if failed else ())
+            if failed and ctx.failure_log.allow(ctx.clock()):
                 log.warning("vllm.load_failed", transfer_id=effect.transfer_id,
                             request_id=info.request_id, reason=effect.reason,
-                            blocks=len(info.block_ids), then="vLLM's kv_load_failure_policy decides")
+                            blocks=len(info.block_ids),
+                            then="vLLM's kv_load_failure_policy decides")
 
     def free_blocks(effect) -> None:
         # vLLM waits for a report only while the load was pending; otherwise it freed them.
-        info = worker.directory.get(effect.transfer_id)
-        if info is not None and worker.reports.awaits(info.request_id):
-            worker.reports.received(info.request_id)
+        info = ctx.directory.get(effect.transfer_id)
+        if info is not None and ctx.reports.awaits(info.request_id):
+            ctx.reports.received(info.request_id)
 
     return {
         "hold_blocks": lambda effect: None,   # vLLM keeps a pending load's blocks itself
@@ -51,13 +48,13 @@ def decode_report_handlers(worker: "WorkerHalf", op: str) -> dict:
     }
 
 
-def prefill_report_handlers(worker: "WorkerHalf", with_quarantine: bool) -> dict:
+def prefill_report_handlers(ctx: HandlerContext, with_quarantine: bool) -> dict:
     """P's handlers for giving its blocks back (and keeping them, when quarantined)."""
 
     def free_blocks(effect) -> None:
-        info = worker.directory.get(effect.transfer_id)
+        info = ctx.directory.get(effect.transfer_id)
         if info is not None:
-            worker.reports.sent(info.request_id)
+            ctx.reports.sent(info.request_id)
 
     handlers = {"free_blocks": free_blocks}
     if with_quarantine:

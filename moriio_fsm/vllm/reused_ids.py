@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..adapters.zmq import WriteFailed
 from .params import PeerAddress
+from .topology import notify_endpoint
 
 #: What D hears: the reason names the cause, in the codec's printable short form.
 REASON = "transfer_id_used"
@@ -53,9 +54,9 @@ class ReusedIdReplies:
         self._answer(transfer_id, peer, max(decode_rank, 0))
 
     def _answer(self, transfer_id: str, peer: PeerAddress, decode_rank: int) -> None:
-        port = peer.notify_port + peer.dp_rank * peer.tp_size + decode_rank
-        self._send((peer.host, port), WriteFailed(transfer_id, reason=REASON, writes_stopped=True,
-                                                  producer_rank=self._rank))
+        self._send(notify_endpoint(peer, decode_rank),
+                   WriteFailed(transfer_id, reason=REASON, writes_stopped=True,
+                               producer_rank=self._rank))
 
 
 def _keep(record: OrderedDict, key: str, value, capacity: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 from moriio_fsm.engines import LoopbackEngine, TransferSession
 from moriio_fsm.engines.status import failed_status
 from moriio_fsm.vllm.settings import ConnectorConfigError
-from moriio_fsm.vllm.worker_half import inject_faults
+from moriio_fsm.vllm.engine_faults import inject_faults
 from moriio_fsm.vllm.write_handlers import abandon
 
 
@@ -23,10 +23,11 @@ class UnstoppableSession(TransferSession):
 
 
 def worker_with(sessions: dict, engine) -> SimpleNamespace:
+    """The parts of a handler context that abandoning uses."""
     info = SimpleNamespace(sessions=sessions)
     forgotten = []
     return SimpleNamespace(directory=SimpleNamespace(get=lambda tid: info), engine=engine,
-                           poller=SimpleNamespace(forget=forgotten.append), clock=lambda: 1.0, forgotten=forgotten)
+                           forget_completions=forgotten.append, clock=lambda: 1.0, forgotten=forgotten)
 
 
 def test_abandoning_writes_an_engine_cannot_stop_raises_and_forgets_nothing():

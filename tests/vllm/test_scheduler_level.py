@@ -223,13 +223,19 @@ def test_every_write_through_ds_board_gives_the_same_tokens_and_d_helps_only_on_
     D = make_instance("D", "kv_consumer")
     engine = P.worker._worker.engine
     monkeypatch.setattr(engine.tuning, "assist_min_bytes", 0)     # this KV is small: every write goes on the board
+    alone = []                  # copies P made without D's board
+    for strategy in (engine._pages, engine._kernel):
+        monkeypatch.setattr(strategy, "move", lambda *call, move=strategy.move, name=strategy.name: (
+            alone.append(name), move(*call))[1])
     calls = recorded_help(monkeypatch, D.worker._worker)
     to_p, to_d = write_pair_params("tx-assist", P, D)
     P.add("p-1", PROMPT, 1, to_p)
     D.add("d-1", PROMPT, TOKENS, to_d)
     assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
     assert D.outputs["d-1"] == expected
-    assert engine.assist_counts["jobs"] >= len(P.kv)
+    # Every write went through D's board: in one job per write, or fewer where the engine
+    # copied writes posted close together as one (how they group depends on timing).
+    assert engine.assist_counts["jobs"] >= 1 and alone == []
     # Asked only on steps with no forward while the load was pending, and asked then.
     assert calls and all(wait > 0 and idle and pending for wait, idle, pending in calls)
 
