@@ -85,6 +85,6 @@ def register(sub) -> None:
                         "consumer) in one picture (svg, png or dot; default svg)")
     p.add_argument("--docs", metavar="DIR",
                    help="regenerate in DIR every shipped spec's svg, png and mermaid and the "
-                        "overview (machines.svg, machines.png), and the README's WRITE "
-                        "producer diagram")
+                        "overview (machines.svg, machines.png), and the WRITE producer's "
+                        "diagram in docs/machines.md")
     p.set_defaults(run=_diagram)

@@ -7,12 +7,12 @@ says how many transfers took it and states where transfers were left are highlig
 svg and png need Debian's ``graphviz`` binaries; dot and mermaid need nothing. Every svg
 and png is marked with the digest of its dot source (``stamps``).
 ``python -m moriio_fsm.diagrams DIR`` (or ``moriio-fsm diagram --docs DIR``) regenerates
-the drawings in the docs and the README's WRITE producer diagram.
+the drawings in the docs and docs/machines.md's WRITE producer diagram.
 """
 
 from __future__ import annotations
 
-from .docs import README, readme_block, replace_readme_block, write_docs
+from .docs import MACHINES_PAGE, page_block, replace_page_block, write_docs
 from .drawing import (
     FORMATS,
     OVERVIEW_FORMATS,
@@ -27,7 +27,7 @@ from .drawing import (
 from .stamps import drawing_digest, source_digest
 from .usage import Usage, usage_from_trace
 
-__all__ = ["FORMATS", "OVERVIEW_FORMATS", "README", "DiagramError", "Usage", "dot", "draw",
-           "drawing_digest", "mermaid", "overview_dot", "readme_block", "render",
-           "render_overview", "replace_readme_block", "source_digest", "usage_from_trace",
+__all__ = ["FORMATS", "MACHINES_PAGE", "OVERVIEW_FORMATS", "DiagramError", "Usage", "dot",
+           "draw", "drawing_digest", "mermaid", "overview_dot", "page_block", "render",
+           "render_overview", "replace_page_block", "source_digest", "usage_from_trace",
            "write_docs"]

@@ -1,5 +1,5 @@
 """``python -m moriio_fsm.diagrams [DIR]``: regenerate the docs' drawings (default
-docs/diagrams) and the README's diagram; prints each path written."""
+docs/diagrams) and docs/machines.md's diagram; prints each path written."""
 
 from __future__ import annotations
 

@@ -69,11 +69,11 @@ def test_every_docs_picture_fits_the_readme_width():
         assert 300 < width <= README_WIDTH, f"{path.name} is {width} px wide"
 
 
-def test_the_readme_shows_the_write_producers_mermaid_diagram():
-    text = diagrams.README.read_text()
-    block = diagrams.readme_block(load_machine_spec("write_producer"))
+def test_the_machines_page_shows_the_write_producers_mermaid_diagram():
+    text = diagrams.MACHINES_PAGE.read_text()
+    block = diagrams.page_block(load_machine_spec("write_producer"))
     assert block in text, STALE
-    assert diagrams.replace_readme_block(text, block) == text
+    assert diagrams.replace_page_block(text, block) == text
 
 
 # -- what is drawn -------------------------------------------------------------------------
