@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..lang.model import value_fits
 from .early_facts import sender_of
 from .errors import TransitionError
 from .events import Event, Outcome, Result
 from .shard import Shard
+
+if TYPE_CHECKING:
+    from ..lang.model import Spec
+    from .machine import Machine
+    from .timers import TimerPlan
 
 
 log = logging.getLogger("moriio_fsm.runtime")
@@ -53,6 +58,22 @@ class Admission:
     ``_timer_step``, is ``TimerDriving``'s). They use the table's ``machine``, ``spec``,
     ``_steps``, ``_creating_steps``, ``_creators``, ``_remote_payloads``, ``_plan``,
     ``_initial_timers``, ``_final`` and ``_arm``."""
+
+    if TYPE_CHECKING:       # what the table provides (its __init__, and TimerDriving)
+        machine: Machine
+        spec: Spec
+        _steps: dict[str, dict[str, Any]]
+        _creating_steps: dict[str, Any]
+        _creators: frozenset[str]
+        _remote_payloads: dict[str, tuple[tuple[str, str], ...]]
+        _plan: TimerPlan
+        _initial_timers: tuple[int, ...]
+        _final: frozenset[str]
+
+        def _arm(self, tx: Any, index: int, now: float) -> None: ...
+
+        def _timer_step(self, index: int, step: Any, shard: Shard, tx: Any,
+                        ev: Event) -> Result: ...
 
     # -- wrappers put in front of the steps of special kinds -----------------------------
 
@@ -181,7 +202,8 @@ class Admission:
         shard.live[ev.transfer_id] = tx
         return self._apply_held(shard, tx, ev, fresh, result)
 
-    def _apply_held(self, shard: Shard, tx, ev: Event, fresh: list, created: Result) -> Result:
+    def _apply_held(self, shard: Shard, tx, ev: Event, fresh: Sequence[Event],
+                    created: Result) -> Result:
         """Apply the peer's facts held for the transfer ``ev`` just created, in arrival
         order; the result is the creation's, with the effects and hops of all of them."""
         effects = list(created.effects)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dis
 import types
+from collections.abc import Set
 from typing import Any, Callable, Iterator
 
 from ..lang.errors import Problem, SpecError
@@ -167,14 +168,14 @@ class Bindings:
             if stored:
                 add(item.line, f"guard {name!r} assigns {', '.join(stored)}; a guard only reads")
         for name, item in spec.actions.items():
-            fn = self.actions.get(name)
-            if fn is None:
+            action = self.actions.get(name)
+            if action is None:
                 continue
-            undeclared = sorted((attribute_stores(fn) & fields) - set(item.writes))
+            undeclared = sorted((attribute_stores(action) & fields) - set(item.writes))
             if undeclared:
                 add(item.line, f"action {name!r} writes {', '.join(undeclared)} but its spec entry "
                                f"declares writes: [{', '.join(item.writes)}]")
-            for kind in sorted(emitted_kinds(fn) - set(spec.emits)):
+            for kind in sorted(emitted_kinds(action) - set(spec.emits)):
                 add(item.line, f"action {name!r} emits {kind!r}, which is not declared under 'emits'")
         for row in spec.transitions:
             may_emit: set[str] = set()
@@ -254,7 +255,7 @@ def checked_action(spec: Spec, name: str, fn: Action, allowed_emits: set[str]) -
     return action
 
 
-def effect_problem(spec: Spec, effect: Effect, allowed: set[str]) -> str | None:
+def effect_problem(spec: Spec, effect: Effect, allowed: Set[str]) -> str | None:
     """Why ``effect`` does not match the spec's declaration of its kind, or None."""
     declared = spec.emits.get(effect.kind)
     if declared is None:

@@ -53,6 +53,17 @@ class _RowShape:
     index: int                  # the row's index in the spec
 
 
+def _named_guard(row: Row) -> tuple[str, Callable]:
+    """A guarded row's guard name and function (a row has both or neither)."""
+    assert row.guard_name is not None and row.guard is not None, f"row #{row.index} is unguarded"
+    return row.guard_name, row.guard
+
+
+def _guard_info(row: Row) -> tuple[str, str, Row]:
+    """What a generated line of a guarded row's guard came from, for error reports."""
+    return ("guard", _named_guard(row)[0], row)
+
+
 class GeneratedModule:
     """The generated module of one machine in one mode (with or without check mode): its
     source, compiled code and the map from generated lines back to bindings and rows.
@@ -154,12 +165,13 @@ class GeneratedModule:
 
     def _guard(self, row: Row, indent: str) -> str:
         """Write the guard's preparatory lines; return the test expression to branch on."""
-        info = ("guard", row.guard_name, row)
-        inlined = self._inline("guard", row.guard_name, row.guard)
+        name, guard = _named_guard(row)
+        info = _guard_info(row)
+        inlined = self._inline("guard", name, guard)
         if inlined is None:
-            return f"{self._bind(row.guard, 'guard_' + row.guard_name)}(tx, ev)"
+            return f"{self._bind(guard, 'guard_' + name)}(tx, ev)"
         for text in inlined.lines:
-            self._line(f"{indent}{text}  # guard {one_line(row.guard_name)}", info)
+            self._line(f"{indent}{text}  # guard {one_line(name)}", info)
         return inlined.test
 
     def _actions(self, row: Row, indent: str) -> None:
@@ -180,7 +192,7 @@ class GeneratedModule:
             return indent
         test = self._guard(row, indent)
         self._line(f"{indent}if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
-                   ("guard", row.guard_name, row))
+                   _guard_info(row))
         return indent + "    "
 
     def _emit_may_fire(self, state: str, rows: tuple[Row, ...]) -> str:
@@ -196,7 +208,7 @@ class GeneratedModule:
                 return name
             test = self._guard(row, "    ")
             self._line(f"    if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
-                       ("guard", row.guard_name, row))
+                       _guard_info(row))
             self._line("        return True")
         self._line("    return False")
         return name
@@ -208,7 +220,7 @@ class GeneratedModule:
         for row in self.machine.eventless[state]:
             if row.guard is None:
                 return "True"
-            inlined = self._inline("guard", row.guard_name, row.guard)
+            inlined = self._inline("guard", *_named_guard(row))
             if inlined is None or inlined.lines:
                 return f"{self._may_fire[state]}(tx, ev)"
             tests.append(inlined.test)
@@ -289,7 +301,7 @@ class GeneratedModule:
         self._actions(row, indent)
         outcome = self._bind(row.outcome, row.outcome.name)
         if shape.dest is not None:
-            self._emit_state_change(state, shape, outcome, indent)
+            self._emit_state_change(state, shape.dest, shape, outcome, indent)
             return
         if shape.may_settle:
             self._emit_settle_in_place(state, row, shape, outcome, indent)
@@ -339,9 +351,8 @@ class GeneratedModule:
     def _settle_call(self) -> str:
         return "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
 
-    def _emit_state_change(self, state: str, shape: "_RowShape", outcome: str,
+    def _emit_state_change(self, state: str, dest: str, shape: "_RowShape", outcome: str,
                            indent: str) -> None:
-        dest = shape.dest
         self._line(f"{indent}tx.state = {dest!r}")
         self._line(f"{indent}hops = [({state!r}, {dest!r})]")
         if self.machine.eventless[dest]:

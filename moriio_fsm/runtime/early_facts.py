@@ -66,7 +66,7 @@ class EarlyFacts:
             for entry in held:
                 sender = sender_of(entry.event)
                 counts[sender] = counts.get(sender, 0) + 1
-            hog = max(counts, key=counts.get)
+            hog = max(counts, key=counts.__getitem__)
             if hog == source or counts[hog] <= counts.get(source, 0) + 1:
                 return False, evicted
             victim = next(entry for entry in held if sender_of(entry.event) == hog)

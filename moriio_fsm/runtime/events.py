@@ -81,6 +81,9 @@ class Outcome(enum.Enum):
     DROPPED = "dropped"        # a remote fact for an unknown transfer, buffer full
     FORGED = "forged"          # a remote fact from a peer the transfer is not bound to
 
+    # Set on each member below; an annotation without a value is not a member.
+    index: int
+
 
 # A plain int per member lets hot paths count outcomes in a list instead of hashing
 # enum members (Enum.__hash__ runs in Python).

@@ -62,9 +62,9 @@ def _function_ast(fn: Callable) -> ast.FunctionDef | None:
     if args.posonlyargs or args.vararg or args.kwonlyargs or args.kwarg:
         return None
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
-                                                               ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str):
         body = body[1:]                                    # drop the docstring
     node.body = body
     for sub in ast.walk(ast.Module(body=body, type_ignores=[])):

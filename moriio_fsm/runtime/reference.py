@@ -84,7 +84,8 @@ def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
         guard = row.guard
         actions = row.actions
         if checked:
-            guard = guard and checked_guard(spec, row.guard_name, guard)
+            if guard is not None and row.guard_name is not None:     # a row has both or neither
+                guard = checked_guard(spec, row.guard_name, guard)
             actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
                             for name, fn in zip(row.action_names, actions))
         engine.add_transition(trigger=declared.event or EVENTLESS_TRIGGER,

@@ -26,4 +26,10 @@ class Shard:
         self.early = early
         self.counts = [0] * len(Outcome)         # indexed by Outcome.index
         self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
-        self.fired: tuple[int, ...] = ()         # trace mode: rows the running step took
+        # Trace mode: the rows the running step took (None with the transitions executor,
+        # whose steps do not say).
+        self.fired: tuple[int, ...] | None = ()
+
+    def holds(self, tx: Any) -> bool:
+        """Whether ``tx`` is the live record of its transfer (not retired, not replaced)."""
+        return self.live.get(tx.transfer_id) is tx

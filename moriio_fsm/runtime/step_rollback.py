@@ -8,7 +8,7 @@ the transfer is exactly as it was before the event.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import TransitionError
 
@@ -19,7 +19,7 @@ class NoEffects(list):
 
     __slots__ = ()
 
-    def _refuse(self, *items: Any) -> None:
+    def _refuse(self, *items: Any) -> NoReturn:
         kinds = ", ".join(repr(getattr(item, "kind", item)) for item in items) or "an effect"
         raise TransitionError(f"an action emitted {kinds} from a row that declares no emits")
 
@@ -32,7 +32,8 @@ class NoEffects(list):
     def insert(self, index: Any, effect: Any) -> None:
         self._refuse(effect)
 
-    def __iadd__(self, effects: Any):
+    # mypy holds any __iadd__ of a list subclass against list's overloaded __add__.
+    def __iadd__(self, effects: Any) -> NoReturn:  # type: ignore[misc]
         self._refuse(*list(effects))
 
     def __setitem__(self, index: Any, effect: Any) -> None:

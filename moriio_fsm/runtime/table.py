@@ -166,7 +166,8 @@ class TransferTable(Admission, TimerDriving):
         self._steps, self._creating_steps, self.generated = installed
         self._step_record: StepRecord | None = step_record
         self._recorder = recorder
-        self.dispatch = self._make_dispatch()
+        # Each table installs its own dispatch function over the method, on purpose.
+        self.dispatch = self._make_dispatch()  # type: ignore[method-assign, assignment]
 
     def _make_steps(self, *, trace: bool) -> tuple:
         """``(steps, creating steps, generated module or None)`` of the table's executor.
@@ -278,15 +279,19 @@ class TransferTable(Admission, TimerDriving):
                                "runs under the shard lock and must not dispatch (it would hang)")
 
     def _record_step(self, ev: Event, before, result, rows, *error) -> None:
+        record = self._step_record
+        assert record is not None, "called only while a step recorder is set"
         try:
-            self._step_record(ev, before, result, rows, *error)
+            record(ev, before, result, rows, *error)
         except Exception as exc:
             self._recorder_failed(ev, exc)
 
     def _record(self, ev: Event, result: Result) -> None:
+        recorder = self._recorder
+        assert recorder is not None, "called only while a recorder is set"
         self._recording = threading.get_ident()
         try:
-            self._recorder(ev, result)
+            recorder(ev, result)
         except Exception as exc:        # the step stands; a broken recorder is reported
             self._recorder_failed(ev, exc)
         finally:
@@ -323,6 +328,7 @@ class TransferTable(Admission, TimerDriving):
             taken = fire(tx, ev, out)
             if not taken:
                 return
+            assert shard.fired is not None, "trace-mode steps start with a tuple"
             shard.fired += (taken - 1,)
             hops.append((here, tx.state))
         raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "

@@ -10,10 +10,15 @@ holds up the others. ``TimerDriving`` is the part of ``TransferTable`` that does
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 from .errors import TimerStepsFailed, TransitionError
 from .events import Event, Outcome, Result
 from .shard import Shard
 from .timers import check_time
+
+if TYPE_CHECKING:
+    from .timers import DeadlineHeap, TimerPlan
 
 
 _REJECTED = Outcome.REJECTED
@@ -24,6 +29,23 @@ class TimerDriving:
     """Timer methods of ``TransferTable``. They use the table's ``_heap``, ``_plan``,
     ``_shards``, ``_mask``, ``_timer_events``, ``_run_step``, the recorders and
     ``executor``."""
+
+    if TYPE_CHECKING:       # what the table provides (its __init__ and methods, and Admission)
+        executor: str
+        _heap: DeadlineHeap
+        _plan: TimerPlan
+        _shards: tuple[Shard, ...]
+        _mask: int
+        _timer_events: tuple[type[Event], ...]
+        _step_record: Callable[..., None] | None
+        _recorder: Callable[[Event, Result], None] | None
+
+        def _run_step(self, shard: Shard, tx: Any, ev: Event) -> Result: ...
+
+        def _record_step(self, ev: Event, before: Any, result: Any, rows: Any,
+                         *error: Any) -> None: ...
+
+        def _record(self, ev: Event, result: Result) -> None: ...
 
     def advance(self, now: float) -> list[tuple[Event, Result]]:
         """Fire every timer whose deadline is <= ``now``, earliest first; return the
@@ -45,7 +67,7 @@ class TimerDriving:
             shard.lock.acquire()
             try:
                 current = tx.deadlines[index]
-                if current is None or shard.live.get(tx.transfer_id) is not tx:
+                if current is None or not shard.holds(tx):
                     continue                                  # disarmed or retired
                 if current > deadline:
                     self._heap.push(current, tx, index)       # restarted since pushed
