@@ -27,6 +27,19 @@ class WireDecodeError(ZmqAdapterError):
         super().__init__(f"{field}: {reason}")
 
 
+class WireEncodeError(ZmqAdapterError, ValueError):
+    """An outgoing message holds a value its receiver would reject.
+
+    Raised by the encoders before anything is sent, so a bad value is reported
+    to the caller that built it instead of being dropped by the peer.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
 class UntrustedPeerError(ZmqAdapterError):
     """An outbound connection was refused by the peer trust policy.
 
