@@ -57,7 +57,7 @@ def explain(paths: Iterable[str], transfer: str, **replay_options) -> Explanatio
     found = Explanation(transfer, report)
     summaries = [s for s in report.transfers.values() if s.steps]
     for s in summaries:
-        for step in s.steps:
+        for step in s.steps or ():
             order = step.wall if step.wall is not None else step.t
             found.timeline.append((order, step.t, s.side, s.transfer, step))
     found.timeline.sort(key=lambda row: (row[0], row[2], row[4].seq))
@@ -87,7 +87,7 @@ def _why(s: TransferSummary, group: list[TransferSummary], report: ReplayReport)
     parts = [f"{s.who} is stuck in {state!r}{f' ({doc})' if doc else ''} for "
              f"{end - s.since:.3f} s at the end of the traces, last event {s.last_event} at "
              f"t={s.last_t:.3f}"]
-    exits = ways_out(spec, state)
+    exits = ways_out(spec, state) if state is not None else {}
     if exits.get("remote"):
         parts.append(_waits_for(s, exits["remote"], group))
     others = [f"{', '.join(names)} ({origin})" for origin, names in exits.items()

@@ -59,6 +59,7 @@ def _nesting(record: Record) -> int:
     stack = [(getattr(record, name), 2) for name in record.__struct_fields__]
     while stack:
         value, depth = stack.pop()
+        children: Iterable
         if isinstance(value, dict):
             children = value.values()
         elif isinstance(value, (list, tuple)):

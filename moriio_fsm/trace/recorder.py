@@ -189,7 +189,7 @@ class TraceRecorder:
         if submit is None:
             def record(ev, before, result, rows, error=None) -> None:
                 if error is None:
-                    raw = (next_seq(), ident(), index, ev, before, result, rows)
+                    raw: tuple = (next_seq(), ident(), index, ev, before, result, rows)
                     ring_append(raw)
                     ring = live_get(ev.transfer_id)
                     if ring is not None and result.state not in final:
@@ -202,7 +202,7 @@ class TraceRecorder:
         else:
             def record(ev, before, result, rows, error=None) -> None:
                 if error is None:
-                    raw = (next_seq(), ident(), index, ev, before, result, rows)
+                    raw: tuple = (next_seq(), ident(), index, ev, before, result, rows)
                     ring_append(raw)
                     submit(raw)
                     ring = live_get(ev.transfer_id)

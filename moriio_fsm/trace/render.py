@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import msgspec
 import structlog
@@ -54,7 +54,8 @@ def thread_name(ident: int) -> str:
     name = _thread_names.get(ident)
     if name is None:
         for thread in threading.enumerate():
-            _thread_names[thread.ident] = thread.name
+            if thread.ident is not None:            # always, for a thread that runs
+                _thread_names[thread.ident] = thread.name
         name = _thread_names.setdefault(ident, f"thread-{ident}")
     return name
 
@@ -128,7 +129,9 @@ class StepRenderer:
     def __init__(self, processors: Iterable[Processor] = ()):
         encoder = msgspec.json.Encoder(enc_hook=repr)
         self._chain = [step_fields, *processors]
-        self._json = structlog.processors.JSONRenderer(serializer=lambda d, **_: encoder.encode(d))
+        # The serializer makes bytes, so the renderer returns bytes (typed str | bytes).
+        self._json = cast(Callable[..., bytes], structlog.processors.JSONRenderer(
+            serializer=lambda d, **_: encoder.encode(d)))
 
     def fields(self, raw: tuple) -> dict:
         event_dict: dict = {"raw": raw}

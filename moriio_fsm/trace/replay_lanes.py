@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..lang.errors import SpecError
 from ..lang.shipped import SHIPPED_SPECS, spec_path
+from ..runtime.events import Event
 from ..runtime.table import EXECUTORS
 from .facts import message_event, once_only_effects, remote_events
 from .format import ReplayStep, TableInfo
@@ -132,7 +133,7 @@ class Lane:
                                  f"declaration in {self.spec.name!r}: {exc}") from None
 
 
-def event_builder(cls: type) -> Callable:
+def event_builder(cls: type[Event]) -> Callable:
     """``build(transfer_id, t, data, source)`` for event class ``cls``: its payload passed
     by position (keywords cost twice as much, and a replay builds one event per step).
     ``data`` of another size or with other names raises (KeyError or TypeError); the

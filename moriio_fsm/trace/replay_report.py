@@ -85,6 +85,8 @@ class TransferSummary:
             # One row may emit several effects of a kind (one per layer): the once-only
             # rule and the messages count the steps that emitted a kind, not its instances.
             for kind in dict.fromkeys(effect.get("kind") for effect in effects):
+                if kind is None:                # a kind-less effect is no kind it counts
+                    continue
                 if kind in once:
                     self.once.setdefault(kind, []).append(step.t)
                 peer_event = messages.get(kind)

@@ -20,7 +20,7 @@ import uuid
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 import msgspec
 
@@ -90,7 +90,8 @@ class TraceWriter:
         self._gap_side = ""
         self._reported_drops = 0
         self._last_seq = 0
-        self._handle = None
+        self._handle: BinaryIO | None = None
+        self._part_has_steps = False            # whether the open part holds a step line
         self._bytes = 0
         self._part = 0
         self._described: set[int] = set()       # ids of the table metas this part described
@@ -99,8 +100,7 @@ class TraceWriter:
         self.thread = threading.Thread(target=self._run, name=f"moriio-fsm-trace-writer-{self.id}",
                                        daemon=True)
         self.thread.start()
-        ref = weakref.ref(self)
-        atexit.register(lambda: (w := ref()) is not None and w.close())
+        atexit.register(_close_if_alive, weakref.ref(self))
 
     # -- called from any thread ------------------------------------------------------------
 
@@ -196,26 +196,26 @@ class TraceWriter:
             return
         done = 0
         try:
-            self._ensure_open()
+            handle = self._ensure_open()
             if self.dropped != self._reported_drops:
                 with self._drop_lock:
                     missing = self.dropped - self._reported_drops
                     self._reported_drops = self.dropped
-                self._handle.write(encode_line(Gap(self._gap_side, missing, self._last_seq,
-                                                   "the writer's queue was full or its disk failed")))
+                handle.write(encode_line(Gap(self._gap_side, missing, self._last_seq,
+                                             "the writer's queue was full or its disk failed")))
             for meta, line in lines:
                 if self._bytes + len(line) > self.max_bytes and self._part_has_steps:
-                    self._rotate()
+                    handle = self._rotate()
                 if id(meta) not in self._described:
                     info = encode_line(meta.info)
-                    self._handle.write(info)
+                    handle.write(info)
                     self._bytes += len(info)
                     self._described.add(id(meta))
-                self._handle.write(line)
+                handle.write(line)
                 self._bytes += len(line)
                 self._part_has_steps = True
                 done += 1
-            self._handle.flush()
+            handle.flush()
             self.written += done
         except OSError as exc:
             self.write_errors += 1
@@ -231,9 +231,10 @@ class TraceWriter:
                           self.path, self.write_errors, lost, exc)
             self._close_file()
 
-    def _ensure_open(self) -> None:
+    def _ensure_open(self) -> BinaryIO:
+        """The open part, opened (with its header) when there is none."""
         if self._handle is not None:
-            return
+            return self._handle
         handle = open(self.path, "ab")
         self._handle = handle
         self._bytes = handle.tell()
@@ -243,8 +244,10 @@ class TraceWriter:
             header = encode_line(new_header(self.id, self._part))
             handle.write(header)
             self._bytes = len(header)
+        return handle
 
-    def _rotate(self) -> None:
+    def _rotate(self) -> BinaryIO:
+        """Close the part, shift the backups, and return the new part, opened."""
         self._close_file()
         if self.backups == 0:
             self.path.unlink(missing_ok=True)
@@ -255,7 +258,7 @@ class TraceWriter:
                     older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
             self.path.replace(self.path.with_name(f"{self.path.name}.1"))
         self._part += 1
-        self._ensure_open()
+        return self._ensure_open()
 
     def _close_file(self) -> None:
         handle, self._handle = self._handle, None
@@ -264,3 +267,10 @@ class TraceWriter:
                 handle.close()
             except OSError:
                 pass
+
+
+def _close_if_alive(ref: weakref.ref[TraceWriter]) -> None:
+    """At exit: close the writer if it still exists (the hook holds no strong reference)."""
+    writer = ref()
+    if writer is not None:
+        writer.close()
