@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import ipaddress
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Union
+from dataclasses import dataclass
+from typing import Callable, Union
 
 from ...logs import get_logger
 import zmq
 
-from .codec import (
-    HandshakeReply,
-    NotifyMessage,
-    decode_notify,
-    encode_handshake_reply,
-    encode_notify,
-)
+from .codec import HandshakeReply, NotifyMessage, encode_handshake_reply, encode_notify
 from .config import TransportConfig
 from .errors import HandshakeFailedError, TransportBusyError, TransportClosedError, WireDecodeError
 from .handshake import HandshakeRequests, HandshakeServers
@@ -32,8 +25,9 @@ from .hosts import default_bind_host
 from .outbox import Outboxes
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint
+from .receiver import Delivery, NotifyReceiver, Peer
 from .reporting import LogLimiter, TransportCounts
-from .senders import AddressCache, sender_name
+from .senders import AddressCache
 from .sockets import bind, server_socket
 from .zap import ZapHandler
 
@@ -49,61 +43,12 @@ log = get_logger("moriio_fsm.adapters.zmq")
 Destination = Union[RankEndpoint, "tuple[str, int]"]
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """Who sent a message: the ROUTER identity of its connection, when known its IP address,
-    and with CURVE the public key it authenticated with (hex).
-
-    ``source`` names the connection: the sender (``sender_name``: the canonical host, and
-    ``/`` and the key with CURVE), ``#``, the identity in hex (``"127.0.0.1#0080000001"``);
-    the host is ``unknown`` when libzmq did not say.
-    """
-
-    identity: bytes
-    address: str | None
-    key: str | None = None
-    # Derived once per (identity, address, key), not once per message.
-    source: str = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        sender = sender_name(_source_host(self.address), self.key)
-        object.__setattr__(self, "source", f"{sender}#{self.identity.hex()}")
-
-
 def _is_loopback(host: str) -> bool:
     try:
         canonical = canonical_host(host)
     except ValueError:
         return False
     return canonical == "localhost" if isinstance(canonical, str) else canonical.is_loopback
-
-
-def _source_host(address: str | None) -> str:
-    if not address:
-        return "unknown"
-    try:
-        return str(canonical_host(address))
-    except ValueError:
-        return address  # not an IP literal: keep libzmq's text rather than lose the host
-
-
-class Delivery(NamedTuple):
-    """One accepted message, handed to the ``on_message`` callback.
-
-    A named tuple rather than a dataclass: one is built per message on the
-    listener's hot path.  The transport delivers messages, not events: turn one
-    into the machines' event with ``events.event_for(message, received_at, source)``.
-    """
-
-    message: NotifyMessage
-    peer: Peer
-    received_at: float  # time.monotonic() when it was decoded
-
-    @property
-    def source(self) -> str:
-        """The sending connection (``Peer.source``): the same for every message over one
-        connection, different for two connections."""
-        return self.peer.source
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +93,6 @@ class ZmqTransport:
     ) -> None:
         self.config = config
         self.policy = PeerPolicy(config.trusted_peers)
-        self._on_message = on_message
         self._on_send_failure = on_send_failure
         self._commands: collections.deque = collections.deque()  # control: handshake, serve, stop
         self._sends: collections.deque = collections.deque()  # (host, port, payload, transfer_id, kind)
@@ -163,7 +107,7 @@ class ZmqTransport:
         os.set_blocking(self._wake_write, False)
         self.counts = TransportCounts()
         self._log_limiter = LogLimiter()
-        self._peers: dict[tuple, Peer] = {}
+        self._receiver = NotifyReceiver(config, self.counts, self._log_limiter, on_message)
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
         self.bind_host = config.bind_host or default_bind_host()
@@ -400,7 +344,7 @@ class ZmqTransport:
             for target, flags in poller.poll(timeout_ms):
                 try:
                     if target is listener:
-                        self._drain_listener()
+                        self._receiver.drain(listener)
                     elif target == self._wake_read:
                         if self._drain_commands():
                             return
@@ -497,78 +441,8 @@ class ZmqTransport:
         """ZAP's question, on the I/O thread: may a connection from ``address`` come in?"""
         return self.policy.admits_address(address, self._addresses.addresses)
 
-    def _peer_for(self, identity: bytes, frame: zmq.Frame) -> Peer:
-        """Who sent ``frame``: read from the frame itself every time, since a peer picks its
-        own routing identity and may take one a closed connection used; the ``Peer`` is
-        cached per (identity, address, key) only to keep its ``source`` text."""
-        try:
-            address = frame.get("Peer-Address")
-        except zmq.ZMQError:
-            address = None
-        if address and address.startswith("::ffff:"):
-            mapped = ipaddress.ip_address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
-            address = str(mapped) if mapped is not None else address
-        try:
-            key = frame.get("User-Id") or None   # the ZAP handler's answer: the CURVE key in hex
-        except zmq.ZMQError:
-            key = None                           # no authentication on this socket
-        cache_key = (identity, address, key)
-        peers = self._peers
-        peer = peers.get(cache_key)
-        if peer is None:
-            peer = Peer(identity, address, key)
-            if len(peers) >= 4096:
-                peers.pop(next(iter(peers)))     # oldest first
-            peers[cache_key] = peer
-        return peer
-
-    def _drain_listener(self) -> None:
-        sock = self._listener
-        recv = sock.recv
-        cfg = self.config
-        role, limits, deliver = cfg.role, cfg.limits, self._on_message
-        counts, monotonic = self.counts, time.monotonic
-        for _ in range(cfg.max_batch):
-            try:
-                identity = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            counts.received += 1
-            try:
-                # The rest of a multipart message is already here (all or nothing).
-                frame = recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                self._reject(Peer(identity, None), WireDecodeError("<frame>", "no payload frame"))
-                continue
-            peer = self._peer_for(identity, frame)
-            if frame.more:
-                extra = 0
-                while sock.getsockopt(zmq.RCVMORE):
-                    recv(zmq.NOBLOCK, copy=False)
-                    extra += 1
-                self._reject(peer, WireDecodeError("<frame>", f"expected one frame, got {extra + 1}"))
-                continue
-            try:
-                message = decode_notify(frame.bytes, role=role, limits=limits)
-            except WireDecodeError as exc:
-                self._reject(peer, exc)
-                continue
-            try:
-                deliver(Delivery(message, peer, monotonic()))
-            except Exception:
-                counts.callback_errors += 1
-                log.exception("zmq.on_message_raised", peer=peer.address, transfer_id=message.transfer_id)
-            else:
-                counts.delivered += 1
-
-    def _reject(self, peer: Peer, error: WireDecodeError) -> None:
-        self.counts.rejected += 1
-        if self._log_limiter.allow(time.monotonic()):
-            log.warning("zmq.message_rejected", peer=peer.address, identity=peer.identity.hex(),
-                        field=error.field, reason=error.reason)
-
     def _reject_handshake_request(self, identity: bytes, error: WireDecodeError) -> None:
-        self._reject(Peer(identity, None), error)
+        self._receiver.reject(Peer(identity, None), error)
 
     # shutdown ---------------------------------------------------------------
 
