@@ -3,7 +3,9 @@
 The loader keeps the line of every mapping key and list item (``yaml_lines.py``), so
 each problem it or the validator reports points at ``file:line``. It collects all
 problems of a file and raises one ``SpecError`` listing them, rather than stopping at
-the first; each section of a spec has its reader (``sections.py``).
+the first; each section of a spec has its reader (``sections.py``). A bound on a config
+key (``exceeds``) may name another machine's keys: that machine's shipped spec is read to
+check them (``bounds.py``).
 
 Rules: every input, however broken or hostile, ends in a spec or a ``SpecError``, in
 time and memory bounded by the file's size, which is itself bounded (``MAX_SPEC_BYTES``).
@@ -13,11 +15,14 @@ and aliases, deep nesting, giant integers) are refused where they appear.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+from .bounds import bound_problems
 from .errors import Problem, SpecError
 from .model import Spec
 from .sections import read_spec
+from .shipped_files import SHIPPED_SPECS, spec_path
 from .spec_reader import SpecReader
 from .validate import validate_spec
 from .yaml_lines import MAX_INT_DIGITS, MAX_NESTING, read_yaml
@@ -43,9 +48,20 @@ def load_spec(path: str | Path) -> Spec:
     """Read and validate one spec file.
 
     Raises ``SpecError`` listing every problem with its ``file:line``; the spec is
-    returned only when it passed every check in ``moriio_fsm.lang.validate``.
+    returned only when it passed every check in ``moriio_fsm.lang.validate`` and its
+    bounds (``bounds.py``) name known machines and keys and hold for the defaults.
     """
     path = Path(path)
+    spec = parse_spec(_read(path), str(path))
+    problems = validate_spec(spec) + bound_problems(spec, _shipped_spec, SHIPPED_SPECS)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def _read(path: Path) -> str:
+    """The text of a spec file; ``SpecError`` when it cannot be read, is over
+    ``MAX_SPEC_BYTES`` or is not UTF-8."""
     try:
         with path.open("rb") as f:
             size = path.stat().st_size
@@ -57,18 +73,33 @@ def load_spec(path: str | Path) -> Spec:
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError([_too_big(str(path), _mib(max(size, len(data))))])
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise SpecError([Problem(str(path), line, f"spec is not UTF-8: byte 0x{data[exc.start]:02x} "
                                                   f"at column {column} cannot be decoded "
                                                   f"({exc.reason}); save the spec as UTF-8")]) from None
-    spec = parse_spec(text, str(path))
-    problems = validate_spec(spec)
-    if problems:
-        raise SpecError(problems)
-    return spec
+
+
+def _shipped_spec(name: str) -> Spec | None:
+    """The shipped spec of machine ``name`` as parsed, for the bounds that name it; None
+    when none ships. Parsed, not loaded: its own bounds are not followed, so two specs
+    whose bounds name each other do not load each other forever."""
+    if name not in SHIPPED_SPECS:
+        return None
+    path = spec_path(name)
+    try:
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError:
+        mtime_ns = -1          # _read reports the unreadable file with its path
+    return _parsed(str(path), mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int) -> Spec:
+    # Keyed on the modification time, so an edited spec is read again.
+    return parse_spec(_read(Path(path)), path)
 
 
 def parse_spec(text: str, path: str = "<string>") -> Spec:

@@ -66,11 +66,27 @@ TRANSITION_OUTCOMES = ("applied", "duplicate", "ignored")
 
 
 @dataclass(frozen=True)
+class ConfigRef:
+    """A config key of a machine, named ``machine.key`` in a spec (``line``: where)."""
+
+    machine: str
+    key: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.machine}.{self.key}"
+
+
+@dataclass(frozen=True)
 class ConfigKey:
+    """A timeout or limit. ``exceeds`` is its bound: the keys, of this machine or of the
+    machines it runs with, whose values' sum its value must exceed (empty: no bound)."""
+
     name: str
     default: Any
     doc: str
     line: int
+    exceeds: tuple[ConfigRef, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import SpecError
 from .model import (CONTEXT_TYPES, EVENT_FIELDS, EVENT_ORIGINS, FIELD_TYPES, TRANSITION_OUTCOMES,
-                    ActionSpec, ConfigKey, ContextField, EmitSpec, EventSpec, GuardSpec,
+                    ActionSpec, ConfigKey, ConfigRef, ContextField, EmitSpec, EventSpec, GuardSpec,
                     InvariantSpec, Spec, StateSpec, TimerSpec, TransitionSpec)
 from .spec_reader import (MAX_INT, RESERVED_PREFIX, SpecReader, listing, out_of_range,
                           reserved_message)
@@ -21,6 +21,7 @@ from .yaml_lines import LineDict, kind_of, line_of, show
 
 TOP_LEVEL = {"name", "summary", "initial", "config", "context", "states", "events", "guards",
              "actions", "emits", "timers", "transitions", "invariants"}
+CONFIG_KEYS = ("default", "doc", "exceeds")
 TRANSITION_KEYS = {"event", "source", "dest", "internal", "guard", "actions", "emits", "outcome"}
 
 
@@ -78,8 +79,36 @@ def read_config(r: SpecReader, raw: dict) -> dict[str, ConfigKey]:
                 or not 0 < default < MAX_INT:
             r.problem(line, f"config key {key!r}: default must be a positive finite number "
                             f"below 2**63 (a duration or a limit), got {show(default)}")
-        config[key] = ConfigKey(key, default, r.text(entry.get("doc"), line, "doc"), line)
+        r.unknown_keys(entry, CONFIG_KEYS, line, f"config key {key!r}", ", ".join(CONFIG_KEYS))
+        config[key] = ConfigKey(key, default, r.text(entry.get("doc"), line, "doc"), line,
+                                read_exceeds(r, key, entry, line))
     return config
+
+
+def read_exceeds(r: SpecReader, key: str, entry: dict, line: int) -> tuple[ConfigRef, ...]:
+    """The bound of config key ``key``: a list of ``machine.key`` names. Whether each
+    names a known machine and key is the loader's check across specs (``bounds.py``)."""
+    if "exceeds" not in entry:
+        return ()
+    raw = entry["exceeds"]
+    where = f"config key {key!r}: exceeds"
+    exceeds_line = line_of(entry, "exceeds", line)
+    if not isinstance(raw, list) or not raw:
+        r.problem(exceeds_line, f"{where} must be a non-empty list of MACHINE.KEY names (the "
+                                f"keys whose sum this key must exceed), got {show(raw)}")
+        return ()
+    refs: list[ConfigRef] = []
+    for i, item in enumerate(raw):
+        item_line = line_of(raw, i, exceeds_line)
+        machine, dot, name = item.partition(".") if isinstance(item, str) else ("", "", "")
+        if not (dot and machine.isidentifier() and name.isidentifier()):
+            r.problem(item_line, f"{where}: {show(item)} is not MACHINE.KEY (a machine's name, "
+                                 "a dot and one of its config keys)")
+        elif any((ref.machine, ref.key) == (machine, name) for ref in refs):
+            r.problem(item_line, f"{where} names {item!r} twice")
+        else:
+            refs.append(ConfigRef(machine, name, item_line))
+    return tuple(refs)
 
 
 def read_context(r: SpecReader, raw: dict, config: dict) -> dict[str, ContextField]:

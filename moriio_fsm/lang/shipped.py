@@ -1,8 +1,7 @@
-"""The specs that ship inside the package (``moriio_fsm/specs``): their names, their
-files, and loading one by name or by path.
+"""Loading a shipped spec by its machine's name, or a spec by path, cached; the shipped
+specs' names and files are ``shipped_files.py``'s, re-exported here.
 
-Rules: a spec is read once per modification of its file (an edited spec is read again);
-a missing specs folder is an error that says to reinstall, not an empty list.
+Rules: a spec is read once per modification of its file (an edited spec is read again).
 """
 
 from __future__ import annotations
@@ -12,23 +11,9 @@ from pathlib import Path
 
 from .loader import load_spec
 from .model import Spec
+from .shipped_files import SHIPPED_SPECS, spec_path, specs_dir
 
-#: The shipped specs, by name (each has ``specs/<name>.yaml`` and a bindings module of the
-#: same name in ``moriio_fsm.machines``).
-SHIPPED_SPECS = ("write_producer", "write_consumer", "read_producer", "read_consumer")
-
-
-def specs_dir() -> Path:
-    """The folder holding the shipped spec files (package data: ``moriio_fsm/specs``)."""
-    folder = Path(__file__).resolve().parent.parent / "specs"
-    if not folder.is_dir():
-        raise FileNotFoundError(f"the shipped specs are missing: {folder} is not a folder; "
-                                "reinstall moriio-fsm")
-    return folder
-
-
-def spec_path(name: str) -> Path:
-    return specs_dir() / f"{name}.yaml"
+__all__ = ["SHIPPED_SPECS", "load_machine_spec", "spec_path", "specs_dir"]
 
 
 @functools.lru_cache(maxsize=32)
