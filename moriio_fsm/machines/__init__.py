@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..lang.bounds import ConfigBoundError, broken_bounds
 from ..lang.model import Spec
 from ..lang.shipped import SHIPPED_SPECS, load_machine_spec, spec_path, specs_dir
 from ..runtime.machine import Machine
 from ..runtime.table import TransferTable
 
-__all__ = ["MACHINE_MODULES", "build_machine", "build_table", "load_bindings",
-           "load_machine_spec", "resolve_config", "spec_path", "specs_dir"]
+__all__ = ["MACHINE_MODULES", "ConfigBoundError", "build_machine", "build_table",
+           "check_config_bounds", "load_bindings", "load_machine_spec", "resolve_config",
+           "spec_path", "specs_dir"]
 
 #: Specs that ship with the project, by name, and the module that binds each.
 MACHINE_MODULES = {name: f"moriio_fsm.machines.{name}" for name in SHIPPED_SPECS}
@@ -56,6 +59,23 @@ def resolve_config(spec: Spec, overrides: dict[str, Any] | None) -> dict[str, An
                              f"finite {'integer' if wants_int else 'number'}, got {value!r}")
         config[key] = value
     return config
+
+
+def check_config_bounds(configs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse the configs of machines that run together if they break a bound of the specs
+    (a key's ``exceeds``).
+
+    ``configs`` maps shipped machine names to their resolved configs (``resolve_config``);
+    every bound whose machines are all among them is checked. ``ConfigBoundError`` lists
+    each broken bound: both machines' keys, their values and the sum to exceed.
+    """
+    unknown = sorted(set(configs) - set(MACHINE_MODULES))
+    if unknown:
+        raise ValueError(f"unknown machine(s) {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join(MACHINE_MODULES)}")
+    broken = broken_bounds({name: load_machine_spec(name) for name in configs}, configs)
+    if broken:
+        raise ConfigBoundError(broken)
 
 
 def build_machine(name_or_path: str | Path, *, config: dict[str, Any] | None = None):
