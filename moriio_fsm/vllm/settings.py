@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..errors import MoriioFsmError
+from ..lang.bounds import BrokenBound
 
 #: Engine backends: mori.io's two (real RDMA / XGMI hardware), the same-host engine and NIXL (UCX).
 BACKENDS = ("rdma", "xgmi", "same_host", "nixl")
@@ -323,28 +324,36 @@ class ConnectorSettings:
         values["ucx"] = MappingProxyType(values["ucx"])
         _check_copy_strategy(values)
         settings = cls(**values)
-        if settings.read_mode:
-            settings._check_lease_fits_a_read()
+        settings._check_bounds()
         return settings
 
-    def _check_lease_fits_a_read(self) -> None:
-        """D posts a read only under a lease longer than its read timeout plus its margin
-        (the READ consumer's safety rule): a shorter lease would let no read ever start."""
-        from ..machines import load_machine_spec, resolve_config
+    def _check_bounds(self) -> None:
+        """The configs this mode's two machines get must keep the bounds their specs state
+        between them (``exceeds``: D's safety timeout outlasts P's drain, P's lease outlasts
+        D's read timeout plus margin); a broken one names the keys that set each value."""
+        from ..machines import ConfigBoundError, check_config_bounds, load_machine_spec, resolve_config
 
+        configs = {name: resolve_config(load_machine_spec(name), self.machine_overrides(name))
+                   for name in MODE_MACHINES[self.mode]}
         try:
-            reader = resolve_config(load_machine_spec("read_consumer"),
-                                    dict(self.machine_config.get("read_consumer", {})))
-        except ValueError as exc:
-            raise ConnectorConfigError(f"kv_connector_extra_config['machine_config']"
-                                       f"['read_consumer']: {exc}") from None
-        needed = reader["read_timeout_s"] + reader["lease_margin_s"]
-        if self.lease_s <= needed:
-            raise ConnectorConfigError(
-                f"kv_connector_extra_config['lease_s']: {self.lease_s} s leaves no read room: D "
-                f"posts a read only under a lease longer than read_timeout_s "
-                f"({reader['read_timeout_s']}) + lease_margin_s ({reader['lease_margin_s']}) = "
-                f"{needed} s; raise lease_s or lower those in machine_config['read_consumer']")
+            check_config_bounds(configs)
+        except ConfigBoundError as exc:
+            raise ConnectorConfigError("kv_connector_extra_config: " + "; ".join(
+                f"{broken}; {self._sources(broken)}" for broken in exc.broken)) from None
+
+    def _sources(self, broken: BrokenBound) -> str:
+        """Which keys of ``kv_connector_extra_config`` set the values of a broken bound."""
+        keys = [(broken.machine, broken.key)] + [(ref.machine, ref.key) for ref, _ in broken.terms]
+        return "in kv_connector_extra_config, " + ", ".join(
+            f"{machine}'s {key} is {self._source(machine, key)}" for machine, key in keys)
+
+    def _source(self, machine: str, key: str) -> str:
+        override = f"machine_config[{machine!r}][{key!r}]"
+        if key in self.machine_config.get(machine, {}):
+            return override
+        if key in _UPSTREAM_KNOBS.get(machine, {}):
+            return _UPSTREAM_KNOBS[machine][key][0]
+        return f"its spec's default (set by {override})"
 
     @property
     def posts_after_forward(self) -> bool:
@@ -358,18 +367,27 @@ class ConnectorSettings:
         return "read" if self.read_mode else "write"
 
     def machine_overrides(self, name: str) -> dict[str, Any]:
-        """The config of machine ``name``: upstream's timeouts mapped on, then overrides.
-
-        D's safety timeout must outlast P's longest drain (a transfer timeout plus the
-        abandon timeout), so that D never frees blocks a write of P may still reach.
-        """
-        mapped: dict[str, dict[str, Any]] = {
-            "write_producer": {"defer_timeout_s": self.defer_timeout,
-                               "transfer_timeout_s": self.transfer_timeout},
-            "write_consumer": {"write_timeout_s": self.recv_abort_timeout,
-                               "safety_timeout_s": 2 * self.transfer_timeout + 10.0},
-            "read_producer": {"lease_s": self.lease_s},
-        }
-        config = dict(mapped.get(name, {}))
+        """The config of machine ``name``: upstream's timeouts mapped on
+        (``_UPSTREAM_KNOBS``), then ``machine_config``'s overrides."""
+        config = {key: value(self) for key, (_, value) in _UPSTREAM_KNOBS.get(name, {}).items()}
         config.update(self.machine_config.get(name, {}))
         return config
+
+
+#: The machines each mode runs, P's then D's; the bounds between their configs are checked
+#: at start.
+MODE_MACHINES = {"write": ("write_producer", "write_consumer"),
+                 "read": ("read_producer", "read_consumer")}
+
+#: Upstream's single knobs mapped onto the machines' config: machine -> config key -> (the
+#: key of ``kv_connector_extra_config`` it comes from, as messages name it, and its value).
+#: D's safety timeout is twice the transfer timeout plus 10 s: more than P's drain, a
+#: transfer timeout plus the abandon timeout (10 s by default), as its spec's bound requires.
+_UPSTREAM_KNOBS: dict[str, dict[str, tuple[str, Callable[[ConnectorSettings], float]]]] = {
+    "write_producer": {"defer_timeout_s": ("'defer_timeout'", lambda s: s.defer_timeout),
+                       "transfer_timeout_s": ("'transfer_timeout'", lambda s: s.transfer_timeout)},
+    "write_consumer": {"write_timeout_s": ("'recv_abort_timeout'", lambda s: s.recv_abort_timeout),
+                       "safety_timeout_s": ("2 * 'transfer_timeout' + 10",
+                                            lambda s: 2 * s.transfer_timeout + 10.0)},
+    "read_producer": {"lease_s": ("'lease_s'", lambda s: s.lease_s)},
+}

@@ -45,7 +45,9 @@ def test_both_sides_traces_replay_cleanly_and_explain_the_transfer(make_instance
 
 def test_a_transfer_that_fails_is_dumped(make_instance, tmp_path):
     D = traced(make_instance, tmp_path, "D", "kv_consumer", machine_config={
-        "write_consumer": {"write_timeout_s": 0.3, "safety_timeout_s": 0.6}})
+        "write_consumer": {"write_timeout_s": 0.3, "safety_timeout_s": 0.6},
+        # P's drain, which D's safety timeout must outlast, as short (D runs no P here)
+        "write_producer": {"transfer_timeout_s": 0.2, "abandon_timeout_s": 0.2}})
     D.scheduler.recompute_kv_load_failures = True
     D.add("d-1", PROMPT_FOR_METRICS, 2, {"do_remote_prefill": True, "transfer_id": "tx-t2",
                                          "remote_host": "127.0.0.1", "remote_notify_port": 9,

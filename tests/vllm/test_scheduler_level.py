@@ -362,7 +362,9 @@ def test_a_p_that_never_answers_ends_in_a_failed_load_not_a_hang(make_instance):
     # D waits write_timeout for P, then keeps its blocks for the safety timeout (P may still
     # be writing) before it reports the load failed.
     D = make_instance("D", "kv_consumer", extra={"machine_config": {
-        "write_consumer": {"write_timeout_s": 0.5, "safety_timeout_s": 1.0}}})
+        "write_consumer": {"write_timeout_s": 0.5, "safety_timeout_s": 1.0},
+        # P's drain, which D's safety timeout must outlast, as short (D runs no P here)
+        "write_producer": {"transfer_timeout_s": 0.4, "abandon_timeout_s": 0.4}}})
     D.scheduler.recompute_kv_load_failures = True
     silent_p = {"do_remote_prefill": True, "transfer_id": "tx-w7", "remote_host": "127.0.0.1",
                 "remote_notify_port": 9, "remote_handshake_port": 9}   # nobody listens there
@@ -413,8 +415,10 @@ def test_read_prefix_hit_on_d_reads_only_the_missing_blocks(make_instance):
 
 
 def test_read_p_lease_expires_when_d_never_reads(make_instance):
-    P = make_instance("P", "kv_producer", True,
-                      extra={"machine_config": {"read_producer": {"lease_s": 0.3}}})
+    P = make_instance("P", "kv_producer", True, extra={"machine_config": {
+        "read_producer": {"lease_s": 0.3},
+        # D's read budget, which P's lease must outlast, as short (P runs no D here)
+        "read_consumer": {"read_timeout_s": 0.1, "lease_margin_s": 0.1}}})
     P.add("p-1", PROMPT, 1, read_p_params(P, "tx-r3"))
     assert run_until([P], lambda: "p-1" in P.params_out)
     assert not P.empty()

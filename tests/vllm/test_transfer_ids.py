@@ -114,8 +114,10 @@ def test_read_mode_p_refuses_a_second_live_request_with_the_id_and_gives_it_no_b
 
 def test_read_mode_d_refuses_blocks_that_hold_another_prompt(make_instance):
     (want_b,) = reference(make_instance, PROMPT_B)
-    P = make_instance("P", "kv_producer", True,
-                      extra={"machine_config": {"read_producer": {"lease_s": 0.3}}})
+    P = make_instance("P", "kv_producer", True, extra={"machine_config": {
+        "read_producer": {"lease_s": 0.3},
+        # D's read budget, which P's lease must outlast, as short (P runs no D here)
+        "read_consumer": {"read_timeout_s": 0.1, "lease_margin_s": 0.1}}})
     D = make_instance("D", "kv_consumer", True)
     P.add("p-a", PROMPT_A, 1, {"do_remote_decode": True, "transfer_id": "tx-r2"})
     assert run_until([P], lambda: "p-a" in P.params_out)
@@ -189,7 +191,9 @@ def test_the_worker_fails_a_second_load_with_a_live_id_at_once_and_keeps_the_fir
 
 def test_the_worker_fails_a_load_whose_id_already_ended_instead_of_leaving_it_pending(make_instance):
     D = make_instance("D", "kv_consumer", extra={"machine_config": {
-        "write_consumer": {"write_timeout_s": 0.05, "safety_timeout_s": 0.1}}})
+        "write_consumer": {"write_timeout_s": 0.05, "safety_timeout_s": 0.1},
+        # P's drain, which D's safety timeout must outlast, as short (D runs no P here)
+        "write_producer": {"transfer_timeout_s": 0.04, "abandon_timeout_s": 0.04}}})
     worker = worker_of(D)
     peer = PeerAddress("127.0.0.1", 9, 9)
     worker.start_step(receive("d-1", "tx-old", (1,), peer))
