@@ -1,5 +1,7 @@
-"""Guards and actions bound to each spec, one module per spec, and the factory that
-joins a spec file with its bindings into a runnable machine and transfer table.
+"""Guards and actions bound to each spec, one module per spec, the factory that joins a
+spec file with its bindings into a runnable machine and transfer table, and the resolution
+of machines' configs: each against its spec, and those that run together against the
+bounds between them.
 
 ``build_machine("write_producer")`` loads ``specs/write_producer.yaml``, imports
 ``moriio_fsm.machines.write_producer`` and checks that the two agree name for name.
