@@ -79,7 +79,6 @@ def build_app(config: ProxyConfig, guard: ConnectionGuard | None = None):
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     holder: dict[str, Proxy] = {}
 
@@ -96,85 +95,130 @@ def build_app(config: ProxyConfig, guard: ConnectionGuard | None = None):
     app = FastAPI(title="moriio-fsm P/D proxy", lifespan=lifespan)
     app.state.holder = holder
 
-    def failure(exc: TransferFailed, close: bool = False) -> JSONResponse:
-        headers = {"x-transfer-id": exc.transfer_id} if exc.transfer_id else {}
-        if close:                           # a body left unread: the connection cannot go on
-            headers["connection"] = "close"
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-    async def until_gone(request: Request) -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(DISCONNECT_POLL_S)
-
-    async def whole_answer(body: Any) -> tuple[str, Any]:
-        reply = await holder["proxy"].complete(body)
-        if not reply.stream:
-            return reply.transfer_id, await reply.json()
-        return reply.transfer_id, reply
-
     async def completions(request: Request):
-        proxy = holder["proxy"]
-        try:
-            body = await read_body(request, config.max_body_bytes, config.body_timeout_s)
-        except ClientLeft:
-            for outcome in ("requests", "cancelled", "left_mid_body"):
-                proxy.count(outcome)
-            return Response(status_code=499)       # nobody reads it
-        except TransferFailed as exc:
-            proxy.count("requests")
-            proxy.count("rejected")
-            if isinstance(exc, BodyTooSlow):
-                proxy.count("body_timeouts")
-            return failure(exc, close=exc.status in (408, 413))
-        work = asyncio.ensure_future(whole_answer(body))
-        gone = asyncio.ensure_future(until_gone(request))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not work.done():                 # the client left: closing P's and D's requests aborts them
-            work.cancel()
-            proxy.count("cancelled")
-            return Response(status_code=499)
-        try:
-            transfer_id, answer = work.result()
-        except TransferFailed as exc:
-            return failure(exc)
-        except Exception as exc:            # a bug of ours must still answer JSON, and be seen
-            log.error("proxy.internal_error", error=f"{type(exc).__name__}: {exc}")
-            proxy.count("failed")
-            return failure(TransferFailed(500, f"the proxy failed: {type(exc).__name__}: {exc}",
-                                          "internal_error"))
-        headers = {"x-transfer-id": transfer_id}
-        if isinstance(answer, dict):
-            return JSONResponse(answer, headers=headers)
-        return StreamingResponse(answer.events(), media_type="text/event-stream", headers=headers)
-
-    app.post("/v1/completions")(completions)
+        return await _complete(holder["proxy"], config, request)
 
     async def health():
-        status, body = holder["proxy"].health()
-        if guard is not None:
-            body["connections"] = guard.describe()
-        return JSONResponse(body, status_code=status)
-
-    app.get("/health")(health)
+        return _health(holder["proxy"], guard)
 
     async def models():
-        proxy = holder["proxy"]
-        tried: set[str] = set()
-        while (decode := proxy.decode.pick(exclude=tried)) is not None:
-            tried.add(decode.name)
-            try:
-                reply = await proxy.client.get(f"{decode.url}/v1/models")
-                return JSONResponse(reply.json(), status_code=reply.status_code)
-            except Exception as exc:
-                proxy.decode.mark_down(decode, f"{type(exc).__name__}: {exc}")
-        return failure(TransferFailed(503, f"no decode instance is available "
-                                           f"({proxy.decode.unavailable()})", "service_unavailable"))
+        return await _models(holder["proxy"])
 
+    app.post("/v1/completions")(completions)
+    app.get("/health")(health)
     app.get("/v1/models")(models)
     return app if guard is None else guard.middleware(app)
+
+
+async def _complete(proxy: Proxy, config: ProxyConfig, request):
+    """``POST /v1/completions``: the body read within its limits, then D's answer, whole or
+    streamed; 499 (nobody reads it) when the client leaves first."""
+    from fastapi.responses import Response
+
+    try:
+        body = await read_body(request, config.max_body_bytes, config.body_timeout_s)
+    except ClientLeft:
+        for outcome in ("requests", "cancelled", "left_mid_body"):
+            proxy.count(outcome)
+        return Response(status_code=499)
+    except TransferFailed as exc:
+        return _refused_body(proxy, exc)
+    work = asyncio.ensure_future(_whole_answer(proxy, body))
+    if not await _done_before_client_left(work, request):
+        proxy.count("cancelled")
+        return Response(status_code=499)
+    return _answer(proxy, work)
+
+
+def _refused_body(proxy: Proxy, exc: TransferFailed):
+    """A body refused before routing (too big, too slow, not JSON): counted, answered, and
+    the connection closed when the rest of the body was left unread."""
+    proxy.count("requests")
+    proxy.count("rejected")
+    if isinstance(exc, BodyTooSlow):
+        proxy.count("body_timeouts")
+    return _failure(exc, close=exc.status in (408, 413))
+
+
+async def _done_before_client_left(work: asyncio.Future, request) -> bool:
+    """Wait for ``work`` or for the client to leave; if the client left first, cancel
+    ``work`` (closing P's and D's requests aborts them) and say False."""
+    gone = asyncio.ensure_future(_until_gone(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        return False
+    return True
+
+
+def _answer(proxy: Proxy, work: asyncio.Future):
+    """The client's response from a finished ``work``: D's answer, or JSON naming the failure."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    try:
+        transfer_id, answer = work.result()
+    except TransferFailed as exc:
+        return _failure(exc)
+    except Exception as exc:            # a bug of ours must still answer JSON, and be seen
+        log.error("proxy.internal_error", error=f"{type(exc).__name__}: {exc}")
+        proxy.count("failed")
+        return _failure(TransferFailed(500, f"the proxy failed: {type(exc).__name__}: {exc}",
+                                       "internal_error"))
+    headers = {"x-transfer-id": transfer_id}
+    if isinstance(answer, dict):
+        return JSONResponse(answer, headers=headers)
+    return StreamingResponse(answer.events(), media_type="text/event-stream", headers=headers)
+
+
+def _failure(exc: TransferFailed, close: bool = False):
+    from fastapi.responses import JSONResponse
+
+    headers = {"x-transfer-id": exc.transfer_id} if exc.transfer_id else {}
+    if close:                           # a body left unread: the connection cannot go on
+        headers["connection"] = "close"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _until_gone(request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _whole_answer(proxy: Proxy, body: Any) -> tuple[str, Any]:
+    reply = await proxy.complete(body)
+    if not reply.stream:
+        return reply.transfer_id, await reply.json()
+    return reply.transfer_id, reply
+
+
+def _health(proxy: Proxy, guard: ConnectionGuard | None):
+    """``GET /health``: the proxy's health, and with a guard its connections."""
+    from fastapi.responses import JSONResponse
+
+    status, body = proxy.health()
+    if guard is not None:
+        body["connections"] = guard.describe()
+    return JSONResponse(body, status_code=status)
+
+
+async def _models(proxy: Proxy):
+    """``GET /v1/models``: the first decode instance that answers says; one that cannot be
+    reached is marked down and the next one asked."""
+    from fastapi.responses import JSONResponse
+
+    tried: set[str] = set()
+    while (decode := proxy.decode.pick(exclude=tried)) is not None:
+        tried.add(decode.name)
+        try:
+            reply = await proxy.client.get(f"{decode.url}/v1/models")
+            return JSONResponse(reply.json(), status_code=reply.status_code)
+        except Exception as exc:
+            proxy.decode.mark_down(decode, f"{type(exc).__name__}: {exc}")
+    return _failure(TransferFailed(503, f"no decode instance is available "
+                                        f"({proxy.decode.unavailable()})", "service_unavailable"))
 
 
 def uvicorn_server(config: ProxyConfig, host: str, port: int, log_level: str = "warning"):
