@@ -10,12 +10,14 @@ Loaded into vLLM as its connector, the package writes where vLLM's own records g
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
 
-def _to_stdlib(_logger: Any, _method: str, event_dict: dict) -> tuple[tuple, dict]:
+def _to_stdlib(_logger: Any, _method: str,
+               event_dict: MutableMapping[str, Any]) -> tuple[tuple, dict]:
     """Render the event and its key/values into one message; keep the traceback for
     stdlib to format."""
     exc_info = event_dict.pop("exc_info", None)

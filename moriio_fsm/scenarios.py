@@ -47,7 +47,9 @@ class Scenario:
         states: list[str] = []
         for step in self.steps:
             if step.outcome == "created" and not states:
-                states.append(step.state if not step.hops else step.hops[0][0])
+                first = step.hops[0][0] if step.hops else step.state
+                if first is not None:           # a created transfer always has a state
+                    states.append(first)
             for _, to in step.hops:
                 states.append(to)
         return states

@@ -119,7 +119,7 @@ class Search:
                 continue                   # already expanded at this cost or less
             first = here not in expanded_at
             expanded_at[here] = spent
-            edges = [] if first else None
+            edges: list[int] | None = [] if first else None
             for move in successors(self.states[here], budget - spent):
                 result.transitions += 1
                 total = spent + move.cost

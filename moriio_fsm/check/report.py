@@ -9,12 +9,15 @@ nothing here changes a result.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.events import Effect, Event
 from .explore import Exploration, Finding
 from .pair import WorldNote
 from .single import Dispatch, TimePasses
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 def summary(result: Exploration) -> str:
@@ -89,8 +92,8 @@ class ProgressBar:
 
     def __init__(self, *, after_s: float = 1.0):
         self.after_s = after_s
-        self._bar = None
-        self._task = None
+        self._bar: Progress | None = None          # rich is imported when a bar is first shown
+        self._task: TaskID | None = None
         self._enabled = sys.stderr.isatty()
 
     def __enter__(self) -> "ProgressBar":

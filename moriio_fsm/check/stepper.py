@@ -98,9 +98,10 @@ class Stepper:
         else:
             values = self._get_context(tx)
         if self._unhashable:
-            values = list(values)
+            frozen = list(values)
             for index in self._unhashable:
-                values[index] = _freeze(values[index])
+                frozen[index] = _freeze(frozen[index])
+            return (tx.state, tuple(tx.deadlines), *frozen)
         return (tx.state, tuple(tx.deadlines), *values)
 
     def load(self, key: tuple):
@@ -111,7 +112,7 @@ class Stepper:
             return tx
         if len(self._loaded) >= _LOADED_KEPT:
             self._loaded.clear()
-        tx = self._record_class.__new__(self._record_class)
+        tx = object.__new__(self._record_class)     # no __init__: the key gives every field
         tx.transfer_id = TRANSFER_ID
         tx.state = key[0]
         tx.deadlines = list(key[1])

@@ -38,7 +38,7 @@ class Row:
     line: int
 
 
-def make_record_class(spec: Spec, config: dict[str, Any]) -> type:
+def make_record_class(spec: Spec, config: dict[str, Any]) -> type[Any]:
     """Build the per-transfer record class for ``spec``.
 
     The class has ``__slots__`` only (no per-instance dict), so a live transfer costs a

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .admission import FIRST_SENDER, NO_EFFECTS, Admission
 from .bindings import effect_problem
@@ -56,7 +56,8 @@ from .shard import Shard
 from .timer_driving import TimerDriving
 from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 
-__all__ = ["EXECUTORS", "FIRST_SENDER", "Recorder", "Result", "StepRecord", "TransferTable"]
+__all__ = ["EXECUTORS", "FIRST_SENDER", "Recorder", "Result", "StepRecord", "StepRecorder",
+           "TransferTable"]
 
 log = logging.getLogger("moriio_fsm.runtime")
 
@@ -72,6 +73,12 @@ Recorder = Callable[[Event, Result], None]
 #: ``result`` is None when the step raised (``error`` then carries the exception) and
 #: ``rows`` is the tuple of spec rows taken (None with the transitions executor).
 StepRecord = Callable[..., None]
+
+
+class StepRecorder(Protocol):
+    """A step recorder: ``bind_table(table)`` returns its ``StepRecord`` for the table."""
+
+    def bind_table(self, table: Any) -> StepRecord | None: ...
 
 
 class TransferTable(Admission, TimerDriving):
@@ -92,7 +99,8 @@ class TransferTable(Admission, TimerDriving):
                  ended_capacity: int = 65536, pending_capacity: int = 4096,
                  pending_per_transfer: int = 8, pending_per_source: int | None = None,
                  pending_ttl_s: float = 30.0, check_invariants: bool = False,
-                 recorder: Recorder | None = None, timer_compaction_threshold: int = 4096):
+                 recorder: Recorder | StepRecorder | None = None,
+                 timer_compaction_threshold: int = 4096):
         _check_options(executor, shards, ended_capacity=ended_capacity,
                        pending_capacity=pending_capacity, pending_per_transfer=pending_per_transfer,
                        timer_compaction_threshold=timer_compaction_threshold)
@@ -150,11 +158,11 @@ class TransferTable(Admission, TimerDriving):
         return self._make_dispatch()(ev)
 
     @property
-    def recorder(self) -> Recorder | None:
+    def recorder(self) -> Recorder | StepRecorder | None:
         return self._recorder
 
     @recorder.setter
-    def recorder(self, recorder: Recorder | None) -> None:
+    def recorder(self, recorder: Recorder | StepRecorder | None) -> None:
         bind = getattr(recorder, "bind_table", None)
         step_record = bind(self) if bind is not None else None
         if step_record is not None and self.executor == "compiled":
@@ -279,18 +287,18 @@ class TransferTable(Admission, TimerDriving):
                                "runs under the shard lock and must not dispatch (it would hang)")
 
     def _record_step(self, ev: Event, before, result, rows, *error) -> None:
-        record = self._step_record
-        assert record is not None, "called only while a step recorder is set"
         try:
+            record = self._step_record
+            assert record is not None, "called only while a step recorder is set"
             record(ev, before, result, rows, *error)
         except Exception as exc:
             self._recorder_failed(ev, exc)
 
     def _record(self, ev: Event, result: Result) -> None:
-        recorder = self._recorder
-        assert recorder is not None, "called only while a recorder is set"
         self._recording = threading.get_ident()
         try:
+            recorder = self._recorder
+            assert callable(recorder), "called only while a recorder of results is set"
             recorder(ev, result)
         except Exception as exc:        # the step stands; a broken recorder is reported
             self._recorder_failed(ev, exc)

@@ -10,7 +10,7 @@ holds up the others. ``TimerDriving`` is the part of ``TransferTable`` that does
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import TimerStepsFailed, TransitionError
 from .events import Event, Outcome, Result
@@ -18,6 +18,7 @@ from .shard import Shard
 from .timers import check_time
 
 if TYPE_CHECKING:
+    from .table import Recorder, StepRecord, StepRecorder
     from .timers import DeadlineHeap, TimerPlan
 
 
@@ -37,8 +38,8 @@ class TimerDriving:
         _shards: tuple[Shard, ...]
         _mask: int
         _timer_events: tuple[type[Event], ...]
-        _step_record: Callable[..., None] | None
-        _recorder: Callable[[Event, Result], None] | None
+        _step_record: StepRecord | None
+        _recorder: Recorder | StepRecorder | None
 
         def _run_step(self, shard: Shard, tx: Any, ev: Event) -> Result: ...
 

@@ -69,6 +69,22 @@ def test_a_reader_that_ignores_its_lease_is_caught_reading_freed_blocks():
         result.findings["operation_on_freed_blocks"].message
 
 
+def test_a_creating_step_that_raises_is_a_finding_and_ends_its_branch():
+    """P's creating step breaking a rule ends the branch before D is created: the checker
+    reports the step, with its path, instead of failing on the ended branch."""
+    def valid_writer_count(tx, ev) -> bool:      # planted: P's creating step raises
+        raise RuntimeError("planted")
+
+    spec = load_spec(spec_path("write_producer"))
+    config = resolve_config(spec, PAIR_CONFIGS["write"]["write_producer"])
+    broken = Machine(spec, load_bindings(spec).replaced(valid_writer_count), config)
+    result = check_pair("write", SMALL, machines={"write_producer": broken})
+    finding = result.findings["binding_raised"]
+    assert "raised RuntimeError: planted" in finding.message
+    assert [s.event.kind for s in steps_of(finding.path) if isinstance(s, Dispatch)] == \
+        ["prefill_started"]
+
+
 OLD_SAFETY_TIMEOUT = [
     ("""      Nobody confirmed the writes stopped in time: keep the blocks out of circulation for
       good, and fail the load if the request still waits.
