@@ -273,24 +273,8 @@ def _describe_cpu_attn(
     if any(size != 1 and step != want for size, step, want in zip(shape[1:], stride[1:], row_major)):
         raise layout_error(layer_name, shape, f"has strides {stride} under which a block is not one "
                            "row-major [H, B, 2*D] run", f"{expected}, each block contiguous")
-    if shape[0] > 1 and stride[0] < piece:
-        raise layout_error(layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so "
-                           "blocks overlap", "blocks that do not overlap")
-    return LayerGeometry(
-        layer_name=layer_name,
-        layout=KVLayout.CPU_ATTN,
-        shape=shape,
-        stride=stride,
-        dtype=tensor.dtype,
-        element_size=tensor.element_size(),
-        kv_axis=None,
-        token_axis=2,
-        kernel_blocks_per_block=ratio,
-        num_physical_blocks=shape[0],
-        piece_elements=piece,
-        block_stride=stride[0] if shape[0] > 1 else piece,
-        kv_stride=0,
-    )
+    return _one_piece_geometry(layer_name, tensor, KVLayout.CPU_ATTN, shape, stride, token_axis=2,
+                               ratio=ratio, piece=piece)
 
 
 def _describe_mla(
@@ -304,6 +288,16 @@ def _describe_mla(
         raise layout_error(
             layer_name, shape, f"has strides {stride} that split a block's data", "each block [B, L] contiguous"
         )
+    return _one_piece_geometry(layer_name, tensor, KVLayout.MLA, shape, stride, token_axis=1,
+                               ratio=ratio, piece=piece)
+
+
+def _one_piece_geometry(
+    layer_name: str, tensor: torch.Tensor, layout: KVLayout, shape: tuple[int, ...], stride: tuple[int, ...],
+    *, token_axis: int, ratio: int, piece: int,
+) -> LayerGeometry:
+    """A layout whose physical block is one piece holding all its data (MLA, CPU_ATTN): blocks
+    on axis 0 and no K/V axis; refused when blocks overlap."""
     if shape[0] > 1 and stride[0] < piece:
         raise layout_error(
             layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so blocks overlap",
@@ -311,13 +305,13 @@ def _describe_mla(
         )
     return LayerGeometry(
         layer_name=layer_name,
-        layout=KVLayout.MLA,
+        layout=layout,
         shape=shape,
         stride=stride,
         dtype=tensor.dtype,
         element_size=tensor.element_size(),
         kv_axis=None,
-        token_axis=1,
+        token_axis=token_axis,
         kernel_blocks_per_block=ratio,
         num_physical_blocks=shape[0],
         piece_elements=piece,
@@ -329,30 +323,7 @@ def _describe_mla(
 def _describe_kv(
     layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
 ) -> LayerGeometry:
-    kv_axis = kv_format.kv_axis
-    if kv_axis is None:
-        if shape[0] == 2 and shape[1] == 2:
-            raise layout_error(
-                layer_name,
-                shape,
-                "is ambiguous: both axis 0 and axis 1 have size 2, so either could split K from V",
-                "a format with kv_axis=0 ([2, N, ...]) or kv_axis=1 ([N, 2, ...])",
-            )
-        if shape[0] == 2:
-            kv_axis = 0
-        elif shape[1] == 2:
-            kv_axis = 1
-        else:
-            raise layout_error(
-                layer_name,
-                shape,
-                "has no K/V axis of size 2 at axis 0 or 1",
-                "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D] or [N, 2, H, B, D]",
-            )
-    elif shape[kv_axis] != 2:
-        raise layout_error(
-            layer_name, shape, f"has size {shape[kv_axis]} on the format's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
-        )
+    kv_axis = _kv_axis(layer_name, shape, kv_format)
     block_axis = 1 - kv_axis
     if kv_format.head_size is not None and shape[4] != kv_format.head_size:
         raise layout_error(
@@ -367,6 +338,59 @@ def _describe_kv(
             layer_name, shape, f"has strides {stride} that split a block's K or V",
             "the three inner axes of each block's K and V contiguous in some order",
         )
+    num_physical = shape[block_axis]
+    layout, block_stride, kv_stride = _kv_placement(layer_name, shape, stride, kv_axis, piece)
+    return LayerGeometry(
+        layer_name=layer_name,
+        layout=layout,
+        shape=shape,
+        stride=stride,
+        dtype=tensor.dtype,
+        element_size=tensor.element_size(),
+        kv_axis=kv_axis,
+        token_axis=token_axis,
+        kernel_blocks_per_block=ratio,
+        num_physical_blocks=num_physical,
+        piece_elements=piece,
+        block_stride=block_stride,
+        kv_stride=kv_stride,
+    )
+
+
+def _kv_axis(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFormat) -> int:
+    """The axis (0 or 1) that splits K from V: the format's, or the one of size 2."""
+    kv_axis = kv_format.kv_axis
+    if kv_axis is None:
+        if shape[0] == 2 and shape[1] == 2:
+            raise layout_error(
+                layer_name,
+                shape,
+                "is ambiguous: both axis 0 and axis 1 have size 2, so either could split K from V",
+                "a format with kv_axis=0 ([2, N, ...]) or kv_axis=1 ([N, 2, ...])",
+            )
+        if shape[0] == 2:
+            return 0
+        if shape[1] == 2:
+            return 1
+        raise layout_error(
+            layer_name,
+            shape,
+            "has no K/V axis of size 2 at axis 0 or 1",
+            "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D] or [N, 2, H, B, D]",
+        )
+    if shape[kv_axis] != 2:
+        raise layout_error(
+            layer_name, shape, f"has size {shape[kv_axis]} on the format's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
+        )
+    return kv_axis
+
+
+def _kv_placement(
+    layer_name: str, shape: tuple[int, ...], stride: tuple[int, ...], kv_axis: int, piece: int
+) -> tuple[KVLayout, int, int]:
+    """Where K and V sit: the layout (two halves or side by side), the block stride and the
+    K-to-V stride; refused when the K/V data of different blocks overlap."""
+    block_axis = 1 - kv_axis
     num_physical = shape[block_axis]
     block_stride, kv_stride = stride[block_axis], stride[kv_axis]
     if num_physical > 1:
@@ -386,18 +410,4 @@ def _describe_kv(
             layer_name, shape, f"has strides {stride} under which K/V data of different blocks overlap",
             "non-overlapping K and V data per block",
         )
-    return LayerGeometry(
-        layer_name=layer_name,
-        layout=layout,
-        shape=shape,
-        stride=stride,
-        dtype=tensor.dtype,
-        element_size=tensor.element_size(),
-        kv_axis=kv_axis,
-        token_axis=token_axis,
-        kernel_blocks_per_block=ratio,
-        num_physical_blocks=num_physical,
-        piece_elements=piece,
-        block_stride=block_stride,
-        kv_stride=kv_stride,
-    )
+    return layout, block_stride, kv_stride
