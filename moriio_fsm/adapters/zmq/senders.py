@@ -31,6 +31,18 @@ def _lookup(name: str) -> tuple[str, ...]:
     return tuple(sorted({str(canonical_host(info[4][0].split("%", 1)[0])) for info in infos}))
 
 
+def _name_or_addresses(host: str) -> str | tuple[str, ...]:
+    """``host``'s canonical name when it is a name to resolve; else its addresses already:
+    an address stands for itself, and what is no host at all for none."""
+    try:
+        canonical = canonical_host(host)
+    except ValueError:
+        return ()
+    if not isinstance(canonical, str):
+        return (str(canonical),)
+    return canonical
+
+
 class AddressCache:
     """The addresses a host name stands for, looked up at most once per ``ttl_s`` per name.
 
@@ -51,12 +63,9 @@ class AddressCache:
 
     def addresses(self, host: str) -> tuple[str, ...]:
         """``host`` as canonical addresses: itself when it is an address, else what it resolves to."""
-        try:
-            canonical = canonical_host(host)
-        except ValueError:
-            return ()
+        canonical = _name_or_addresses(host)
         if not isinstance(canonical, str):
-            return (str(canonical),)
+            return canonical
         now = self._clock()
         with self._lock:
             cached = self._answers.get(canonical)
@@ -68,12 +77,9 @@ class AddressCache:
         """``host`` as canonical addresses without waiting: an address is itself; a name is
         what the cache holds (an answer past its time is still used while a background
         lookup refreshes it), or None while its first lookup runs in the background."""
-        try:
-            canonical = canonical_host(host)
-        except ValueError:
-            return ()
+        canonical = _name_or_addresses(host)
         if not isinstance(canonical, str):
-            return (str(canonical),)
+            return canonical
         with self._lock:
             cached = self._answers.get(canonical)
             stale = cached is None or self._clock() - cached[0] >= self._ttl
