@@ -18,14 +18,8 @@ from .errors import WireDecodeError
 from .wire_fields import WHOLE_FRAME, check_id, check_int, type_name
 from .wire_limits import DEFAULT_LIMITS, WireLimits, unpack_bounded
 
-__all__ = [
-    "HANDSHAKE_REQUEST",
-    "AgentMetadata",
-    "HandshakeReply",
-    "decode_handshake_reply",
-    "decode_handshake_request",
-    "encode_handshake_reply",
-]
+__all__ = ["HANDSHAKE_REQUEST", "AgentMetadata", "HandshakeReply", "decode_handshake_reply",
+           "decode_handshake_request", "encode_handshake_reply"]
 
 HANDSHAKE_REQUEST = b"get_meta_msg"
 

@@ -11,20 +11,8 @@ import re
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Union
 
-__all__ = [
-    "BARE_RANK",
-    "RECEIVER",
-    "BlockIds",
-    "Heartbeat",
-    "LeaseGranted",
-    "NotifyMessage",
-    "Release",
-    "RemoteBlocks",
-    "Role",
-    "WireForm",
-    "WriteDone",
-    "WriteFailed",
-]
+__all__ = ["BARE_RANK", "RECEIVER", "BlockIds", "Heartbeat", "LeaseGranted", "NotifyMessage",
+           "Release", "RemoteBlocks", "Role", "WireForm", "WriteDone", "WriteFailed"]
 
 
 class Role(enum.Enum):

@@ -11,17 +11,8 @@ import math
 from .messages import BlockIds
 from .wire_limits import WireLimits
 
-__all__ = [
-    "WHOLE_FRAME",
-    "check_blocks",
-    "check_bool",
-    "check_digest",
-    "check_id",
-    "check_int",
-    "check_reason",
-    "check_seconds",
-    "type_name",
-]
+__all__ = ["WHOLE_FRAME", "check_blocks", "check_bool", "check_digest", "check_id", "check_int",
+           "check_reason", "check_seconds", "type_name"]
 
 # The field an error names when it is about the message as a whole.
 WHOLE_FRAME = "<frame>"
