@@ -24,7 +24,7 @@ from ..errors import MoriioFsmError
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -303,13 +303,8 @@ def _one_piece_geometry(
             layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so blocks overlap",
             "blocks that do not overlap",
         )
-    return LayerGeometry(
-        layer_name=layer_name,
-        layout=layout,
-        shape=shape,
-        stride=stride,
-        dtype=tensor.dtype,
-        element_size=tensor.element_size(),
+    return _geometry(
+        layer_name, tensor, layout, shape, stride,
         kv_axis=None,
         token_axis=token_axis,
         kernel_blocks_per_block=ratio,
@@ -318,6 +313,16 @@ def _one_piece_geometry(
         block_stride=stride[0] if shape[0] > 1 else piece,
         kv_stride=0,
     )
+
+
+def _geometry(
+    layer_name: str, tensor: torch.Tensor, layout: KVLayout, shape: tuple[int, ...], stride: tuple[int, ...],
+    **placement: Any,
+) -> LayerGeometry:
+    """A ``LayerGeometry``: what every layout reads off the tensor, and its own ``placement``
+    of blocks, pieces and K/V."""
+    return LayerGeometry(layer_name=layer_name, layout=layout, shape=shape, stride=stride,
+                         dtype=tensor.dtype, element_size=tensor.element_size(), **placement)
 
 
 def _describe_kv(
@@ -340,13 +345,8 @@ def _describe_kv(
         )
     num_physical = shape[block_axis]
     layout, block_stride, kv_stride = _kv_placement(layer_name, shape, stride, kv_axis, piece)
-    return LayerGeometry(
-        layer_name=layer_name,
-        layout=layout,
-        shape=shape,
-        stride=stride,
-        dtype=tensor.dtype,
-        element_size=tensor.element_size(),
+    return _geometry(
+        layer_name, tensor, layout, shape, stride,
         kv_axis=kv_axis,
         token_axis=token_axis,
         kernel_blocks_per_block=ratio,
