@@ -57,8 +57,8 @@ class EngineBase(TransferEngine):
     """An engine with descriptors of its own two classes (``engine_desc_type``, ``memory_desc_type``, each
     with ``unpack``), its own uids and a ``closed`` flag that ``_set_closed`` raises once."""
 
-    engine_desc_type: ClassVar[type]
-    memory_desc_type: ClassVar[type]
+    engine_desc_type: ClassVar[type[Any]]
+    memory_desc_type: ClassVar[type[Any]]
 
     def __init__(self, key: str) -> None:
         if not isinstance(key, str) or not key:

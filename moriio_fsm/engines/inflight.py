@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from .checks import CheckedBatch
 from .faults import NO_FAULT, FaultVerdict, InjectedFailure
@@ -53,7 +53,11 @@ class Posted:
         self.settle(StatusCode.ERR_BAD_STATE, closed_text(key))
 
 
-class PostQueue:
+#: What an engine queues: ``Posted`` or its own subclass of it.
+PostedT = TypeVar("PostedT", bound=Posted)
+
+
+class PostQueue(Generic[PostedT]):
     """Batches an engine's thread has yet to carry out: due ones in order of their time, stalled ones
     (never due), held ones (due once their ``HeldTransfers`` is released).
 
@@ -65,9 +69,9 @@ class PostQueue:
         self._most = most
         self._wake = threading.Condition()
         self._sequence = 0
-        self._due: list[tuple[float, int, Posted]] = []
-        self._stalled: list[Posted] = []
-        self._held: dict[int, Posted] = {}
+        self._due: list[tuple[float, int, PostedT]] = []
+        self._stalled: list[PostedT] = []
+        self._held: dict[int, PostedT] = {}
         self.closed = False
 
     def number(self) -> int | None:
@@ -78,7 +82,7 @@ class PostQueue:
             self._sequence += 1
             return self._sequence
 
-    def put(self, posted: Posted, sequence: int, verdict: FaultVerdict = NO_FAULT) -> bool:
+    def put(self, posted: PostedT, sequence: int, verdict: FaultVerdict = NO_FAULT) -> bool:
         """Queue a batch as the faults' ``verdict`` says: stalled, held, or due after its delay.
         False, queueing nothing, once closed."""
         with self._wake:
@@ -93,7 +97,7 @@ class PostQueue:
                 self._wake.notify()
             return True
 
-    def put_due(self, numbered: list[tuple[int, Posted]]) -> bool:
+    def put_due(self, numbered: Sequence[tuple[int, PostedT]]) -> bool:
         """Queue batches (each with its number) due now; False, queueing none, once closed."""
         with self._wake:
             if self.closed:
@@ -111,7 +115,7 @@ class PostQueue:
                 heapq.heappush(self._due, (time.monotonic(), sequence, posted))
                 self._wake.notify()
 
-    def take(self, timeout_s: float | None = None) -> list[Posted] | None:
+    def take(self, timeout_s: float | None = None) -> list[PostedT] | None:
         """Every batch due now (at least one, at most ``most``), waiting for one up to ``timeout_s`` (None:
         for ever); [] when the wait ran out; None once closed."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -119,7 +123,7 @@ class PostQueue:
             while not self.closed:
                 now = time.monotonic()
                 if self._due and self._due[0][0] <= now:
-                    due = []
+                    due: list[PostedT] = []
                     most = len(self._due) if self._most is None else self._most
                     while self._due and self._due[0][0] <= now and len(due) < most:
                         due.append(heapq.heappop(self._due)[2])
@@ -132,7 +136,7 @@ class PostQueue:
                 self._wake.wait(min(until) - now if until else None)
         return None
 
-    def close(self) -> list[Posted] | None:
+    def close(self) -> list[PostedT] | None:
         """Close the queue and wake its taker; every batch not handed out yet, for the caller to fail.
         None if it was closed already."""
         with self._wake:
@@ -148,7 +152,7 @@ class PostQueue:
 Outcome = tuple[int, str, "float | None"]     # final code, message, when the copy ended (None: now)
 
 
-def serve(queue: PostQueue, carry_out: Callable[[list[Posted]], list[Outcome]], *,
+def serve(queue: PostQueue[PostedT], carry_out: Callable[[list[PostedT]], list[Outcome]], *,
           idle_s: float | None = None, on_idle: Callable[[], None] | None = None) -> None:
     """An engine's worker loop: carry out what is due, settle each status, until the queue closes.
 

@@ -103,7 +103,7 @@ class CompletionPoller:
             self._incoming.append(entry)
             self._undelivered += 1
             self._wake.notify()
-        if entry.wakes:
+        if callable(when_final):        # entry.wakes
             when_final(self._nudge)     # outside the lock: a status already final calls back at once
 
     def event_if_final(self, status: TransferStatus, transfer_id: str, layer: int,

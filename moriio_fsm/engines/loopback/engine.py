@@ -132,11 +132,11 @@ class LoopbackEngine(EngineBase):
             if key in _process_engine_keys:
                 raise ValueError(f"a LoopbackEngine with key {key!r} is already live in this process")
             _process_engine_keys.add(key)
-        self.faults = LoopbackFaults()
+        self.faults: LoopbackFaults = LoopbackFaults()
         self._desc = LoopbackEngineDesc(key, os.getpid(), socket.gethostname(), host, int(port))
         self._lock = threading.Lock()
         self._mem_ids = count(1)
-        self._queue = PostQueue()
+        self._queue: PostQueue[Posted] = PostQueue()
         self._regions: list[SharedRegion] = []
         self._memory: dict[int, tuple[LoopbackMemoryDesc, torch.Tensor]] = {}
         self._remote_engines: dict[str, LoopbackEngineDesc] = {}

@@ -114,7 +114,7 @@ class NixlEngine(EngineBase):
         self._memory: dict[int, Registration] = {}
         self._peers: dict[str, Peer] = {}
         self._busy: Counter = Counter()  # ("mem", id) / ("peer", generation) -> transfers using it
-        self._queue = PostQueue(most=None)
+        self._queue: PostQueue[Transfer] = PostQueue(most=None)
         self._stuck = False  # a transfer NIXL could not cancel at close: nothing may be freed
         self._worker = threading.Thread(target=self._run, name=f"nixl-{key}", daemon=True)
         self._worker.start()

@@ -22,9 +22,13 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..shared_memory import PeerMapping, RegionUnavailable, SharedRegion
 from .shared_pages import PeerPages
+
+if TYPE_CHECKING:
+    import torch
 
 try:
     import moriio_fsm.engines.same_host._copy_assist as _copy_assist
@@ -142,8 +146,9 @@ class AssistBoard:
             raise RuntimeError("copy assist needs the native module _copy_assist, which this install lacks")
         self._unpack = unpack_memory_desc   # bytes -> a memory descriptor (pid, mem_id, shared_* fields)
         # Sealed: a writer that could shrink the board would kill this process in its serving loop.
-        self._region, self._memory = SharedRegion.allocate(_copy_assist.BOARD_BYTES, sealed=True)
-        self.address = self._memory.data_ptr()
+        self._region, memory = SharedRegion.allocate(_copy_assist.BOARD_BYTES, sealed=True)
+        self._memory: torch.Tensor | None = memory
+        self.address = memory.data_ptr()
         _copy_assist.init_board(self.address)
         self._helper = _copy_assist.serve(self.address)
         self._lock = threading.Lock()        # the mappings below, for help called on several threads

@@ -104,7 +104,7 @@ class CrossMemoryEngine(EngineBase):
             copy_assist = bool(share_pages) and assist_available()
         #: This engine's numbers (its own copy: changing them changes no other engine's).
         self.tuning = replace(tuning) if tuning is not None else Tuning()
-        self.faults = LoopbackFaults()
+        self.faults: LoopbackFaults = LoopbackFaults()
         table = PublishedRegistry(max_registrations)
         # The token also lives in this process's memory, where a peer's probe reads it.
         self._token_in_memory = ctypes.create_string_buffer(table.token, TOKEN_BYTES)
@@ -123,7 +123,7 @@ class CrossMemoryEngine(EngineBase):
         self._own = attach(self._desc, self._desc)
         self._lock = threading.Lock()
         self._peers: dict[str, Peer] = {}
-        self._queue = PostQueue(most=self.tuning.max_coalesced)
+        self._queue: PostQueue[SameHostPost] = PostQueue(most=self.tuning.max_coalesced)
         self._together = _Together()
         self._copying = 0                     # threads in _outcomes now
         self._copies_done = threading.Condition()
@@ -137,7 +137,7 @@ class CrossMemoryEngine(EngineBase):
         self._worker.start()
 
     def _describe(self, table: PublishedRegistry, host: str, port: int) -> CrossMemoryEngineDesc:
-        offer = {} if self._board is None else dict(assist_fd=self._board.fd, assist_token=self._board.token)
+        offer: dict[str, Any] = {} if self._board is None else dict(assist_fd=self._board.fd, assist_token=self._board.token)
         boot_id, pid_namespace = host_identity()
         return CrossMemoryEngineDesc(
             key=self.key, pid=os.getpid(), boot_id=boot_id, pid_namespace=pid_namespace,
@@ -364,7 +364,9 @@ class CrossMemoryEngine(EngineBase):
                 _log.exception("cross-memory transfer failed unexpectedly")
                 for index in members:
                     outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
-        return [(code, message, posted.ended_at) for posted, (code, message) in zip(due, outcomes)]
+        settled = [outcome for outcome in outcomes if outcome is not None]
+        assert len(settled) == len(due), "every batch got its outcome above"
+        return [(code, message, posted.ended_at) for posted, (code, message) in zip(due, settled)]
 
     def _copy_together(self, op: str, pid: int, here: bool, group: list[SameHostPost]) -> list[tuple[int, str]]:
         """Carry out batches bound for process ``pid`` while each one's registrations are held, by the

@@ -46,13 +46,15 @@ _PR_SET_PTRACER_HINT = "allow_same_user_peers=True"
 class CrossMemoryError(MoriioFsmError, OSError):
     """Cross-memory attach refused or cut short by the kernel, or a peer that cannot be attached; see ``errno``."""
 
+    errno: int              # always given
+
     def __init__(self, err: int, message: str, *, range_index: int | None = None, bytes_done: int = 0):
         super().__init__(err, message)
         self.range_index = range_index
         self.bytes_done = bytes_done
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 def _load_native_calls() -> tuple[dict[str, VectorCall], str | None]:
@@ -94,7 +96,8 @@ def _iovec_array(base: int, offsets: list[int], sizes: list[int]):
     """A C array of ``struct iovec`` for ``base + offsets[i]``, ``sizes[i]``, filled by C loops."""
     words = (ctypes.c_size_t * (2 * len(sizes)))()
     words[0::2] = list(map(operator.add, repeat(base), offsets))
-    words[1::2] = sizes
+    # mypy's ctypes plugin wants a list[c_size_t | int] (a list is invariant); ints are what ctypes takes.
+    words[1::2] = sizes  # type: ignore[assignment]
     return words
 
 
@@ -217,4 +220,6 @@ def _uid_of(pid: int) -> int | None:
 
 def _has_cap_sys_ptrace() -> bool:
     caps = _status_field("self", "CapEff")
-    return bool(caps) and bool(int(caps[0], 16) >> _CAP_SYS_PTRACE & 1)
+    if not caps:
+        return False
+    return bool(int(caps[0], 16) >> _CAP_SYS_PTRACE & 1)

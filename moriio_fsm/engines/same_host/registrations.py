@@ -12,6 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from .copy_assist import AssistBoard
 from .descriptors import CrossMemoryMemoryDesc
 from .registry import PublishedRegistry
 from .resident import pin_pages, unpin_pages
-from .shared_pages import MemoryClaim, claim_memory
+from .shared_pages import AdoptedPages, MemoryClaim, claim_memory
 
 __all__ = ["Registrations"]
 
@@ -77,7 +78,7 @@ class Registrations:
                 if not claim.release():
                     _lingering.append(tensor)
         if board is not None and claim.adopted is not None:
-            self._offer(board, mem_id, address, claim)
+            self._offer(board, mem_id, address, claim.adopted)
         with self._lock:
             self._memory[mem_id] = registration
         return registration.desc
@@ -86,18 +87,18 @@ class Registrations:
                  pinned: bool) -> _Registration:
         address, adopted = tensor.data_ptr(), claim.adopted
         slot = self._table.publish(mem_id, address, nbytes)
-        shared = {} if adopted is None else dict(shared_fd=adopted.fd, shared_token=adopted.token,
-                                                 shared_start=adopted.start, shared_size=adopted.size)
+        shared: dict[str, Any] = {} if adopted is None else dict(
+            shared_fd=adopted.fd, shared_token=adopted.token, shared_start=adopted.start, shared_size=adopted.size)
         desc = CrossMemoryMemoryDesc(
             engine_key=self._key, mem_id=mem_id, slot=slot, pid=self._pid, address=address, size=nbytes,
             dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), **shared)
         return _Registration(desc, tensor, claim, pinned)
 
-    def _offer(self, board: AssistBoard, mem_id: int, address: int, claim: MemoryClaim) -> None:
+    def _offer(self, board: AssistBoard, mem_id: int, address: int, adopted: AdoptedPages) -> None:
         """Let the copy-assist helper write into the shared pages of this registration."""
-        low = claim.adopted.start - address
+        low = adopted.start - address
         try:
-            board.add_dest(mem_id, address, low, low + claim.adopted.size)
+            board.add_dest(mem_id, address, low, low + adopted.size)
         except (OverflowError, RuntimeError) as exc:   # a full table (or closing): writers copy alone
             _log.warning("engine %r: memory %s gets no copy assist: %s", self._key, mem_id, exc)
 

@@ -31,6 +31,8 @@ _BUSY = (errno.EAGAIN, errno.EACCES)
 class RegistryUnavailable(MoriioFsmError, OSError):
     """A peer's registration table cannot be opened: the peer is gone, closed it, or is not who it says."""
 
+    errno: int              # always given
+
 
 def _slot_offset(slot: int) -> int:
     return TOKEN_BYTES + slot * _SLOT_BYTES

@@ -58,9 +58,9 @@ class CrossMemorySession(SessionBase):
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
             self._here_low = remote.shared_start - remote.address
             self._here_high = self._here_low + remote.shared_size
-        if peer.board is not None and self.assist_segment() is not None:
+        if peer.board is not None and (segment := self.assist_segment()) is not None:
             # Mapped by the peer before this session's first write, which it can then help with.
-            peer.introduce(self._segment)
+            peer.introduce(segment)
 
     def assist_segment(self) -> tuple | None:
         """How a copy-assist job names this session's two registrations (``_copy_assist.post``);
