@@ -1,0 +1,128 @@
+"""The stand-in's transfer thread: the part of mori that completes posted work asynchronously (its completion
+queue thread), shared by every stand-in engine of the process.
+
+Rules: like native mori, it holds no reference to a ``TransferStatus``, only a weak one, and records a
+use-after-free incident when it must write into a status Python has already freed; work of an engine that was
+collected is dropped (its native side would be gone); a held transfer waits for its gate, others go in order.
+The thread starts with the first transfer and ends after a while with none.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass
+
+from . import incidents
+from .faults import Gate
+from .mover import Mover, Region, RegionTable, RemoteRegion
+
+__all__ = ["Transfer", "drain", "submit"]
+
+_SUCCESS = 0
+_ERR_RDMA_OP = 13
+_IDLE_S = 2.0
+
+
+@dataclass(eq=False)
+class Transfer:
+    """Work posted by one batch: what to move and how its status ends."""
+
+    status: weakref.ref                  # the TransferStatus; Python owns it
+    engine: weakref.ref                  # the posting engine
+    uid: int
+    op: str
+    local: Region
+    local_table: RegionTable
+    remote: RemoteRegion
+    ranges: list[tuple[int, int, int]]
+    mover: Mover
+    failure: tuple[int, str] | None = None     # the error completion after ``ranges`` landed
+    gate: Gate | None = None
+    notify: bool = False                       # the target records the transfer once it landed
+
+
+class _TransferThread:
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._queue: deque[Transfer] = deque()
+        self._thread: threading.Thread | None = None
+        self._busy = False
+
+    def submit(self, transfer: Transfer) -> None:
+        if transfer.gate is not None and not transfer.gate.is_open:
+            transfer.gate.when_open(lambda: self._enqueue(transfer))
+            return
+        self._enqueue(transfer)
+
+    def _enqueue(self, transfer: Transfer) -> None:
+        with self._lock:
+            self._queue.append(transfer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mori-standin-transfers", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._lock.wait(_IDLE_S)
+                if not self._queue:
+                    self._thread = None
+                    self._lock.notify_all()
+                    return
+                transfer = self._queue.popleft()
+                self._busy = True
+            try:
+                _complete(transfer)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every transfer handed over (held ones aside) has completed; False if ``timeout_s`` ran out."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+
+
+def _complete(transfer: Transfer) -> None:
+    engine = transfer.engine()
+    if engine is None:
+        return                   # the engine is gone, and with it its queues: nothing completes
+    problem = transfer.mover.move(transfer.op, transfer.local, transfer.local_table, transfer.remote,
+                                  transfer.ranges)
+    if problem is None and transfer.failure is None and transfer.notify:
+        engine.standin_notify_target(transfer.remote, transfer.uid)
+    if problem is not None and problem.peer_unreachable:
+        engine.standin_peer_unreachable(transfer.remote.engine_key, problem.message)
+    del engine
+    if problem is not None:
+        code, message = _ERR_RDMA_OP, problem.message
+    elif transfer.failure is not None:
+        code, message = transfer.failure
+    else:
+        code, message = _SUCCESS, ""
+    status = transfer.status()
+    if status is None:
+        incidents.record(f"use after free: batch_{transfer.op} uid {transfer.uid} completed with code {code} "
+                         "into a TransferStatus that Python had already freed (native mori would write into "
+                         "freed memory)")
+        return
+    status.update(code, message)
+
+
+_THREAD = _TransferThread()
+
+
+def submit(transfer: Transfer) -> None:
+    """Hand ``transfer`` to the transfer thread; it completes later, on that thread."""
+    _THREAD.submit(transfer)
+
+
+def drain(timeout_s: float = 30.0) -> bool:
+    """Wait until the transfer thread has completed everything handed to it (transfers a closed gate holds are
+    not handed over yet); False if ``timeout_s`` ran out first. For tests and benchmarks that free memory next."""
+    return _THREAD.drain(timeout_s)
