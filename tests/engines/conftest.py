@@ -1,4 +1,5 @@
-"""Fixtures for the engine tests: every engine that imports, wired as a P/D pair.
+"""Fixtures for the engine tests: every engine that imports, wired as a P/D pair (MoriEngine through the real
+mori.io, or the pinned amd-mori wheel's own Python layer over the stand-in ``mori.cpp`` where that does not import).
 
 Rules: each fixture closes what it opens; a test fails if an engine worker thread outlives it, if a shared
 region's memfd is still open or mapped in this process after it (regions are memfds, never /dev/shm files), or
@@ -6,7 +7,9 @@ if a cross-memory engine's registration table or pidfd is still open.
 """
 
 import gc
+import importlib
 import os
+import sys
 import threading
 
 import pytest
@@ -112,12 +115,43 @@ def make_engine(kind: str, key: str, **options):
         from moriio_fsm.engines.nixl import NixlEngine
 
         return NixlEngine(key, "127.0.0.1", **options)
-    availability = probe_mori()
-    if not availability.available:
-        pytest.skip(f"MoriEngine not tested: {availability.reason}")
+    mori_io_or_skip()
     from moriio_fsm.engines import MoriEngine
 
-    return MoriEngine(key, "127.0.0.1", 0)
+    return MoriEngine(key, "127.0.0.1", 0, **options)
+
+
+def mori_io_or_skip() -> None:
+    """Make ``mori.io`` import: the real one where it does, else the pinned amd-mori wheel's own Python layer over
+    the stand-in ``mori.cpp`` (fetched with pip once); skips only when pip cannot fetch that wheel."""
+    availability = probe_mori()
+    if availability.available:
+        return
+    from moriio_fsm.engines import mori_standin
+
+    try:
+        mori_standin.load_mori_io()
+    except mori_standin.WheelUnavailable as exc:
+        pytest.skip(f"MoriEngine not tested: {availability.reason}, and {exc}")
+    probe_mori.forget()
+
+
+@pytest.fixture
+def mori_io():
+    """``mori.io`` (real, or the wheel's over the stand-in; see ``mori_io_or_skip``)."""
+    mori_io_or_skip()
+    return importlib.import_module("mori.io")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mori_standin_unloaded_at_the_end():
+    """The stand-in the engine tests loaded leaves ``sys.modules`` when the session ends."""
+    yield
+    if getattr(sys.modules.get("mori.cpp"), "__standin__", False):
+        from moriio_fsm.engines import mori_standin
+
+        mori_standin.unload()
+        probe_mori.forget()
 
 
 def page_aligned_zeros(size: int) -> torch.Tensor:

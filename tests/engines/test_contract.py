@@ -1,7 +1,8 @@
 """The engine contract: what the state machines rely on, checked against every engine.
 
-Runs once per engine kind; NixlEngine and MoriEngine are skipped with the reason where nixl or mori.io
-does not import.
+Runs once per engine kind; NixlEngine is skipped with the reason where nixl does not import; MoriEngine runs
+through mori.io, the real one or else the pinned amd-mori wheel's own Python layer over the stand-in ``mori.cpp``,
+and is skipped only where pip cannot fetch that wheel.
 """
 
 import pytest
