@@ -82,7 +82,7 @@ class KVCacheSummary:
         if unknown:
             raise KVLayoutError(f"peer KV cache summary has unknown field(s) {', '.join(unknown)}; "
                                 f"expected only {', '.join(sorted(known))}")
-        values = {}
+        values: dict[str, Any] = {}
         for name in ("layout", "axis_order", "dtype"):
             values[name] = _text(wire, name)
         for name in ("block_size", "kernel_block_size", "head_size"):

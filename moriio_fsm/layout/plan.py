@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 import torch
 
@@ -94,7 +94,7 @@ def read_block_ids(block_ids: BlockIds) -> torch.Tensor | str:
     return f"given as {type(block_ids).__name__} that does not convert to int64"
 
 
-def _integer_or_none(value: object) -> int | None:
+def _integer_or_none(value: Any) -> int | None:
     """``value`` as an ``int`` when it is a true integer (bools and bool tensors are not)."""
     if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
         return None
@@ -297,6 +297,8 @@ def _plan_transfer(
     piece_offsets, piece_elements = _pieces(geometry, coarsen=merge)
     pieces = torch.tensor(piece_offsets, dtype=torch.int64) * element
     block_span = geometry.block_stride * geometry.kernel_blocks_per_block * element
+    local_sections: tuple[int, ...]
+    remote_sections: tuple[int, ...]
     if geometry.layout is KVLayout.SEPARATED:
         local_sections = (0, geometry.kv_stride * element)
         remote_sections = (0, geometry.remote_kv_stride(remote_num_blocks) * element)

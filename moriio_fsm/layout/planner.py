@@ -7,7 +7,7 @@ can never be served for other block ids or another geometry. Memory is bounded.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Hashable, Sequence, cast
 
 import torch
 
@@ -31,7 +31,8 @@ def _per_group(block_ids: BlockIds | Sequence[BlockIds]) -> list[BlockIds]:
     nested = len(block_ids) > 0 and (
         isinstance(block_ids[0], (list, tuple)) or getattr(block_ids[0], "ndim", 0) >= 1
     )
-    return list(block_ids) if nested else [block_ids]
+    # The test above tells which of the two it is; the types cannot.
+    return list(cast(Sequence[BlockIds], block_ids)) if nested else [cast(BlockIds, block_ids)]
 
 
 def _owned(ids: torch.Tensor | str) -> torch.Tensor | str:
