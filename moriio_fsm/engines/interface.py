@@ -72,7 +72,11 @@ class TransferSession(abc.ABC):
 
     @abc.abstractmethod
     def alive(self) -> bool:
-        """False once the session, its engine or its peer is gone."""
+        """False once the session, its engine or its peer is known to be gone.
+
+        An engine that hears of a peer's loss only through its own transfers (mori.io: a passive target never
+        does) may answer True for a peer that is gone; the machines' timeouts end such a transfer.
+        """
 
     def kill(self) -> None:
         """Break this session: its queued and later transfers fail, and a copy in progress stops where it can.

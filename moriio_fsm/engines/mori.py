@@ -1,23 +1,32 @@
-"""MoriEngine: the TransferEngine interface over AMD's mori.io (RDMA), an optional extra (``mori``) imported lazily.
+"""MoriEngine: the TransferEngine interface over AMD's mori.io (RDMA or XGMI), an optional extra (``mori``, pinned
+to amd-mori 1.2.4) imported lazily.
 
-Rules: ``probe_mori`` never crashes this process; every argument is checked before native code (some bad values
-abort inside mori); every in-flight status stays referenced until it is final, as mori requires.
+Rules: ``probe_mori`` never crashes this process; every argument is checked before native code, against the C++
+types mori's bindings take (some bad values abort inside mori); every status mori may still write into stays
+referenced for the life of the engine (``mori_status.py``), and a failure whose writes may still land is never
+reported final; notifications are off unless asked for, as vLLM's connector has them.
 """
 
 from __future__ import annotations
 
+import collections
 import importlib
+import logging
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from ..errors import MoriioFsmError
 from .base import SessionBase
 from .checks import CheckedBatch, require_bytes
 from .interface import TransferEngine
+from .mori_status import C_INT_MAX, MoriStatus, StatusKeeper
 from .probe import Availability, ImportProbe
-from .status import StatusCode, TransferStatus, code_is_failure, failed_status
+from .status import StatusCode, TransferStatus, failed_status, wait_all
 
-__all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "probe_mori"]
+__all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "PeerFailure", "probe_mori"]
+
+_log = logging.getLogger(__name__)
 
 
 class MoriUnavailableError(MoriioFsmError, RuntimeError):
@@ -37,87 +46,23 @@ def _mori_io():
     return importlib.import_module("mori.io")
 
 
-class MoriStatus:
-    """Our status surface over a mori ``TransferStatus`` (CamelCase methods)."""
+@dataclass(frozen=True, slots=True)
+class PeerFailure:
+    """A failure mori reported of a peer, or of what reaches it (``remote_engine_key`` "" : the local port or
+    device, so every peer)."""
 
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-
-    def code(self) -> int:
-        return int(self._raw.Code())
-
-    def message(self) -> str:
-        return str(self._raw.Message())
-
-    def init(self) -> bool:
-        return bool(self._raw.Init())
-
-    def in_progress(self) -> bool:
-        return bool(self._raw.InProgress())
-
-    def succeeded(self) -> bool:
-        return bool(self._raw.Succeeded())
-
-    def failed(self) -> bool:
-        return bool(self._raw.Failed())
-
-    def is_final(self) -> bool:
-        code = self.code()
-        return code == StatusCode.SUCCESS or code_is_failure(code)
-
-    def wait(self) -> int:
-        self._raw.Wait()
-        return self.code()
-
-    def wait_for(self, timeout_ms: int = -1) -> bool:
-        timeout_ms = -1 if timeout_ms is None or timeout_ms < 0 else int(timeout_ms)
-        self._raw.WaitFor(timeout_ms)
-        return self.is_final()
-
-    def __repr__(self) -> str:
-        return f"<MoriStatus code={self.code()} {self.message()!r}>"
-
-
-class _InFlight:
-    """Statuses mori may still write to; each is dropped only once it is final.
-
-    ``keep`` is amortised O(1): the list is pruned only when it has doubled since
-    the last prune, so each post pays for at most a couple of status queries
-    however many transfers are in flight, and memory stays within twice the
-    number really in flight.
-    """
-
-    _MIN_PRUNE_AT = 64
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._live: list[MoriStatus] = []
-        self._prune_at = self._MIN_PRUNE_AT
-
-    def keep(self, status: MoriStatus) -> None:
-        with self._lock:
-            self._live.append(status)
-            if len(self._live) >= self._prune_at:
-                self._prune()
-
-    def _prune(self) -> None:
-        self._live = [s for s in self._live if not s.is_final()]
-        self._prune_at = max(2 * len(self._live), self._MIN_PRUNE_AT)
-
-    def __len__(self) -> int:
-        with self._lock:
-            self._prune()
-            return len(self._live)
-
-    def snapshot(self) -> list[MoriStatus]:
-        with self._lock:
-            return list(self._live)
+    remote_engine_key: str
+    reason: str
+    detail: str
+    device_name: str = ""
 
 
 class MoriSession(SessionBase):
-    """A mori ``IOEngineSession`` between one local and one remote memory region."""
+    """A mori ``IOEngineSession`` between one local and one remote memory region.
+
+    ``killable`` stays False: mori cannot stop a posted transfer, so the machines keep the blocks of a torn-down
+    transfer out of use.
+    """
 
     def __init__(self, engine: "MoriEngine", raw: Any, local_mem: Any, remote_mem: Any) -> None:
         super().__init__(engine, local_mem, remote_mem)
@@ -127,58 +72,116 @@ class MoriSession(SessionBase):
         return int(self._raw.allocate_transfer_uid())
 
     def alive(self) -> bool:
-        return not self._engine.closed and bool(self._raw.alive())
+        """False once the engine closed or mori reported its peer (or the local device) failed.
+
+        mori hears of a peer's loss only through its own queue pairs: a writer learns it when a write times out,
+        a passive target (D in WRITE mode) never does. True therefore means "no failure seen", not "the peer is
+        there"; the machines' timeouts end a transfer whose peer went silent.
+        """
+        engine = self._engine
+        return not engine.closed and bool(self._raw.alive()) and engine.peer_alive(self.remote_engine_key)
 
     def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:
         if self._engine.closed:
             return failed_status(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine is closed")
+        problem = _native_range_problem(checked)
+        if problem is not None:
+            return failed_status(StatusCode.ERR_INVALID_ARGS, f"batch_{op}: {problem}")
         post = self._raw.batch_write if op == "write" else self._raw.batch_read
         status = MoriStatus(post(checked.local_offsets, checked.remote_offsets, checked.sizes, checked.transfer_uid))
-        self._engine._in_flight.keep(status)
+        self._engine._kept.keep(status)
         return status
 
 
+_UINT32_MAX = (1 << 32) - 1
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _native_range_problem(checked: CheckedBatch) -> str | None:
+    """What mori's bindings or checks would refuse in a batch our own checks passed."""
+    if checked.transfer_uid > _UINT64_MAX:
+        return f"transfer_uid {checked.transfer_uid} does not fit mori's uint64 transfer ids"
+    largest = max(checked.sizes)
+    if largest > _UINT32_MAX:
+        return (f"sizes[{checked.sizes.index(largest)}] is {largest}; mori takes at most {_UINT32_MAX} bytes "
+                "per range (split it)")
+    return None
+
+
 _POLL_MODES = ("polling", "event")
+_BACKENDS = ("rdma", "xgmi")
+_XGMI_ONLY_PORT = 1   # mori's sentinel port of its XGMI-only fallback; CreateBackend(RDMA) refuses it
+_PEER_FAILURES_KEPT = 1024
+
+
+def _c_int(name: str, value: Any, *, minus_one: bool = False) -> int:
+    """A positive C++ int (or -1, mori's "default", where ``minus_one``); anything else is a ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (1 <= value <= C_INT_MAX
+                                                                       or (minus_one and value == -1)):
+        also = " or -1 (mori's default)" if minus_one else ""
+        raise ValueError(f"{name} must be an integer from 1 to {C_INT_MAX}{also}, got {value!r}")
+    return value
+
+
+def _check_endpoint(key: Any, host: Any, port: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"engine key must be a non-empty string, got {key!r}")
+    if not isinstance(host, str):
+        raise ValueError(f"host must be a string, got {type(host).__name__}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
+    if port == _XGMI_ONLY_PORT:
+        raise ValueError("port 1 is reserved by mori.io (the sentinel of its XGMI-only fallback); use 0 for a port "
+                         "of the system's choosing, or another port")
 
 
 class MoriEngine(TransferEngine):
-    """A mori.io ``IOEngine`` with an RDMA backend.
+    """A mori.io ``IOEngine`` with an RDMA backend (``backend="rdma"``) or an XGMI one (``"xgmi"``).
 
-    Raises ``MoriUnavailableError`` (with the probe's reason) when mori.io does
-    not import, ``ValueError`` for a bad configuration value. Descriptors are
-    mori's own ``EngineDesc``/``MemoryDesc`` objects (``pack()`` -> bytes).
+    Raises ``MoriUnavailableError`` when mori.io does not import (with the probe's reason) or cannot make the
+    backend here (an RDMA backend needs an RDMA device), ``ValueError`` for a bad configuration value.
+    Descriptors are mori's own ``EngineDesc``/``MemoryDesc`` objects (``pack()`` -> bytes). XGMI moves GPU memory
+    within one node only: for host tensors its ``create_session`` answers None.
     """
 
-    def __init__(self, key: str, host: str = "", port: int = 0, *,
-                 qp_per_transfer: int = 1, post_batch_size: int = -1,
-                 num_worker_threads: int = -1, poll_cq_mode: str = "polling",
-                 enable_notification: bool = True) -> None:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"engine key must be a non-empty string, got {key!r}")
-        if not isinstance(host, str):
-            raise ValueError(f"host must be a string, got {type(host).__name__}")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
-        if isinstance(qp_per_transfer, bool) or not isinstance(qp_per_transfer, int) or qp_per_transfer < 1:
-            raise ValueError(f"qp_per_transfer must be a positive integer, got {qp_per_transfer!r}")
-        for name, value in (("post_batch_size", post_batch_size), ("num_worker_threads", num_worker_threads)):
-            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-                raise ValueError(f"{name} must be a positive integer or -1 (mori's default), got {value!r}")
+    def __init__(self, key: str, host: str = "", port: int = 0, *, backend: str = "rdma",
+                 qp_per_transfer: int = 1, post_batch_size: int = -1, num_worker_threads: int = -1,
+                 poll_cq_mode: str = "polling", enable_notification: bool = False,
+                 num_streams: int = 64, num_events: int = 64) -> None:
+        _check_endpoint(key, host, port)
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if poll_cq_mode not in _POLL_MODES:
             raise ValueError(f"poll_cq_mode must be one of {_POLL_MODES}, got {poll_cq_mode!r}")
+        if not isinstance(enable_notification, bool):
+            raise ValueError(f"enable_notification must be True or False, got {enable_notification!r}")
+        rdma = (_c_int("qp_per_transfer", qp_per_transfer),
+                _c_int("post_batch_size", post_batch_size, minus_one=True),
+                _c_int("num_worker_threads", num_worker_threads, minus_one=True))
+        xgmi = (_c_int("num_streams", num_streams), _c_int("num_events", num_events))
         io = _mori_io()
         self._io = io
         self.key = key
+        self.backend = backend
         self._closed = False
-        self._in_flight = _InFlight()
-        self._memory_sizes: dict[Any, int] = {}
+        self._failures_lock = threading.Lock()
+        self._peer_failures: collections.deque[PeerFailure] = collections.deque(maxlen=_PEER_FAILURES_KEPT)
+        self._failed_peers: set[str] = set()
+        # Made before the keeper: when this object goes, mori's engine (and its completion threads) goes first,
+        # then the statuses it could write into.
         self._engine = io.IOEngine(key, io.IOEngineConfig(host, port))
-        mode = io.PollCqMode.POLLING if poll_cq_mode == "polling" else io.PollCqMode.EVENT
-        self._engine.create_backend(
-            io.BackendType.RDMA,
-            io.RdmaBackendConfig(qp_per_transfer, post_batch_size, num_worker_threads, mode,
-                                 bool(enable_notification)),
-        )
+        self._kept = StatusKeeper()
+        if backend == "rdma":
+            mode = io.PollCqMode.POLLING if poll_cq_mode == "polling" else io.PollCqMode.EVENT
+            self._create_backend(io.BackendType.RDMA, io.RdmaBackendConfig(*rdma, mode, enable_notification))
+        else:
+            self._create_backend(io.BackendType.XGMI, io.XgmiBackendConfig(*xgmi))
+
+    def _create_backend(self, kind: Any, config: Any) -> None:
+        try:
+            self._engine.create_backend(kind, config)
+        except RuntimeError as exc:
+            raise MoriUnavailableError(f"mori.io could not make its {self.backend} backend here: {exc}") from exc
 
     @property
     def closed(self) -> bool:
@@ -186,8 +189,9 @@ class MoriEngine(TransferEngine):
 
     @property
     def in_flight_count(self) -> int:
-        """Statuses posted through this engine that are not final yet."""
-        return len(self._in_flight)
+        """Statuses posted through this engine that mori may still write into (in flight, or failed while some
+        of their writes may still land)."""
+        return len(self._kept)
 
     def get_engine_desc(self):
         return self._engine.get_engine_desc()
@@ -201,6 +205,8 @@ class MoriEngine(TransferEngine):
     def register_remote_engine(self, desc) -> None:
         self._require(desc, self._io.EngineDesc, "desc")
         self._engine.register_remote_engine(desc)
+        with self._failures_lock:
+            self._failed_peers.discard(desc.key)   # a peer registered again starts with a clean record
 
     def deregister_remote_engine(self, desc) -> None:
         self._require(desc, self._io.EngineDesc, "desc")
@@ -217,8 +223,7 @@ class MoriEngine(TransferEngine):
             raise ValueError(f"tensor of shape {tuple(tensor.shape)} must be contiguous to be registered")
         if tensor.numel() == 0:
             raise ValueError("an empty tensor cannot be registered")
-        desc = self._engine.register_torch_tensor(tensor)
-        return desc
+        return self._engine.register_torch_tensor(tensor)
 
     def deregister_memory(self, mem) -> None:
         self._require(mem, self._io.MemoryDesc, "mem")
@@ -235,11 +240,43 @@ class MoriEngine(TransferEngine):
             return None
         return MoriSession(self, raw, local_mem, remote_mem)
 
+    def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
+        """True when every status is final within ``timeout_ms``; a failure whose writes may still land never is."""
+        statuses = list(statuses)
+        return wait_all(statuses, timeout_ms) and not any(s.init() or s.in_progress() for s in statuses)
+
+    # -- what mori says of its peers ------------------------------------------------------------------
+
+    def peer_failures(self) -> list[PeerFailure]:
+        """The peer failures mori reported to this engine so far (the last 1024), oldest first."""
+        self._take_peer_failures()
+        with self._failures_lock:
+            return list(self._peer_failures)
+
+    def peer_alive(self, remote_engine_key: str) -> bool:
+        """False once mori reported a failure of that peer, or of the local port or device, since it was last
+        registered."""
+        self._take_peer_failures()
+        with self._failures_lock:
+            return "" not in self._failed_peers and remote_engine_key not in self._failed_peers
+
+    def _take_peer_failures(self) -> None:
+        pop = getattr(self._engine, "pop_peer_failure", None)   # new in amd-mori 1.2.4
+        if pop is None or self._closed:
+            return
+        while (event := pop()) is not None:
+            failure = PeerFailure(str(event.remote_engine_key), str(event.reason.name), str(event.detail),
+                                  str(event.device_name))
+            _log.warning("mori engine %r: peer %r failed (%s): %s", self.key, failure.remote_engine_key or "*",
+                         failure.reason, failure.detail)
+            with self._failures_lock:
+                self._peer_failures.append(failure)
+                self._failed_peers.add(failure.remote_engine_key)
+
     def close(self) -> None:
         """Mark the engine closed; mori frees its native state when it is collected.
 
-        Statuses still in flight stay referenced by this object, so it keeps them
-        alive until they are final even after close.
+        Every status mori may still write into stays referenced by this object, after close too.
         """
         self._closed = True
 

@@ -51,7 +51,9 @@ class TransferStatus(Protocol):
     """The completion handle of one posted write/read (or batch of them).
 
     Every query is non-blocking except ``wait`` and ``wait_for``. A status is
-    *final* when it succeeded or failed; final statuses never change.
+    *final* when it succeeded or failed; final statuses never change. A final status
+    means no byte of its transfer can still move: an engine whose failed transfer may
+    still be writing reports it in progress (mori.io, see ``mori_status.py``).
     """
 
     def code(self) -> int: ...

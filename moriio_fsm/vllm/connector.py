@@ -52,7 +52,7 @@ def make_engine(settings: ConnectorSettings, host: str):
         return lambda key: NixlEngine(key, host, ucx=dict(settings.ucx))
     from ..engines.mori import MoriEngine
 
-    return lambda key: MoriEngine(key, host, qp_per_transfer=settings.qp_per_transfer,
+    return lambda key: MoriEngine(key, host, backend=settings.backend, qp_per_transfer=settings.qp_per_transfer,
                                   post_batch_size=settings.post_batch_size,
                                   num_worker_threads=settings.num_workers)
 
