@@ -81,7 +81,8 @@ class MoriSession(SessionBase):
         engine = self._engine
         return not engine.closed and bool(self._raw.alive()) and engine.peer_alive(self.remote_engine_key)
 
-    def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:
+    # The project's own engines hand back LocalTransferStatus; mori's statuses are its own.
+    def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:   # type: ignore[override]
         if self._engine.closed:
             return failed_status(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine is closed")
         problem = _native_range_problem(checked)

@@ -135,10 +135,6 @@ class StatusKeeper:
             self._sweep()
             return len(self._kept)
 
-    def snapshot(self) -> list[MoriStatus]:
-        with self._lock:
-            return list(self._kept)
-
 
 def _done_with(status: MoriStatus) -> bool:
     """Whether mori can no longer write into ``status``: it succeeded (the last completion wrote it) or failed

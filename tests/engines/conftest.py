@@ -193,6 +193,11 @@ class Pair:
         assert self.session is not None
 
     def close(self):
+        if self.kind == "mori":
+            from moriio_fsm.engines import mori_standin
+
+            if mori_standin.is_loaded():
+                mori_standin.drain()   # no stand-in transfer may touch the tensors once they go
         self.producer.close()
         self.consumer.close()
         # Tensors and sessions map the regions; the leak check runs while pytest

@@ -183,7 +183,7 @@ class IOEngine:
         with self._lock:
             peer = self._remotes.get(remote.engine_key)
             rdma = _RDMA in self._backends
-        if not rdma or peer is None or peer.port == _XGMI_ONLY_PORT or local.engine_key != self._desc.key:
+        if not rdma or peer is None or peer.port == _XGMI_ONLY_PORT:
             return None
         return Route(self, Region(local.id, local.data, local.size),
                      RemoteRegion(peer.key, peer.host, peer.port, peer.pid,

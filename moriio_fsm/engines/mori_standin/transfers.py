@@ -9,6 +9,7 @@ The thread starts with the first transfer and ends after a while with none.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import deque
@@ -19,6 +20,8 @@ from .faults import Gate
 from .mover import Mover, Region, RegionTable, RemoteRegion
 
 __all__ = ["Transfer", "drain", "submit"]
+
+_log = logging.getLogger("moriio_fsm.engines.mori_standin")
 
 _SUCCESS = 0
 _ERR_RDMA_OP = 13
@@ -77,6 +80,9 @@ class _TransferThread:
                 self._busy = True
             try:
                 _complete(transfer)
+            except Exception:      # one transfer's trouble must not end the thread every engine uses
+                _log.exception("[mori stand-in] completing batch_%s uid %d raised", transfer.op, transfer.uid)
+                _fail(transfer, "stand-in: the transfer thread raised while completing it")
             finally:
                 with self._lock:
                     self._busy = False
@@ -112,6 +118,12 @@ def _complete(transfer: Transfer) -> None:
                          "freed memory)")
         return
     status.update(code, message)
+
+
+def _fail(transfer: Transfer, message: str) -> None:
+    status = transfer.status()
+    if status is not None:
+        status.update(_ERR_RDMA_OP, message)
 
 
 _THREAD = _TransferThread()

@@ -212,3 +212,28 @@ class TestWaitAll:
         assert raw_pair.producer.wait_all([held], 0) == raw_pair.io.StatusCode.IN_PROGRESS
         gate.open()
         assert raw_pair.producer.wait_all([held], WAIT_MS) == raw_pair.io.StatusCode.SUCCESS
+
+
+def test_a_session_over_another_engines_memory_fails_its_posts(raw_pair):
+    foreign = raw_pair.producer.create_session(raw_pair.target_mem, raw_pair.remote_mem)
+    status = foreign.batch_write([0], [0], [8], foreign.allocate_transfer_uid())
+    assert status.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP and "local" in status.Message()
+
+
+def test_a_transfer_that_raises_fails_alone_and_the_thread_goes_on(standin, raw_pair, monkeypatch):
+    from moriio_fsm.engines.mori_standin import mover
+
+    original = mover.InProcessMover.move
+    calls = []
+
+    def raise_once(self, *args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("injected")
+        return original(self, *args)
+
+    monkeypatch.setattr(mover.InProcessMover, "move", raise_once)
+    failed = raw_pair.write([0], [0], [8])
+    assert failed.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP
+    assert raw_pair.write([8], [8], [8]).WaitFor(WAIT_MS) == raw_pair.io.StatusCode.SUCCESS
+    assert torch.equal(raw_pair.target[8:16], raw_pair.source[8:16])
