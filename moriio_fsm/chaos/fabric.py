@@ -12,13 +12,18 @@ never becomes final; it is not handed to the poller, which would watch it until 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import defaultdict, deque
+from typing import Any, Callable
 
 import torch
 
 from ..engines import CompletionPoller, LoopbackEngine
+from ..engines.faults import PostedTransfer
+from ..engines.loopback.descriptors import LoopbackMemoryDesc
+from ..engines.loopback.engine import LoopbackSession
 from ..runtime.events import Event
 
 #: Bytes per block per layer: the run checks custody, not bandwidth.
@@ -34,29 +39,35 @@ class FabricError(RuntimeError):
     """The loopback engine or poller did not answer in time (a harness problem)."""
 
 
+def _uid_in(uids: set[int]) -> Callable[[PostedTransfer], bool]:
+    """A fault rule's test: the posted batch's uid is in ``uids`` (read when it is posted)."""
+    return lambda posted: posted.transfer_uid in uids
+
+
 class Fabric:
     def __init__(self, producers: list[str], consumers: list[str], layers: int):
         run = next(_runs)
         self.layers = layers
         self.engines: dict[str, LoopbackEngine] = {}
         self.pollers: dict[str, CompletionPoller] = {}
-        self._memory: dict[str, tuple[torch.Tensor, object]] = {}
-        self._sessions: dict[tuple[str, str], object] = {}
+        self._memory: dict[str, tuple[torch.Tensor, LoopbackMemoryDesc]] = {}
+        self._sessions: dict[tuple[str, str], LoopbackSession] = {}
         self._failing: dict[str, set[int]] = {}
         self._stalling: dict[str, set[int]] = {}
         self._arrived = threading.Condition()
         self._inbox: dict[tuple[str, str, int, str], deque[Event]] = defaultdict(deque)
         for name in producers + consumers:
             engine = LoopbackEngine(f"chaos{run}-{name}", copy_threads=1)
-            failing, stalling = set(), set()
-            engine.faults.fail_when(lambda posted, failing=failing: posted.transfer_uid in failing)
-            engine.faults.stall_when(lambda posted, stalling=stalling: posted.transfer_uid in stalling)
+            failing: set[int] = set()
+            stalling: set[int] = set()
+            engine.faults.fail_when(_uid_in(failing))
+            engine.faults.stall_when(_uid_in(stalling))
             memory = torch.zeros(layers * BLOCKS * BLOCK_BYTES, dtype=torch.uint8)
             self.engines[name] = engine
             self._failing[name], self._stalling[name] = failing, stalling
             self._memory[name] = (memory, engine.register_torch_tensor(memory))
             self.pollers[name] = CompletionPoller(
-                lambda ev, name=name: self._deliver(name, ev), name=f"chaos-poller-{name}")
+                functools.partial(self._deliver, name), name=f"chaos-poller-{name}")
         for p in producers:
             for d in consumers:
                 self._connect(p, d)
@@ -107,7 +118,8 @@ class Fabric:
                 del self._inbox[key]
             return event
 
-    def _deliver(self, node: str, event: Event) -> None:
+    def _deliver(self, node: str, event: Any) -> None:
+        # A completion event (layer_write_done...): its layer is a field its spec declares.
         op = "write" if event.kind.startswith("layer_write") else "read"
         with self._arrived:
             self._inbox[(node, event.transfer_id, event.layer, op)].append(event)

@@ -9,6 +9,8 @@ the fault rate's chance at each chance it has.
 
 from __future__ import annotations
 
+import functools
+
 from ..adapters.zmq.codec import Role
 from ..runtime.declared import events
 from .fabric import BLOCKS
@@ -33,9 +35,12 @@ class Hosts:
         if self._abort():
             world.at(0.02 * rng.random(), lambda: send(d, events.request_finished(tid, world.now)))
         send(p, events.prefill_started(tid, world.now, 1))
+
+        def schedule(layer: int) -> None:
+            send(p, events.layer_scheduled(tid, world.now, layer))
+
         for layer in range(layers):
-            world.at(0.002 * (layer + 1),
-                     lambda layer=layer: send(p, events.layer_scheduled(tid, world.now, layer)))
+            world.at(0.002 * (layer + 1), functools.partial(schedule, layer))
         world.at(0.002 * (layers + 1), lambda: send(p, events.seal(tid, world.now)))
         end = events.abort if self._abort() else events.request_finished
         world.at(0.002 * (layers + 2), lambda: send(p, end(tid, world.now)))

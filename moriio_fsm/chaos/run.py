@@ -13,6 +13,7 @@ ledger's breaches.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -74,11 +75,13 @@ class ChaosRun:
         self.operations = Operations(self.world, self.fabric)
         self.wire = Channel(self.world, self.fabric)
         self.hosts = Hosts(self.world)
-        parts = {"operations": self.operations, "wire": self.wire, "hosts": self.hosts}
-        self._ranks = {name: Rank(self.world, name, Role.PRODUCER, **parts) for name in producers}
-        self._ranks.update({name: Rank(self.world, name, Role.CONSUMER, **parts)
-                            for name in consumers})
+        self._ranks = {name: self._rank(name, Role.PRODUCER) for name in producers}
+        self._ranks.update({name: self._rank(name, Role.CONSUMER) for name in consumers})
         self.crashed = ""
+
+    def _rank(self, name: str, role: Role) -> Rank:
+        return Rank(self.world, name, role, operations=self.operations, wire=self.wire,
+                    hosts=self.hosts)
 
     def run(self) -> ChaosResult:
         started = time.perf_counter()
@@ -87,7 +90,7 @@ class ChaosRun:
         for index in range(settings.transfers):
             last_start += world.rng.expovariate(1.0 / settings.spacing_s)
             start = self.hosts.start_write if index % 2 == 0 else self.hosts.start_read
-            world.at_time(last_start, lambda start=start, index=index: start(f"tx-{index}"))
+            world.at_time(last_start, functools.partial(start, f"tx-{index}"))
         if settings.fault_rate > 0:
             victim = world.rng.choice(sorted(self._ranks))
             world.at_time(world.rng.random() * last_start, lambda: self._crash(victim))

@@ -45,12 +45,17 @@ class Channel:
         if roll() < self.rate:
             copies = 2
             self.duplicated += 1
+
+        def deliver() -> None:
+            if self.world.alive(receiver):
+                arrive(frames)
+
         for _ in range(copies):
             delay = LATENCY_S[0] + (LATENCY_S[1] - LATENCY_S[0]) * roll()
             if roll() < self.rate:
                 delay += LATE_S[0] + (LATE_S[1] - LATE_S[0]) * roll()
                 self.delayed += 1
-            self.world.at(delay, lambda: self.world.alive(receiver) and arrive(frames))
+            self.world.at(delay, deliver)
 
     # -- the notify port ------------------------------------------------------------------
 

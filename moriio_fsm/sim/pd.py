@@ -15,6 +15,7 @@ maps each of them to ``<id>``, the request both sides share (for traces).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from ..ledger import BLOCK_EFFECTS, QUARANTINE
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.driver import Driver
+from ..runtime.events import Event
 from .world import Faults, Node, Op, Report, World
 
 #: Timeouts scaled down so a run spans seconds of virtual time; the orders of magnitude
@@ -211,11 +213,9 @@ class PD:
         for d in range(layout.d):
             node = w.nodes[f"D{d}"]
             node.dispatch(events.receive_started(tid, w.now, len(layout.writers_of(d))))
-            w.at(0.005 * self.rng.random(), lambda node=node: node.dispatch(
-                events.blocks_allocated(tid, w.now, [1, 2, 3])))
+            self._later(0.005 * self.rng.random(), node, [tid], events.blocks_allocated, [1, 2, 3])
             if abort_d:
-                w.at(0.02 * self.rng.random(), lambda node=node: node.dispatch(
-                    events.request_finished(tid, w.now)))
+                self._later(0.02 * self.rng.random(), node, [tid], events.request_finished)
         for p in range(layout.p):
             node = w.nodes[f"P{p}"]
             targets = [f"{tid}>d{d}" for d in layout.readers_of(p)]
@@ -223,13 +223,10 @@ class PD:
                 node.dispatch(events.prefill_started(target, w.now, len(layout.writers_of(
                     int(target.split(">d")[1])))))
             for layer in range(LAYERS):
-                w.at(0.002 * (layer + 1), lambda node=node, layer=layer: [
-                    node.dispatch(events.layer_scheduled(t, w.now, layer)) for t in targets])
-            w.at(0.002 * (LAYERS + 1), lambda node=node: [
-                node.dispatch(events.seal(t, w.now)) for t in targets])
+                self._later(0.002 * (layer + 1), node, targets, events.layer_scheduled, layer)
+            self._later(0.002 * (LAYERS + 1), node, targets, events.seal)
             end = events.abort if abort_p else events.request_finished
-            w.at(0.002 * (LAYERS + 2), lambda node=node, end=end: [
-                node.dispatch(end(t, w.now)) for t in targets])
+            self._later(0.002 * (LAYERS + 2), node, targets, end)
 
     def start_read(self, tid: str, *, abort_p: bool = False, abort_d: bool = False) -> None:
         """One READ transfer: P's prefill, then the proxy starts D's reads (see handlers)."""
@@ -239,12 +236,24 @@ class PD:
             node = w.nodes[f"P{p}"]
             node.dispatch(events.serve_started(tid, w.now, len(layout.readers_of(p))))
             end = events.abort if abort_p else events.request_finished
-            w.at(0.01, lambda node=node, end=end: node.dispatch(end(tid, w.now)))
+            self._later(0.01, node, [tid], end)
         if abort_d:
             for d in range(layout.d):
                 for p in layout.writers_of(d):
-                    w.at(0.05 + 0.2 * self.rng.random(), lambda d=d, p=p: w.nodes[f"D{d}"].dispatch(
-                        events.request_finished(f"{tid}<p{p}", w.now)))
+                    self._later(0.05 + 0.2 * self.rng.random(), w.nodes[f"D{d}"], [f"{tid}<p{p}"],
+                                events.request_finished)
+
+    def _later(self, delay: float, node: Node, transfers: list[str], make: Callable[..., Event],
+               *payload: Any) -> None:
+        """In ``delay`` seconds, ``node`` takes ``make(transfer, now, *payload)`` for each of
+        ``transfers`` (bound now: a caller's loop variables cannot change them later)."""
+        world = self.world
+
+        def dispatch() -> None:
+            for transfer in transfers:
+                node.dispatch(make(transfer, world.now, *payload))
+
+        world.at(delay, dispatch)
 
     def report(self) -> Report:
         report = Report(seed=0)
@@ -275,12 +284,17 @@ def run(seed: int, layout: Layout, faults: Faults | None = None, *, transfers: i
         mode = pd.start_write if i % 2 == 0 else pd.start_read
         when = rng.random() * 2.0
         abort_p, abort_d = rng.random() < abort_rate, rng.random() < abort_rate
-        w.at(when, lambda mode=mode, i=i, a=abort_p, b=abort_d: mode(f"tx-{i}", abort_p=a, abort_d=b))
+        w.at(when, functools.partial(mode, f"tx-{i}", abort_p=abort_p, abort_d=abort_d))
     names = sorted(w.nodes)
     for _ in range(deaths):
         victim = rng.choice(names)
-        w.at(rng.random() * 2.5, lambda victim=victim: w.kill(victim) if w.nodes[victim].alive else None)
+        w.at(rng.random() * 2.5, functools.partial(_kill_if_alive, w, victim))
     w.run(until=80.0, tick=0.05)
     report = pd.report()
     report.seed = seed
     return report
+
+
+def _kill_if_alive(world: World, name: str) -> None:
+    if world.nodes[name].alive:
+        world.kill(name)

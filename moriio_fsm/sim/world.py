@@ -116,7 +116,7 @@ class World:
         """Post ``op``; it completes, fails or hangs later, as the faults say."""
         self.ops.append(op)
         what = f"{op.kind} of layer {op.layer} by {node.name}/{op.transfer_id}"
-        op.entry = self.ledger.post(what, op.source, op.target)
+        entry = op.entry = self.ledger.post(what, op.source, op.target)
         roll = self.rng.random()
         if roll < self.faults.hang_op:
             op.state = "hung"           # never completes and never moves a byte again
@@ -127,7 +127,7 @@ class World:
         def complete() -> None:
             if op.state != "pending":
                 return                  # torn down, or its node died
-            self.ledger.moved(op.entry)
+            self.ledger.moved(entry)
             op.state = "done"
             self._settle(op)
             kind = failed_kind if failed else done_kind
@@ -159,6 +159,7 @@ class World:
         self.ledger.bury(name)
 
     def _settle(self, op: Op) -> None:
+        assert op.entry is not None, "only a posted operation settles"
         self.ledger.settle(op.entry)
 
 

@@ -40,6 +40,15 @@ def test_without_faults_every_transfer_completes_on_both_sides():
         assert "abandoned" not in ended["write_consumer"] and "quarantined" not in ended["write_producer"]
 
 
+def test_each_producer_rank_drives_its_own_transfers():
+    """Two P ranks writing to two D ranks: each P rank's layers, seal and end go to its
+    own transfer (they once all went to the last rank's, leaving P0's and D0's unfinished)."""
+    report = run(3, Layout(2, 2), transfers=6, abort_rate=0.0)
+    assert report.ok, explain(report)
+    assert report.ended["write_producer"] == {"released": 6}
+    assert report.ended["write_consumer"] == {"received": 6}
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("faults", sorted(FAULTS))
 @pytest.mark.parametrize("seed", [11, 12, 13])

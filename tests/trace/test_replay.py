@@ -9,7 +9,7 @@ from moriio_fsm.runtime.declared import events
 from moriio_fsm.sim.pd import Layout, link, run
 from moriio_fsm.trace import TraceRecorder, replay, trace_events, write_trace
 
-from .conftest import close_all
+from .conftest import close_all, traced_pd
 
 
 def test_the_demo_trace_reproduces_with_both_executors(demo_trace):
@@ -100,8 +100,13 @@ def test_p_and_d_traces_of_a_joint_run_merge_and_replay_clean(tmp_path):
 
 
 def test_what_the_sim_finds_unfinished_the_replay_finds_too(tmp_path):
-    sim_report, files = _traced_run(tmp_path, Layout(p=2, d=2), seed=11)
-    assert sim_report.not_final
+    pd, recorders = traced_pd(tmp_path, Layout(p=2, d=2), seed=11)
+    pd.start_write("tx-0")
+    pd.start_read("tx-1")
+    pd.world.run(until=0.005, tick=0.05)      # stopped while layers are still to come
+    sim_report = pd.report()
+    files = close_all(recorders)
+    assert len(sim_report.not_final) == 6     # P0, P1, D0, D1 write; P0, P1 read
     report = replay(files)
     assert not report.divergences
     stuck = {f"{a.where.split(' ')[0]}/{a.transfer}" for a in report.anomalies
