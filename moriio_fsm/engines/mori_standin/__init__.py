@@ -15,7 +15,14 @@ from .loader import StandInRefused, is_loaded, load_mori_io, unload
 from .module import NATIVE_NAMES
 from .registry import with_key as engines_named
 from .transfers import drain
-from .wheel import PINNED_VERSION, WheelMismatch, WheelUnavailable, cache_root, fetch_wheel, python_layer
+from .wheel import (
+    PINNED_VERSION,
+    WheelMismatch,
+    WheelUnavailable,
+    cache_root,
+    fetch_wheel,
+    python_layer,
+)
 
 __all__ = [
     "FAULTS",

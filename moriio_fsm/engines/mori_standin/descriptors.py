@@ -13,8 +13,22 @@ from typing import Any
 
 import msgpack
 
-from .binding import BOOL, BYTES, INT, SIZE_T, STR, UINT16, UINT32, UINT64, Cpp, NoMatch, Param, enum_of, \
-    no_constructor, signature
+from .binding import (
+    BOOL,
+    BYTES,
+    INT,
+    SIZE_T,
+    STR,
+    UINT16,
+    UINT32,
+    UINT64,
+    Cpp,
+    NoMatch,
+    Param,
+    enum_of,
+    no_constructor,
+    signature,
+)
 from .codes import MemoryLocationType, PeerFailureReason, PollCqMode
 
 __all__ = ["BackendConfig", "EngineDesc", "FabricBackendConfig", "IOEngineConfig", "MemoryDesc",

@@ -19,14 +19,34 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from . import registry
-from .binding import CAPSULE, INT, SIZE_T, STR, UINT64, Param, enum_of, instance_of, signature, vector_of
+from .binding import (
+    CAPSULE,
+    INT,
+    SIZE_T,
+    STR,
+    UINT64,
+    Param,
+    enum_of,
+    instance_of,
+    signature,
+    vector_of,
+)
 from .codes import BackendType, MemoryLocationType, PeerFailureReason, StatusCode
-from .descriptors import (BackendConfig, EngineDesc, FabricBackendConfig, IOEngineConfig, MemoryDesc,
-                          PeerFailureEvent, RdmaBackendConfig, XgmiBackendConfig)
+from .descriptors import (
+    BackendConfig,
+    EngineDesc,
+    FabricBackendConfig,
+    IOEngineConfig,
+    MemoryDesc,
+    PeerFailureEvent,
+    RdmaBackendConfig,
+    XgmiBackendConfig,
+)
 from .faults import Faults
 from .mover import Region, RegionTable, RemoteRegion
 from .rdma import Route, post_batch
+from .registry import add as add_engine
+from .registry import with_key as engines_with_key
 from .session import IOEngineSession
 from .transfer_status import TransferStatus
 
@@ -80,7 +100,7 @@ class IOEngine:
         self._device_dead = False
         self._inbound: dict[tuple[str, int], int] = {}
         self._modules: list[str] = []
-        registry.add(self)
+        add_engine(self)
         _log.info("[mori stand-in] IOEngine %r made (a stand-in for native mori, not AMD's)", key)
 
     # -- backends --------------------------------------------------------------------------------
@@ -300,7 +320,7 @@ class IOEngine:
 
     def standin_notify_target(self, remote: RemoteRegion, uid: int) -> None:
         """With notifications on, the target engine learns that this engine's transfer ``uid`` landed."""
-        for target in registry.with_key(remote.engine_key):
+        for target in engines_with_key(remote.engine_key):
             if target.standin_answers_at(remote.host, remote.port, remote.pid):
                 target.standin_inbound(self._desc.key, uid)
                 return

@@ -11,9 +11,24 @@ import logging
 import types
 
 from .binding import INT, SIZE_T, UINT64, Param, signature
-from .codes import EXPORTED, BackendType, MemoryLocationType, PeerFailureReason, PollCqMode, StatusCode
-from .descriptors import (BackendConfig, EngineDesc, FabricBackendConfig, IOEngineConfig, MemoryDesc,
-                          PeerFailureEvent, RdmaBackendConfig, XgmiBackendConfig)
+from .codes import (
+    EXPORTED,
+    BackendType,
+    MemoryLocationType,
+    PeerFailureReason,
+    PollCqMode,
+    StatusCode,
+)
+from .descriptors import (
+    BackendConfig,
+    EngineDesc,
+    FabricBackendConfig,
+    IOEngineConfig,
+    MemoryDesc,
+    PeerFailureEvent,
+    RdmaBackendConfig,
+    XgmiBackendConfig,
+)
 from .engine import IOEngine
 from .session import IOEngineSession
 from .transfer_status import TransferStatus

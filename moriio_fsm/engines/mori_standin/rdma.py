@@ -13,9 +13,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from . import registry
 from .faults import Fault
 from .mover import Region, RemoteRegion, mover_for
+from .registry import find_regions
 from .transfers import Transfer, submit
 
 __all__ = ["Route", "post_batch"]
@@ -89,5 +89,5 @@ def _transfer(route: Route, op: str, status: Any, uid: int, ranges: list, *, fai
     engine = route.engine
     return Transfer(status=weakref.ref(status), engine=weakref.ref(engine), uid=uid, op=op, local=route.local,
                     local_table=engine.standin_regions, remote=route.remote, ranges=ranges,
-                    mover=mover_for(route.remote.pid, registry.find_regions), failure=failure, gate=gate,
+                    mover=mover_for(route.remote.pid, find_regions), failure=failure, gate=gate,
                     notify=notify)

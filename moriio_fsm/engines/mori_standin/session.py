@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import weakref
 
-from . import incidents
-from .binding import SIZE_T, UINT64, Param, instance_of, no_constructor, signature, vector_of
+from .binding import (
+    SIZE_T,
+    UINT64,
+    Param,
+    instance_of,
+    no_constructor,
+    signature,
+    vector_of,
+)
+from .incidents import record as record_incident
 from .mover import Region, RemoteRegion
 from .rdma import Route, post_batch
 from .transfer_status import TransferStatus
@@ -42,7 +50,7 @@ class IOEngineSession:
     def _route(self, what: str, status) -> Route | None:
         engine = self._engine()
         if engine is None:
-            incidents.record(f"use after free: IOEngineSession.{what} called after its IOEngine was freed")
+            record_incident(f"use after free: IOEngineSession.{what} called after its IOEngine was freed")
             if status is not None:
                 status.update(_ERR_BAD_STATE, "stand-in: the session's engine is gone")
             return None

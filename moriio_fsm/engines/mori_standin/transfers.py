@@ -15,8 +15,8 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
-from . import incidents
 from .faults import Gate
+from .incidents import record as record_incident
 from .mover import Mover, Region, RegionTable, RemoteRegion
 
 __all__ = ["Transfer", "drain", "submit"]
@@ -113,7 +113,7 @@ def _complete(transfer: Transfer) -> None:
         code, message = _SUCCESS, ""
     status = transfer.status()
     if status is None:
-        incidents.record(f"use after free: batch_{transfer.op} uid {transfer.uid} completed with code {code} "
+        record_incident(f"use after free: batch_{transfer.op} uid {transfer.uid} completed with code {code} "
                          "into a TransferStatus that Python had already freed (native mori would write into "
                          "freed memory)")
         return
