@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import MoriioFsmError
 from .launcher import PdDeployment, free_ports, usable_cores
@@ -30,7 +30,7 @@ from .vllm_server import ServerConfig, ServerError, VllmServer, metric_value, vl
 BLOCK = 128
 VOCAB = 1024
 #: Timeouts of a fault run: short, so that a lost message ends its transfer in seconds.
-FAULT_TIMEOUTS = {"transfer_timeout": 4.0, "defer_timeout": 8.0, "recv_abort_timeout": 8.0,
+FAULT_TIMEOUTS: dict[str, Any] = {"transfer_timeout": 4.0, "defer_timeout": 8.0, "recv_abort_timeout": 8.0,
                   # READ: a lease must outlast D's read timeout plus its margin (4 + 2 here)
                   "lease_s": 10.0,
                   "machine_config": {"read_consumer": {"setup_timeout_s": 8.0, "read_timeout_s": 4.0,
@@ -226,7 +226,16 @@ async def _send_all(proxy_url: str, model: str, prompts: list[Prompt], expected:
 
 # -- after the run --------------------------------------------------------------------------------
 
-def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, dict[str, float]]:
+class Holding(TypedDict):
+    """What a server holds after the run, read off its /metrics (``metrics``: the whole text)."""
+
+    running: float
+    waiting: float
+    blocks_used: int
+    metrics: str
+
+
+def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, Holding]:
     """Wait until no request is left and every KV block is back; what each server holds."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -237,7 +246,7 @@ def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, dict[str, f
         time.sleep(0.5)
 
 
-def _holdings(server: VllmServer) -> dict[str, float]:
+def _holdings(server: VllmServer) -> Holding:
     if server.process.poll() is not None:
         raise DemoError(f"{server.config.name} exited with {server.process.returncode} during the "
                         f"run; its log {server.log_path} ends:\n{server.log_tail()}")
@@ -313,7 +322,7 @@ def draw_diagrams(mode: str, traces: list[Path], folder: Path) -> list[Path]:
 class DemoResult:
     outcomes: list[Outcome]
     leaked_blocks: int
-    holdings: dict[str, dict[str, float]]
+    holdings: dict[str, Holding]
     transfer_s: list[float]
     replay_ok: bool
     anomalies: int
@@ -361,17 +370,19 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
     elif len(expected) != len(prompts):
         raise ValueError(f"expected: {len(expected)} reference answers for {len(prompts)} prompts")
     extra = connector_faults(options.faults, options.seed) if options.faults else {}
-    deployment = PdDeployment(model, options.mode, options.workdir, prefills=options.prefills,
+    prefills = options.prefills
+    assert prefills is not None, "DemoOptions chose it"
+    deployment = PdDeployment(model, options.mode, options.workdir, prefills=prefills,
                               connector_extra=extra, failure_policy=options.failure_policy)
     killed: list[str] = []
     with deployment:
-        log(f"P/D ({options.mode.upper()} mode): starting {options.prefills} P and 1 D with the connector")
+        log(f"P/D ({options.mode.upper()} mode): starting {prefills} P and 1 D with the connector")
         deployment.start(show_progress=options.show_progress)
         proxy = ProxyServer(deployment.proxy_config(request_timeout_s=120.0), free_ports(1)[0]).start()
         log(f"proxy: {proxy.url} -> " + ", ".join(f"{m.name} {m.server.url}" for m in deployment.members))
 
         def at_half() -> None:
-            if options.faults and options.prefills >= 2:
+            if options.faults and prefills >= 2:
                 killed.append("P0")
                 log("fault: killing P0 (SIGKILL) mid-run")
                 deployment.kill("P0")
@@ -425,8 +436,8 @@ def render(result: DemoResult, options: DemoOptions) -> str:
                 state = line.split('state="', 1)[1].split('"', 1)[0]
                 states[f"{name}:{state}"] = states.get(f"{name}:{state}", 0.0) + float(line.rsplit(" ", 1)[1])
             if line.startswith("vllm:moriio_fsm_transfers_total{"):
-                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                outcomes[f"{name}:{outcome}"] = float(line.rsplit(" ", 1)[1])
+                ended = line.split('outcome="', 1)[1].split('"', 1)[0]
+                outcomes[f"{name}:{ended}"] = float(line.rsplit(" ", 1)[1])
     lines.append(f"  KV bytes moved   {moved / (1 << 20):.1f} MiB")
     lines.append("  transfers        " + ", ".join(f"{k}={v:.0f}" for k, v in sorted(outcomes.items()) if v))
     busiest = sorted(states.items(), key=lambda kv: -kv[1])[:6]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +82,7 @@ class Pool:
         self._next = 0
         self._lock = threading.Lock()
 
-    def pick(self, exclude: set[str] = frozenset()) -> Instance | None:
+    def pick(self, exclude: AbstractSet[str] = frozenset()) -> Instance | None:
         """The next instance that is up and not in ``exclude``, or None."""
         with self._lock:
             for offset in range(len(self.instances)):

@@ -60,7 +60,8 @@ def make_llama(folder: str | Path, shape: dict, seed: int = 0, std: float = WEIG
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     config = LlamaConfig(**{k: v for k, v in shape.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # transformers wraps PreTrainedModel.to in a decorator whose type loses the bound self.
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() > 1:

@@ -137,7 +137,8 @@ class CrossMemoryEngine(EngineBase):
         self._worker.start()
 
     def _describe(self, table: PublishedRegistry, host: str, port: int) -> CrossMemoryEngineDesc:
-        offer: dict[str, Any] = {} if self._board is None else dict(assist_fd=self._board.fd, assist_token=self._board.token)
+        offer: dict[str, Any] = {} if self._board is None else dict(
+            assist_fd=self._board.fd, assist_token=self._board.token)
         boot_id, pid_namespace = host_identity()
         return CrossMemoryEngineDesc(
             key=self.key, pid=os.getpid(), boot_id=boot_id, pid_namespace=pid_namespace,
