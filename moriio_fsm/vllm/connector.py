@@ -10,7 +10,7 @@ are checked at construction: a bad key stops the engine at start, naming the key
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
@@ -22,6 +22,9 @@ from .metrics import FsmConnectorStats, FsmPromMetrics
 from .params import PeerAddress
 from .scheduler_half import SchedulerHalf
 from .settings import ConnectorConfigError, ConnectorSettings
+
+if TYPE_CHECKING:
+    from .worker_half import WorkerHalf
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -72,7 +75,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         self.tp_size = int(parallel.tensor_parallel_size)
         self.dp_rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
         self._scheduler: SchedulerHalf | None = None
-        self._worker = None
+        self._worker: WorkerHalf | None = None
         block_size = int(vllm_config.cache_config.block_size)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerHalf(
@@ -84,7 +87,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         else:
             self._worker = self._make_worker(vllm_config, kv_cache_config, sides, block_size)
 
-    def _make_worker(self, vllm_config, kv_cache_config, sides, block_size):
+    def _make_worker(self, vllm_config, kv_cache_config, sides, block_size) -> WorkerHalf:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         from .amx import request_amx_permission
@@ -104,19 +107,31 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
                           tp_size=self.tp_size, dp_rank=self.dp_rank,
                           make_engine=make_engine(self.settings, self.host), host=self.host)
 
+    def _scheduler_half(self) -> SchedulerHalf:
+        """vLLM calls the scheduler-side methods only on the connector it built as the scheduler."""
+        if self._scheduler is None:
+            raise RuntimeError("MoRIIOFSMConnector: a scheduler-side call on a worker's connector")
+        return self._scheduler
+
+    def _worker_half(self) -> WorkerHalf:
+        """vLLM calls the worker-side methods only on the connectors it built in its workers."""
+        if self._worker is None:
+            raise RuntimeError("MoRIIOFSMConnector: a worker-side call on the scheduler's connector")
+        return self._worker
+
     # -- scheduler side ------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        return self._scheduler_half().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        self._scheduler_half().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> StepMetadata:
-        return self._scheduler.build_connector_meta(scheduler_output)
+        return self._scheduler_half().build_connector_meta(scheduler_output)
 
     def request_finished(self, request, block_ids):
-        return self._scheduler.request_finished(request, block_ids)
+        return self._scheduler_half().request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output) -> None:
         return None
@@ -126,7 +141,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches) -> None:
         backend = self._attention_backend(kv_caches)
         kv_format = LayerKVFormat.from_vllm(self._kv_spec, attention_backend=backend)
-        self._worker.register_kv_caches(kv_caches, kv_format, attention_backend=backend or "")
+        self._worker_half().register_kv_caches(kv_caches, kv_format, attention_backend=backend or "")
 
     def _attention_backend(self, kv_caches) -> str | None:
         """The name of the backend that allocated the cache (it decides the layout)."""
@@ -141,7 +156,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         # Applied here, before the forward: vLLM may call start_load_kv only after it,
         # and this step's save_kv_layer calls must already know the transfers they feed.
         super().bind_connector_metadata(connector_metadata)
-        self._worker.start_step(connector_metadata)
+        self._worker_half().start_step(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         return None              # loads start from the step's metadata, asynchronously
@@ -150,17 +165,17 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         return None              # loads are asynchronous: a request runs once its KV landed
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
-        self._worker.save_layer(layer_name)
+        self._worker_half().save_layer(layer_name)
 
     def wait_for_save(self) -> None:
-        self._worker.finish_saves()
+        self._worker_half().finish_saves()
 
     def get_finished(self, finished_req_ids):
-        sending, recving = self._worker.finished()
+        sending, recving = self._worker_half().finished()
         return (sending or None), (recving or None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.load_errors()
+        return self._worker_half().load_errors()
 
     def get_kv_connector_stats(self):
         if self._worker is None:

@@ -8,6 +8,7 @@ directory, post through the engine, send through ``send`` and hand events back t
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +17,8 @@ from ..runtime.events import Event
 from .directory import TransferDirectory, TransferInfo
 from .kv_cache import LocalKvCache
 from .metrics import TransferMetrics
-from .peers import PeerLinks
+from .params import PeerAddress
+from .peers import PeerLink, PeerLinks
 from .reports import VllmReports
 from .topology import Endpoint, Topology, handshake_endpoint, notify_endpoint
 
@@ -58,11 +60,27 @@ class HandlerContext:
             raise LookupError(f"transfer {transfer_id!r} has no addressing entry on this rank")
         return info
 
+    def peer_of(self, info: TransferInfo) -> PeerAddress:
+        """The peer ``info`` names; ``LookupError`` when its request named none."""
+        if info.peer is None:
+            raise LookupError(f"request {info.request_id!r}: the peer's address is unknown "
+                              "(kv_transfer_params named no remote host)")
+        return info.peer
+
+    def kv_cache(self) -> LocalKvCache:
+        """The registered KV cache (vLLM registers it before any transfer starts)."""
+        if self.cache is None:
+            raise RuntimeError("no KV cache is registered yet: vLLM registers it before the "
+                               "first transfer")
+        return self.cache
+
     def send_to_peer(self, info: TransferInfo, peer_rank: int, message: Any) -> None:
         """Send ``message`` to rank ``peer_rank`` of the peer ``info`` names."""
-        self.send(notify_endpoint(info.peer, peer_rank), message)
+        self.send(notify_endpoint(self.peer_of(info), peer_rank), message)
 
-    def link_for(self, info: TransferInfo, peer_rank: int):
+    def link_for(self, info: TransferInfo, peer_rank: int) -> Future[PeerLink]:
         """The future ``PeerLink`` to rank ``peer_rank`` of ``info``'s peer (one handshake
-        per rank)."""
-        return self.links.link(handshake_endpoint(info.peer, peer_rank))
+        per rank; the links are made with the KV cache, before any transfer starts)."""
+        if self.links is None:
+            raise RuntimeError("no peer links yet: they are made when vLLM registers the KV cache")
+        return self.links.link(handshake_endpoint(self.peer_of(info), peer_rank))

@@ -9,9 +9,14 @@ machine reaches a final state, and the directory is bounded.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .params import PeerAddress
+
+if TYPE_CHECKING:
+    from .peers import PeerLink
 
 
 @dataclass
@@ -25,9 +30,9 @@ class TransferInfo:
     #: READ P: where each D rank wants its lease grants (host, port), from its heartbeats.
     reply_to: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: The peer rank's link (a future of ``PeerLink``), once a handshake was asked for.
-    link: object = None
+    link: Future[PeerLink] | None = None
     #: This transfer's engine sessions by layer, so its teardown stops only its bytes.
-    sessions: dict[int, object] = field(default_factory=dict)
+    sessions: dict[int, Any] = field(default_factory=dict)
     #: P, WRITE: D's block ids whose writes were prepared (or wait for the link to be), once.
     prepared_for: tuple[int, ...] | None = None
     #: D, WRITE: the prompt's fingerprint, sent to P with the block ids ("": unknown).
@@ -43,6 +48,8 @@ class TransferInfo:
     def session(self, engine, cache, layer: int):
         session = self.sessions.get(layer)
         if session is None:
+            if self.link is None:
+                raise LookupError(f"request {self.request_id!r}: no link to the peer was asked for")
             name = cache.names[layer]
             made = self.link.result().new_session(engine, name, cache.memory[name])
             # The I/O thread prepares sessions while the forward thread may post: the first

@@ -9,7 +9,7 @@ preparing writes for an allocation the machine stored, and says when a message w
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from ..adapters.zmq import Delivery, Heartbeat, SendFailure, WriteFailed, event_for
 from ..adapters.zmq.reporting import LogLimiter
@@ -44,7 +44,8 @@ class Inbound:
     def on_message(self, delivery: Delivery) -> None:
         message, clock = delivery.message, self._parts.clock
         try:
-            event = event_for(message, clock(), delivery.source)
+            # Any: a declared event, whose payload fields (decode_rank...) are its spec's.
+            event: Any = event_for(message, clock(), delivery.source)
         except Exception as exc:                 # never let one message stop the listener
             log.warning("vllm.message_dropped", message=type(message).__name__, error=str(exc))
             return

@@ -68,7 +68,7 @@ class PeerLinks:
         self._links: dict[tuple[str, int], concurrent.futures.Future] = {}
         self.failures = 0
 
-    def link(self, address: tuple[str, int]) -> concurrent.futures.Future:
+    def link(self, address: tuple[str, int]) -> concurrent.futures.Future[PeerLink]:
         """A future of the ``PeerLink`` to ``address``; starts the handshake if none is cached."""
         with self._lock:
             future = self._links.get(address)

@@ -9,11 +9,13 @@ list, and never after it ended or the worker closed.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Callable
 
 from ..logs import get_logger
 from .context import HandlerContext
 from .directory import TransferInfo
+from .peers import PeerLink
 
 log = get_logger("moriio_fsm.vllm")
 
@@ -33,25 +35,28 @@ class WritePreparation:
         remote_ids = tuple(remote_ids)
         if info is None or self._parts.cache is None or info.link is None or not remote_ids:
             return
+        link = info.link
         with self._lock:     # several threads may learn of one allocation: prepare once
             if info.prepared_for == remote_ids:
                 return
             info.prepared_for = remote_ids
-        if not info.link.done():
-            info.link.add_done_callback(lambda _: self._prepared(transfer_id, info, remote_ids))
+        if not link.done():
+            link.add_done_callback(lambda _: self._prepared(transfer_id, info, link, remote_ids))
             return
-        self._prepared(transfer_id, info, remote_ids)
+        self._prepared(transfer_id, info, link, remote_ids)
 
-    def _prepared(self, transfer_id: str, info: TransferInfo, remote_ids: tuple[int, ...]) -> None:
-        """Make every layer's plan and session for ``remote_ids``, unless the transfer ended."""
+    def _prepared(self, transfer_id: str, info: TransferInfo, link: Future[PeerLink],
+                  remote_ids: tuple[int, ...]) -> None:
+        """Make every layer's plan and session for ``remote_ids`` once ``link`` is up, unless
+        the transfer ended."""
         if self._closed() or self._parts.directory.get(transfer_id) is not info:
             return                   # ended meanwhile: nothing will be posted
-        engine, cache = self._parts.engine, self._parts.cache
         try:
-            if info.link.cancelled() or info.link.exception() is not None:
+            engine, cache = self._parts.engine, self._parts.kv_cache()
+            if link.cancelled() or link.exception() is not None:
                 return
             local_ids = info.local_ids_for(remote_ids)
-            num_blocks = info.link.result().num_blocks
+            num_blocks = link.result().num_blocks
             for layer in range(len(cache.names)):
                 cache.plan(local_ids, remote_ids, num_blocks, layer)
                 info.session(engine, cache, layer)

@@ -41,7 +41,7 @@ def consumer_handlers(ctx: HandlerContext) -> dict:
     def request_handshake(effect) -> None:
         info = ctx.info(effect.transfer_id)
         tid = effect.transfer_id
-        info.link = ctx.link_for(info, me.first_peer_rank(info.peer))
+        info.link = ctx.link_for(info, me.first_peer_rank(ctx.peer_of(info)))
 
         def answered(future) -> None:
             now = ctx.clock()
@@ -53,23 +53,24 @@ def consumer_handlers(ctx: HandlerContext) -> dict:
 
     def send_heartbeat(effect) -> None:
         info = ctx.info(effect.transfer_id)
-        ctx.send_to_peer(info, me.first_peer_rank(info.peer), Heartbeat(
+        ctx.send_to_peer(info, me.first_peer_rank(ctx.peer_of(info)), Heartbeat(
             effect.transfer_id, effect.seq, me.tp_rank, reply_port=ctx.reply_port()))
 
     def post_read(effect):
         info = ctx.info(effect.transfer_id)
         link = info.link.result()
         remote_ids, local_ids = tuple(effect.block_ids), info.block_ids
-        local, remote, sizes = ctx.cache.plan(local_ids, remote_ids[-len(local_ids):],
-                                              link.num_blocks, effect.layer)
-        session = info.session(ctx.engine, ctx.cache, effect.layer)
+        cache = ctx.kv_cache()
+        local, remote, sizes = cache.plan(local_ids, remote_ids[-len(local_ids):],
+                                          link.num_blocks, effect.layer)
+        session = info.session(ctx.engine, cache, effect.layer)
         status = session.batch_read(local, remote, sizes, session.allocate_transfer_uid())
         ctx.metrics.add_bytes(sum(sizes))
         return ctx.completion_of(status, effect.transfer_id, effect.layer, "read")
 
     def send_release(effect) -> None:
         info = ctx.info(effect.transfer_id)
-        ctx.send_to_peer(info, me.first_peer_rank(info.peer), Release(
+        ctx.send_to_peer(info, me.first_peer_rank(ctx.peer_of(info)), Release(
             effect.transfer_id, consumer_tp_size=me.tp_size, consumer_rank=me.tp_rank))
 
     return {

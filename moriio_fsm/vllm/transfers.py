@@ -80,7 +80,7 @@ class TransferStarts:
             return
         now, bound = parts.clock(), self._binding.source_for(receive.peer)
         if self._read_mode:
-            started = events.read_started(tid, now, len(parts.cache.names),
+            started = events.read_started(tid, now, len(parts.kv_cache().names),
                                           list(receive.remote_block_ids), source=bound)
         else:
             started = events.receive_started(tid, now, len(parts.topology.peer_ranks(receive.peer)),

@@ -48,8 +48,9 @@ def producer_handlers(ctx: HandlerContext) -> dict:
             raise LookupError(f"transfer {tid!r} ended before its layer {layer} was posted")
         remote_ids = tuple(remote_ids)
         local_ids = info.local_ids_for(remote_ids)
-        local, remote, sizes = ctx.cache.plan(local_ids, remote_ids, link.num_blocks, layer)
-        session = info.session(ctx.engine, ctx.cache, layer)
+        cache = ctx.kv_cache()
+        local, remote, sizes = cache.plan(local_ids, remote_ids, link.num_blocks, layer)
+        session = info.session(ctx.engine, cache, layer)
         status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())
         ctx.metrics.add_bytes(sum(sizes))
         return ctx.completion_of(status, tid, layer, "write")
@@ -101,7 +102,7 @@ def consumer_handlers(ctx: HandlerContext) -> dict:
 
     def send_remote_blocks(effect) -> None:
         info = ctx.info(effect.transfer_id)
-        for rank in me.peer_ranks(info.peer):
+        for rank in me.peer_ranks(ctx.peer_of(info)):
             ctx.send_to_peer(info, rank, RemoteBlocks(
                 effect.transfer_id, effect.req_id or info.request_id, tuple(effect.block_ids),
                 decode_rank=me.tp_rank, prompt_digest=info.prompt_digest or None,
@@ -109,7 +110,7 @@ def consumer_handlers(ctx: HandlerContext) -> dict:
 
     def send_release(effect) -> None:
         info = ctx.info(effect.transfer_id)
-        for rank in me.peer_ranks(info.peer):
+        for rank in me.peer_ranks(ctx.peer_of(info)):
             ctx.send_to_peer(info, rank, Release(
                 effect.transfer_id, consumer_tp_size=me.tp_size, consumer_rank=me.tp_rank))
 

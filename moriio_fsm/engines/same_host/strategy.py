@@ -17,9 +17,9 @@ says per batch whether they landed; one that does not take a group (``None``) le
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
-__all__ = ["COPY_STRATEGIES", "CopyStrategy", "engine_options"]
+__all__ = ["COPY_STRATEGIES", "CopyStrategy", "EngineOptions", "engine_options"]
 
 
 class CopyStrategy(abc.ABC):
@@ -36,10 +36,17 @@ class CopyStrategy(abc.ABC):
         """
 
 
+class EngineOptions(TypedDict):
+    """The ``CrossMemoryEngine`` options a copy strategy stands for (``copy_assist`` None: where built)."""
+
+    share_pages: bool
+    copy_assist: bool | None
+
+
 #: What the connector's ``copy_strategy`` setting names, and the engine options it stands for. Each
 #: option is the side being written into or read from's choice: an engine maps a peer's pages only if
 #: that peer shares them, and posts to a board only if that peer offers one.
-COPY_STRATEGIES: dict[str, dict[str, bool]] = {
+COPY_STRATEGIES: dict[str, EngineOptions] = {
     # Every copy by the kernel: nothing is shared beyond what ptrace permission already allows.
     "kernel": {"share_pages": False, "copy_assist": False},
     # Memory copies into shared pages; writers copy alone.
@@ -49,13 +56,13 @@ COPY_STRATEGIES: dict[str, dict[str, bool]] = {
 }
 
 
-def engine_options(strategy: str, share_pages: bool = True) -> dict[str, bool | None]:
+def engine_options(strategy: str, share_pages: bool = True) -> EngineOptions:
     """``CrossMemoryEngine`` options for a strategy name, or for "auto": shared pages unless ``share_pages``
     is off, and copy assist where its native module is built (``copy_assist=None``)."""
     if strategy == "auto":
         return {"share_pages": bool(share_pages), "copy_assist": None if share_pages else False}
     try:
-        return dict(COPY_STRATEGIES[strategy])
+        return COPY_STRATEGIES[strategy].copy()
     except KeyError:
         raise ValueError(f"copy strategy must be 'auto' or one of {sorted(COPY_STRATEGIES)}, "
                          f"got {strategy!r}") from None
