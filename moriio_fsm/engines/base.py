@@ -12,7 +12,7 @@ import threading
 from typing import Any, ClassVar
 
 from .checks import ArgumentProblem, CheckedBatch, check_transfer_batch
-from .interface import TransferEngine, TransferSession
+from .interface import EngineDescT, MemoryDescT, TransferEngine, TransferSession
 from .status import LocalTransferStatus, failed_status
 
 __all__ = ["EngineBase", "SessionBase"]
@@ -53,7 +53,7 @@ class SessionBase(TransferSession):
         return self._engine._submit(self, op, batch)
 
 
-class EngineBase(TransferEngine):
+class EngineBase(TransferEngine[EngineDescT, MemoryDescT]):
     """An engine with descriptors of its own two classes (``engine_desc_type``, ``memory_desc_type``, each
     with ``unpack``), its own uids and a ``closed`` flag that ``_set_closed`` raises once."""
 

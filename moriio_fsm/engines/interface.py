@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Protocol, Sequence, runtime_checkable
+from typing import (TYPE_CHECKING, Any, ContextManager, Generic, Iterable, Protocol, Sequence, TypeVar,
+                    runtime_checkable)
 
 from .checks import integer
 from .status import TransferStatus, wait_all
@@ -17,14 +18,18 @@ from .status import TransferStatus, wait_all
 if TYPE_CHECKING:
     from .faults import LoopbackFaults
 
-__all__ = ["EngineDescriptor", "MemoryDescriptor", "TransferEngine", "TransferSession"]
+__all__ = ["EngineDescT", "EngineDescriptor", "MemoryDescT", "MemoryDescriptor", "TransferEngine",
+           "TransferSession"]
 
+
+# The descriptors' fields are read-only here: engines' descriptors are frozen.
 
 @runtime_checkable
 class EngineDescriptor(Protocol):
     """Identifies an engine to its peers; travels as ``pack()`` bytes."""
 
-    key: str
+    @property
+    def key(self) -> str: ...
 
     def pack(self) -> bytes: ...
 
@@ -33,10 +38,18 @@ class EngineDescriptor(Protocol):
 class MemoryDescriptor(Protocol):
     """Identifies one registered memory region; travels as ``pack()`` bytes."""
 
-    engine_key: str
-    size: int
+    @property
+    def engine_key(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
 
     def pack(self) -> bytes: ...
+
+
+#: An engine's own kinds of descriptor (it takes back only those it makes: another is a ``TypeError``).
+EngineDescT = TypeVar("EngineDescT", bound=EngineDescriptor)
+MemoryDescT = TypeVar("MemoryDescT", bound=MemoryDescriptor)
 
 
 class TransferSession(abc.ABC):
@@ -91,8 +104,9 @@ def _one_range(local_offset: int, remote_offset: int, size: int) -> tuple[list[i
             [integer("size", size)])
 
 
-class TransferEngine(abc.ABC):
-    """One endpoint: registers memory, knows remote engines, opens sessions.
+class TransferEngine(abc.ABC, Generic[EngineDescT, MemoryDescT]):
+    """One endpoint: registers memory, knows remote engines, opens sessions; generic in the kinds of
+    descriptor it makes and takes back (``EngineDescT``, ``MemoryDescT``).
 
     ``create_session`` returns None (as mori does) when either region or the
     remote engine is unknown or unreachable. ``close`` is idempotent.
@@ -110,32 +124,32 @@ class TransferEngine(abc.ABC):
     inline_copies: bool = False
 
     @abc.abstractmethod
-    def get_engine_desc(self) -> EngineDescriptor: ...
+    def get_engine_desc(self) -> EngineDescT: ...
 
     @abc.abstractmethod
-    def unpack_engine_desc(self, packed: bytes) -> EngineDescriptor: ...
+    def unpack_engine_desc(self, packed: bytes) -> EngineDescT: ...
 
     @abc.abstractmethod
-    def register_remote_engine(self, desc: EngineDescriptor) -> None: ...
+    def register_remote_engine(self, desc: EngineDescT) -> None: ...
 
     @abc.abstractmethod
-    def deregister_remote_engine(self, desc: EngineDescriptor) -> None: ...
+    def deregister_remote_engine(self, desc: EngineDescT) -> None: ...
 
     @abc.abstractmethod
-    def register_torch_tensor(self, tensor: Any) -> MemoryDescriptor: ...
+    def register_torch_tensor(self, tensor: Any) -> MemoryDescT: ...
 
     @abc.abstractmethod
-    def deregister_memory(self, mem: MemoryDescriptor) -> None: ...
+    def deregister_memory(self, mem: MemoryDescT) -> None: ...
 
     @abc.abstractmethod
-    def unpack_memory_desc(self, packed: bytes) -> MemoryDescriptor: ...
+    def unpack_memory_desc(self, packed: bytes) -> MemoryDescT: ...
 
     @abc.abstractmethod
     def allocate_transfer_uid(self) -> int: ...
 
     @abc.abstractmethod
     def create_session(
-        self, local_mem: MemoryDescriptor, remote_mem: MemoryDescriptor
+        self, local_mem: MemoryDescT, remote_mem: MemoryDescT
     ) -> TransferSession | None: ...
 
     def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
@@ -160,7 +174,7 @@ class TransferEngine(abc.ABC):
         """
         return contextlib.nullcontext()
 
-    def prepare_remote_memory(self, mem: MemoryDescriptor) -> None:
+    def prepare_remote_memory(self, mem: MemoryDescT) -> None:
         """Make a peer's registered memory ready for its first session now (a handshake's work, off the
         posting thread). Never raises for a peer that is unknown or gone. By default there is nothing to do."""
 

@@ -104,7 +104,7 @@ def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[i
               sizes), maxlen=0)
 
 
-class LoopbackEngine(EngineBase):
+class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
     """A transfer engine whose "network" is shared memory on one host.
 
     Memory from ``allocate_shared_tensor`` can be reached by engines in other

@@ -38,7 +38,7 @@ _log = logging.getLogger(__name__)
 _lingering: list[Any] = []
 
 
-class NixlEngine(EngineBase):
+class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
     """A transfer engine over a NIXL agent with the UCX backend; peers on this host or others.
 
     Any contiguous CPU tensor can be registered (as NIXL DRAM), wherever the process

@@ -49,7 +49,7 @@ class _Together(threading.local):
     held: list[tuple[int, SameHostPost]] | None = None   # this thread's posts inside posting_together
 
 
-class CrossMemoryEngine(EngineBase):
+class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]):
     """A transfer engine for processes on one host: one-sided copies into the peer's process.
 
     Any contiguous CPU tensor can be registered, wherever the process allocated it; a peer
