@@ -17,8 +17,9 @@ from transitions import Machine as PyTransitionsMachine, State
 from ..lang.model import value_fits
 from .bindings import checked_action, checked_guard
 from .errors import InvariantViolation, TransitionError
-from .events import Outcome
+from .events import Event, Outcome, Result
 from .machine import Machine
+from .shard import Shard
 
 #: The trigger name eventless rows get inside pytransitions; the loader refuses it as a
 #: spec event name.
@@ -120,7 +121,7 @@ class ReferenceSteps:
         self.steps: dict[str, dict[str, Callable]] = {
             state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()}
 
-    def _step(self, shard, tx, ev):
+    def _step(self, shard: Shard, tx: Any, ev: Event) -> Result:
         state = tx.state
         if not all(value_fits(getattr(ev, name), type_name)
                    for name, type_name in self.machine.spec.events[ev.kind].payload.items()):
