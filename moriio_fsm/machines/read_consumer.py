@@ -13,11 +13,13 @@ import math
 from ..runtime.bindings import Bindings
 from ..runtime.declared import emits
 from .bitmaps import layer_indices
-from .decode_reports import bind_decode_reports
+from .common import bind_end_reasons
+from .decode_reports import bind_decode_reports, quarantining
+from .layer_transfers import bind_layer_transfers
 
 bindings = Bindings("read_consumer")
 bind_decode_reports(bindings)
-
+bind_layer_transfers(bindings)
 
 
 # -- guards -------------------------------------------------------------------------------
@@ -47,19 +49,6 @@ def can_read(tx, ev) -> bool:
 
 
 @bindings.guard
-def layer_in_flight(tx, ev) -> bool:
-    layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
-
-
-@bindings.guard
-def layer_already_settled(tx, ev) -> bool:
-    layer = ev.layer
-    return 0 <= layer < tx.max_layers and (tx.settled >> layer) & 1 == 1
-
-
-@bindings.guard
 def lease_at_risk(tx, ev) -> bool:
     return ev.time + tx.renew_interval_s + tx.lease_margin_s >= tx.lease_until
 
@@ -77,11 +66,6 @@ def quiet_request_finished(tx, ev) -> bool:
 @bindings.guard
 def quiet(tx, ev) -> bool:
     return tx.settled == tx.posted
-
-
-@bindings.guard
-def local_request_finished(tx, ev) -> bool:
-    return tx.request_finished
 
 
 # -- actions ------------------------------------------------------------------------------
@@ -149,37 +133,8 @@ def abandon_in_flight(tx, ev, out) -> None:
         out.append(emits.abandon_reads(tx.transfer_id, layers=layer_indices(in_flight)))
 
 
-@bindings.action
-def settle_abandoned(tx, ev, out) -> None:
-    in_flight = tx.posted & ~tx.settled
-    tx.settled |= in_flight
-    tx.failed |= in_flight
-
-
-@bindings.action
-def mark_request_finished(tx, ev, out) -> None:
-    tx.request_finished = True
-    out.append(emits.hold_blocks(tx.transfer_id))
-
-
-@bindings.action
-def note_request_finished(tx, ev, out) -> None:
-    tx.request_finished = True
-
-
-@bindings.action
-def end_setup_failed(tx, ev, out) -> None:
-    tx.end_reason = "setup_failed"
-
-
-@bindings.action
-def end_lease_at_risk(tx, ev, out) -> None:
-    tx.end_reason = "lease_at_risk"
-
-
-@bindings.action
-def end_stalled(tx, ev, out) -> None:
-    tx.end_reason = "stalled"
+bind_end_reasons(bindings, end_setup_failed="setup_failed", end_lease_at_risk="lease_at_risk",
+                 end_stalled="stalled")
 
 
 @bindings.action
@@ -189,15 +144,5 @@ def tell_release(tx, ev, out) -> None:
         out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "done"))
 
 
-
-
-
-
-@bindings.action
-def quarantine(tx, ev, out) -> None:
-    # A torn-down read may still write into D's blocks: nobody may use them again.
-    tx.blocks_quarantined += 1
-    out.append(emits.quarantine_blocks(tx.transfer_id, reason="reads_unconfirmed"))
-    if not tx.request_finished:
-        tx.reported_failure += 1
-        out.append(emits.report_load_failure(tx.transfer_id, reason="reads_unconfirmed"))
+# A torn-down read may still write into D's blocks: nobody may use them again.
+bindings.action(quarantining("quarantine", reason="reads_unconfirmed"))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from ..runtime.bindings import Bindings
 from ..runtime.declared import emits
+from .common import count_notify_failure, note_request_finished
 
 bindings = Bindings("read_producer")
+bindings.action(note_request_finished)
+bindings.action(count_notify_failure)
 
 
 @bindings.guard
@@ -68,11 +71,6 @@ def hold_under_lease(tx, ev, out) -> None:
 
 
 @bindings.action
-def note_request_finished(tx, ev, out) -> None:
-    tx.request_finished = True
-
-
-@bindings.action
 def grant_lease(tx, ev, out) -> None:
     # The lease timer is pushed back by the spec (restart_on heartbeat); this says so to D,
     # promising no more than the hold has left.
@@ -80,11 +78,6 @@ def grant_lease(tx, ev, out) -> None:
     granted = max(0.0, min(float(tx.lease_s), tx.held_at + tx.max_hold_s - ev.time))
     out.append(emits.send_lease_granted(tx.transfer_id, consumer_rank=ev.consumer_rank,
                                         seq=ev.seq, lease_s=granted))
-
-
-@bindings.action
-def count_notify_failure(tx, ev, out) -> None:
-    tx.notify_failures += 1
 
 
 @bindings.action

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..runtime.bindings import Bindings
 from ..runtime.declared import emits
-from .decode_reports import bind_decode_reports
+from .common import bind_end_reasons
+from .decode_reports import bind_decode_reports, quarantining
 
 bindings = Bindings("write_consumer")
 bind_decode_reports(bindings)
@@ -73,11 +74,6 @@ def all_stopped(tx, ev) -> bool:
     return tx.verdicts == tx.num_writers
 
 
-@bindings.guard
-def local_request_finished(tx, ev) -> bool:
-    return tx.request_finished
-
-
 # -- actions ------------------------------------------------------------------------------
 
 @bindings.action
@@ -116,58 +112,18 @@ def record_failure(tx, ev, out) -> None:
 
 
 @bindings.action
-def mark_request_finished(tx, ev, out) -> None:
-    tx.request_finished = True
-    out.append(emits.hold_blocks(tx.transfer_id))
-
-
-@bindings.action
-def note_request_finished(tx, ev, out) -> None:
-    tx.request_finished = True
-
-
-@bindings.action
 def tell_release(tx, ev, out) -> None:
     if tx.release_sent == 0:
         tx.release_sent = 1
         out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "failed"))
 
 
-@bindings.action
-def end_timed_out(tx, ev, out) -> None:
-    tx.end_reason = "timeout"
+bind_end_reasons(bindings, end_timed_out="timeout", end_finished="finished",
+                 end_unsent="unsent")
 
 
-@bindings.action
-def end_finished(tx, ev, out) -> None:
-    tx.end_reason = "finished"
-
-
-@bindings.action
-def end_unsent(tx, ev, out) -> None:
-    tx.end_reason = "unsent"
-
-
-
-
-
-
-@bindings.action
-def quarantine(tx, ev, out) -> None:
-    # A write may still land in these blocks: nobody may use them again, and a request
-    # still waiting for them must not wait forever either.
-    tx.blocks_quarantined += 1
-    out.append(emits.quarantine_blocks(tx.transfer_id, reason="writes_unconfirmed"))
-    if not tx.request_finished:
-        tx.reported_failure += 1
-        out.append(emits.report_load_failure(tx.transfer_id, reason="writes_unconfirmed"))
-
-
-@bindings.action
-def give_up_waiting(tx, ev, out) -> None:
-    # Silence proves nothing: a writer that never heard the release may still write.
-    tx.blocks_quarantined += 1
-    out.append(emits.quarantine_blocks(tx.transfer_id, reason="safety_timeout"))
-    if not tx.request_finished:
-        tx.reported_failure += 1
-        out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
+# A write may still land in these blocks: nobody may use them again, and a request
+# still waiting for them must not wait forever either.
+bindings.action(quarantining("quarantine", reason="writes_unconfirmed"))
+# Silence proves nothing: a writer that never heard the release may still write.
+bindings.action(quarantining("give_up_waiting", reason="safety_timeout"))

@@ -12,9 +12,13 @@ from __future__ import annotations
 from ..runtime.bindings import Bindings
 from ..runtime.declared import emits
 from .bitmaps import layer_indices
+from .common import bind_end_reasons, count_notify_failure, local_request_finished
+from .layer_transfers import bind_layer_transfers
 
 bindings = Bindings("write_producer")
-
+bind_layer_transfers(bindings)
+bindings.guard(local_request_finished)
+bindings.action(count_notify_failure)
 
 
 # -- guards -------------------------------------------------------------------------------
@@ -66,20 +70,6 @@ def layers_already_scheduled(tx, ev) -> bool:
 
 
 @bindings.guard
-def layer_in_flight(tx, ev) -> bool:
-    layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
-
-
-@bindings.guard
-def layer_already_settled(tx, ev) -> bool:
-    layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and (tx.settled >> layer) & 1 == 1)
-
-
-@bindings.guard
 def allocation_known(tx, ev) -> bool:
     return tx.has_allocation
 
@@ -111,11 +101,6 @@ def all_writes_succeeded(tx, ev) -> bool:
     # In 'sealed' no layer is added any more: every scheduled layer settled, none failed.
     # The comparison that is false until the last write comes first: it runs per write.
     return tx.settled == tx.scheduled and tx.failed == 0 and tx.has_allocation
-
-
-@bindings.guard
-def local_request_finished(tx, ev) -> bool:
-    return tx.request_finished
 
 
 @bindings.guard
@@ -191,13 +176,6 @@ def abandon_in_flight(tx, ev, out) -> None:
 
 
 @bindings.action
-def settle_abandoned(tx, ev, out) -> None:
-    in_flight = tx.posted & ~tx.settled
-    tx.settled |= in_flight
-    tx.failed |= in_flight
-
-
-@bindings.action
 def mark_request_finished(tx, ev, out) -> None:
     tx.request_finished = True
 
@@ -219,11 +197,6 @@ def tell_write_failed(tx, ev, out) -> None:
 
 
 @bindings.action
-def count_notify_failure(tx, ev, out) -> None:
-    tx.notify_failures += 1
-
-
-@bindings.action
 def quarantine(tx, ev, out) -> None:
     # The writes were asked to stop and nobody confirmed it: they may still land in D's
     # blocks and read from P's. Both sides must keep those blocks out of circulation.
@@ -242,29 +215,8 @@ def free_blocks(tx, ev, out) -> None:
 
 # -- how an ending transfer records its reason, and knows it may hand the blocks back ----
 
-@bindings.action
-def end_failed(tx, ev, out) -> None:
-    tx.end_reason = "failed"
-
-
-@bindings.action
-def end_mismatched(tx, ev, out) -> None:
-    tx.end_reason = "prompt_mismatch"
-
-
-@bindings.action
-def end_aborted(tx, ev, out) -> None:
-    tx.end_reason = "aborted"
-
-
-@bindings.action
-def end_expired(tx, ev, out) -> None:
-    tx.end_reason = "expired"
-
-
-@bindings.action
-def end_released(tx, ev, out) -> None:
-    tx.end_reason = "released"
+bind_end_reasons(bindings, end_failed="failed", end_mismatched="prompt_mismatch",
+                 end_aborted="aborted", end_expired="expired", end_released="released")
 
 
 @bindings.guard
