@@ -392,15 +392,6 @@ def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = No
 def ends_without_peer(spec: Spec, rows_from: dict[str, list[TransitionSpec]]) -> set[str]:
     """The states from which some sequence of peer-free moves reaches a final state
     (one walk backwards from the finals)."""
-    into: dict[str, set[str]] = defaultdict(set)
-    for state in spec.states:
-        for dest in _peer_free_moves(spec, state, rows_from.get(state, [])):
-            into[dest].add(state)
-    ends = set(spec.final_states)
-    pending = deque(ends)
-    while pending:
-        for prev in into[pending.popleft()]:
-            if prev not in ends:
-                ends.add(prev)
-                pending.append(prev)
-    return ends
+    moves = {state: _peer_free_moves(spec, state, rows_from.get(state, []))
+             for state in spec.states}
+    return _reaching(set(spec.final_states), moves)
