@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from .admission import FIRST_SENDER, NO_EFFECTS, Admission
 from .bindings import effect_problem
@@ -51,6 +51,7 @@ from .early_facts import EarlyFacts
 from .errors import InvariantViolation, TransitionError
 from .events import Event, Outcome, Result
 from .machine import Machine
+from .recording import Recorder, StepRecord, StepRecorder
 from .reference import ReferenceSteps
 from .shard import Shard
 from .timer_driving import TimerDriving
@@ -65,20 +66,6 @@ _REJECTED = Outcome.REJECTED
 _NO_EFFECTS = NO_EFFECTS
 
 EXECUTORS = ("compiled", "transitions")
-
-
-Recorder = Callable[[Event, Result], None]
-#: What a step recorder's ``bind_table(table)`` returns: called as
-#: ``record(event, state_before, result, rows)`` under the shard lock after every step;
-#: ``result`` is None when the step raised (``error`` then carries the exception) and
-#: ``rows`` is the tuple of spec rows taken (None with the transitions executor).
-StepRecord = Callable[..., None]
-
-
-class StepRecorder(Protocol):
-    """A step recorder: ``bind_table(table)`` returns its ``StepRecord`` for the table."""
-
-    def bind_table(self, table: Any) -> StepRecord | None: ...
 
 
 class TransferTable(Admission, TimerDriving):

@@ -18,7 +18,7 @@ from .shard import Shard
 from .timers import check_time
 
 if TYPE_CHECKING:
-    from .table import Recorder, StepRecord, StepRecorder
+    from .recording import Recorder, StepRecord, StepRecorder
     from .timers import DeadlineHeap, TimerPlan
 
 
