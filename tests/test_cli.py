@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from moriio_fsm.cli import main
 from moriio_fsm.machines import spec_path
@@ -73,3 +77,42 @@ def test_without_vllms_cpu_build_the_demo_says_how_to_install_it(monkeypatch, tm
     monkeypatch.setenv("MORIIO_FSM_VLLM_PYTHON", str(tmp_path / "no-python"))
     assert main(["demo", "--workdir", str(tmp_path)]) == 2
     assert "scripts/setup-vllm-cpu.sh" in capsys.readouterr().err
+
+
+COMMANDS = ("chaos", "check", "demo", "diagram", "explain", "export-trace", "proxy", "replay",
+            "scenarios", "serve-pd", "validate")
+
+
+def _help_of(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_command_is_listed_with_a_summary_and_describes_itself(capsys):
+    listing = _help_of(["--help"], capsys)
+    for command in COMMANDS:
+        # The summary follows the name, or stands on the next lines when the name is long.
+        summary = re.search(rf"\n    {command}\s+(.*?)(?=\n    \S|\n\n)", listing, re.S).group(1)
+        assert len(summary.split()) >= 5, (command, summary)
+        own = _help_of([command, "--help"], capsys)
+        description = own.split("\n\n")[1]
+        assert not description.startswith(("options:", "positional arguments:")), command
+        assert len(description.split()) >= 10 and "``" not in description, (command, description)
+
+
+def test_a_command_whose_docstring_lacks_its_name_is_refused():
+    from moriio_fsm.cli._command import add_command
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    with pytest.raises(ValueError, match=r"'replay'.*must start with '``moriio-fsm replay``:'"):
+        add_command(sub, "replay", "``moriio-fsm explain``: the wrong command.")
+    assert add_command(sub, "replay", None).description is None    # python -OO drops docstrings
+
+
+def test_the_command_line_works_without_docstrings():
+    done = subprocess.run([sys.executable, "-OO", "-m", "moriio_fsm.cli", "validate",
+                           str(spec_path("write_producer"))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "write_producer.yaml: ok" in done.stdout, done.stderr

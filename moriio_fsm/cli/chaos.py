@@ -1,15 +1,20 @@
-"""``moriio-fsm chaos``: many transfers of both modes through the whole stack under every
-fault at once, seeded; the last line printed is the verdict.
+"""``moriio-fsm chaos``: the whole stack under every fault at once, seeded.
 
-The last line is exactly ``transfers=<n> completed=<n> failed=<n> not_final=<n>
-double_handback=<n> freed_in_flight=<n>``. Exit 0 when no transfer was left unfinished
-and no block was handed back twice or under an operation; 1 otherwise; 2 on bad usage.
+Run TRANSFERS transfers of both modes through the producer and consumer machines, their
+drivers, the wire codec and loopback engines, losing, duplicating and delaying messages,
+failing and stalling RDMA operations, leaving teardowns unanswered and crashing one rank;
+judge every block with a ledger. The last line printed is the verdict, exactly
+``transfers=<n> completed=<n> failed=<n> not_final=<n> double_handback=<n>
+freed_in_flight=<n>``. Exit 0: every transfer ended and no block was handed back twice or
+under an operation; 1 otherwise; 2 on bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ._command import add_command
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -38,13 +43,7 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "chaos", help="the whole stack under every fault at once, seeded",
-        description="Run TRANSFERS transfers of both modes through the producer and consumer "
-                    "machines, their drivers, the wire codec and loopback engines, losing, "
-                    "duplicating and delaying messages, failing and stalling RDMA operations, "
-                    "leaving teardowns unanswered and crashing one rank; judge every block "
-                    "with a ledger. Exit 0: every transfer ended and no block was misused.")
+    p = add_command(sub, "chaos", __doc__)
     p.add_argument("--transfers", type=int, default=1000, metavar="N",
                    help="how many transfers (default 1000)")
     p.add_argument("--seed", type=int, default=0, metavar="S",

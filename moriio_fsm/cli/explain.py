@@ -1,9 +1,16 @@
-"""``moriio-fsm explain``: one transfer across every traced side, and why it is where it is."""
+"""``moriio-fsm explain``: the timeline of one transfer across P and D, and why it is stuck.
+
+Replay the steps of one transfer's request from TRACE files of every side and print its
+timeline (time, side, event, state, effects) and why it is where it is. Exit 0 when every
+transfer of the request ended, 1 when one is stuck (or the transfer is not in the trace),
+2 on a bad trace.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from ._command import add_command
 from ._trace_args import add_spec_option, fail, spec_overrides
 
 
@@ -24,12 +31,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "explain", help="the timeline of one transfer across P and D, and why it is stuck",
-        description="Replay the steps of one transfer's request from TRACE files of every "
-                    "side and print its timeline (time, side, event, state, effects) and why "
-                    "it is where it is. Exit 0 when every transfer of the request ended, 1 when "
-                    "one is stuck (or the transfer is not in the trace), 2 on a bad trace.")
+    p = add_command(sub, "explain", __doc__)
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--transfer", required=True, metavar="ID",
                    help="a transfer id (either side's) or the request's link key")

@@ -1,10 +1,17 @@
-"""``moriio-fsm export-trace``: a trace as Chrome trace event JSON, for Perfetto UI."""
+"""``moriio-fsm export-trace``: convert traces to Chrome trace JSON (Perfetto UI).
+
+Write TRACE files as one Chrome trace event file: an async track per transfer, its states
+as spans, its events as instants, one process per side. Exit 0 when written; 2 when a
+trace cannot be read or the file cannot be written.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+
+from ._command import add_command
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -28,10 +35,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export-trace", help="convert traces to Chrome trace JSON (Perfetto UI)",
-                       description="Write TRACE files as one Chrome trace event file: an async "
-                                   "track per transfer, its states as spans, its events as "
-                                   "instants, one process per side.")
+    p = add_command(sub, "export-trace", __doc__)
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("-o", "--output", required=True, metavar="FILE.json")
     p.set_defaults(run=_export)

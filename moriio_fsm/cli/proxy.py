@@ -1,13 +1,16 @@
 """``moriio-fsm proxy``: the P/D proxy in front of running P and D vLLM servers.
 
-Exit code 0 after a clean stop (Ctrl-C); 2 when an instance spec or option is wrong
-(the message names it).
+An OpenAI-compatible /v1/completions (streaming or not) that sends each request's prefill
+to a P and its decode to a D, round robin, skipping instances that are down. Exit 0 after
+a clean stop (Ctrl-C); 2 when an instance spec or option is wrong (the message names it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ._command import add_command
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -51,10 +54,7 @@ def add_proxy_options(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("proxy", help="the P/D proxy in front of running P and D vLLM servers",
-                       description="An OpenAI-compatible /v1/completions (streaming or not) that "
-                                   "sends each request's prefill to a P and its decode to a D, "
-                                   "round robin, skipping instances that are down.")
+    p = add_command(sub, "proxy", __doc__)
     p.add_argument("--mode", choices=("write", "read"), required=True,
                    help="the connector's mode on P and D")
     p.add_argument("--prefill", action="append", required=True, metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",

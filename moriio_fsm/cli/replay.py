@@ -1,7 +1,10 @@
-"""``moriio-fsm replay``: re-execute traces through fresh machines; report divergences and anomalies.
+"""``moriio-fsm replay``: re-execute traces through fresh machines and check every step.
 
-Exit code 0 when every recorded state, effect and outcome is reproduced and nothing is
-anomalous; 1 when something diverged or is anomalous; 2 when a trace cannot be read.
+Re-execute the recorded events of TRACE files (P's and D's, several ranks, rotated parts:
+all merged) through fresh machines; check that every recorded state, effect and outcome
+comes out again, and report the first divergence and every anomaly. Exit 0: clean
+(everything reproduced, nothing anomalous); 1: diverged or anomalous; 2: a trace cannot
+be read.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import json
 import sys
 
+from ._command import add_command
 from ._trace_args import add_spec_option, fail, progress_for, spec_overrides
 
 #: The executors a replay can run on (``moriio_fsm.trace.replay.EXECUTORS``; named here so
@@ -109,13 +113,7 @@ def render(report) -> str:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "replay", help="re-execute traces through fresh machines and check every step",
-        description="Re-execute the recorded events of TRACE files (P's and D's, several "
-                    "ranks, rotated parts: all merged) through fresh machines; check that "
-                    "every recorded state, effect and outcome comes out again, and report "
-                    "the first divergence and every anomaly. Exit 0: clean; 1: diverged or "
-                    "anomalous; 2: a trace cannot be read.")
+    p = add_command(sub, "replay", __doc__)
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--transfer", metavar="ID", help="replay only this transfer's request")
     p.add_argument("--until", type=int, metavar="SEQ", help="stop each side after this seq")

@@ -1,9 +1,15 @@
-"""``moriio-fsm scenarios``: drive WRITE producer transfers through the runtime and show their paths."""
+"""``moriio-fsm scenarios``: drive WRITE producer transfers through the runtime, no vLLM
+needed.
+
+Print each scenario's path through the states and the effects it emitted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ._command import add_command
 
 
 def _scenarios(args: argparse.Namespace) -> int:
@@ -31,6 +37,6 @@ def _scenarios(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("scenarios", help="drive WRITE producer transfers through the runtime, no vLLM needed")
+    p = add_command(sub, "scenarios", __doc__)
     p.add_argument("--trace", metavar="FILE", help="also write the scenarios' trace to FILE")
     p.set_defaults(run=_scenarios)

@@ -1,8 +1,10 @@
-"""``moriio-fsm serve-pd``: start P and D vLLM servers with the connector, and the proxy in front.
+"""``moriio-fsm serve-pd``: start P and D vLLM servers with the connector, and the proxy.
 
-Waits until every server is healthy (progress on stderr), serves until Ctrl-C, then stops
-every process it started. Exit code 0 after a clean stop; 2 when vLLM's CPU build is
-missing, an option is wrong or a server could not start (its log's tail is shown).
+Start prefill and decode vLLM servers (vLLM's CPU build, one core each, 127.0.0.1) with
+the connector, and the P/D proxy in front. Wait until every server is healthy (progress
+on stderr), serve until Ctrl-C, then stop every process started. Exit 0 after a clean
+stop; 2 when vLLM's CPU build is missing, an option is wrong or a server could not start
+(its log's tail is shown).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from ._command import add_command
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -75,9 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from .proxy import add_proxy_options
 
-    p = sub.add_parser("serve-pd", help="start P and D vLLM servers with the connector, and the proxy",
-                       description="Start prefill and decode vLLM servers (vLLM's CPU build, one core "
-                                   "each, 127.0.0.1) with the connector, and the P/D proxy in front.")
+    p = add_command(sub, "serve-pd", __doc__)
     p.add_argument("--model", help="a local model folder (default: make the tiny Llama in WORKDIR)")
     p.add_argument("--mode", choices=("write", "read"), default="write", help="default write")
     p.add_argument("--prefills", type=int, default=1, metavar="N", help="P instances (default 1)")

@@ -1,7 +1,7 @@
-"""``moriio-fsm validate``: load spec files and check them and their bindings.
+"""``moriio-fsm validate``: load and check spec files; exit 1 on any problem.
 
-Prints one line per good spec and every problem as ``file:line`` on stderr; exits 1
-when any spec is invalid, so it can gate CI.
+Load each spec and check it and its Python bindings: one line per good spec on stdout,
+every problem as file:line on stderr. Exit 1 when any spec is invalid, so it can gate CI.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from ..lang.errors import SpecError
+from ._command import add_command
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -36,8 +37,6 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("validate", help="load and check spec files; exit 1 on any problem",
-                       description="Load each spec, check it and its Python bindings, and "
-                                   "print every problem as file:line.")
+    p = add_command(sub, "validate", __doc__)
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.set_defaults(run=_validate)
