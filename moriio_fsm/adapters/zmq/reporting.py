@@ -6,6 +6,8 @@ warnings about what peers send are rate-limited, so a flood of junk cannot flood
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from ...logs import get_logger
 
 __all__ = ["LogLimiter", "TransportCounts"]
@@ -13,20 +15,24 @@ __all__ = ["LogLimiter", "TransportCounts"]
 log = get_logger("moriio_fsm.adapters.zmq")
 
 
+@dataclass(slots=True)
 class TransportCounts:
     """Event counters of one transport; ``as_dict`` is what ``ZmqTransport.stats`` shows."""
 
-    __slots__ = (
-        "received", "delivered", "rejected", "callback_errors", "sent", "send_failed",
-        "senders_opened", "auth_refused", "handshake_failed", "handshakes_served", "io_errors",
-    )
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
+    received: int = 0            # frames read from the notify listener
+    delivered: int = 0           # messages handed to ``on_message``
+    rejected: int = 0            # frames refused: undecodable, wrong role, over the limits
+    callback_errors: int = 0     # ``on_message`` or ``on_send_failure`` raised
+    sent: int = 0
+    send_failed: int = 0
+    senders_opened: int = 0      # outbound connections made
+    auth_refused: int = 0        # connections ZAP turned away
+    handshake_failed: int = 0
+    handshakes_served: int = 0
+    io_errors: int = 0           # unexpected errors contained to one socket or command
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
 class LogLimiter:
