@@ -138,7 +138,7 @@ class PeerPolicy:
                 if len(self._verdicts) >= 1024:
                     self._verdicts.clear()
                 self._verdicts[host] = verdict
-        if type(verdict) is str:
+        if isinstance(verdict, str):
             return verdict
         raise UntrustedPeerError(verdict.host, verdict.canonical, verdict.reason)
 

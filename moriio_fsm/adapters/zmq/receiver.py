@@ -56,6 +56,18 @@ def _source_host(address: str | None) -> str:
         return address  # not an IP literal: keep libzmq's text rather than lose the host
 
 
+def _frame_property(frame: zmq.Frame, name: str) -> str | None:
+    """A metadata property of ``frame``, or None where its socket does not have it.
+
+    libzmq gives every named property as text; pyzmq's ``get`` is typed for its integer
+    options too, hence the check."""
+    try:
+        value = frame.get(name)
+    except zmq.ZMQError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 class Delivery(NamedTuple):
     """One accepted message, handed to the ``on_message`` callback.
 
@@ -91,17 +103,12 @@ class NotifyReceiver:
         """Who sent ``frame``: read from the frame itself every time, since a peer picks its
         own routing identity and may take one a closed connection used; the ``Peer`` is
         cached per (identity, address, key) only to keep its ``source`` text."""
-        try:
-            address = frame.get("Peer-Address")
-        except zmq.ZMQError:
-            address = None
+        address = _frame_property(frame, "Peer-Address")
         if address and address.startswith("::ffff:"):
-            mapped = ipaddress.ip_address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
+            mapped = ipaddress.IPv6Address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
             address = str(mapped) if mapped is not None else address
-        try:
-            key = frame.get("User-Id") or None   # the ZAP handler's answer: the CURVE key in hex
-        except zmq.ZMQError:
-            key = None                           # no authentication on this socket
+        # The ZAP handler's answer: the CURVE key in hex; none without authentication.
+        key = _frame_property(frame, "User-Id") or None
         cache_key = (identity, address, key)
         peers = self._peers
         peer = peers.get(cache_key)

@@ -335,7 +335,7 @@ class ZmqTransport:
     def _loop(self) -> None:
         poller = self._poller
         listener = self._listener
-        zap = self._zap.socket if self._zap is not None else None
+        zap = self._zap
         outboxes, handshakes, servers = self._outboxes, self._handshakes, self._handshake_servers
         next_expiry_check = 0.0
         while True:
@@ -348,8 +348,8 @@ class ZmqTransport:
                     elif target == self._wake_read:
                         if self._drain_commands():
                             return
-                    elif target is zap:
-                        self._zap.serve()
+                    elif zap is not None and target is zap.socket:
+                        zap.serve()
                     elif target in handshakes:
                         handshakes.collect(target)
                     elif target in servers:
@@ -367,10 +367,11 @@ class ZmqTransport:
                 except Exception as exc:
                     self._io_error(None, exc)
 
-    def _io_error(self, target: object, exc: Exception) -> None:
-        """An unexpected error while serving one socket: contain it to that socket."""
+    def _io_error(self, target: zmq.Socket | int | None, exc: Exception) -> None:
+        """An unexpected error while serving one socket (or the wake pipe's descriptor):
+        contain it to that socket."""
         self.counts.io_errors += 1
-        if target is not None and target in self._handshakes:
+        if isinstance(target, zmq.Socket) and target in self._handshakes:
             self._handshakes.fail(target, HandshakeFailedError(f"handshake socket error: {exc}"))
         if self._log_limiter.allow(time.monotonic()):
             log.error("zmq.io_error", error=f"{_type_name(exc)}: {exc}", exc_info=exc)
