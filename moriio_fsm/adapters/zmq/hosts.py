@@ -54,7 +54,8 @@ def default_bind_host() -> str:
     except OSError:
         infos = []
     for _family, _type, _proto, _name, sockaddr in infos:
-        address = sockaddr[0]
-        if not address.lower().startswith("fe80"):
-            return address
+        found = sockaddr[0]
+        # A Python built without IPv6 gives IPv6 answers as (int, bytes): not usable here.
+        if isinstance(found, str) and not found.lower().startswith("fe80"):
+            return found
     return "127.0.0.1" if _route_address(socket.AF_INET, "127.0.0.1") is not None else "::1"

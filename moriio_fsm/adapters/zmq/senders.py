@@ -27,8 +27,11 @@ def sender_name(host: str, key: str | None = None) -> str:
 
 
 def _lookup(name: str) -> tuple[str, ...]:
-    infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    return tuple(sorted({str(canonical_host(info[4][0].split("%", 1)[0])) for info in infos}))
+    found = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    # A Python built without IPv6 gives IPv6 answers as (int, bytes): no peer of this
+    # process can come from one, so they are left out.
+    return tuple(sorted({str(canonical_host(address.split("%", 1)[0]))
+                         for address in found if isinstance(address, str)}))
 
 
 def _name_or_addresses(host: str) -> str | tuple[str, ...]:

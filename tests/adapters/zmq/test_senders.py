@@ -94,3 +94,15 @@ def test_the_cache_of_names_is_bounded_whatever_the_requests_name():
 def test_a_sender_with_a_key_is_host_slash_key():
     assert sender_name("198.18.0.2", "ab" * 32) == "198.18.0.2/" + "ab" * 32
     assert sender_name("198.18.0.2") == "198.18.0.2"
+
+
+def test_an_ipv6_answer_a_python_without_ipv6_cannot_read_is_left_out(monkeypatch):
+    import socket
+
+    # Built without IPv6, Python gives an AF_INET6 answer's address as (int, bytes).
+    answers = [
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (10, b"\x00" * 16)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("198.18.0.4", 0)),
+    ]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answers)
+    assert AddressCache().addresses("decode-0") == ("198.18.0.4",)

@@ -515,6 +515,21 @@ def test_default_bind_host_finds_an_ipv6_address_when_ipv4_has_no_route(monkeypa
     assert hosts.default_bind_host() == "2001:db8::5"
 
 
+def test_default_bind_host_skips_an_ipv6_answer_a_python_without_ipv6_cannot_read(monkeypatch):
+    import socket
+
+    from moriio_fsm.adapters.zmq import hosts
+
+    # Built without IPv6, Python gives an AF_INET6 answer's address as (int, bytes).
+    answers = [
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (10, b"\x00" * 16)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("198.18.0.4", 0)),
+    ]
+    monkeypatch.setattr(hosts, "_route_address", lambda family, target: None)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answers)
+    assert hosts.default_bind_host() == "198.18.0.4"
+
+
 def test_default_bind_host_is_a_concrete_address():
     import ipaddress
 
