@@ -108,8 +108,8 @@ class DecodeReply:
         head: dict[str, Any] = {}
         choice: dict[str, Any] = {}
         try:
-            async for event, done in self._events():
-                if done:
+            async for event in self._events():
+                if event is None:
                     break
                 if event.get("usage"):
                     head["usage"] = event["usage"]
@@ -132,13 +132,13 @@ class DecodeReply:
         self.proxy.count("completed")
         return {**head, "object": "text_completion", "choices": [choice] if choice else []}
 
-    async def _events(self) -> AsyncIterator[tuple[dict | None, bool]]:
-        """D's events, checked: an error event, a bad finish or a stream cut short before
-        ``[DONE]`` raises ``TransferFailed`` naming the transfer."""
+    async def _events(self) -> AsyncIterator[dict[str, Any] | None]:
+        """D's events, checked, then None for its ``[DONE]``: an error event, a bad finish or
+        a stream cut short before ``[DONE]`` raises ``TransferFailed`` naming the transfer."""
         try:
             async for line in self._all_lines():
                 if line.strip() == "data: [DONE]":
-                    yield None, True
+                    yield None
                     return
                 event = sse_event(line)
                 if event is None:
@@ -149,12 +149,12 @@ class DecodeReply:
                 bad = finished_badly(event)
                 if bad is not None:
                     raise self._failed(f"ended the request with finish_reason {bad!r}{WHERE_TO_LOOK}")
-                yield event, False
+                yield event
         except self.proxy.httpx.HTTPError as exc:
-            error = self.proxy.call_error(exc, f"decode {self.decode.name}", self.transfer_id, True)
-            if isinstance(error, TransferFailed):
-                raise error from None
-            raise self._failed(f"broke off its stream: {error}") from None
+            failure = self.proxy.call_error(exc, f"decode {self.decode.name}", self.transfer_id, True)
+            if isinstance(failure, TransferFailed):
+                raise failure from None
+            raise self._failed(f"broke off its stream: {failure}") from None
         finally:
             await self.reply.aclose()
         raise self._failed("ended its stream without [DONE]")
@@ -163,8 +163,8 @@ class DecodeReply:
         """D's server-sent events for the client; a failure becomes a last error event."""
         outcome = "failed"
         try:
-            async for event, done in self._events():
-                if done:
+            async for event in self._events():
+                if event is None:
                     outcome = "completed"
                     yield b"data: [DONE]\n\n"
                     return

@@ -139,7 +139,7 @@ class Proxy:
         except TransferFailed:
             self.count("rejected")
             raise
-        tried = {"prefill": set(), "decode": set()}
+        tried: dict[str, set[str]] = {"prefill": set(), "decode": set()}
         last_error = ""
         while True:
             prefill = self.prefill.pick(exclude=tried["prefill"])
@@ -261,10 +261,10 @@ class Proxy:
                                          "kv_transfer_failed", transfer_id)
                 done = done or line.strip() == "data: [DONE]"
         except self.httpx.HTTPError as exc:
-            error = self.call_error(exc, who, transfer_id, sent=True)
-            if isinstance(error, Unreachable):
-                self.prefill.mark_down(instance, str(error))
-            raise error from None
+            failure = self.call_error(exc, who, transfer_id, sent=True)
+            if isinstance(failure, Unreachable):
+                self.prefill.mark_down(instance, str(failure))
+            raise failure from None
         finally:
             await reply.aclose()
         if not done:

@@ -232,7 +232,10 @@ def uvicorn_server(config: ProxyConfig, host: str, port: int, log_level: str = "
     # keep-alive connections, so uvicorn's own keep-alive timeout must not come first.
     return uvicorn.Server(uvicorn.Config(
         build_app(config, guard), host=host, port=port, log_level=log_level, lifespan="on",
-        http=guard.protocol_factory(AutoHTTPProtocol), proxy_headers=False,
+        # uvicorn's annotation asks for a protocol class for ``http``, but it only calls it (with
+        # keyword arguments) to make each connection's protocol: a factory serves as well.
+        http=guard.protocol_factory(AutoHTTPProtocol),  # type: ignore[arg-type]
+        proxy_headers=False,
         timeout_keep_alive=math.ceil(config.header_timeout_s) + 1, timeout_graceful_shutdown=5))
 
 
