@@ -232,12 +232,14 @@ class _TypeChecker:
         if isinstance(node, ast.Name):
             return self.types.get(node.id, "any")
         if isinstance(node, ast.Call):
+            func = node.func
+            assert isinstance(func, ast.Name)  # parsing admits only calls of FUNCTIONS by name
             arg = node.args[0]
             t = self.type_of(arg)
-            takes, what = _CALLS[node.func.id]
+            takes, what = _CALLS[func.id]
             if t != "any" and t not in takes:
                 self.fail(node, f"takes {what}, but {self.describe(arg, t)}")
-            if node.func.id == "abs":
+            if func.id == "abs":
                 return t
             return "int"
         if isinstance(node, ast.UnaryOp):

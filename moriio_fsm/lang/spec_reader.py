@@ -10,7 +10,7 @@ cut short (``yaml_lines.show``).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from .errors import Problem
 from .expr import FUNCTIONS
@@ -67,7 +67,7 @@ class SpecReader:
         if not isinstance(value, dict):
             self.problem(line_of(parent, key, line), f"{key!r} must be a mapping, got {kind_of(value)}")
             return LineDict()
-        return value
+        return cast(LineDict, value)  # the YAML reader builds every mapping as a LineDict
 
     def names(self, raw: Any, line: int, what: str) -> tuple[str, ...]:
         """A state/event list may be one name or a list of names."""

@@ -359,13 +359,14 @@ def _peer_free_moves(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[
     """
     moves: set[str] = set()
     exits = [t for t in rows if t.event is None and t.dest not in (None, state)]
-    moves.update(t.dest for t in exits if t.guard is None)
+    moves.update(t.dest for t in exits if t.guard is None and t.dest is not None)
     timers = _usable_timer_events(spec, state, rows)
     exit_reads: dict[str, set[str]] = {}
     for t in exits:
         if t.guard in spec.guards:
             for name in spec.guards[t.guard].reads:
-                exit_reads.setdefault(name, set()).add(t.dest)
+                if t.dest is not None:
+                    exit_reads.setdefault(name, set()).add(t.dest)
     for t in rows:
         event = spec.events.get(t.event) if t.event is not None else None
         if event is None or not (event.origin == "local" or t.event in timers):

@@ -54,7 +54,7 @@ class LineLoader(yaml.SafeLoader):
     duplicate_keys: list[tuple[int, str]]
     depth = 0
 
-    def compose_node(self, parent, index):  # type: ignore[override]
+    def compose_node(self, parent, index):
         # The parser is iterative but the composer recurses once per level, so the depth
         # is checked here, before the next level is composed. Aliases are refused rather
         # than bounded: nine aliases of nine aliases of ... make a 1.5 KB file expand to
@@ -74,14 +74,14 @@ class LineLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
-    def construct_yaml_int(self, node):  # type: ignore[override]
+    def construct_yaml_int(self, node):
         if len(node.value) > MAX_INT_DIGITS:
             raise _Refused(node.start_mark.line + 1,
                            f"integer of {len(node.value)} digits; numbers in a spec have at most "
                            f"{MAX_INT_DIGITS} digits (and most must be below 2**63)")
         return super().construct_yaml_int(node)
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+    def construct_mapping(self, node, deep=False):
         result = LineDict()
         result.line = node.start_mark.line + 1
         result.key_lines = {}
@@ -97,7 +97,7 @@ class LineLoader(yaml.SafeLoader):
             result.key_lines[key] = key_node.start_mark.line + 1
         return result
 
-    def construct_sequence(self, node, deep=False):  # type: ignore[override]
+    def construct_sequence(self, node, deep=False):
         result = LineList(self.construct_object(child, deep=True) for child in node.value)
         result.line = node.start_mark.line + 1
         result.item_lines = [child.start_mark.line + 1 for child in node.value]
