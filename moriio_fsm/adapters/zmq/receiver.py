@@ -68,6 +68,15 @@ def _frame_property(frame: zmq.Frame, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _ipv4_if_mapped(address: str | None) -> str | None:
+    """A dual-stack socket names an IPv4 peer ``::ffff:a.b.c.d``: report it as IPv4. Parsed
+    once per new peer, not per message (the cache above is keyed on libzmq's text)."""
+    if address and address.startswith("::ffff:"):
+        mapped = ipaddress.IPv6Address(address).ipv4_mapped
+        return str(mapped) if mapped is not None else address
+    return address
+
+
 class Delivery(NamedTuple):
     """One accepted message, handed to the ``on_message`` callback.
 
@@ -104,16 +113,13 @@ class NotifyReceiver:
         own routing identity and may take one a closed connection used; the ``Peer`` is
         cached per (identity, address, key) only to keep its ``source`` text."""
         address = _frame_property(frame, "Peer-Address")
-        if address and address.startswith("::ffff:"):
-            mapped = ipaddress.IPv6Address(address).ipv4_mapped  # dual-stack socket: report IPv4 as IPv4
-            address = str(mapped) if mapped is not None else address
         # The ZAP handler's answer: the CURVE key in hex; none without authentication.
         key = _frame_property(frame, "User-Id") or None
         cache_key = (identity, address, key)
         peers = self._peers
         peer = peers.get(cache_key)
         if peer is None:
-            peer = Peer(identity, address, key)
+            peer = Peer(identity, _ipv4_if_mapped(address), key)
             if len(peers) >= 4096:
                 peers.pop(next(iter(peers)))     # oldest first
             peers[cache_key] = peer
