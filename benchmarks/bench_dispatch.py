@@ -388,7 +388,7 @@ def bytes_per_live_transfer(count: int) -> int:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for i in range(count):
+    for _i in range(count):
         tid = f"tx-{uuid.uuid4()}"               # the id is counted: the table keeps it
         table.dispatch(events.prefill_started(tid, 0.0, num_writers=1))
         table.dispatch(events.remote_blocks(tid, 0.0, block_ids=list(range(16)), decode_rank=0))

@@ -18,9 +18,9 @@ import time
 import torch
 
 from moriio_fsm.engines import LoopbackEngine
+from moriio_fsm.engines.nixl import probe_nixl
 from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.engines.shared_memory import PeerMapping
-from moriio_fsm.engines.nixl import probe_nixl
 
 MIB = 1 << 20
 # NIXL engines measured, by name: the UCX transports each runs with (both 127.0.0.1). TCP alone

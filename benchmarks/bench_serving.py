@@ -39,10 +39,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from moriio_fsm.engines.same_host import local_copy  # noqa: E402
-from moriio_fsm.serving.vllm_server import ServerConfig, VllmServer, metric_value, stop_all, vllm_cpu_python  # noqa: E402
-from moriio_fsm.vllm.settings import COPY_STRATEGIES  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
+
+from moriio_fsm.engines.same_host import local_copy  # noqa: E402
+from moriio_fsm.serving.vllm_server import (  # noqa: E402
+    ServerConfig,
+    VllmServer,
+    metric_value,
+    stop_all,
+    vllm_cpu_python,
+)
+from moriio_fsm.vllm.settings import COPY_STRATEGIES  # noqa: E402
 
 PEERS = ROOT / "benchmarks" / "serving_peers"
 SITE = PEERS / "site"

@@ -16,13 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
+# The same 64-layer lifecycle bench_dispatch.py times (this folder is on sys.path when a
+# benchmark runs as a script).
+from bench_dispatch import NUM_LAYERS  # noqa: E402
+from bench_dispatch import lifecycle_runtime as lifecycle
+
 from moriio_fsm.machines import build_table
 from moriio_fsm.trace import Step, TraceRecorder, iter_records
 from moriio_fsm.trace.replay import replay
-
-# The same 64-layer lifecycle bench_dispatch.py times (this folder is on sys.path when a
-# benchmark runs as a script).
-from bench_dispatch import NUM_LAYERS, lifecycle_runtime as lifecycle  # noqa: E402
 
 EVENTS_PER_LIFECYCLE = 2 * NUM_LAYERS + 5
 

@@ -19,9 +19,16 @@ import time
 
 import torch
 
+from moriio_fsm.adapters.zmq import (
+    RemoteBlocks,
+    Role,
+    TransportConfig,
+    WriteDone,
+    WriteFailed,
+    ZmqTransport,
+    event_for,
+)
 from moriio_fsm.engines import CompletionPoller, LoopbackEngine
-from moriio_fsm.adapters.zmq import (RemoteBlocks, Role, TransportConfig, WriteDone,
-                                     WriteFailed, ZmqTransport, event_for)
 from moriio_fsm.layout import LayerKVFormat, TransferPlanner
 from moriio_fsm.machines import build_table
 from moriio_fsm.runtime.declared import events

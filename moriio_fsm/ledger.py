@@ -16,8 +16,9 @@ them in its states and calls the same judges.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 #: Where one side's blocks of one transfer are.
 HELD, GONE, QUARANTINED = 0, 1, 2

@@ -9,8 +9,8 @@ states with the effects every step emitted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .machines import build_table
 from .runtime.declared import events

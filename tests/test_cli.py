@@ -27,7 +27,7 @@ def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
     assert broken != text
     path = tmp_path / "broken.yaml"
     path.write_text(broken)
-    line = broken.splitlines().index(next(l for l in broken.splitlines() if "sealedd" in l)) + 1
+    line = broken.splitlines().index(next(text for text in broken.splitlines() if "sealedd" in text)) + 1
     assert main(["validate", str(path), str(spec_path("write_producer"))]) == 1
     captured = capsys.readouterr()
     assert f"{path}:{line}: unknown state 'sealedd'" in captured.err

@@ -6,8 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from moriio_fsm import ledger as rules
-from moriio_fsm.ledger import (FREED_UNDER_OPERATION, GONE, HELD, LEAVE_ONCE, OPERATION_ON_FREED,
-                               QUARANTINED, Ledger)
+from moriio_fsm.ledger import (
+    FREED_UNDER_OPERATION,
+    GONE,
+    HELD,
+    LEAVE_ONCE,
+    OPERATION_ON_FREED,
+    QUARANTINED,
+    Ledger,
+)
 
 
 def pair(ledger: Ledger, tid: str = "tx-1"):

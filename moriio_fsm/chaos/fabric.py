@@ -16,7 +16,8 @@ import functools
 import itertools
 import threading
 from collections import defaultdict, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

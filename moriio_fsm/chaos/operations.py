@@ -9,7 +9,7 @@ or its rank crashes. One whose rank crashed before it completed delivers nothing
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 

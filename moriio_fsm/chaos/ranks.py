@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..adapters.zmq.codec import (Heartbeat, LeaseGranted, Release, RemoteBlocks, Role,
-                                  WriteDone, WriteFailed)
+from ..adapters.zmq.codec import (
+    Heartbeat,
+    LeaseGranted,
+    Release,
+    RemoteBlocks,
+    Role,
+    WriteDone,
+    WriteFailed,
+)
 from ..ledger import BLOCK_EFFECTS, QUARANTINE
 from ..machines import build_table
 from ..runtime.declared import events

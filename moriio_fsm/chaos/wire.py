@@ -9,12 +9,21 @@ frame the receiver cannot decode is counted, never raised (a real listener drops
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from ..adapters.zmq.codec import (HANDSHAKE_REQUEST, AgentMetadata, HandshakeReply, NotifyMessage,
-                                  Role, WireDecodeError, decode_handshake_reply,
-                                  decode_handshake_request, decode_notify,
-                                  encode_handshake_reply, encode_notify)
+from ..adapters.zmq.codec import (
+    HANDSHAKE_REQUEST,
+    AgentMetadata,
+    HandshakeReply,
+    NotifyMessage,
+    Role,
+    WireDecodeError,
+    decode_handshake_reply,
+    decode_handshake_request,
+    decode_notify,
+    encode_handshake_reply,
+    encode_notify,
+)
 from ..adapters.zmq.events import event_for
 from .fabric import BLOCK_BYTES, BLOCKS, Fabric
 from .world import World

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from ..adapters.zmq.codec import Role
 from ..ledger import Ledger

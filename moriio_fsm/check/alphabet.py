@@ -13,8 +13,9 @@ one, the host's are free (the host's request lifecycle always ends).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..lang.model import Spec
 from ..runtime.declared import make_event

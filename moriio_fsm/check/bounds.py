@@ -8,12 +8,12 @@ expected. Bounds limit the world, never the machine: a run never cuts a step sho
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import MoriioFsmError
-
 
 #: The words Bounds.tick_s takes besides a number of seconds.
 TICK_MODES = ("default", "auto", "off")
@@ -61,7 +61,7 @@ class Bounds:
             raise CheckUsageError(f"bound tick_s must be a number of seconds > 0 or one of "
                                   f"{', '.join(TICK_MODES)}, got {tick!r}")
 
-    def with_(self, **changes: Any) -> "Bounds":
+    def with_(self, **changes: Any) -> Bounds:
         return replace(self, **changes)
 
     def tick_for(self, durations: Iterable[float], default: str) -> float | None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .observer import Breach
 

@@ -47,7 +47,7 @@ class Joint:
         return (self.now, p, d, tuple(sorted(channel)), self.in_flight, self.teardown,
                 self.p_blocks, self.d_blocks, self.handshake, self.d_start)
 
-    def copy(self) -> "Joint":
+    def copy(self) -> Joint:
         other = Joint.__new__(Joint)
         other.finals = self.finals
         (other.now, other.p, other.d, other.in_flight, other.teardown, other.p_blocks,

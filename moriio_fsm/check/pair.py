@@ -38,8 +38,16 @@ from ..runtime.timers import TimerPlan
 from .alphabet import Alphabet
 from .bounds import Bounds, CheckUsageError
 from .explore import Move
-from .joint import (LATE, NOT_STARTABLE, STARTABLE, STARTED, Joint, layer_bits, show_bits,
-                    show_message)
+from .joint import (
+    LATE,
+    NOT_STARTABLE,
+    STARTABLE,
+    STARTED,
+    Joint,
+    layer_bits,
+    show_bits,
+    show_message,
+)
 from .observer import Breach
 from .single import Dispatch, TimePasses, breach_of, next_instant
 from .stepper import TRANSFER_ID, Stepper, _thaw

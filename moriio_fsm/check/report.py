@@ -96,7 +96,7 @@ class ProgressBar:
         self._task: TaskID | None = None
         self._enabled = sys.stderr.isatty()
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc_info) -> None:

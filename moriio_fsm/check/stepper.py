@@ -20,7 +20,6 @@ import msgspec
 from ..runtime.events import Event, Outcome
 from ..runtime.machine import Machine, copy_record
 from ..runtime.table import Result, TransferTable
-from .bounds import CheckUsageError
 
 #: The transfer id every explored record carries.
 TRANSFER_ID = "tx-check"

@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 #: Traces larger than this (bytes, all files together) get a progress bar on a terminal.
 PROGRESS_FROM_BYTES = 8 << 20

@@ -87,8 +87,8 @@ def _targets(specs: list[str]) -> list[tuple[str, str]]:
 def _check(args: argparse.Namespace) -> int:
     from ..check import MODES, Bounds, CheckUsageError, check_pair, check_spec
     from ..check.counterexample import write_counterexample
-    from ..check.stepper import TRANSFER_ID
     from ..check.report import ProgressBar, as_json, render_finding, summary
+    from ..check.stepper import TRANSFER_ID
     from ..lang.errors import SpecError
 
     try:

@@ -17,12 +17,11 @@ from ._command import add_command
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..serving.launcher import PdDeployment
     from ..serving.instances import ProxyConfigError
+    from ..serving.launcher import PdDeployment
     from ..serving.proxy_app import uvicorn_server
     from ..serving.tiny_model import ModelError, make_tiny_llama_with
     from ..serving.vllm_server import ServerError, vllm_cpu_python
-
     from ._signals import stop_on_signals
     from .proxy import proxy_settings
 

@@ -14,8 +14,8 @@ from ._command import add_command
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..machines import MACHINE_MODULES, load_bindings
     from ..lang.loader import load_spec
+    from ..machines import MACHINE_MODULES, load_bindings
 
     failed = 0
     for path in args.specs:

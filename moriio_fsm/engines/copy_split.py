@@ -7,8 +7,8 @@ raises (the caller lets go of the memory right after), and the first error by ra
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 __all__ = ["CopyHelpers", "byte_slices"]
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from .status import StatusCode
 

@@ -13,8 +13,9 @@ import heapq
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .checks import CheckedBatch
 from .faults import NO_FAULT, FaultVerdict, InjectedFailure

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import (TYPE_CHECKING, Any, ContextManager, Generic, Iterable, Protocol, Sequence, TypeVar,
-                    runtime_checkable)
+from collections.abc import Iterable, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 from .checks import integer
 from .status import TransferStatus, wait_all
@@ -167,7 +174,7 @@ class TransferEngine(abc.ABC, Generic[EngineDescT, MemoryDescT]):
 
     # -- hooks for the worker: what an engine may do better with a hint -------------------------
 
-    def posting_together(self) -> ContextManager[None]:
+    def posting_together(self) -> contextlib.AbstractContextManager[None]:
         """A block whose posts on this thread the engine may carry out together when it ends.
 
         A status posted inside must not be waited for inside. By default each post goes its way at once.

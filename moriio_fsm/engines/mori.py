@@ -13,8 +13,9 @@ import collections
 import importlib
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import MoriioFsmError
 from .base import SessionBase
@@ -64,7 +65,7 @@ class MoriSession(SessionBase):
     transfer out of use.
     """
 
-    def __init__(self, engine: "MoriEngine", raw: Any, local_mem: Any, remote_mem: Any) -> None:
+    def __init__(self, engine: MoriEngine, raw: Any, local_mem: Any, remote_mem: Any) -> None:
         super().__init__(engine, local_mem, remote_mem)
         self._raw = raw
 

@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from moriio_fsm.runtime.declared import make_event
 from moriio_fsm.runtime.events import Event

@@ -10,8 +10,8 @@ import importlib
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["Availability", "ImportProbe"]
 

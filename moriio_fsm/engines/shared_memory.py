@@ -103,7 +103,7 @@ class SharedRegion:
         weakref.finalize(mapping, self.close)
 
     @classmethod
-    def allocate(cls, size: int, sealed: bool = False) -> tuple["SharedRegion", torch.Tensor]:
+    def allocate(cls, size: int, sealed: bool = False) -> tuple[SharedRegion, torch.Tensor]:
         """A new zeroed region of ``size`` bytes and the flat uint8 tensor over it; ``sealed``:
         nobody can change its size (``SIZE_SEALS``), so no peer can make a mapping of it fault."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -10,7 +10,8 @@ import enum
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from ..runtime.timers import is_time
 

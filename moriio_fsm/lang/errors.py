@@ -7,9 +7,9 @@ file as a whole (it cannot be read, or is too big to read).
 
 from __future__ import annotations
 
-from ..errors import MoriioFsmError
-
 from dataclasses import dataclass
+
+from ..errors import MoriioFsmError
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ invariant fails at load time, not in the middle of a run.
 
 from __future__ import annotations
 
-from ..errors import MoriioFsmError
-
 import ast
 import math
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..errors import MoriioFsmError
 
 
 def _popcount(value: int) -> int:

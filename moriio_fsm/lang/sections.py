@@ -12,11 +12,33 @@ from collections.abc import Hashable
 from typing import Any
 
 from .errors import SpecError
-from .model import (CONTEXT_TYPES, EVENT_FIELDS, EVENT_ORIGINS, FIELD_TYPES, TRANSITION_OUTCOMES,
-                    ActionSpec, ConfigKey, ConfigRef, ContextField, EmitSpec, EventSpec, GuardSpec,
-                    InvariantSpec, Spec, StateSpec, TimerSpec, TransitionSpec)
-from .spec_reader import (MAX_INT, RESERVED_PREFIX, SpecReader, listing, out_of_range,
-                          reserved_message)
+from .model import (
+    CONTEXT_TYPES,
+    EVENT_FIELDS,
+    EVENT_ORIGINS,
+    FIELD_TYPES,
+    TRANSITION_OUTCOMES,
+    ActionSpec,
+    ConfigKey,
+    ConfigRef,
+    ContextField,
+    EmitSpec,
+    EventSpec,
+    GuardSpec,
+    InvariantSpec,
+    Spec,
+    StateSpec,
+    TimerSpec,
+    TransitionSpec,
+)
+from .spec_reader import (
+    MAX_INT,
+    RESERVED_PREFIX,
+    SpecReader,
+    listing,
+    out_of_range,
+    reserved_message,
+)
 from .yaml_lines import LineDict, kind_of, line_of, show
 
 TOP_LEVEL = {"name", "summary", "initial", "config", "context", "states", "events", "guards",

@@ -10,7 +10,8 @@ cut short (``yaml_lines.show``).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, cast
+from collections.abc import Iterator
+from typing import Any, cast
 
 from .errors import Problem
 from .expr import FUNCTIONS

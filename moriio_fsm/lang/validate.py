@@ -14,8 +14,8 @@ indexed once, by source state and by (event, source), and every check reads the 
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .errors import Problem
 from .expr import ExpressionError, compile_predicate
@@ -40,7 +40,7 @@ class _Rows:
     edges: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     @classmethod
-    def of(cls, spec: Spec) -> "_Rows":
+    def of(cls, spec: Spec) -> _Rows:
         rows = cls()
         for t in spec.transitions:
             for s in t.sources:

@@ -5,12 +5,18 @@ are computed per layer geometry, never reused across geometries; anything that c
 planned exactly raises ``KVLayoutError`` naming the layer, the shape and what was expected.
 """
 
+from moriio_fsm.layout.compatibility import KVCacheSummary, KVIncompatibleError, check_compatible
 from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, describe_layer
-from moriio_fsm.layout.plan import TransferPlan, as_block_ids, merge_ranges, plan_layer, plan_transfer
+from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
+from moriio_fsm.layout.plan import (
+    TransferPlan,
+    as_block_ids,
+    merge_ranges,
+    plan_layer,
+    plan_transfer,
+)
 from moriio_fsm.layout.planner import TransferPlanner, geometry_key
 from moriio_fsm.layout.regions import RegistrationRegion, registration_region, registration_regions
-from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
-from moriio_fsm.layout.compatibility import KVCacheSummary, KVIncompatibleError, check_compatible
 
 __all__ = [
     "CPU_ATTN",

@@ -7,8 +7,9 @@ values; the number of blocks may differ (each side plans with the other's count)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ class KVCacheSummary:
     head_size: int
 
     @classmethod
-    def of(cls, geometry: LayerGeometry) -> "KVCacheSummary":
+    def of(cls, geometry: LayerGeometry) -> KVCacheSummary:
         """The summary of one layer's geometry (``describe_layer``'s answer)."""
         shape = geometry.shape
         if geometry.layout is KVLayout.MLA:
@@ -73,7 +74,7 @@ class KVCacheSummary:
         return wire
 
     @classmethod
-    def from_wire(cls, wire: Mapping[str, Any]) -> "KVCacheSummary":
+    def from_wire(cls, wire: Mapping[str, Any]) -> KVCacheSummary:
         """Read a peer's summary; raises ``KVLayoutError`` naming the first field that is missing or wrong."""
         if not isinstance(wire, Mapping):
             raise KVLayoutError(f"peer KV cache summary must be a map, got {type(wire).__name__}")

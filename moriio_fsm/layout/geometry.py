@@ -20,16 +20,16 @@ halves or side by side decides the family used for planning, not the axis order.
 
 from __future__ import annotations
 
-from ..errors import MoriioFsmError
-
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
 
+from ..errors import MoriioFsmError
 
 _SHAPE_DETECTED_LAYOUTS = "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D], MLA [N, B, L]"
 

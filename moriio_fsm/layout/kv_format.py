@@ -69,7 +69,7 @@ class LayerKVFormat:
 
     @classmethod
     def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None,
-                  attention_backend: str | None = None) -> "LayerKVFormat":
+                  attention_backend: str | None = None) -> LayerKVFormat:
         """Build the format from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
 
         MLA is recognised by the ``MLAAttentionSpec`` class, or by the ``use_mla`` flag

@@ -9,16 +9,23 @@ out of range and anything else refused raise a ``KVLayoutError`` naming the laye
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Sequence, Union
+from typing import Any
 
 import torch
 
-from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, describe_layer, layout_error
+from moriio_fsm.layout.geometry import (
+    KVLayout,
+    KVLayoutError,
+    LayerGeometry,
+    describe_layer,
+    layout_error,
+)
 from moriio_fsm.layout.kv_format import LayerKVFormat
 
-BlockIds = Union[Sequence[int], torch.Tensor]
+BlockIds = Sequence[int] | torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)

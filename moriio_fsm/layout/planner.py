@@ -7,11 +7,13 @@ can never be served for other block ids or another geometry. Memory is bounded.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence, cast
+from collections.abc import Hashable, Sequence
+from typing import cast
 
 import torch
 
 from moriio_fsm.layout.geometry import describe_layer
+from moriio_fsm.layout.kv_format import LayerKVFormat
 from moriio_fsm.layout.plan import (
     BlockIds,
     TransferPlan,
@@ -21,7 +23,6 @@ from moriio_fsm.layout.plan import (
     read_block_count,
     read_block_ids,
 )
-from moriio_fsm.layout.kv_format import LayerKVFormat
 
 
 def _per_group(block_ids: BlockIds | Sequence[BlockIds]) -> list[BlockIds]:

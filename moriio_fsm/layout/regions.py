@@ -7,8 +7,8 @@ engines that register torch tensors require.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 

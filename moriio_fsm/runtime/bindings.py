@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dis
 import types
-from collections.abc import Set
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator, Set
+from typing import Any
 
 from ..lang.errors import Problem, SpecError
 from ..lang.model import FIELD_TYPES, Spec
@@ -111,7 +111,7 @@ class Bindings:
             raise ValueError(f"{kind} {fn.__name__!r} is bound twice for spec {self.spec_name!r}")
         table[fn.__name__] = fn
 
-    def replaced(self, *functions: Callable) -> "Bindings":
+    def replaced(self, *functions: Callable) -> Bindings:
         """A copy in which each of ``functions`` stands in for the guard or action of its name.
 
         Used to plant a bug in one step (tests, the model checker's own tests) without

@@ -28,11 +28,11 @@ from __future__ import annotations
 import hashlib
 import linecache
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from .codegen_text import (TYPE_TESTS, attribute_name, ident, index_literal, number_literal,
-                           one_line)
+from .codegen_text import TYPE_TESTS, attribute_name, ident, index_literal, number_literal, one_line
 from .errors import InvariantViolation, TransitionError
 from .events import Outcome
 from .inline import inline_action, inline_guard
@@ -120,7 +120,7 @@ class GeneratedModule:
         self.code = compile(source, self.filename, "exec")
 
     def bind(self, *, finish: Callable, arm: Callable, settle: Callable,
-             verify: Callable | None) -> "GeneratedSteps":
+             verify: Callable | None) -> GeneratedSteps:
         """Run the module for one table; return its step functions."""
         namespace = dict(self._ns, finish=finish, arm=arm, settle=settle, verify=verify)
         exec(self.code, namespace)   # noqa: S102 - built from the spec above
@@ -317,7 +317,7 @@ class GeneratedModule:
         else:
             self._line(f"{indent}return {cached}")
 
-    def _row_shape(self, state: str, row: Row) -> "_RowShape":
+    def _row_shape(self, state: str, row: Row) -> _RowShape:
         machine = self.machine
         dest = None if row.dest in (None, state) else row.dest   # a self-loop keeps the state
         writes = machine.writes_of([row])
@@ -330,7 +330,7 @@ class GeneratedModule:
                          any(r.emits for r in closure_rows),
                          index_literal(row.index, "a row index"))
 
-    def _emit_row_start(self, row: Row, shape: "_RowShape", indent: str) -> None:
+    def _emit_row_start(self, row: Row, shape: _RowShape, indent: str) -> None:
         """The trace note, the saves a rollback needs, check mode's snapshot and ``out``."""
         if self._trace:
             self._line(f"{indent}shard.fired += ({shape.index},)  "
@@ -351,7 +351,7 @@ class GeneratedModule:
     def _settle_call(self) -> str:
         return "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
 
-    def _emit_state_change(self, state: str, dest: str, shape: "_RowShape", outcome: str,
+    def _emit_state_change(self, state: str, dest: str, shape: _RowShape, outcome: str,
                            indent: str) -> None:
         self._line(f"{indent}tx.state = {dest!r}")
         self._line(f"{indent}hops = [({state!r}, {dest!r})]")
@@ -361,7 +361,7 @@ class GeneratedModule:
             self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
         self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
 
-    def _emit_settle_in_place(self, state: str, row: Row, shape: "_RowShape", outcome: str,
+    def _emit_settle_in_place(self, state: str, row: Row, shape: _RowShape, outcome: str,
                               indent: str) -> None:
         # The state's eventless guards, tested in place: only when one holds does the
         # step pay for the follow-up (a list for its effects, the saves, the hops).
@@ -379,7 +379,7 @@ class GeneratedModule:
             self._line(f"{inner}verify(tx, ev, {shape.index}, before, out)")
         self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
 
-    def _emit_kept_state_check(self, state: str, row: Row, shape: "_RowShape",
+    def _emit_kept_state_check(self, state: str, row: Row, shape: _RowShape,
                                indent: str) -> None:
         self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
         if (row.outcome is Outcome.APPLIED and not shape.may_settle

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import linecache
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Features that pick a variant; a table has one of ``SHARDING`` and one of ``RECORDING``.
 SHARDING = ("one", "many")
@@ -92,7 +93,7 @@ def specialise(template: str, features: frozenset[str]) -> str:
     return "".join(kept)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(sharding: str, recording: str) -> types.CodeType:
     """The variant's code, compiled once per process and registered with ``linecache``
     so that a traceback through it shows its lines."""

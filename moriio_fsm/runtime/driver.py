@@ -17,12 +17,13 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import MoriioFsmError
 from .declared import make_event
-from .events import Effect, Event
 from .errors import TimerStepsFailed, TransitionError
+from .events import Effect, Event
 from .table import Result, TransferTable
 
 log = logging.getLogger("moriio_fsm.driver")

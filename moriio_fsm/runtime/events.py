@@ -9,7 +9,8 @@ trace of them can be replayed exactly.
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import msgspec
 

@@ -26,7 +26,8 @@ import inspect
 import sys
 import textwrap
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp,
            ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Global, ast.Nonlocal, ast.Yield,

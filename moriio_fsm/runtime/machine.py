@@ -9,8 +9,9 @@ machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..lang.expr import compile_predicate
 from ..lang.model import Spec

@@ -6,7 +6,8 @@ table once and then sees every step (state before, result, rows taken) under the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .events import Event, Result
 

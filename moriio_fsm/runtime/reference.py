@@ -10,9 +10,11 @@ differential tests that demand identical results from both executors.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from transitions import Machine as PyTransitionsMachine, State
+from transitions import Machine as PyTransitionsMachine
+from transitions import State
 
 from ..lang.model import value_fits
 from .bindings import checked_action, checked_guard

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .admission import FIRST_SENDER, NO_EFFECTS, Admission
 from .bindings import effect_problem

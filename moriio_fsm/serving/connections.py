@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: How long a refused connection may take to finish sending its head before the 503 goes
 #: out: answering before the request is read would make the close reset the connection,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field

@@ -42,7 +42,7 @@ class Instance:
     served: int = 0
 
     @classmethod
-    def parse(cls, name: str, spec: str) -> "Instance":
+    def parse(cls, name: str, spec: str) -> Instance:
         """``URL`` or ``URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT`` (HOST may be ``[v6]``)."""
         url, _, kv = spec.partition(",kv=")
         scheme, _, rest = url.partition("://")

@@ -105,7 +105,7 @@ class PdDeployment:
 
     # -- life cycle ----------------------------------------------------------------------------
 
-    def __enter__(self) -> "PdDeployment":
+    def __enter__(self) -> PdDeployment:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -62,7 +62,7 @@ async def read_body(request, limit: int, timeout_s: float) -> Any:
     infinities parse here, so that ``check_values`` refuses them naming their field."""
     try:
         raw = await asyncio.wait_for(_read_raw(request, limit), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise BodyTooSlow(408, f"the request body did not arrive within {timeout_s:g}s "
                                "(the proxy's body_timeout_s)", "timeout") from None
     try:

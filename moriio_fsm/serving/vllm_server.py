@@ -15,9 +15,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import MoriioFsmError
 
@@ -45,7 +46,7 @@ def _die_with_parent() -> None:
         _PRCTL(1, int(signal.SIGTERM))        # PR_SET_PDEATHSIG
 
 
-def stop_all(servers: list["VllmServer"], timeout_s: float = 20.0) -> None:
+def stop_all(servers: list[VllmServer], timeout_s: float = 20.0) -> None:
     """Stop many servers at once: SIGTERM to every group, one shared wait, then SIGKILL to
     what is left; one server failing to stop never keeps the others running."""
     for server in servers:

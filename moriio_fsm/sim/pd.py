@@ -16,8 +16,9 @@ maps each of them to ``<id>``, the request both sides share (for traces).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..ledger import BLOCK_EFFECTS, QUARANTINE
 from ..machines import build_table

@@ -13,13 +13,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from ..ledger import Blocks, Ledger, Operation
 from ..runtime.declared import make_event
 from ..runtime.driver import Driver
 from ..runtime.events import Event
-from ..ledger import Blocks, Ledger, Operation
 
 
 @dataclass
@@ -112,7 +113,7 @@ class World:
 
     # -- the stand-in engine ------------------------------------------------------------
 
-    def post(self, node: "Node", op: Op, done_kind: str, failed_kind: str) -> None:
+    def post(self, node: Node, op: Op, done_kind: str, failed_kind: str) -> None:
         """Post ``op``; it completes, fails or hangs later, as the faults say."""
         self.ops.append(op)
         what = f"{op.kind} of layer {op.layer} by {node.name}/{op.transfer_id}"
@@ -136,7 +137,7 @@ class World:
 
         self.at(self.latency * (1 + 4 * self.rng.random()), complete)
 
-    def tear_down(self, node: "Node", transfer_id: str, layers: tuple) -> bool:
+    def tear_down(self, node: Node, transfer_id: str, layers: tuple) -> bool:
         """Stop the operations of ``layers``; False when the engine never answers."""
         if self.rng.random() < self.faults.mute_teardown:
             return False

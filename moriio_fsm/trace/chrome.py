@@ -12,8 +12,9 @@ The output is streamed, so memory grows with the live transfers, not the trace.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import TextIO
 
 from .format import Step, TableInfo
 from .reader import iter_records

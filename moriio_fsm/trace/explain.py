@@ -10,8 +10,8 @@ did, and what became of those who did not.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..runtime.timers import TimerPlan
 from .facts import ways_out

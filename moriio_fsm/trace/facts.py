@@ -9,7 +9,7 @@ from again: a correct run emits it at most once per transfer, so twice is an ano
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..lang.model import Spec
 

@@ -10,7 +10,7 @@ is the user-facing description of every field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import msgspec
 
@@ -63,14 +63,14 @@ class _StepFields(msgspec.Struct, omit_defaults=True):
     outcome: str
     data: dict[str, Any] = {}
     source: str = ""
-    before: Union[str, None] = None
-    after: Union[str, None] = None
-    rows: Union[tuple[int, ...], None] = None
-    actions: Union[list[str], None] = None
+    before: str | None = None
+    after: str | None = None
+    rows: tuple[int, ...] | None = None
+    actions: list[str] | None = None
     effects: list[dict[str, Any]] = []
-    error: Union[str, None] = None
+    error: str | None = None
     link: str = ""              # the key both sides' transfers of one request share
-    wall: Union[float, None] = None
+    wall: float | None = None
 
     @property
     def link_key(self) -> str:
@@ -88,8 +88,8 @@ class Step(_StepFields, tag="step", tag_field="type", omit_defaults=True):
     the steps of one process never go back in time and sides line up on the wall clock.
     """
 
-    pid: Union[int, None] = None
-    thread: Union[str, None] = None
+    pid: int | None = None
+    thread: str | None = None
 
 
 class ReplayStep(_StepFields, tag="step", tag_field="type", omit_defaults=True):
@@ -107,13 +107,13 @@ class Gap(msgspec.Struct, tag="gap", tag_field="type", omit_defaults=True):
     reason: str = ""
 
 
-Record = Union[Header, TableInfo, Step, Gap]
+Record = Header | TableInfo | Step | Gap
 
 _encoder = msgspec.json.Encoder(enc_hook=repr)
 #: Decodes one line into its record (``Header``, ``TableInfo``, ``Step`` or ``Gap``).
 DECODER = msgspec.json.Decoder(Record)
 #: The same, with steps as ``ReplayStep``.
-REPLAY_DECODER = msgspec.json.Decoder(Union[Header, TableInfo, ReplayStep, Gap])
+REPLAY_DECODER = msgspec.json.Decoder(Header | TableInfo | ReplayStep | Gap)
 
 
 def encode_line(record: Record) -> bytes:

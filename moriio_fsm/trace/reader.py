@@ -13,15 +13,26 @@ literal too large for a float is refused, so every number read is finite.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import msgspec
 
 from ..errors import MoriioFsmError
-from .format import (DECODER, FORMAT, MAX_LINE_BYTES, MAX_NESTING, VERSION, Gap, Header,
-                     Record, Step, TableInfo, decode_line)
+from .format import (
+    DECODER,
+    FORMAT,
+    MAX_LINE_BYTES,
+    MAX_NESTING,
+    VERSION,
+    Gap,
+    Header,
+    Record,
+    Step,
+    TableInfo,
+    decode_line,
+)
 
 
 class TraceError(MoriioFsmError, ValueError):

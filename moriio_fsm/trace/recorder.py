@@ -21,8 +21,9 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..runtime.events import Outcome
 from .format import Step, TableInfo
@@ -46,7 +47,7 @@ class TableMeta:
     """What a record of one traced table needs to be rendered (kept for the process's
     life in ``render.TABLES``, so it holds no records)."""
 
-    def __init__(self, recorder: "TraceRecorder", table: Any, key: str):
+    def __init__(self, recorder: TraceRecorder, table: Any, key: str):
         machine = table.machine
         spec = machine.spec
         self.side = recorder.side
@@ -127,7 +128,7 @@ class TraceRecorder:
         self._mono0 = 0.0 if virtual_time else time.monotonic()
         self._wall0 = 0.0 if virtual_time else time.time()
         self._lock = threading.Lock()
-        self._rings: "weakref.WeakKeyDictionary[Any, _Rings]" = weakref.WeakKeyDictionary()
+        self._rings: weakref.WeakKeyDictionary[Any, _Rings] = weakref.WeakKeyDictionary()
         self._keys: dict[str, int] = {}
         self.untracked = 0
         self.dumps = 0

@@ -20,9 +20,9 @@ table line cannot make it grow otherwise (``table_options`` bounds what it asks 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from msgspec.structs import asdict
 

@@ -10,8 +10,8 @@ its spec does not declare is a ``TraceError`` at its line.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..lang.errors import SpecError
 from ..lang.shipped import SHIPPED_SPECS, spec_path

@@ -19,12 +19,13 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO
 
 import msgspec
 
-from .format import Gap, Record, TableInfo, encode_line, new_header
+from .format import Gap, Record, encode_line, new_header
 from .render import SEQ, Processor, StepRenderer, meta_of
 
 log = logging.getLogger("moriio_fsm.trace")

@@ -8,9 +8,10 @@ directory, post through the engine, send through ``send`` and hand events back t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..adapters.zmq.reporting import LogLimiter
 from ..runtime.events import Event

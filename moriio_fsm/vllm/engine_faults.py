@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..engines.interface import TransferEngine
 from .settings import ConnectorConfigError

@@ -7,7 +7,7 @@ reaches no other request's machine; the memory is bounded, oldest first out.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..logs import get_logger
 from ..runtime.table import TransferTable

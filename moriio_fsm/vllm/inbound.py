@@ -9,7 +9,8 @@ preparing writes for an allocation the machine stored, and says when a message w
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..adapters.zmq import Delivery, Heartbeat, SendFailure, WriteFailed, event_for
 from ..adapters.zmq.reporting import LogLimiter

@@ -9,13 +9,19 @@ the format description a peer must match are derived from the same facts.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ..adapters.zmq import AgentMetadata, HandshakeReply
-from ..layout import (KVCacheSummary, LayerKVFormat, TransferPlanner, check_compatible,
-                      registration_regions)
+from ..layout import (
+    KVCacheSummary,
+    LayerKVFormat,
+    TransferPlanner,
+    check_compatible,
+    registration_regions,
+)
 
 
 class LocalKvCache:

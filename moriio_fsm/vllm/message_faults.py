@@ -16,7 +16,8 @@ import itertools
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..logs import get_logger
 

@@ -14,8 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
-                                                                  KVConnectorStats)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 
 #: How an ended transfer is counted, by its final state (anomaly states: "anomaly").
 OUTCOME_OF_STATE = {"failed": "failed", "abandoned": "failed", "expired": "expired",
@@ -119,7 +121,7 @@ class FsmConnectorStats(KVConnectorStats):
     def reset(self) -> None:
         self.data = _empty()
 
-    def aggregate(self, other: KVConnectorStats) -> "FsmConnectorStats":
+    def aggregate(self, other: KVConnectorStats) -> FsmConnectorStats:
         mine, theirs = self.data, (other.data or _empty())
         for key in ("transfers", "events"):
             merged = Counter(mine.get(key, {}))

@@ -10,8 +10,9 @@ the trusted-peer policy before anything dials it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import MoriioFsmError
 

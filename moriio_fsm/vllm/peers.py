@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..adapters.zmq import HandshakeReply
 from ..errors import MoriioFsmError

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..engines.poller import CompletionPoller
 from ..logs import get_logger

@@ -9,8 +9,8 @@ list, and never after it ended or the worker closed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from ..logs import get_logger
 from .context import HandlerContext

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from ..adapters.zmq import WriteFailed
 from .params import PeerAddress

@@ -9,9 +9,10 @@ the wrong type or range, raises ``ConnectorConfigError`` naming the key.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import MoriioFsmError
 from ..lang.bounds import BrokenBound
@@ -301,7 +302,7 @@ class ConnectorSettings:
     bind_peers: bool = True
 
     @classmethod
-    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "ConnectorSettings":
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
         extra = dict(extra or {})
         unknown = sorted(set(extra) - set(_KEYS))
         if unknown:
@@ -331,7 +332,12 @@ class ConnectorSettings:
         """The configs this mode's two machines get must keep the bounds their specs state
         between them (``exceeds``: D's safety timeout outlasts P's drain, P's lease outlasts
         D's read timeout plus margin); a broken one names the keys that set each value."""
-        from ..machines import ConfigBoundError, check_config_bounds, load_machine_spec, resolve_config
+        from ..machines import (
+            ConfigBoundError,
+            check_config_bounds,
+            load_machine_spec,
+            resolve_config,
+        )
 
         configs = {name: resolve_config(load_machine_spec(name), self.machine_overrides(name))
                    for name in MODE_MACHINES[self.mode]}

@@ -31,7 +31,7 @@ def make_recorder(settings: ConnectorSettings, engine_id: str, topology: Topolog
     dump = trace_path(settings.trace_dump_file, engine_id, topology)
     if settings.trace_ring_size == 0 and file is None and dump is None:
         return None
-    from ..trace import TraceRecorder       # only where a rank records
+    from ..trace import TraceRecorder  # only where a rank records
 
     return TraceRecorder(topology.label(engine_id), ring=max(settings.trace_ring_size, 1),
                          file=file, dump=dump)

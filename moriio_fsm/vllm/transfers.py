@@ -10,7 +10,7 @@ go back by the machine's rules, not by events made up here.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from ..logs import get_logger
 from ..runtime.declared import events

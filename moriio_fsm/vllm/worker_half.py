@@ -12,7 +12,8 @@ starts and ends transfers, ``posting.py`` posts a dispatch's layers together,
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..adapters.zmq import Role, TransportConfig, ZmqTransport
 from ..adapters.zmq.reporting import LogLimiter

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from moriio_fsm.engines import LoopbackEngine, probe_mori
-from moriio_fsm.engines.same_host.registry import REGISTRY_NAME_PREFIX
-from moriio_fsm.engines.same_host import CrossMemoryEngine
-from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX
-from moriio_fsm.engines.same_host.shared_pages import ADOPTED_NAME_PREFIX
 from moriio_fsm.engines.nixl import probe_nixl
+from moriio_fsm.engines.same_host import CrossMemoryEngine
+from moriio_fsm.engines.same_host.registry import REGISTRY_NAME_PREFIX
+from moriio_fsm.engines.same_host.shared_pages import ADOPTED_NAME_PREFIX
+from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX
 
 # cross_memory_inline: the same-host engine copying on the posting thread (its default on one core);
 # cross_memory_shared: the same-host engine sharing registered pages, so that peers copy by memcpy.

@@ -6,7 +6,13 @@ each hook on every engine, without probing for it.
 
 import pytest
 
-from moriio_fsm.engines import LoopbackEngine, LoopbackFaults, MoriEngine, TransferEngine, TransferSession
+from moriio_fsm.engines import (
+    LoopbackEngine,
+    LoopbackFaults,
+    MoriEngine,
+    TransferEngine,
+    TransferSession,
+)
 from moriio_fsm.engines.nixl import NixlEngine
 from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.engines.status import failed_status

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from moriio_fsm.runtime.bindings import Bindings
-from moriio_fsm.runtime.declared import emits
 from moriio_fsm.lang.errors import Problem, SpecError
 from moriio_fsm.lang.loader import load_spec, parse_spec
+from moriio_fsm.runtime.bindings import Bindings
+from moriio_fsm.runtime.declared import emits
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moriio_fsm.machines import spec_path
 from moriio_fsm.lang.errors import SpecError
 from moriio_fsm.lang.loader import parse_spec
 from moriio_fsm.lang.validate import validate_spec
+from moriio_fsm.machines import spec_path
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
                     st.text(max_size=8))

@@ -84,7 +84,12 @@ def test_only_summaries_are_compared():
 
 
 def test_a_summary_survives_the_handshake_wire_map():
-    from moriio_fsm.adapters.zmq import AgentMetadata, HandshakeReply, decode_handshake_reply, encode_handshake_reply
+    from moriio_fsm.adapters.zmq import (
+        AgentMetadata,
+        HandshakeReply,
+        decode_handshake_reply,
+        encode_handshake_reply,
+    )
 
     for summary in (cpu_summary(), separated_summary(),
                     KVCacheSummary.of(describe_layer("l", torch.empty(4, 16, 64), LayerKVFormat(16, use_mla=True)))):

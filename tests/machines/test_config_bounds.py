@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 
 from moriio_fsm.check.pair import PAIR_CONFIGS
-from moriio_fsm.machines import (ConfigBoundError, check_config_bounds, load_machine_spec,
-                                 resolve_config)
+from moriio_fsm.machines import (
+    ConfigBoundError,
+    check_config_bounds,
+    load_machine_spec,
+    resolve_config,
+)
 from moriio_fsm.sim.pd import CONFIG as SIM_CONFIG
 
 PAIRS = {"write": ("write_producer", "write_consumer"), "read": ("read_producer", "read_consumer")}

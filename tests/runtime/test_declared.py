@@ -8,7 +8,14 @@ import pytest
 from moriio_fsm.lang.errors import SpecError
 from moriio_fsm.lang.loader import parse_spec
 from moriio_fsm.machines import spec_path
-from moriio_fsm.runtime.declared import effect_class, emits, event_class, events, make_event, register_spec
+from moriio_fsm.runtime.declared import (
+    effect_class,
+    emits,
+    event_class,
+    events,
+    make_event,
+    register_spec,
+)
 from moriio_fsm.runtime.events import Effect, Event
 
 
@@ -42,7 +49,7 @@ def test_an_unknown_kind_names_the_known_ones():
     with pytest.raises(LookupError, match="no_such_kind.*layer_scheduled"):
         event_class("no_such_kind")
     with pytest.raises(AttributeError):
-        events._private
+        _ = events._private
 
 
 def test_a_second_spec_declaring_a_kind_with_other_fields_is_refused():

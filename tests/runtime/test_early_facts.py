@@ -11,8 +11,8 @@ import pytest
 
 from moriio_fsm.machines import build_machine
 from moriio_fsm.runtime.declared import events
-from moriio_fsm.runtime.events import Outcome
 from moriio_fsm.runtime.early_facts import EarlyFacts
+from moriio_fsm.runtime.events import Outcome
 from moriio_fsm.runtime.table import TransferTable
 
 MACHINE = build_machine("write_producer")

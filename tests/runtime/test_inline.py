@@ -70,7 +70,7 @@ def test_a_plain_action_keeps_its_statements():
 
 def rebinds_a_parameter(record, event, out):
     record.scheduled = 1
-    out = None
+    out = None  # noqa: F841 (rebinding a parameter is what makes this binding not inlinable)
 
 
 def names_an_exception(record, event, out):

@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from moriio_fsm.machines import build_machine, build_table, resolve_config
-from moriio_fsm.runtime.errors import InvariantViolation, TransitionError
 from moriio_fsm.runtime.declared import make_event
 from moriio_fsm.runtime.events import Event, Outcome
 from moriio_fsm.runtime.table import TransferTable

@@ -8,11 +8,10 @@ import time
 
 import httpx
 import pytest
+from fake_vllm import FakeVllm, free_port
 
 from moriio_fsm.serving.instances import Instance, ProxyConfig, ProxyConfigError
 from moriio_fsm.serving.proxy_app import ProxyServer
-
-from fake_vllm import FakeVllm, free_port
 
 
 @pytest.fixture
@@ -81,7 +80,7 @@ def test_streaming_passes_ds_events_through(fakes, proxy_for):
         assert reply.status_code == 200
         lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    events = [json.loads(l[6:]) for l in lines[:-1]]
+    events = [json.loads(line[6:]) for line in lines[:-1]]
     assert [e["choices"][0]["token_ids"][0] for e in events if e["choices"]] == [11, 12, 13]
 
 
@@ -138,7 +137,7 @@ def test_an_error_event_in_ds_stream_names_the_transfer(fakes, proxy_for):
     with httpx.stream("POST", f"{proxy.url}/v1/completions", timeout=30,
                       json={"prompt": [1], "stream": True}) as reply:
         tid = reply.headers["x-transfer-id"]
-        events = [json.loads(l[6:]) for l in reply.iter_lines() if l.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
     assert events[0]["error"]["transfer_id"] == tid
     assert tid in events[0]["error"]["message"]
 
@@ -207,7 +206,7 @@ def test_a_stream_cut_before_done_is_a_failure_naming_the_transfer(fakes, proxy_
     with httpx.stream("POST", f"{proxy.url}/v1/completions", timeout=30,
                       json={"prompt": [1], "stream": True}) as streamed:
         tid = streamed.headers["x-transfer-id"]
-        events = [json.loads(l[6:]) for l in streamed.iter_lines() if l.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
     assert events[-1]["error"]["transfer_id"] == tid and "without [DONE]" in events[-1]["error"]["message"]
     assert httpx.get(f"{proxy.url}/health").json()["counts"]["failed"] == 2
 

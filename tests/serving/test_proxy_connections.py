@@ -13,12 +13,11 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from fake_vllm import FakeVllm, free_port
 
 from moriio_fsm.cli import main as cli_main
 from moriio_fsm.serving.instances import Instance, ProxyConfig
 from moriio_fsm.serving.proxy_app import ProxyServer
-
-from fake_vllm import FakeVllm, free_port
 
 WAIT_S = 20.0              # a hang bound, not a speed claim
 

@@ -7,8 +7,13 @@ import sys
 
 import pytest
 
-from moriio_fsm.serving.tiny_model import (TINY_LLAMA, ModelError, is_made, make_tiny_llama,
-                                           make_tiny_llama_with)
+from moriio_fsm.serving.tiny_model import (
+    TINY_LLAMA,
+    ModelError,
+    is_made,
+    make_tiny_llama,
+    make_tiny_llama_with,
+)
 
 
 def digest(folder) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moriio_fsm.scenarios import run as run_demo
 from moriio_fsm.runtime.declared import events
+from moriio_fsm.scenarios import run as run_demo
 from moriio_fsm.sim.pd import PD, Layout, link
 from moriio_fsm.trace import TraceRecorder
 

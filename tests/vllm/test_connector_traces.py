@@ -8,8 +8,8 @@ transfer on both sides. A transfer that ends badly lands in the dump file too.
 from __future__ import annotations
 
 import pytest
-
 from harness import PROMPT_FOR_METRICS, run_until, write_pair_params
+
 from moriio_fsm.cli import main as cli
 from moriio_fsm.trace import read_trace, replay
 

@@ -8,8 +8,8 @@ import pytest
 
 from moriio_fsm.engines import LoopbackEngine, TransferSession
 from moriio_fsm.engines.status import failed_status
-from moriio_fsm.vllm.settings import ConnectorConfigError
 from moriio_fsm.vllm.engine_faults import inject_faults
+from moriio_fsm.vllm.settings import ConnectorConfigError
 from moriio_fsm.vllm.write_handlers import abandon
 
 

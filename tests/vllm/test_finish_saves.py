@@ -4,8 +4,8 @@ yet, in one layers_scheduled step, whatever was scheduled layer by layer during 
 from __future__ import annotations
 
 import torch
-
 from harness import free_port
+
 from moriio_fsm.engines.same_host import CrossMemoryEngine
 from moriio_fsm.layout import CPU_ATTN, LayerKVFormat
 from moriio_fsm.machines.bitmaps import layer_indices

@@ -12,9 +12,17 @@ import time
 
 import pytest
 import zmq
-
 from harness import capture_wire, run_until, write_pair_params
-from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed, encode_notify
+
+from moriio_fsm.adapters.zmq import (
+    Heartbeat,
+    LeaseGranted,
+    Release,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+    encode_notify,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import socket
 import threading
 
 import pytest
+from harness import PROMPT_FOR_METRICS, run_until, write_pair_params
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from harness import PROMPT_FOR_METRICS, run_until, write_pair_params
 from moriio_fsm.vllm.connector import MoRIIOFSMConnector
 from moriio_fsm.vllm.metrics import FsmConnectorStats
 

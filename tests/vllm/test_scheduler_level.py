@@ -11,11 +11,18 @@ from __future__ import annotations
 import threading
 
 import pytest
+from harness import BLOCK_SIZE, capture_wire, run_until, write_pair_params
 
-from harness import (BLOCK_SIZE, capture_wire, run_until, write_pair_params)
+from moriio_fsm.adapters.zmq import (
+    Heartbeat,
+    LeaseGranted,
+    Release,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
 from moriio_fsm.engines.same_host import iovec
 from moriio_fsm.machines.bitmaps import layer_indices
-from moriio_fsm.adapters.zmq import Heartbeat, LeaseGranted, Release, RemoteBlocks, WriteDone, WriteFailed
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ end empty: no request, every block free.
 from __future__ import annotations
 
 import pytest
-
 from harness import capture_wire, run_until, write_pair_params
-from moriio_fsm.adapters.zmq import RemoteBlocks, WriteFailed
+
+from moriio_fsm.adapters.zmq import WriteFailed
 from moriio_fsm.vllm.metadata import ReceiveStart, StepMetadata
 from moriio_fsm.vllm.params import PeerAddress
 from moriio_fsm.vllm.transfer_ids import TransferIdLedger, prompt_digest

@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness import free_port
 
 pytestmark = pytest.mark.integration

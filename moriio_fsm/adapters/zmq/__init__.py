@@ -26,6 +26,7 @@ from .codec import (
     encode_handshake_reply,
     encode_notify,
 )
+from .config import TransportConfig
 from .curve import CurveConfig
 from .errors import (
     HandshakeFailedError,
@@ -35,11 +36,10 @@ from .errors import (
     WireDecodeError,
     ZmqAdapterError,
 )
-from .policy import PeerPolicy, canonical_host
-from .ports import RankEndpoint, listener_port
 from .events import event_for
 from .hosts import default_bind_host
-from .config import TransportConfig
+from .policy import PeerPolicy, canonical_host
+from .ports import RankEndpoint, listener_port
 from .transport import Delivery, Peer, SendFailure, ZmqTransport
 
 __all__ = [

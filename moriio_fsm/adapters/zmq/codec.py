@@ -8,11 +8,25 @@ extension fields are optional, unknown keys are ignored, unknown types refused.
 from __future__ import annotations
 
 from .errors import WireDecodeError, WireEncodeError
-from .handshake_codec import (HANDSHAKE_REQUEST, AgentMetadata, HandshakeReply,
-                              decode_handshake_reply, decode_handshake_request,
-                              encode_handshake_reply)
-from .messages import (Heartbeat, LeaseGranted, NotifyMessage, Release, RemoteBlocks, Role,
-                       WireForm, WriteDone, WriteFailed)
+from .handshake_codec import (
+                              HANDSHAKE_REQUEST,
+                              AgentMetadata,
+                              HandshakeReply,
+                              decode_handshake_reply,
+                              decode_handshake_request,
+                              encode_handshake_reply,
+)
+from .messages import (
+                              Heartbeat,
+                              LeaseGranted,
+                              NotifyMessage,
+                              Release,
+                              RemoteBlocks,
+                              Role,
+                              WireForm,
+                              WriteDone,
+                              WriteFailed,
+)
 from .notify_decoder import decode_notify
 from .notify_encoder import encode_notify
 from .wire_limits import DEFAULT_LIMITS, WireLimits

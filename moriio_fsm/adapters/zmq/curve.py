@@ -6,9 +6,9 @@ authorised client keys are admitted (by ``zap.ZapHandler``); keys are checked at
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 import zmq
 from zmq.utils import z85
@@ -71,7 +71,7 @@ class CurveConfig:
         object.__setattr__(self, "server_keys", MappingProxyType(servers))
 
     @classmethod
-    def generate(cls, authorized_client_keys: Iterable[bytes] = ()) -> "CurveConfig":
+    def generate(cls, authorized_client_keys: Iterable[bytes] = ()) -> CurveConfig:
         """A fresh key pair (requires libzmq built with CURVE)."""
         public, secret = zmq.curve_keypair()
         return cls(public, secret, frozenset(authorized_client_keys))

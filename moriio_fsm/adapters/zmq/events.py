@@ -7,12 +7,20 @@ a field absent on the wire becomes the default its spec declares, written out he
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from moriio_fsm.runtime.declared import events
 from moriio_fsm.runtime.events import Event
 
-from .codec import Heartbeat, LeaseGranted, NotifyMessage, Release, RemoteBlocks, WriteDone, WriteFailed
+from .codec import (
+    Heartbeat,
+    LeaseGranted,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
 
 __all__ = ["event_for"]
 

@@ -7,12 +7,13 @@ bad reply, timeout, socket error or close); a junk request is rejected, never an
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from ...logs import get_logger
 import zmq
 
+from ...logs import get_logger
 from .codec import HANDSHAKE_REQUEST, decode_handshake_reply
 from .config import TransportConfig
 from .errors import HandshakeFailedError, WireDecodeError
@@ -39,7 +40,7 @@ class HandshakeRequests:
     """Handshakes this transport started, one DEALER socket each until it ends."""
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: "TransportCounts") -> None:
+                 counts: TransportCounts) -> None:
         self._ctx = ctx
         self._poller = poller
         self._config = config
@@ -131,7 +132,7 @@ class HandshakeServers:
     """
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: "TransportCounts", reject: Callable[[bytes, WireDecodeError], None]) -> None:
+                 counts: TransportCounts, reject: Callable[[bytes, WireDecodeError], None]) -> None:
         self._ctx = ctx
         self._poller = poller
         self._config = config

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Union
 
 __all__ = ["BARE_RANK", "RECEIVER", "BlockIds", "Heartbeat", "LeaseGranted", "NotifyMessage",
            "Release", "RemoteBlocks", "Role", "WireForm", "WriteDone", "WriteFailed"]
@@ -33,7 +32,7 @@ class WireForm(enum.Enum):
 # The bare-id form's ``<transfer_id>:tp<rank>``: a release naming its sender's TP rank.
 BARE_RANK = re.compile(r"^(.+):tp([0-9]{1,5})$")
 
-BlockIds = Union[tuple[int, ...], tuple[tuple[int, ...], ...]]
+BlockIds = tuple[int, ...] | tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +157,7 @@ class LeaseGranted:
 
 # A message's ``kind`` is its wire ``type``; which runtime event it becomes is decided
 # in ``events.py``, so the wire format never depends on the machines' event names.
-NotifyMessage = Union[RemoteBlocks, WriteDone, WriteFailed, Release, Heartbeat, LeaseGranted]
+NotifyMessage = RemoteBlocks | WriteDone | WriteFailed | Release | Heartbeat | LeaseGranted
 
 # The side each message type is sent to: a listener refuses the other side's.
 RECEIVER: dict[str, Role] = {

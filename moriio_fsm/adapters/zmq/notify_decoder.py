@@ -7,10 +7,30 @@ the bytes; keys a message does not define are ignored, an unknown ``type`` is re
 from __future__ import annotations
 
 from .errors import WireDecodeError
-from .messages import (BARE_RANK, RECEIVER, Heartbeat, LeaseGranted, NotifyMessage, Release,
-                       RemoteBlocks, Role, WireForm, WriteDone, WriteFailed)
-from .wire_fields import (WHOLE_FRAME, check_blocks, check_bool, check_digest, check_id, check_int,
-                          check_reason, check_seconds, type_name)
+from .messages import (
+    BARE_RANK,
+    RECEIVER,
+    Heartbeat,
+    LeaseGranted,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    Role,
+    WireForm,
+    WriteDone,
+    WriteFailed,
+)
+from .wire_fields import (
+    WHOLE_FRAME,
+    check_blocks,
+    check_bool,
+    check_digest,
+    check_id,
+    check_int,
+    check_reason,
+    check_seconds,
+    type_name,
+)
 from .wire_limits import DEFAULT_LIMITS, WireLimits, unpack_bounded
 
 __all__ = ["decode_notify"]

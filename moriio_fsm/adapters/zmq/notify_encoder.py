@@ -12,10 +12,27 @@ from typing import Any
 import msgpack
 
 from .errors import WireEncodeError
-from .messages import (BARE_RANK, Heartbeat, LeaseGranted, NotifyMessage, Release, RemoteBlocks,
-                       WireForm, WriteDone, WriteFailed)
-from .wire_fields import (check_blocks, check_bool, check_digest, check_id, check_int, check_reason,
-                          check_seconds, type_name)
+from .messages import (
+    BARE_RANK,
+    Heartbeat,
+    LeaseGranted,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    WireForm,
+    WriteDone,
+    WriteFailed,
+)
+from .wire_fields import (
+    check_blocks,
+    check_bool,
+    check_digest,
+    check_id,
+    check_int,
+    check_reason,
+    check_seconds,
+    type_name,
+)
 from .wire_limits import DEFAULT_LIMITS, WireLimits
 
 __all__ = ["encode_notify"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -40,7 +41,7 @@ class Outboxes:
     """The sender sockets of one transport, at most ``config.max_peers`` of them."""
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: "TransportCounts", fail: FailReport, source: str | None = None) -> None:
+                 counts: TransportCounts, fail: FailReport, source: str | None = None) -> None:
         self._ctx = ctx
         self._source = source          # the address senders connect from (sockets.source_for)
         self._poller = poller
@@ -93,7 +94,7 @@ class Outboxes:
 
     def flush(self, sock: zmq.Socket) -> None:
         """``sock`` can take more: send its destination's backlog until it cannot."""
-        for (host, port), outbox in self._boxes.items():
+        for (host, port), outbox in self._boxes.items():  # noqa: B007 (used after the break)
             if outbox.sock is sock:
                 break
         else:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from typing import Callable, Iterable, Union
+from collections.abc import Callable, Iterable
 
 from .errors import UntrustedPeerError
 
 __all__ = ["PeerPolicy", "canonical_host"]
 
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _LOOPBACK: tuple[IPNetwork, ...] = (

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
-from ...logs import get_logger
 import zmq
 
+from ...logs import get_logger
 from .codec import NotifyMessage, decode_notify
 from .config import TransportConfig
 from .errors import WireDecodeError

@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .curve import CurveConfig
 from .policy import canonical_host

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from ...logs import get_logger
 import zmq
 
+from ...logs import get_logger
 from .config import TransportConfig
 from .curve import ZAP_DOMAIN
 

@@ -11,12 +11,13 @@ import concurrent.futures
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
-from ...logs import get_logger
 import zmq
 
+from ...logs import get_logger
 from .codec import HandshakeReply, NotifyMessage, encode_handshake_reply, encode_notify
 from .config import TransportConfig
 from .errors import HandshakeFailedError, TransportBusyError, TransportClosedError, WireDecodeError
@@ -220,7 +221,7 @@ class ZmqTransport:
         if not self._thread.is_alive():
             self._release_os_resources()
 
-    def __enter__(self) -> "ZmqTransport":
+    def __enter__(self) -> ZmqTransport:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -10,10 +10,12 @@ refusals are counted and their warnings rate-limited.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import zmq
 
 from ...logs import get_logger
-import zmq
 
 if TYPE_CHECKING:
     from .reporting import LogLimiter, TransportCounts
@@ -67,7 +69,7 @@ class ZapHandler:
     """The context's ZAP socket, bound at construction and served by the I/O thread."""
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, authorized: frozenset[bytes] | None,
-                 counts: "TransportCounts", limiter: "LogLimiter",
+                 counts: TransportCounts, limiter: LogLimiter,
                  admits: Callable[[str], bool] = lambda address: True) -> None:
         # 32-byte binary keys, as CurveConfig.authorized_raw_keys gives; None: CURVE is off.
         self._authorized = authorized

@@ -54,7 +54,7 @@ class LoopbackEngineDesc:
         )
 
     @classmethod
-    def unpack(cls, packed: bytes) -> "LoopbackEngineDesc":
+    def unpack(cls, packed: bytes) -> LoopbackEngineDesc:
         """Raises ``TypeError`` for non-bytes and ``ValueError`` for malformed bytes."""
         fields = _unpack_fields("engine descriptor", _ENGINE_DESC_KIND, packed, cls._FIELDS)
         return cls(**{name: fields[name] for name in cls._FIELDS})
@@ -92,7 +92,7 @@ class LoopbackMemoryDesc:
         return msgpack.packb(body)
 
     @classmethod
-    def unpack(cls, packed: bytes) -> "LoopbackMemoryDesc":
+    def unpack(cls, packed: bytes) -> LoopbackMemoryDesc:
         """Raises ``TypeError`` for non-bytes and ``ValueError`` for malformed bytes."""
         fields = _unpack_fields("memory descriptor", _MEMORY_DESC_KIND, packed, cls._FIELDS)
         values = {name: fields[name] for name in cls._FIELDS}

@@ -44,7 +44,7 @@ class LoopbackSession(SessionBase):
 
     killable = True
 
-    def __init__(self, engine: "LoopbackEngine", local: LoopbackMemoryDesc,
+    def __init__(self, engine: LoopbackEngine, local: LoopbackMemoryDesc,
                  remote: LoopbackMemoryDesc, local_bytes: torch.Tensor,
                  remote_bytes: torch.Tensor) -> None:
         super().__init__(engine, local, remote)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "BOOL", "BYTES", "CAPSULE", "INT", "SIZE_T", "STR", "UINT16", "UINT32", "UINT64",

@@ -207,7 +207,7 @@ class EngineDesc:
     __hash__ = None   # type: ignore[assignment]
 
     @classmethod
-    def made(cls, key: str, node_id: str, hostname: str, host: str, port: int, pid: int) -> "EngineDesc":
+    def made(cls, key: str, node_id: str, hostname: str, host: str, port: int, pid: int) -> EngineDesc:
         desc = object.__new__(cls)
         desc._key, desc._node_id, desc._hostname, desc._host, desc._port, desc._pid = \
             key, node_id, hostname, host, port, pid
@@ -227,7 +227,7 @@ class EngineDesc:
 
     @staticmethod
     @signature("EngineDesc", Param(BYTES), returns="mori.cpp.EngineDesc", method=False)
-    def unpack(packed: bytes) -> "EngineDesc":
+    def unpack(packed: bytes) -> EngineDesc:
         return EngineDesc.made(*_unpack_fields("EngineDesc", packed, _ENGINE_FIELDS))
 
     def __repr__(self) -> str:
@@ -278,7 +278,7 @@ class MemoryDesc:
             setattr(self, "_" + name, default)
 
     @classmethod
-    def made(cls, **values: Any) -> "MemoryDesc":
+    def made(cls, **values: Any) -> MemoryDesc:
         desc = cls()
         for name, value in values.items():
             setattr(desc, "_" + name, value)
@@ -296,7 +296,7 @@ class MemoryDesc:
 
     @staticmethod
     @signature("MemoryDesc", Param(BYTES), returns="mori.cpp.MemoryDesc", method=False)
-    def unpack(packed: bytes) -> "MemoryDesc":
+    def unpack(packed: bytes) -> MemoryDesc:
         values = _unpack_fields("MemoryDesc", packed, _MEMORY_FIELDS)
         return MemoryDesc.made(**{name: value for (name, _, _), value in zip(_MEMORY_FIELDS, values)})
 
@@ -325,7 +325,7 @@ class PeerFailureEvent:
 
     @classmethod
     def made(cls, remote_engine_key: str, reason: Any, qp_num: int = 0, port_num: int = 0,
-             device_name: str = "standin0", detail: str = "") -> "PeerFailureEvent":
+             device_name: str = "standin0", detail: str = "") -> PeerFailureEvent:
         event = object.__new__(cls)
         event._remote_engine_key, event._reason, event._qp_num = remote_engine_key, int(reason), qp_num
         event._port_num, event._device_name, event._detail = port_num, device_name, detail

@@ -20,7 +20,7 @@ class PybindEnum:
 
     __slots__ = ("_value",)
     _names: dict[int, str] = {}
-    _members: dict[str, "PybindEnum"] = {}
+    _members: dict[str, PybindEnum] = {}
 
     def __init__(self, value: Any) -> None:
         try:
@@ -31,7 +31,7 @@ class PybindEnum:
                             f"Invoked with: {value!r}") from None
 
     @classmethod
-    def fresh(cls, value: int) -> "PybindEnum":
+    def fresh(cls, value: int) -> PybindEnum:
         """A new object for ``value``, as pybind11 makes for an enum a native call returns."""
         made = object.__new__(cls)
         made._value = int(value)

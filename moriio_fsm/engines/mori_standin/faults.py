@@ -11,8 +11,8 @@ the posting thread while every range still lands (mori's failed notification sen
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .codes import StatusCode
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 __all__ = ["InProcessMover", "Mover", "Problem", "Region", "RegionTable", "RemoteRegion", "mover_for"]
 

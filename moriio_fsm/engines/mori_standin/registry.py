@@ -15,7 +15,7 @@ from .mover import RegionTable, RemoteRegion
 __all__ = ["add", "find_regions", "with_key"]
 
 _lock = threading.Lock()
-_engines: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_engines: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _serial = 0
 
 

@@ -41,7 +41,7 @@ class IOEngineSession:
     _route_remote: RemoteRegion
 
     @classmethod
-    def made(cls, route: Route) -> "IOEngineSession":
+    def made(cls, route: Route) -> IOEngineSession:
         session = object.__new__(cls)
         session._engine = weakref.ref(route.engine)
         session._route_local, session._route_remote = route.local, route.remote

@@ -12,7 +12,8 @@ import ipaddress
 import os
 import socket
 import struct
-from typing import Any, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 __all__ = ["DEFAULT_TLS", "check_ucx_overrides", "interface_of", "ucx_environment"]
 

@@ -5,7 +5,12 @@ Rules: importing this package loads no native code it cannot do without (the C e
 engine refuses to start, saying why, where the kernel's cross-memory calls are missing.
 """
 
-from .engine import CrossMemoryEngine, CrossMemoryEngineDesc, CrossMemoryMemoryDesc, CrossMemorySession
+from .engine import (
+           CrossMemoryEngine,
+           CrossMemoryEngineDesc,
+           CrossMemoryMemoryDesc,
+           CrossMemorySession,
+)
 from .iovec import CrossMemoryError
 
 __all__ = ["CrossMemoryEngine", "CrossMemoryEngineDesc", "CrossMemoryError", "CrossMemoryMemoryDesc",

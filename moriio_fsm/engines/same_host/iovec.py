@@ -12,8 +12,8 @@ import errno
 import operator
 import os
 import sys
+from collections.abc import Callable
 from itertools import repeat
-from typing import Callable
 
 from ...errors import MoriioFsmError
 

@@ -133,7 +133,7 @@ class RegistryView:
         self._holders_lock = threading.Lock()
 
     @classmethod
-    def open(cls, pid: int, table_fd: int, token: bytes) -> "RegistryView":
+    def open(cls, pid: int, table_fd: int, token: bytes) -> RegistryView:
         """Open process ``pid``'s table ``table_fd`` and check it is the one ``token`` names.
 
         Raises ``RegistryUnavailable`` saying why it cannot be used.

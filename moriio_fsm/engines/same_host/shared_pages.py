@@ -118,7 +118,7 @@ class AdoptedPages:
         self._fd: int | None = fd
 
     @classmethod
-    def adopt(cls, address: int, nbytes: int) -> "AdoptedPages | None":
+    def adopt(cls, address: int, nbytes: int) -> AdoptedPages | None:
         """Adopt the whole pages inside [address, +nbytes); None when there are none, when the
         memory is not private anonymous memory, or when the system refuses (logged)."""
         start, size = _whole_pages(address, nbytes)
@@ -233,7 +233,7 @@ class MemoryClaim:
     end: int
     plain: bool
     adopted: AdoptedPages | None = None
-    holding: list["_Region"] = field(default_factory=list)
+    holding: list[_Region] = field(default_factory=list)
     released: bool = False
 
     def release(self, give_back: bool = True) -> bool:

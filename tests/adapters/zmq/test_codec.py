@@ -13,8 +13,8 @@ import msgpack
 import pytest
 
 from moriio_fsm.adapters.zmq import (
-    AgentMetadata,
     HANDSHAKE_REQUEST,
+    AgentMetadata,
     HandshakeReply,
     Release,
     RemoteBlocks,
@@ -218,7 +218,8 @@ def test_a_huge_declared_array_is_refused_without_allocating_it():
         decode_notify(frame, role=Role.PRODUCER)
 
 
-def _peak_bytes_while_decoding(frame: bytes, limits: WireLimits = WireLimits()) -> int:
+def _peak_bytes_while_decoding(frame: bytes, limits: WireLimits | None = None) -> int:
+    limits = limits or WireLimits()
     tracemalloc.start()
     try:
         with pytest.raises(WireDecodeError, match="invalid msgpack map"):

@@ -461,7 +461,7 @@ def test_event_for_every_message_kind(message, event_class, data):
 
 
 def test_decoded_frames_become_the_same_events_as_built_messages():
-    for message, event_class, data in EVENTS:
+    for message, _event_class, data in EVENTS:
         if message.form is WireForm.BARE_ID:
             continue
         decoded = decode_notify(encode_notify(message), role=_role_of(message))
@@ -514,7 +514,12 @@ def test_heartbeat_reply_port_round_trips_and_is_checked():
 
 
 def test_handshake_kv_format_is_optional_and_checked():
-    from moriio_fsm.adapters.zmq import AgentMetadata, HandshakeReply, decode_handshake_reply, encode_handshake_reply
+    from moriio_fsm.adapters.zmq import (
+        AgentMetadata,
+        HandshakeReply,
+        decode_handshake_reply,
+        encode_handshake_reply,
+    )
 
     meta = AgentMetadata("P", b"desc", (4096,), 16, 512, "CPU_ATTN")
     plain = encode_handshake_reply(HandshakeReply(meta, {"layer.0": (b"m",)}))

@@ -8,7 +8,6 @@ empty; anything that could crash libzmq runs in a child process whose exit is ch
 from __future__ import annotations
 
 import queue
-import struct
 import subprocess
 import sys
 import textwrap

@@ -171,7 +171,7 @@ class TestStatuses:
         queries = []
         original = native_status.Code
         monkeypatch.setattr(native_status, "Code", lambda self: queries.append(1) or original(self))
-        for i in range(3000):
+        for _i in range(3000):
             engine_pair.write([0], [0], [8])
         # Sweeping every kept status at each post would cost about 3000**2 / 2 queries.
         assert len(queries) <= 3 * 3000

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from moriio_fsm.engines import MoriEngine, MoriUnavailableError, probe_mori
-from moriio_fsm.engines import mori
+from moriio_fsm.engines import MoriEngine, MoriUnavailableError, mori, probe_mori
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ class TestEnums:
         assert cpp.BackendType.XGMI != cpp.MemoryLocationType.CPU      # both have the value 1
         assert int(cpp.StatusCode.ERR_RDMA_OP) == 13 and [10, 20][cpp.StatusCode.INIT] == 20
         with pytest.raises(TypeError):
-            cpp.StatusCode.SUCCESS < cpp.StatusCode.INIT
+            _ = cpp.StatusCode.SUCCESS < cpp.StatusCode.INIT
 
     def test_export_values_puts_three_enums_at_module_level(self, cpp):
         assert cpp.ERR_RDMA_OP == cpp.StatusCode.ERR_RDMA_OP and cpp.RDMA == cpp.BackendType.RDMA

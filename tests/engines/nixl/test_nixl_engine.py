@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.nixl import NixlEngineDesc, NixlMemoryDesc
+from moriio_fsm.engines.nixl import NixlEngineDesc
 
 WAIT_MS = 10_000
 

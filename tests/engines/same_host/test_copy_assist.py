@@ -21,8 +21,12 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import assisted, copy_assist
-from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc
+from moriio_fsm.engines.same_host import (
+    CrossMemoryEngine,
+    CrossMemoryMemoryDesc,
+    assisted,
+    copy_assist,
+)
 
 from ..json_peer import JsonLinePeer
 
@@ -89,7 +93,7 @@ def scattered(count: int, seed: int):
 
 
 def landed(source, target, local, remote, size=RANGE) -> bool:
-    return all(torch.equal(target[r:r + size], source[l:l + size]) for l, r in zip(local, remote))
+    return all(torch.equal(target[r:r + size], source[lo:lo + size]) for lo, r in zip(local, remote))
 
 
 def test_layer_by_layer_writes_land_whole_and_the_peer_copies_part_of_them(pair):
@@ -505,8 +509,8 @@ def test_a_decode_process_helps_with_writes_into_it_and_every_byte_lands():
                     statuses = [session.batch_write(local[k::8], remote[k::8], [RANGE] * 18, 1) for k in range(8)]
                 for status in statuses:
                     assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
-                for l, r in zip(local[::24], remote[::24]):
-                    assert peer.dump(r, RANGE) == source[l:l + RANGE].numpy().tobytes()
+                for lo, r in zip(local[::24], remote[::24]):
+                    assert peer.dump(r, RANGE) == source[lo:lo + RANGE].numpy().tobytes()
                 if engine.assist_counts["pieces_by_peer"]:
                     break
             assert engine.assist_counts["pieces_by_peer"] > 0, "the decode process never copied a piece"

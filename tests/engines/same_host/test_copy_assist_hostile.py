@@ -23,8 +23,7 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import copy_assist
-from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc
+from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc, copy_assist
 from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX, RegionUnavailable
 
 from ..json_peer import JsonLinePeer

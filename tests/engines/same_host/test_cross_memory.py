@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import iovec
 from moriio_fsm.engines.same_host import (
     CrossMemoryEngine,
     CrossMemoryEngineDesc,
     CrossMemoryError,
     CrossMemoryMemoryDesc,
+    iovec,
 )
 
 from ..conftest import Pair
@@ -336,9 +336,9 @@ def test_posts_racing_close_all_end_final(kind):
             # closing thread got its turn, and then no post would race close at all.
             after_close = 0
             for n in range(1_000_000):
-                statuses.append(pair.session.write(n * 64 % SIZE, 0, 64, pair.session.allocate_transfer_uid()))
-                posting.set()
-                if closed.is_set():
+                statuses.append(pair.session.write(n * 64 % SIZE, 0, 64, pair.session.allocate_transfer_uid()))  # noqa: B023 (called within this iteration)
+                posting.set()  # noqa: B023 (called within this iteration)
+                if closed.is_set():  # noqa: B023 (called within this iteration)
                     after_close += 1
                     if after_close >= 3:
                         break

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import iovec
-from moriio_fsm.engines.same_host import CrossMemoryEngine
+from moriio_fsm.engines.same_host import CrossMemoryEngine, iovec
 from moriio_fsm.layout import LayerKVFormat, describe_layer, plan_transfer
 
 from ..json_peer import JsonLinePeer

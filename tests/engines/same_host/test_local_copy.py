@@ -6,7 +6,6 @@ what a normal install on x86-64 with a C compiler uses.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import platform
 import random

@@ -21,10 +21,9 @@ import pytest
 import torch
 
 from moriio_fsm.engines import StatusCode
-from moriio_fsm.engines.same_host import iovec
-from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc
-from moriio_fsm.engines.shared_memory import RegionUnavailable, SharedRegion
+from moriio_fsm.engines.same_host import CrossMemoryEngine, CrossMemoryMemoryDesc, iovec
 from moriio_fsm.engines.same_host.shared_pages import ADOPTED_NAME_PREFIX, AdoptedPages, PeerPages
+from moriio_fsm.engines.shared_memory import RegionUnavailable, SharedRegion
 
 from ..conftest import Pair, page_aligned_zeros
 
@@ -380,8 +379,8 @@ def test_two_threads_registering_the_same_memory_at_once_adopt_it_once():
             barrier, descs = threading.Barrier(2), []
 
             def register(engine):
-                barrier.wait()
-                descs.append(engine.register_torch_tensor(target))
+                barrier.wait()  # noqa: B023 (called within this iteration)
+                descs.append(engine.register_torch_tensor(target))  # noqa: B023 (called within this iteration)
 
             threads = [threading.Thread(target=register, args=(engine,)) for engine in engines]
             for thread in threads:
