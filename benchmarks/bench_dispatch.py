@@ -69,8 +69,8 @@ class UpstreamStyleProducer:
     """
 
     def __init__(self):
-        self.state_lock = threading.Lock()      # upstream: the writer's state lock
-        self.wrapper_lock = threading.Lock()    # upstream: the wrapper's lock
+        self.state_lock = threading.Lock()  # upstream: the writer's state lock
+        self.wrapper_lock = threading.Lock()  # upstream: the wrapper's lock
         self.scheduled_writes: dict[str, int] = defaultdict(int)
         self.scheduled_layers: dict[str, set[str]] = defaultdict(set)
         self.sealed_writes: dict[str, int] = {}
@@ -190,8 +190,21 @@ class UpstreamStyleProducer:
 
 
 class _LeanTransfer:
-    __slots__ = ("num_writers", "blocks", "rank", "scheduled", "posted", "settled",
-                 "completed", "failed", "expected", "finished", "done_sent", "freed", "deadline")
+    __slots__ = (
+        "num_writers",
+        "blocks",
+        "rank",
+        "scheduled",
+        "posted",
+        "settled",
+        "completed",
+        "failed",
+        "expected",
+        "finished",
+        "done_sent",
+        "freed",
+        "deadline",
+    )
 
     def __init__(self, num_writers: int, deadline: float):
         self.num_writers = num_writers
@@ -322,8 +335,9 @@ def lifecycle_baseline(book, tid, now):
     book.start(tid, now)
     book.remote_blocks(tid, BLOCK_IDS, 0)
     for name in LAYER_NAMES:
-        book.schedule_layer(WriteTask("req-1", tid, "decode-0", BLOCK_IDS, name, None,
-                                      61000, "127.0.0.1", now))
+        book.schedule_layer(
+            WriteTask("req-1", tid, "decode-0", BLOCK_IDS, name, None, 61000, "127.0.0.1", now)
+        )
     book.run_queued()
     book.seal(tid)
     for _ in range(NUM_LAYERS):
@@ -389,7 +403,7 @@ def bytes_per_live_transfer(count: int) -> int:
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for _i in range(count):
-        tid = f"tx-{uuid.uuid4()}"               # the id is counted: the table keeps it
+        tid = f"tx-{uuid.uuid4()}"  # the id is counted: the table keeps it
         table.dispatch(events.prefill_started(tid, 0.0, num_writers=1))
         table.dispatch(events.remote_blocks(tid, 0.0, block_ids=list(range(16)), decode_rank=0))
         for layer in range(NUM_LAYERS):
@@ -421,17 +435,21 @@ def main() -> None:
         samples["upstream"].append(time_round(lifecycle_baseline, baseline, args.per_round))
         samples["lean"].append(time_round(lifecycle_lean, lean, args.per_round))
         samples["transitions"].append(
-            time_round(lifecycle_runtime, reference, max(1, args.per_round // 10)))
+            time_round(lifecycle_runtime, reference, max(1, args.per_round // 10))
+        )
     med = {k: statistics.median(v) for k, v in samples.items()}
     for name, value in med.items():
-        print(f"{name:12s} median {value * 1e6:9.1f} us per lifecycle "
-              f"({2 * NUM_LAYERS + 5} events)")
+        print(
+            f"{name:12s} median {value * 1e6:9.1f} us per lifecycle ({2 * NUM_LAYERS + 5} events)"
+        )
     live_bytes = bytes_per_live_transfer(args.live)
     print(f"live transfers measured: {args.live} (sealed, 64 layers posted, 16 block ids)")
     junk, normal, survived = junk_flood_cost(args.flood)
-    print(f"flood of {args.flood} junk ids from one peer: {junk * 1e9:.0f} ns per junk event, "
-          f"{normal * 1e9:.0f} ns per ordinary dispatch; the real peer's early remote_blocks "
-          f"{'survived' if survived else 'WAS LOST'}")
+    print(
+        f"flood of {args.flood} junk ids from one peer: {junk * 1e9:.0f} ns per junk event, "
+        f"{normal * 1e9:.0f} ns per ordinary dispatch; the real peer's early remote_blocks "
+        f"{'survived' if survived else 'WAS LOST'}"
+    )
     print(f"lifecycle_vs_baseline: {med['compiled'] / med['upstream']:.2f}")
     print(f"lifecycle_vs_lean_baseline: {med['compiled'] / med['lean']:.2f}")
     print(f"transitions_vs_compiled: {med['transitions'] / med['compiled']:.1f}")

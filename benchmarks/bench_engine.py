@@ -35,16 +35,20 @@ def nixl_engines(side: str) -> dict:
         return {}
     from moriio_fsm.engines.nixl import NixlEngine
 
-    return {name: NixlEngine(f"bench-{side}-{name}", "127.0.0.1", ucx={"UCX_TLS": tls})
-            for name, tls in NIXL_TRANSPORTS.items()}
+    return {
+        name: NixlEngine(f"bench-{side}-{name}", "127.0.0.1", ucx={"UCX_TLS": tls})
+        for name, tls in NIXL_TRANSPORTS.items()
+    }
 
 
 def run_decode_side(conn, total_bytes: int) -> None:
     """Process D: own the destination tensors, answer spot checks, do nothing else."""
     with LoopbackEngine("bench-decode") as engine, CrossMemoryEngine("bench-decode-cma") as cma:
-        caches = {"loopback": engine.allocate_shared_tensor(total_bytes),
-                  # Allocated here, as vLLM allocates its KV cache: no shared memory involved.
-                  "cross-memory": torch.zeros(total_bytes, dtype=torch.uint8)}
+        caches = {
+            "loopback": engine.allocate_shared_tensor(total_bytes),
+            # Allocated here, as vLLM allocates its KV cache: no shared memory involved.
+            "cross-memory": torch.zeros(total_bytes, dtype=torch.uint8),
+        }
         mem = engine.register_torch_tensor(caches["loopback"])
         cma_mem = cma.register_torch_tensor(caches["cross-memory"])
         nixl = nixl_engines("decode")
@@ -52,24 +56,35 @@ def run_decode_side(conn, total_bytes: int) -> None:
             nixl_descs = {}
             for name, nixl_engine in nixl.items():
                 caches[name] = torch.zeros(total_bytes, dtype=torch.uint8)
-                nixl_descs[name] = (nixl_engine.get_engine_desc().pack(),
-                                    nixl_engine.register_torch_tensor(caches[name]).pack())
-            conn.send((engine.get_engine_desc().pack(), mem.pack(), cma.get_engine_desc().pack(), cma_mem.pack(),
-                       nixl_descs))
+                nixl_descs[name] = (
+                    nixl_engine.get_engine_desc().pack(),
+                    nixl_engine.register_torch_tensor(caches[name]).pack(),
+                )
+            conn.send(
+                (
+                    engine.get_engine_desc().pack(),
+                    mem.pack(),
+                    cma.get_engine_desc().pack(),
+                    cma_mem.pack(),
+                    nixl_descs,
+                )
+            )
             while True:
                 request = conn.recv()
                 if request[0] == "stop":
                     break
                 # ("check", engine, [(offset, expected_bytes), ...]): did the writes land here?
                 cache = caches[request[1]]
-                conn.send(all(bytes(cache[o:o + len(b)].tolist()) == b for o, b in request[2]))
+                conn.send(all(bytes(cache[o : o + len(b)].tolist()) == b for o, b in request[2]))
         finally:
             for nixl_engine in nixl.values():
                 nixl_engine.close()
     conn.close()
 
 
-def scattered_offsets(total_bytes: int, chunk: int, seed: int) -> tuple[list[int], list[int], list[int]]:
+def scattered_offsets(
+    total_bytes: int, chunk: int, seed: int
+) -> tuple[list[int], list[int], list[int]]:
     count = total_bytes // chunk
     destinations = list(range(count))
     random.Random(seed).shuffle(destinations)
@@ -107,7 +122,10 @@ def main() -> int:
         if not nixl_descs:
             print(f"nixl: not measured ({probe_nixl().reason})", flush=True)
         nixl = nixl_engines("prefill") if nixl_descs else {}
-        with LoopbackEngine("bench-prefill") as engine, CrossMemoryEngine("bench-prefill-cma") as cma:
+        with (
+            LoopbackEngine("bench-prefill") as engine,
+            CrossMemoryEngine("bench-prefill-cma") as cma,
+        ):
             source = engine.allocate_shared_tensor(total)
             source.copy_(torch.randint(0, 256, (total,), dtype=torch.uint8))
             local_mem = engine.register_torch_tensor(source)
@@ -117,18 +135,24 @@ def main() -> int:
             cma.register_remote_engine(cma.unpack_engine_desc(cma_desc_bytes))
             sessions = {
                 "loopback": engine.create_session(local_mem, remote_mem),
-                "cross-memory": cma.create_session(cma.register_torch_tensor(source),
-                                                   cma.unpack_memory_desc(cma_mem_bytes)),
+                "cross-memory": cma.create_session(
+                    cma.register_torch_tensor(source), cma.unpack_memory_desc(cma_mem_bytes)
+                ),
             }
             for name, nixl_engine in nixl.items():
-                nixl_engine.register_remote_engine(nixl_engine.unpack_engine_desc(nixl_descs[name][0]))
-                sessions[name] = nixl_engine.create_session(nixl_engine.register_torch_tensor(source),
-                                                            nixl_engine.unpack_memory_desc(nixl_descs[name][1]))
+                nixl_engine.register_remote_engine(
+                    nixl_engine.unpack_engine_desc(nixl_descs[name][0])
+                )
+                sessions[name] = nixl_engine.create_session(
+                    nixl_engine.register_torch_tensor(source),
+                    nixl_engine.unpack_memory_desc(nixl_descs[name][1]),
+                )
             if None in sessions.values():
                 raise RuntimeError(f"could not open a session to the decode process: {sessions}")
             # The baseline copies into the very same shared pages, mapped here.
-            destination = PeerMapping(remote_mem.pid, remote_mem.region_fd,
-                                      remote_mem.region_token, remote_mem.size).tensor
+            destination = PeerMapping(
+                remote_mem.pid, remote_mem.region_fd, remote_mem.region_token, remote_mem.size
+            ).tensor
 
             for label, chunk in (("64k", 64 << 10), ("1m", MIB)):
                 lo, ro, sizes = scattered_offsets(total, chunk, seed=chunk)
@@ -137,29 +161,47 @@ def main() -> int:
                     start = time.perf_counter()
                     destination.copy_(source)
                     plain = time.perf_counter() - start
-                    took = {name: timed_write(session, lo, ro, sizes) for name, session in sessions.items()}
+                    took = {
+                        name: timed_write(session, lo, ro, sizes)
+                        for name, session in sessions.items()
+                    }
                     if round_index:  # the first round only warms caches and page tables
                         plain_s.append(plain)
                         for name, seconds in took.items():
                             engine_s[name].append(seconds)
-                checks = [(ro[i], bytes(source[lo[i]:lo[i] + 64].tolist()))
-                          for i in (0, len(lo) // 2, len(lo) - 1)]
+                checks = [
+                    (ro[i], bytes(source[lo[i] : lo[i] + 64].tolist()))
+                    for i in (0, len(lo) // 2, len(lo) - 1)
+                ]
                 for name in sessions:
                     here.send(("check", name, checks))
                     if not here.recv():
-                        raise RuntimeError(f"{label}: the decode process does not see the bytes {name} wrote")
+                        raise RuntimeError(
+                            f"{label}: the decode process does not see the bytes {name} wrote"
+                        )
                 plain_median = statistics.median(plain_s)
                 medians = {name: statistics.median(seconds) for name, seconds in engine_s.items()}
                 ratios[label] = {name: plain_median / median for name, median in medians.items()}
-                ratios[label]["cross-memory/loopback"] = medians["loopback"] / medians["cross-memory"]
-                print(f"{label}: loopback {total / medians['loopback'] / 1e9:.2f} GB/s, "
-                      f"plain copy {total / plain_median / 1e9:.2f} GB/s", flush=True)
-                print(f"{label}: cross-memory {total / medians['cross-memory'] / 1e9:.2f} GB/s "
-                      "(into a tensor D allocated itself)", flush=True)
+                ratios[label]["cross-memory/loopback"] = (
+                    medians["loopback"] / medians["cross-memory"]
+                )
+                print(
+                    f"{label}: loopback {total / medians['loopback'] / 1e9:.2f} GB/s, "
+                    f"plain copy {total / plain_median / 1e9:.2f} GB/s",
+                    flush=True,
+                )
+                print(
+                    f"{label}: cross-memory {total / medians['cross-memory'] / 1e9:.2f} GB/s "
+                    "(into a tensor D allocated itself)",
+                    flush=True,
+                )
                 for name in nixl:
                     ratios[label][f"{name}/cross-memory"] = medians["cross-memory"] / medians[name]
-                    print(f"{label}: {name} {total / medians[name] / 1e9:.2f} GB/s "
-                          f"(UCX_TLS={NIXL_TRANSPORTS[name]}, into a tensor D allocated itself)", flush=True)
+                    print(
+                        f"{label}: {name} {total / medians[name] / 1e9:.2f} GB/s "
+                        f"(UCX_TLS={NIXL_TRANSPORTS[name]}, into a tensor D allocated itself)",
+                        flush=True,
+                    )
             del destination
     finally:
         for nixl_engine in nixl.values():

@@ -42,12 +42,18 @@ def build_model() -> list[tuple[str, torch.Tensor, LayerKVFormat]]:
     for index in range(NUM_LAYERS):
         kind = index % 4
         if kind == 0:
-            tensor, kv_format = torch.empty(2, n, 16, 8, 128, dtype=torch.bfloat16, device="meta"), dense
+            tensor, kv_format = (
+                torch.empty(2, n, 16, 8, 128, dtype=torch.bfloat16, device="meta"),
+                dense,
+            )
         elif kind == 1:
             hnd = torch.empty(2, n, 8, 16, 128, dtype=torch.float16, device="meta")
             tensor, kv_format = hnd.permute(0, 1, 3, 2, 4), dense
         elif kind == 2:
-            tensor, kv_format = torch.empty(n * 4, 2, 16, 8, 128, dtype=torch.bfloat16, device="meta"), kernel
+            tensor, kv_format = (
+                torch.empty(n * 4, 2, 16, 8, 128, dtype=torch.bfloat16, device="meta"),
+                kernel,
+            )
         else:
             tensor, kv_format = torch.empty(n, 64, 576, dtype=torch.bfloat16, device="meta"), mla
         layers.append((f"model.layers.{index}", tensor, kv_format))
@@ -71,7 +77,9 @@ def block_mapping(seed: int = 0) -> tuple[list[int], list[int]]:
     return ids(LOCAL_CACHE_BLOCKS), ids(REMOTE_CACHE_BLOCKS)
 
 
-def loop_plan(geometry: LayerGeometry, local_ids: list[int], remote_ids: list[int], remote_num_blocks: int):
+def loop_plan(
+    geometry: LayerGeometry, local_ids: list[int], remote_ids: list[int], remote_num_blocks: int
+):
     """The baseline: the same arithmetic and merging, one block at a time in Python."""
     ratio = geometry.kernel_blocks_per_block
     element = geometry.element_size
@@ -91,7 +99,11 @@ def loop_plan(geometry: LayerGeometry, local_ids: list[int], remote_ids: list[in
                 v_ranges.append((local_offset + local_kv, remote_offset + remote_kv))
     local_offsets, remote_offsets, sizes = [], [], []
     for local_offset, remote_offset in k_ranges + v_ranges:
-        if sizes and local_offsets[-1] + sizes[-1] == local_offset and remote_offsets[-1] + sizes[-1] == remote_offset:
+        if (
+            sizes
+            and local_offsets[-1] + sizes[-1] == local_offset
+            and remote_offsets[-1] + sizes[-1] == remote_offset
+        ):
             sizes[-1] += size
         else:
             local_offsets.append(local_offset)
@@ -116,7 +128,9 @@ def main() -> None:
         # baseline's lists are.
         local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
         return [
-            plan_transfer(describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS).lists
+            plan_transfer(
+                describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS
+            ).lists
             for name, tensor, kv_format in layers
         ]
 
@@ -124,12 +138,18 @@ def main() -> None:
         # The same planning without the conversion to Python lists: reported for
         # information, to show how much of the project's time is the list boundary.
         local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
-        return [plan_transfer(describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS)
-                for name, tensor, kv_format in layers]
+        return [
+            plan_transfer(
+                describe_layer(name, tensor, kv_format), local, remote, REMOTE_CACHE_BLOCKS
+            )
+            for name, tensor, kv_format in layers
+        ]
 
     def baseline():
         return [
-            loop_plan(describe_layer(name, tensor, kv_format), local_ids, remote_ids, REMOTE_CACHE_BLOCKS)
+            loop_plan(
+                describe_layer(name, tensor, kv_format), local_ids, remote_ids, REMOTE_CACHE_BLOCKS
+            )
             for name, tensor, kv_format in layers
         ]
 
@@ -148,7 +168,9 @@ def main() -> None:
     local, remote = as_block_ids(local_ids), as_block_ids(remote_ids)
     miss_times, hit_times = [], []
     for _ in range(ROUNDS):
-        fresh = [TransferPlanner(local, remote, REMOTE_CACHE_BLOCKS) for _ in range(LOOKUPS_PER_ROUND)]
+        fresh = [
+            TransferPlanner(local, remote, REMOTE_CACHE_BLOCKS) for _ in range(LOOKUPS_PER_ROUND)
+        ]
 
         def misses():
             for planner in fresh:  # noqa: B023 (called within this iteration)
@@ -165,12 +187,19 @@ def main() -> None:
         hit_times.append(time_once(hits) / LOOKUPS_PER_ROUND)
         assert all(planner.misses == 1 for planner in fresh) and warm.hits == LOOKUPS_PER_ROUND
 
-    project_time, baseline_time = statistics.median(project_times), statistics.median(baseline_times)
+    project_time, baseline_time = (
+        statistics.median(project_times),
+        statistics.median(baseline_times),
+    )
     miss_time, hit_time = statistics.median(miss_times), statistics.median(hit_times)
     print(f"layers={NUM_LAYERS} blocks={NUM_TRANSFER_BLOCKS} rounds={ROUNDS}")
-    print(f"project: {project_time * 1e3:.2f} ms per model, per-block loop: {baseline_time * 1e3:.2f} ms per model")
-    print(f"project without the list conversion: {statistics.median(plans_only_times) * 1e3:.2f} ms "
-          f"per model (speedup {baseline_time / statistics.median(plans_only_times):.1f}, for information)")
+    print(
+        f"project: {project_time * 1e3:.2f} ms per model, per-block loop: {baseline_time * 1e3:.2f} ms per model"
+    )
+    print(
+        f"project without the list conversion: {statistics.median(plans_only_times) * 1e3:.2f} ms "
+        f"per model (speedup {baseline_time / statistics.median(plans_only_times):.1f}, for information)"
+    )
     print(f"plan cache miss: {miss_time * 1e6:.1f} us, hit: {hit_time * 1e6:.2f} us")
     print(f"vectorized_speedup: {baseline_time / project_time:.1f}")
     print(f"cache_hit_speedup: {miss_time / hit_time:.1f}")

@@ -6,6 +6,7 @@ blocks of a 1 GiB shared mapping (a peer's KV cache, never in this core's cache)
 run in the same run, alternating, on one core if ``taskset`` confines the process; prints the
 median time and bandwidth of each and the ratio last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,18 +25,24 @@ MiB = 1 << 20
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranges", type=int, default=144, help="ranges per copy (default 144)")
-    parser.add_argument("--range-kib", type=int, default=128, help="bytes per range, KiB (default 128)")
+    parser.add_argument(
+        "--range-kib", type=int, default=128, help="bytes per range, KiB (default 128)"
+    )
     parser.add_argument("--rounds", type=int, default=60, help="copies per copier (default 60)")
-    parser.add_argument("--cache-mib", type=int, default=1024, help="destination mapping, MiB (default 1024)")
+    parser.add_argument(
+        "--cache-mib", type=int, default=1024, help="destination mapping, MiB (default 1024)"
+    )
     args = parser.parse_args(argv)
     size = args.range_kib * 1024
     nbytes = args.ranges * size
     fd = os.memfd_create("bench-local-copy")
     os.ftruncate(fd, args.cache_mib * MiB)
-    cache = mmap.mmap(fd, args.cache_mib * MiB, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    cache = mmap.mmap(
+        fd, args.cache_mib * MiB, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    )
     os.close(fd)
     cache_base = ctypes.addressof(ctypes.c_char.from_buffer(cache))
-    ctypes.memset(cache_base, 1, args.cache_mib * MiB)      # every page backed before timing
+    ctypes.memset(cache_base, 1, args.cache_mib * MiB)  # every page backed before timing
     source = (ctypes.c_char * nbytes)()
     source_base = ctypes.addressof(source)
     blocks = args.cache_mib * MiB // size
@@ -47,13 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     for round_index in range(args.rounds):
         for name, copy in copiers.items():
             targets = rng.sample(range(blocks), args.ranges)
-            ctypes.memset(source_base, round_index & 0xFF, nbytes)   # the source fresh in cache
+            ctypes.memset(source_base, round_index & 0xFF, nbytes)  # the source fresh in cache
             started = time.perf_counter()
-            copy(cache_base, [b * size for b in targets], source_base, [i * size for i in range(args.ranges)],
-                 [size] * args.ranges)
+            copy(
+                cache_base,
+                [b * size for b in targets],
+                source_base,
+                [i * size for i in range(args.ranges)],
+                [size] * args.ranges,
+            )
             times[name].append(time.perf_counter() - started)
-    print(f"{args.ranges} ranges x {args.range_kib} KiB = {nbytes / MiB:.1f} MiB into a {args.cache_mib} MiB "
-          f"shared mapping; copier: {local_copy.copier()}; medians of {args.rounds}")
+    print(
+        f"{args.ranges} ranges x {args.range_kib} KiB = {nbytes / MiB:.1f} MiB into a {args.cache_mib} MiB "
+        f"shared mapping; copier: {local_copy.copier()}; medians of {args.rounds}"
+    )
     medians = {name: statistics.median(values[3:] or values) for name, values in times.items()}
     for name, median in medians.items():
         print(f"{name:8s} {median * 1e3:7.3f} ms  {nbytes / median / 1e9:6.2f} GB/s")

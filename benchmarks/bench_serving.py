@@ -66,16 +66,24 @@ PEER_NAMES = ("nixl", "mooncake")
 # What each peer needs at run time on this CPU (see serving_peers/site/sitecustomize.py).
 WORKAROUNDS = {
     "nixl": ("amx", "nixl_no_numa_pin", "nixl_no_progress_thread"),
-    "mooncake": ("amx", "mooncake_device_index", "mooncake_bootstrap_loopback", "mooncake_time_writes"),
+    "mooncake": (
+        "amx",
+        "mooncake_device_index",
+        "mooncake_bootstrap_loopback",
+        "mooncake_time_writes",
+    ),
 }
 
 
 # -- the client ------------------------------------------------------------------------
 
+
 def post_json(port: int, body: dict, timeout: float = 300.0) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"}
+        )
         reply = conn.getresponse()
         data = reply.read()
         if reply.status != 200:
@@ -85,14 +93,20 @@ def post_json(port: int, body: dict, timeout: float = 300.0) -> dict:
         conn.close()
 
 
-def stream_tokens(port: int, body: dict, t0: float, timeout: float = 300.0) -> tuple[list[int], float, float]:
+def stream_tokens(
+    port: int, body: dict, t0: float, timeout: float = 300.0
+) -> tuple[list[int], float, float]:
     """Stream a completion; (token ids, first-token time, end time), times from ``t0``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     tokens: list[int] = []
     first = None
     try:
-        conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
-                     {"content-type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({**body, "stream": True}),
+            {"content-type": "application/json"},
+        )
         reply = conn.getresponse()
         if reply.status != 200:
             raise RuntimeError(f"port {port}: HTTP {reply.status}: {reply.read()[:300]!r}")
@@ -119,8 +133,14 @@ def stream_tokens(port: int, body: dict, t0: float, timeout: float = 300.0) -> t
 
 
 def completion(model: str, prompt: list[int], max_tokens: int, params: dict | None = None) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "return_token_ids": True, "ignore_eos": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
     if params is not None:
         body["kv_transfer_params"] = params
     return body
@@ -128,16 +148,17 @@ def completion(model: str, prompt: list[int], max_tokens: int, params: dict | No
 
 # -- one connector's servers and its way of sending a request ------------------------------
 
+
 @dataclass
 class Sample:
     tokens: list[int]
     ttft: float
     e2e: float
-    transfer_s: float | None = None      # data movement of this request's KV
+    transfer_s: float | None = None  # data movement of this request's KV
     kv_bytes: int | None = None
-    lifecycle_s: float | None = None     # ours: the connector's own transfer_time metric (D side)
+    lifecycle_s: float | None = None  # ours: the connector's own transfer_time metric (D side)
     tid: str = ""
-    t0: float = 0.0                      # monotonic time the request was sent (all processes share the clock)
+    t0: float = 0.0  # monotonic time the request was sent (all processes share the clock)
 
 
 @dataclass
@@ -149,7 +170,7 @@ class Contender:
     note: str = ""
 
     def stop(self) -> None:
-        self.signal(signal.SIGCONT)       # a stopped process would hold its SIGTERM
+        self.signal(signal.SIGCONT)  # a stopped process would hold its SIGTERM
         for server in self.servers.values():
             server.stop()
 
@@ -171,16 +192,41 @@ class Race:
         self.workaround_log = work / "workarounds.log"
 
     # servers ---------------------------------------------------------------------------
-    def _server(self, name: str, port: int, core: int, config: dict | None, *, env: dict | None = None,
-                workarounds: tuple[str, ...] = (), python: str | None = None) -> VllmServer:
+    def _server(
+        self,
+        name: str,
+        port: int,
+        core: int,
+        config: dict | None,
+        *,
+        env: dict | None = None,
+        workarounds: tuple[str, ...] = (),
+        python: str | None = None,
+    ) -> VllmServer:
         env = dict(env or {})
         if workarounds:
-            env.update({"PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
-                        "BENCH_WORKAROUNDS": ",".join(workarounds), "BENCH_PEER": name.split("-")[0],
-                        "BENCH_WORKAROUND_LOG": str(self.workaround_log)})
-        cfg = ServerConfig(name, self.model, port, core, config, block_size=BLOCK,
-                           kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN, env=env)
-        return VllmServer(cfg, self.work / f"{name}.log", python=self._on_core(python or self.python, core))
+            env.update(
+                {
+                    "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
+                    "BENCH_WORKAROUNDS": ",".join(workarounds),
+                    "BENCH_PEER": name.split("-")[0],
+                    "BENCH_WORKAROUND_LOG": str(self.workaround_log),
+                }
+            )
+        cfg = ServerConfig(
+            name,
+            self.model,
+            port,
+            core,
+            config,
+            block_size=BLOCK,
+            kv_cache_bytes=KV_CACHE_BYTES,
+            max_model_len=MAX_MODEL_LEN,
+            env=env,
+        )
+        return VllmServer(
+            cfg, self.work / f"{name}.log", python=self._on_core(python or self.python, core)
+        )
 
     def _on_core(self, python: str, core: int) -> str:
         """A launcher that confines every process of a server to its core.
@@ -205,36 +251,88 @@ class Race:
             c.servers["single"] = self._server("single", base, 0, None)
         elif name.startswith("ours"):
             read = name == "ours-read"
-            c.ports = {"P_notify": base + 2, "P_handshake": base + 3, "D_notify": base + 4, "D_handshake": base + 5}
-            for side, role, core, http_port in (("P", "kv_producer", 0, p_http), ("D", "kv_consumer", 1, d_http)):
+            c.ports = {
+                "P_notify": base + 2,
+                "P_handshake": base + 3,
+                "D_notify": base + 4,
+                "D_handshake": base + 5,
+            }
+            for side, role, core, http_port in (
+                ("P", "kv_producer", 0, p_http),
+                ("D", "kv_consumer", 1, d_http),
+            ):
                 trace = self.work / f"{name}-{side}.trace.jsonl"
                 trace.unlink(missing_ok=True)
-                extra = {"backend": "same_host", "read_mode": read, "host_ip": "127.0.0.1",
-                         "notify_port": c.ports[f"{side}_notify"], "handshake_port": c.ports[f"{side}_handshake"],
-                         "trace_file": str(trace), "copy_strategy": self.args.copy_strategy}
-                config = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "moriio_fsm.vllm.connector",
-                          "kv_role": role, "engine_id": side, "kv_connector_extra_config": extra}
+                extra = {
+                    "backend": "same_host",
+                    "read_mode": read,
+                    "host_ip": "127.0.0.1",
+                    "notify_port": c.ports[f"{side}_notify"],
+                    "handshake_port": c.ports[f"{side}_handshake"],
+                    "trace_file": str(trace),
+                    "copy_strategy": self.args.copy_strategy,
+                }
+                config = {
+                    "kv_connector": "MoRIIOFSMConnector",
+                    "kv_connector_module_path": "moriio_fsm.vllm.connector",
+                    "kv_role": role,
+                    "engine_id": side,
+                    "kv_connector_extra_config": extra,
+                }
                 c.servers[side] = self._server(f"{name}-{side}", http_port, core, config)
         elif name == "nixl":
-            for side, role, core, http_port, channel in (("P", "kv_producer", 0, p_http, base + 2),
-                                                        ("D", "kv_consumer", 1, d_http, base + 3)):
-                config = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu", "engine_id": side}
-                env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(channel),
-                       "UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "lo"}
-                c.servers[side] = self._server(f"nixl-{side}", http_port, core, config, env=env,
-                                               workarounds=WORKAROUNDS["nixl"])
+            for side, role, core, http_port, channel in (
+                ("P", "kv_producer", 0, p_http, base + 2),
+                ("D", "kv_consumer", 1, d_http, base + 3),
+            ):
+                config = {
+                    "kv_connector": "NixlConnector",
+                    "kv_role": role,
+                    "kv_buffer_device": "cpu",
+                    "engine_id": side,
+                }
+                env = {
+                    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(channel),
+                    "UCX_TLS": "tcp,self,sm",
+                    "UCX_NET_DEVICES": "lo",
+                }
+                c.servers[side] = self._server(
+                    f"nixl-{side}",
+                    http_port,
+                    core,
+                    config,
+                    env=env,
+                    workarounds=WORKAROUNDS["nixl"],
+                )
         elif name == "mooncake":
             python = str(MOONCAKE_VENV / "bin" / "python")
             self.mooncake_times = self.work / "mooncake-writes.jsonl"
             self.mooncake_times.unlink(missing_ok=True)
             c.ports = {"P_bootstrap": base + 2, "D_bootstrap": base + 3}
-            for side, role, core, http_port in (("P", "kv_producer", 0, p_http), ("D", "kv_consumer", 1, d_http)):
-                config = {"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": side,
-                          "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
-                env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(c.ports[f"{side}_bootstrap"]),
-                       "BENCH_MOONCAKE_TIMES": str(self.mooncake_times)}
-                c.servers[side] = self._server(f"mooncake-{side}", http_port, core, config, env=env,
-                                               workarounds=WORKAROUNDS["mooncake"], python=python)
+            for side, role, core, http_port in (
+                ("P", "kv_producer", 0, p_http),
+                ("D", "kv_consumer", 1, d_http),
+            ):
+                config = {
+                    "kv_connector": "MooncakeConnector",
+                    "kv_role": role,
+                    "engine_id": side,
+                    "kv_connector_extra_config": {"mooncake_protocol": "tcp"},
+                }
+                env = {
+                    "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(c.ports[f"{side}_bootstrap"]),
+                    "BENCH_MOONCAKE_TIMES": str(self.mooncake_times),
+                }
+                c.servers[side] = self._server(
+                    f"mooncake-{side}",
+                    http_port,
+                    core,
+                    config,
+                    env=env,
+                    workarounds=WORKAROUNDS["mooncake"],
+                    python=python,
+                )
         return c
 
     # requests --------------------------------------------------------------------------
@@ -243,30 +341,55 @@ class Race:
         tid = f"tx-{uuid.uuid4()}"
         if c.name == "single":
             t0 = time.monotonic()
-            out, ttft, e2e = stream_tokens(c.servers["single"].config.port, completion(self.model, prompt, tokens), t0)
+            out, ttft, e2e = stream_tokens(
+                c.servers["single"].config.port, completion(self.model, prompt, tokens), t0
+            )
             return Sample(out, ttft, e2e, t0=t0)
         P, D = c.servers["P"].config.port, c.servers["D"].config.port
         if c.name == "ours-write":
             # WRITE: D tells P where its blocks are, so both requests go at once.
-            to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-                    "remote_notify_port": c.ports["D_notify"], "remote_handshake_port": c.ports["D_handshake"]}
-            to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-                    "remote_notify_port": c.ports["P_notify"], "remote_handshake_port": c.ports["P_handshake"]}
+            to_p = {
+                "do_remote_decode": True,
+                "transfer_id": tid,
+                "remote_host": "127.0.0.1",
+                "remote_notify_port": c.ports["D_notify"],
+                "remote_handshake_port": c.ports["D_handshake"],
+            }
+            to_d = {
+                "do_remote_prefill": True,
+                "transfer_id": tid,
+                "remote_host": "127.0.0.1",
+                "remote_notify_port": c.ports["P_notify"],
+                "remote_handshake_port": c.ports["P_handshake"],
+            }
             return self._both_at_once(P, D, prompt, to_p, to_d, tid)
         if c.name == "mooncake":
             to_p = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid}
-            to_d = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": tid, "remote_engine_id": "P",
-                    "remote_bootstrap_addr": f"http://127.0.0.1:{c.ports['P_bootstrap']}"}
+            to_d = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "transfer_id": tid,
+                "remote_engine_id": "P",
+                "remote_bootstrap_addr": f"http://127.0.0.1:{c.ports['P_bootstrap']}",
+            }
             return self._both_at_once(P, D, prompt, to_p, to_d, tid)
         # Pull connectors (ours in READ mode, NIXL): D after P, with what P answered.
         if c.name == "ours-read":
             to_p = {"do_remote_decode": True, "transfer_id": tid}
         else:
-            to_p = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                    "remote_block_ids": None, "remote_host": None, "remote_port": None}
+            to_p = {
+                "do_remote_decode": True,
+                "do_remote_prefill": False,
+                "remote_engine_id": None,
+                "remote_block_ids": None,
+                "remote_host": None,
+                "remote_port": None,
+            }
         t0 = time.monotonic()
         p_reply = post_json(P, completion(self.model, prompt, 1, to_p))
-        out, ttft, e2e = stream_tokens(D, completion(self.model, prompt, tokens, p_reply["kv_transfer_params"]), t0)
+        out, ttft, e2e = stream_tokens(
+            D, completion(self.model, prompt, tokens, p_reply["kv_transfer_params"]), t0
+        )
         return Sample(out, ttft, e2e, tid=tid, t0=t0)
 
     def _both_at_once(self, P: int, D: int, prompt, to_p: dict, to_d: dict, tid: str) -> Sample:
@@ -282,7 +405,9 @@ class Race:
         thread = threading.Thread(target=prefill)
         thread.start()
         try:
-            out, ttft, e2e = stream_tokens(D, completion(self.model, prompt, self.args.tokens, to_d), t0)
+            out, ttft, e2e = stream_tokens(
+                D, completion(self.model, prompt, self.args.tokens, to_d), t0
+            )
         finally:
             thread.join(300)
         if failure:
@@ -291,6 +416,7 @@ class Race:
 
 
 # -- measurements ------------------------------------------------------------------------
+
 
 def memcpy_bandwidth(nbytes: int, threads: int, *, cold: bool, repeats: int = 15) -> float:
     """Bytes per second of a torch ``copy_`` of ``nbytes`` on ``threads`` threads (median).
@@ -307,7 +433,7 @@ def memcpy_bandwidth(nbytes: int, threads: int, *, cold: bool, repeats: int = 15
     try:
         src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
         slots = max(2, (256 << 20) // nbytes) if cold else 1
-        dst = torch.zeros(slots, nbytes, dtype=torch.uint8)   # zeroed: every page is there
+        dst = torch.zeros(slots, nbytes, dtype=torch.uint8)  # zeroed: every page is there
         dst[0].copy_(src)
         times = []
         for n in range(repeats):
@@ -321,7 +447,12 @@ def memcpy_bandwidth(nbytes: int, threads: int, *, cold: bool, repeats: int = 15
 
 #: The copies measured for the baseline: (label, threads, cold). The baseline is the faster
 #: of the cold ones; the warm ones are printed for comparison.
-MEMCPY_KINDS = (("cold_1t", 1, True), ("cold_2t", 2, True), ("warm_1t", 1, False), ("warm_2t", 2, False))
+MEMCPY_KINDS = (
+    ("cold_1t", 1, True),
+    ("cold_2t", 2, True),
+    ("warm_1t", 1, False),
+    ("warm_2t", 2, False),
+)
 
 
 def measure_memcpy(nbytes: int, into: dict) -> None:
@@ -346,8 +477,15 @@ def servers_cpu(servers) -> tuple[float, float]:
     run = wait = 0.0
     for server in servers:
         try:
-            pids = {server.pid, *map(int, subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True,
-                                                         text=True).stdout.split())}
+            pids = {
+                server.pid,
+                *map(
+                    int,
+                    subprocess.run(
+                        ["pgrep", "-g", str(server.pid)], capture_output=True, text=True
+                    ).stdout.split(),
+                ),
+            }
         except (OSError, ValueError):
             continue
         for pid in pids:
@@ -381,8 +519,16 @@ def ours_timelines(trace_path: Path, read_mode: bool) -> dict[str, dict]:
     post_kind = "post_read" if read_mode else "post_write"
     out: dict[str, dict] = {}
     for step in trace.steps:
-        info = out.setdefault(step.transfer, {"posts": [], "completions": [], "first_event": step.t,
-                                              "remote_blocks": None, "link": step.link})
+        info = out.setdefault(
+            step.transfer,
+            {
+                "posts": [],
+                "completions": [],
+                "first_event": step.t,
+                "remote_blocks": None,
+                "link": step.link,
+            },
+        )
         posts = [e for e in step.effects if e.get("kind") == post_kind]
         info["posts"].extend(step.t for _ in posts)
         for effect in posts:
@@ -397,8 +543,11 @@ def ours_timelines(trace_path: Path, read_mode: bool) -> dict[str, dict]:
 
 def in_flight(info: dict) -> tuple[float, float]:
     """(union, sum) of the layers' post -> completion intervals: time some copy was in flight."""
-    spans = sorted((t, info.get("done_at", {})[layer]) for layer, t in info.get("posted_at", {}).items()
-                   if layer in info.get("done_at", {}))
+    spans = sorted(
+        (t, info.get("done_at", {})[layer])
+        for layer, t in info.get("posted_at", {}).items()
+        if layer in info.get("done_at", {})
+    )
     union = total = 0.0
     end = float("-inf")
     for start, stop in spans:
@@ -423,6 +572,7 @@ def fmt_ms(value: float | None) -> str:
 
 # -- the run -----------------------------------------------------------------------------
 
+
 def setup_peers(skip: bool) -> dict[str, str]:
     """Run the idempotent peer set-up; what it said about each peer."""
     status = {}
@@ -436,7 +586,9 @@ def setup_peers(skip: bool) -> dict[str, str]:
             name, _, what = line[5:].partition(": ")
             status[name] = what
     if result.returncode != 0:
-        print(f"peer set-up failed (rc {result.returncode}): {result.stdout[-500:]} {result.stderr[-500:]}")
+        print(
+            f"peer set-up failed (rc {result.returncode}): {result.stdout[-500:]} {result.stderr[-500:]}"
+        )
     return status
 
 
@@ -475,14 +627,25 @@ for group in groups:
 
 
 def start_watchdog() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG], stdin=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
-def start_contender(race: Race, name: str, warmups, watchdog: subprocess.Popen) -> tuple[Contender | None, dict]:
+def start_contender(
+    race: Race, name: str, warmups, watchdog: subprocess.Popen
+) -> tuple[Contender | None, dict]:
     """Start one connector's servers, wait until they answer, send the warm-ups."""
-    result: dict = {"name": name, "samples": [], "error": None, "applied": [], "note": "",
-                    "cpu": [], "wait": [], "load": []}
+    result: dict = {
+        "name": name,
+        "samples": [],
+        "error": None,
+        "applied": [],
+        "note": "",
+        "cpu": [],
+        "wait": [],
+        "load": [],
+    }
     try:
         c = race.start(name)
     except Exception as exc:  # noqa: BLE001 - said in the output
@@ -494,12 +657,12 @@ def start_contender(race: Race, name: str, warmups, watchdog: subprocess.Popen) 
         watchdog.stdin.flush()
         for server in c.servers.values():
             server.wait_ready(timeout_s=300)
-        for prompt in warmups:                     # handshakes, first-forward costs
+        for prompt in warmups:  # handshakes, first-forward costs
             race.send(c, prompt)
     except Exception as exc:  # noqa: BLE001 - said in the output, with the logs' tails
         fail(c, result, exc)
         return None, result
-    except BaseException:                          # Ctrl-C while it starts: it goes too
+    except BaseException:  # Ctrl-C while it starts: it goes too
         c.stop()
         raise
     return c, result
@@ -507,7 +670,9 @@ def start_contender(race: Race, name: str, warmups, watchdog: subprocess.Popen) 
 
 def fail(c: Contender, result: dict, exc: Exception) -> None:
     """Record why a connector stopped, with its servers' log tails, and stop its servers."""
-    tails = "\n".join(f"--- {s.config.name} log tail ---\n{s.log_tail(12)}" for s in c.servers.values())
+    tails = "\n".join(
+        f"--- {s.config.name} log tail ---\n{s.log_tail(12)}" for s in c.servers.values()
+    )
     result["error"] = f"{type(exc).__name__}: {exc}\n{tails}"
     c.stop()
     result["applied"] = c.applied
@@ -531,17 +696,24 @@ def measure(race: Race, c: Contender, name: str, prompt, index: int, result: dic
         after = metrics_server.metrics()
         p_after = c.servers["P"].metrics()
         if name == "nixl":
-            (s0, n0), (s1, n1) = histogram(before, "vllm:nixl_xfer_time_seconds"), histogram(after, "vllm:nixl_xfer_time_seconds")
+            (s0, n0), (s1, n1) = (
+                histogram(before, "vllm:nixl_xfer_time_seconds"),
+                histogram(after, "vllm:nixl_xfer_time_seconds"),
+            )
             b0, b1 = (histogram(m, "vllm:nixl_bytes_transferred")[0] for m in (before, after))
             if n1 > n0:
                 sample.transfer_s, sample.kv_bytes = s1 - s0, int(b1 - b0)
         else:
-            (s0, n0), (s1, n1) = (histogram(m, "vllm:moriio_fsm_transfer_time_seconds") for m in (before, after))
+            (s0, n0), (s1, n1) = (
+                histogram(m, "vllm:moriio_fsm_transfer_time_seconds") for m in (before, after)
+            )
             if n1 > n0:
                 sample.lifecycle_s = (s1 - s0) / (n1 - n0)
             mover = after if name == "ours-read" else p_after
             mover_before = before if name == "ours-read" else p_before
-            b0, b1 = (histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover))
+            b0, b1 = (
+                histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover)
+            )
             sample.kv_bytes = int(b1 - b0) or None
     result["samples"].append(sample)
 
@@ -550,7 +722,9 @@ def finish_contender(race: Race, c: Contender, name: str, result: dict) -> None:
     """Read what a connector's servers say after the run, stop them, read its traces."""
     try:
         d = (c.servers.get("D") or c.servers.get("single")).metrics()
-        result["external_tokens"] = metric_value(d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+        result["external_tokens"] = metric_value(
+            d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+        )
         if name.startswith("ours"):
             result["p_metrics"] = c.servers["P"].metrics()
             result["d_metrics"] = d
@@ -562,17 +736,29 @@ def finish_contender(race: Race, c: Contender, name: str, result: dict) -> None:
     result["load"] = statistics.mean(result["load"]) if result["load"] else 0.0
     c.stop()
     result["applied"] = c.applied
-    if name == "mooncake" and getattr(race, "mooncake_times", None) and race.mooncake_times.exists():
-        writes = [json.loads(line) for line in race.mooncake_times.read_text().splitlines() if line.strip()]
+    if (
+        name == "mooncake"
+        and getattr(race, "mooncake_times", None)
+        and race.mooncake_times.exists()
+    ):
+        writes = [
+            json.loads(line)
+            for line in race.mooncake_times.read_text().splitlines()
+            if line.strip()
+        ]
         result["mooncake_writes"] = writes
     if name.startswith("ours"):
         side = "D" if name == "ours-read" else "P"
-        result["timelines"] = ours_timelines(race.work / f"{name}-{side}.trace.jsonl", name == "ours-read")
+        result["timelines"] = ours_timelines(
+            race.work / f"{name}-{side}.trace.jsonl", name == "ours-read"
+        )
 
 
 def idle_cpu(contenders: dict, busy: str) -> float:
     """CPU seconds the servers of every connector but ``busy`` have run so far."""
-    return servers_cpu([s for name, c in contenders.items() if name != busy for s in c.servers.values()])[0]
+    return servers_cpu(
+        [s for name, c in contenders.items() if name != busy for s in c.servers.values()]
+    )[0]
 
 
 def attach_peer_transfers(result: dict) -> None:
@@ -597,9 +783,15 @@ def attach_our_transfers(result: dict) -> list[dict]:
     used = []
     for sample in result["samples"]:
         info = by_tid.get(sample.tid)
-        if info is None:   # matched by time: the transfer that was posted while this request ran
-            info = next((i for i in by_tid.values()
-                         if sample.t0 <= min(i["posts"]) <= sample.t0 + sample.e2e), None)
+        if info is None:  # matched by time: the transfer that was posted while this request ran
+            info = next(
+                (
+                    i
+                    for i in by_tid.values()
+                    if sample.t0 <= min(i["posts"]) <= sample.t0 + sample.e2e
+                ),
+                None,
+            )
         if info is None:
             continue
         sample.transfer_s = max(info["completions"]) - min(info["posts"])
@@ -614,10 +806,14 @@ def print_workarounds(log: str) -> None:
         name, _, what = rest.partition(": ")
         applied[peer, name] = what
     print()
-    print("workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):")
+    print(
+        "workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):"
+    )
     for peer in PEER_NAMES:
         for name in WORKAROUNDS[peer]:
-            print(f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}")
+            print(
+                f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}"
+            )
     print("  ours, single: none (the connector asks for AMX itself)")
     print()
 
@@ -632,7 +828,11 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
     try:
         for name in order:
             if name == "mooncake" and not (MOONCAKE_VENV / "bin" / "python").exists():
-                results[name] = {"name": name, "samples": [], "error": f"not installed: {status.get('mooncake', '?')}"}
+                results[name] = {
+                    "name": name,
+                    "samples": [],
+                    "error": f"not installed: {status.get('mooncake', '?')}",
+                }
                 continue
             print(f"starting {name} ...", flush=True)
             c, results[name] = start_contender(race, name, warmups, watchdog)
@@ -649,12 +849,14 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
         # The copy baseline: the bytes one transfer moves, measured after every round of
         # prompts while every server is stopped, so it sees the machine as the transfers did.
         memcpy_bytes = -(-len(prompts[0]) // BLOCK) * BLOCK * kv_bytes_per_token(RACE_LLAMA)
-        memcpy_samples = results["ours-write"].setdefault("memcpy", {}) if "ours-write" in running else None
+        memcpy_samples = (
+            results["ours-write"].setdefault("memcpy", {}) if "ours-write" in running else None
+        )
         print(f"{len(prompts)} prompts, each to {', '.join(running)} in turn ...", flush=True)
-        neighbours: list[float] = []     # CPU the stopped connectors' servers took during a request
+        neighbours: list[float] = []  # CPU the stopped connectors' servers took during a request
         for index, prompt in enumerate(prompts):
             # The order rotates, so each connector comes first, and after each other one, as often.
-            for name in order[index % len(order):] + order[:index % len(order)]:
+            for name in order[index % len(order) :] + order[: index % len(order)]:
                 c = running.get(name)
                 if c is None:
                     continue
@@ -673,8 +875,10 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
             if memcpy_samples is not None:
                 measure_memcpy(memcpy_bytes, memcpy_samples)
         if neighbours:
-            print(f"stopped connectors' servers during a request: {pct(neighbours, 50) * 1e3:.1f} ms of CPU p50, "
-                  f"{max(neighbours) * 1e3:.1f} ms at most")
+            print(
+                f"stopped connectors' servers during a request: {pct(neighbours, 50) * 1e3:.1f} ms of CPU p50, "
+                f"{max(neighbours) * 1e3:.1f} ms at most"
+            )
         for name in list(running):
             c = running.pop(name)
             c.signal(signal.SIGCONT)
@@ -684,7 +888,7 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
         for c in running.values():
             c.signal(signal.SIGCONT)
         stop_all([server for c in running.values() for server in c.servers.values()])
-        watchdog.kill()                  # nothing is left for it to kill (before its stdin closes)
+        watchdog.kill()  # nothing is left for it to kill (before its stdin closes)
         watchdog.wait()
         watchdog.stdin.close()
     return results
@@ -692,20 +896,49 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=12, help="measured prompts per connector (default 12)")
-    parser.add_argument("--warmups", type=int, default=2, help="unmeasured prompts first (default 2)")
-    parser.add_argument("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 full blocks, 16 MiB of KV)")
+    parser.add_argument(
+        "--prompts", type=int, default=12, help="measured prompts per connector (default 12)"
+    )
+    parser.add_argument(
+        "--warmups", type=int, default=2, help="unmeasured prompts first (default 2)"
+    )
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=1100,
+        help="prompt tokens (default 1100: 8 full blocks, 16 MiB of KV)",
+    )
     parser.add_argument("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
-    parser.add_argument("--only", default=",".join(CONNECTORS), help="connectors to run, comma-separated")
-    parser.add_argument("--work", default="/tmp/moriio-bench-serving", help="model, logs and traces")
-    parser.add_argument("--skip-setup", action="store_true", help="do not run serving_peers/setup.sh")
-    parser.add_argument("--no-pin", dest="pin_servers", action="store_false",
-                        help="do not confine each server's processes to its core (taskset)")
-    parser.add_argument("--no-netns", action="store_true", help="do not enter a private network namespace")
-    parser.add_argument("--copy-strategy", default="auto", choices=COPY_STRATEGIES,
-                        help="how our same-host engine copies, on both P and D: kernel, shared_pages, "
-                             "copy_assist, or auto (the connector's default)")
-    parser.add_argument("--report-only", action="store_true", help="print the report of the last run in --work again")
+    parser.add_argument(
+        "--only", default=",".join(CONNECTORS), help="connectors to run, comma-separated"
+    )
+    parser.add_argument(
+        "--work", default="/tmp/moriio-bench-serving", help="model, logs and traces"
+    )
+    parser.add_argument(
+        "--skip-setup", action="store_true", help="do not run serving_peers/setup.sh"
+    )
+    parser.add_argument(
+        "--no-pin",
+        dest="pin_servers",
+        action="store_false",
+        help="do not confine each server's processes to its core (taskset)",
+    )
+    parser.add_argument(
+        "--no-netns", action="store_true", help="do not enter a private network namespace"
+    )
+    parser.add_argument(
+        "--copy-strategy",
+        default="auto",
+        choices=COPY_STRATEGIES,
+        help="how our same-host engine copies, on both P and D: kernel, shared_pages, "
+        "copy_assist, or auto (the connector's default)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="print the report of the last run in --work again",
+    )
     args = parser.parse_args(argv)
     if args.report_only:
         with open(Path(args.work) / "results.pickle", "rb") as handle:
@@ -719,12 +952,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_netns and os.environ.get("BENCH_IN_NETNS") != "1" and shutil.which("unshare"):
         # Everything below listens on the loopback of a namespace of its own.
         os.environ["BENCH_IN_NETNS"] = "1"
-        if not args.skip_setup:   # set-up needs the registries: before entering the namespace
+        if not args.skip_setup:  # set-up needs the registries: before entering the namespace
             args_status = setup_peers(False)
             os.environ["BENCH_PEER_STATUS"] = json.dumps(args_status)
         script = 'ip link set lo up && exec "$0" "$@"'
         extra = ["--skip-setup"] if not args.skip_setup else []
-        os.execvp("unshare", ["unshare", "-n", "sh", "-c", script, sys.executable, *sys.argv, *extra])
+        os.execvp(
+            "unshare", ["unshare", "-n", "sh", "-c", script, sys.executable, *sys.argv, *extra]
+        )
 
     if os.environ.get("BENCH_PEER_STATUS"):
         status = json.loads(os.environ["BENCH_PEER_STATUS"])
@@ -736,17 +971,25 @@ def main(argv: list[str] | None = None) -> int:
     race.workaround_log.unlink(missing_ok=True)
     wanted = [n.strip() for n in args.only.split(",") if n.strip()]
     prompts = make_prompts(args.prompts + args.warmups, args.prompt_len)
-    warmups, prompts = prompts[:args.warmups], prompts[args.warmups:]
+    warmups, prompts = prompts[: args.warmups], prompts[args.warmups :]
     kv_per_request = args.prompt_len // BLOCK * BLOCK * kv_bytes_per_token(RACE_LLAMA)
-    print(f"model: Llama {RACE_LLAMA['num_hidden_layers']} layers, {RACE_LLAMA['num_key_value_heads']} KV heads x "
-          f"{RACE_LLAMA['head_dim']}, bf16: {kv_bytes_per_token(RACE_LLAMA) // 1024} KiB KV per token; "
-          f"{len(prompts)} prompts x {args.prompt_len} tokens (+{len(warmups)} warm-ups), {args.tokens} greedy "
-          f"tokens, one request at a time; full blocks per request {kv_per_request / 2**20:.1f} MiB")
-    print(f"cores: P (and the single instance) on core 0, D on core 1: "
-          f"{'every process of a server confined to its core (taskset)' if args.pin_servers else 'compute threads only (VLLM_CPU_OMP_THREADS_BIND)'}")
-    print(f"same-host engine's copy strategy: {args.copy_strategy}; its in-process copies (shared pages): "
-          f"{local_copy.copier()}")
-    print(f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}")
+    print(
+        f"model: Llama {RACE_LLAMA['num_hidden_layers']} layers, {RACE_LLAMA['num_key_value_heads']} KV heads x "
+        f"{RACE_LLAMA['head_dim']}, bf16: {kv_bytes_per_token(RACE_LLAMA) // 1024} KiB KV per token; "
+        f"{len(prompts)} prompts x {args.prompt_len} tokens (+{len(warmups)} warm-ups), {args.tokens} greedy "
+        f"tokens, one request at a time; full blocks per request {kv_per_request / 2**20:.1f} MiB"
+    )
+    print(
+        f"cores: P (and the single instance) on core 0, D on core 1: "
+        f"{'every process of a server confined to its core (taskset)' if args.pin_servers else 'compute threads only (VLLM_CPU_OMP_THREADS_BIND)'}"
+    )
+    print(
+        f"same-host engine's copy strategy: {args.copy_strategy}; its in-process copies (shared pages): "
+        f"{local_copy.copier()}"
+    )
+    print(
+        f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}"
+    )
     for peer in PEER_NAMES:
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")
 
@@ -762,9 +1005,18 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith("ours"):
             our_timelines[name] = attach_our_transfers(result)
     expected = {s.index: s.tokens for s in results.get("single", {}).get("samples", [])}
-    with open(work / "results.pickle", "wb") as handle:   # --report-only renders it again
-        pickle.dump({"results": results, "expected": expected, "timelines": our_timelines,
-                     "workarounds": race.workaround_log.read_text() if race.workaround_log.exists() else ""}, handle)
+    with open(work / "results.pickle", "wb") as handle:  # --report-only renders it again
+        pickle.dump(
+            {
+                "results": results,
+                "expected": expected,
+                "timelines": our_timelines,
+                "workarounds": race.workaround_log.read_text()
+                if race.workaround_log.exists()
+                else "",
+            },
+            handle,
+        )
     print_workarounds(race.workaround_log.read_text() if race.workaround_log.exists() else "")
     return report(results, expected, our_timelines)
 
@@ -790,21 +1042,25 @@ def pd_wide_divergences(results: dict, expected) -> dict[int, tuple[int, list[st
     for index, by_name in answers.items():
         reference = expected.get(index)
         tokens = set(by_name.values())
-        implementations = {name.split("-")[0] for name in by_name}   # ours-write, ours-read: "ours"
+        implementations = {name.split("-")[0] for name in by_name}  # ours-write, ours-read: "ours"
         if reference is None or len(implementations) < 2 or len(tokens) != 1:
             continue
         (answer,) = tokens
         if list(answer) != list(reference):
-            first = next((k for k, (a, b) in enumerate(zip(answer, reference)) if a != b),
-                         min(len(answer), len(reference)))
+            first = next(
+                (k for k, (a, b) in enumerate(zip(answer, reference)) if a != b),
+                min(len(answer), len(reference)),
+            )
             out[index] = (first, sorted(by_name))
     return out
 
 
 def report(results: dict, expected, our_timelines) -> int:
     divergent = pd_wide_divergences(results, expected)
-    header = f"{'connector':<11} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} {'e2e p99':>9} " \
-             f"{'xfer p50':>9} {'xfer p99':>9} {'KV MiB':>7} {'KV GB/s':>8}  note"
+    header = (
+        f"{'connector':<11} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} {'e2e p99':>9} "
+        f"{'xfer p50':>9} {'xfer p99':>9} {'KV MiB':>7} {'KV GB/s':>8}  note"
+    )
     print(header)
     print("-" * len(header))
     summary = {}
@@ -815,13 +1071,22 @@ def report(results: dict, expected, our_timelines) -> int:
             continue
         ok = sum(1 for s in samples if s.tokens == expected.get(getattr(s, "index", -1)))
         # Answers that leave the single instance's as every P/D connector's does (see below).
-        as_pd = sum(1 for s in samples if name != "single" and getattr(s, "index", -1) in divergent
-                    and s.tokens != expected.get(s.index))
+        as_pd = sum(
+            1
+            for s in samples
+            if name != "single"
+            and getattr(s, "index", -1) in divergent
+            and s.tokens != expected.get(s.index)
+        )
         xfers = [s.transfer_s for s in samples if s.transfer_s]
         nbytes = [s.kv_bytes for s in samples if s.kv_bytes]
         ttft = [s.ttft for s in samples]
         e2e = [s.e2e for s in samples]
-        bw = [b / t for b, t in zip((s.kv_bytes for s in samples), (s.transfer_s for s in samples)) if b and t]
+        bw = [
+            b / t
+            for b, t in zip((s.kv_bytes for s in samples), (s.transfer_s for s in samples))
+            if b and t
+        ]
         note = ""
         if name == "nixl":
             note = "xfer: D's vllm:nixl_xfer_time_seconds per request"
@@ -833,26 +1098,37 @@ def report(results: dict, expected, our_timelines) -> int:
         if name != "single":
             note += f"; external tokens on D {int(result.get('external_tokens', 0))}"
         if result.get("cpu_per_request") is not None:
-            note += (f"; servers' CPU {result['cpu_per_request'] * 1e3:.0f}ms/request (send to last token), run-queue wait "
-                     f"{result['wait_per_request'] * 1e3:.0f}ms/request, load {result.get('load', 0):.1f}")
+            note += (
+                f"; servers' CPU {result['cpu_per_request'] * 1e3:.0f}ms/request (send to last token), run-queue wait "
+                f"{result['wait_per_request'] * 1e3:.0f}ms/request, load {result.get('load', 0):.1f}"
+            )
         if result.get("error"):
             note += f"; ERROR: {result['error'].splitlines()[0]}"
         if as_pd:
             note = f"{as_pd} answer(s) as every P/D connector's (below); " + note.lstrip("; ")
-        summary[name] = {"e2e": pct(e2e, 50), "xfer": pct(xfers, 50) if xfers else None,
-                         "bytes": statistics.median(nbytes) if nbytes else None, "ok": ok, "n": len(samples),
-                         "as_pd": as_pd}
-        print(f"{name:<11} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
-              f"{fmt_ms(pct(e2e, 50)):>9} {fmt_ms(pct(e2e, 99)):>9} "
-              f"{fmt_ms(pct(xfers, 50) if xfers else None):>9} {fmt_ms(pct(xfers, 99) if xfers else None):>9} "
-              f"{(statistics.median(nbytes) / 2**20 if nbytes else float('nan')):>7.1f} "
-              f"{(statistics.median(bw) / 1e9 if bw else float('nan')):>8.2f}  {note}")
+        summary[name] = {
+            "e2e": pct(e2e, 50),
+            "xfer": pct(xfers, 50) if xfers else None,
+            "bytes": statistics.median(nbytes) if nbytes else None,
+            "ok": ok,
+            "n": len(samples),
+            "as_pd": as_pd,
+        }
+        print(
+            f"{name:<11} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
+            f"{fmt_ms(pct(e2e, 50)):>9} {fmt_ms(pct(e2e, 99)):>9} "
+            f"{fmt_ms(pct(xfers, 50) if xfers else None):>9} {fmt_ms(pct(xfers, 99) if xfers else None):>9} "
+            f"{(statistics.median(nbytes) / 2**20 if nbytes else float('nan')):>7.1f} "
+            f"{(statistics.median(bw) / 1e9 if bw else float('nan')):>8.2f}  {note}"
+        )
     print()
     for index, (first, names) in sorted(divergent.items()):
-        print(f"prompt {index}: every P/D connector ({', '.join(names)}) gave the same answer, which leaves the "
-              f"single instance's at token {first}. D computes the prompt's last token alone (a one-row bf16 "
-              f"forward, where the single instance ran it inside its prefill), so a near tie can round the other "
-              f"way; wrong bytes from a transfer would not give independent connectors one answer")
+        print(
+            f"prompt {index}: every P/D connector ({', '.join(names)}) gave the same answer, which leaves the "
+            f"single instance's at token {first}. D computes the prompt's last token alone (a one-row bf16 "
+            f"forward, where the single instance ran it inside its prefill), so a near tie can round the other "
+            f"way; wrong bytes from a transfer would not give independent connectors one answer"
+        )
     if divergent:
         print()
 
@@ -860,41 +1136,59 @@ def report(results: dict, expected, our_timelines) -> int:
     memcpy, medians = memcpy_baseline(results.get("ours-write", {}).get("memcpy", {}))
     if memcpy:
         rounds = len(results["ours-write"]["memcpy"].get("cold_1t", []))
-        print(f"plain memcpy (torch copy_ of one transfer's bytes into memory not in cache, as a transfer's "
-              f"destination is; median of {rounds} rounds, servers stopped): {memcpy / 1e9:.2f} GB/s (one thread "
-              f"{medians['cold_1t'] / 1e9:.2f} GB/s, two {medians['cold_2t'] / 1e9:.2f} GB/s; the faster is the baseline)")
-        print(f"for comparison, not the baseline: the same copy between two buffers that stay in the last level "
-              f"cache: one thread {medians['warm_1t'] / 1e9:.2f} GB/s, two {medians['warm_2t'] / 1e9:.2f} GB/s")
+        print(
+            f"plain memcpy (torch copy_ of one transfer's bytes into memory not in cache, as a transfer's "
+            f"destination is; median of {rounds} rounds, servers stopped): {memcpy / 1e9:.2f} GB/s (one thread "
+            f"{medians['cold_1t'] / 1e9:.2f} GB/s, two {medians['cold_2t'] / 1e9:.2f} GB/s; the faster is the baseline)"
+        )
+        print(
+            f"for comparison, not the baseline: the same copy between two buffers that stay in the last level "
+            f"cache: one thread {medians['warm_1t'] / 1e9:.2f} GB/s, two {medians['warm_2t'] / 1e9:.2f} GB/s"
+        )
     for mode, lines in our_timelines.items():
         flights = [in_flight(i) for i in lines]
         if flights and ours_bytes(results, mode):
             union = pct([f[0] for f in flights], 50)
             total = pct([f[1] for f in flights], 50)
             nbytes = ours_bytes(results, mode)
-            print(f"{mode}: some copy in flight {fmt_ms(union)} p50 (sum of per-layer post -> completion "
-                  f"{fmt_ms(total)}); KV bytes / in-flight time = {nbytes / union / 1e9:.2f} GB/s"
-                  + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else ""))
+            print(
+                f"{mode}: some copy in flight {fmt_ms(union)} p50 (sum of per-layer post -> completion "
+                f"{fmt_ms(total)}); KV bytes / in-flight time = {nbytes / union / 1e9:.2f} GB/s"
+                + (f" = {nbytes / union / memcpy:.3f} of memcpy" if memcpy else "")
+            )
     timeline = our_timelines.get("ours-write") or []
     if timeline:
-        rb = [i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None]
+        rb = [
+            i["posts"][0] - i["remote_blocks"] for i in timeline if i["remote_blocks"] is not None
+        ]
         posting = [max(i["posts"]) - min(i["posts"]) for i in timeline]
         tail = [max(i["completions"]) - max(i["posts"]) for i in timeline]
         span = [max(i["completions"]) - min(i["posts"]) for i in timeline]
-        print(f"ours-write timeline p50: first post -> last completion {fmt_ms(pct(span, 50))}; first -> last "
-              f"post {fmt_ms(pct(posting, 50))} (layer by layer: P's forward; after the forward: posting only); "
-              f"last post -> last completion {fmt_ms(pct(tail, 50))}; posts per transfer "
-              f"{statistics.median(len(i['posts']) for i in timeline):.0f}"
-              + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))} (P's prefill)" if rb else ""))
+        print(
+            f"ours-write timeline p50: first post -> last completion {fmt_ms(pct(span, 50))}; first -> last "
+            f"post {fmt_ms(pct(posting, 50))} (layer by layer: P's forward; after the forward: posting only); "
+            f"last post -> last completion {fmt_ms(pct(tail, 50))}; posts per transfer "
+            f"{statistics.median(len(i['posts']) for i in timeline):.0f}"
+            + (f"; remote_blocks -> first post {fmt_ms(pct(rb, 50))} (P's prefill)" if rb else "")
+        )
 
-    ours = summary.get("ours-write")      # the ratios below: WRITE, the connector's default mode
+    ours = summary.get("ours-write")  # the ratios below: WRITE, the connector's default mode
     # A peer is compared when each of its answers is the single instance's, or every P/D connector's.
-    peers = {n: s for n, s in summary.items() if n in PEER_NAMES and s["n"] and s["ok"] + s["as_pd"] == s["n"]}
+    peers = {
+        n: s
+        for n, s in summary.items()
+        if n in PEER_NAMES and s["n"] and s["ok"] + s["as_pd"] == s["n"]
+    }
     broken = [n for n in PEER_NAMES if n in summary and n not in peers]
     if broken:
-        print(f"peers left out of the ratios (an answer neither the single instance's nor every P/D "
-              f"connector's, or no samples): {', '.join(broken)}")
+        print(
+            f"peers left out of the ratios (an answer neither the single instance's nor every P/D "
+            f"connector's, or no samples): {', '.join(broken)}"
+        )
     if ours and ours["ok"] + ours["as_pd"] != ours["n"]:
-        print("ours-write gave an answer that is neither the single instance's nor every P/D connector's")
+        print(
+            "ours-write gave an answer that is neither the single instance's nor every P/D connector's"
+        )
     missing = [n for n in PEER_NAMES if n not in summary]
     if missing:
         print(f"peers that did not run: {', '.join(missing)}")
@@ -910,9 +1204,11 @@ def report(results: dict, expected, our_timelines) -> int:
     read = summary.get("ours-read")
     if read and peers:
         best_xfer = min((s["xfer"] for s in peers.values() if s["xfer"]), default=None)
-        print(f"ours-read against the best peer: e2e {read['e2e'] / min(s['e2e'] for s in peers.values()):.3f}, "
-              f"transfer {read['xfer'] / best_xfer if read['xfer'] and best_xfer else float('nan'):.3f} "
-              "(for comparison; the three lines below are WRITE's)")
+        print(
+            f"ours-read against the best peer: e2e {read['e2e'] / min(s['e2e'] for s in peers.values()):.3f}, "
+            f"transfer {read['xfer'] / best_xfer if read['xfer'] and best_xfer else float('nan'):.3f} "
+            "(for comparison; the three lines below are WRITE's)"
+        )
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
     print(f"kv_copy_efficiency: {eff:.4f}")

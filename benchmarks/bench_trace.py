@@ -44,7 +44,7 @@ def write_big_trace(path: Path, steps: int) -> int:
     for i in range(lifecycles):
         lifecycle(table, f"tx-{i}", float(i))
         if i % 200 == 199:
-            recorder.flush(timeout=600)     # keep the writer's queue within its bound
+            recorder.flush(timeout=600)  # keep the writer's queue within its bound
     recorder.close()
     stats = recorder.writer.stats()
     assert stats["dropped"] == 0 and stats["write_errors"] == 0, stats
@@ -74,15 +74,21 @@ def main() -> None:
         samples["off"].append(time_round(plain, f"off{r}", args.per_round))
         samples["recorder"].append(time_round(traced, f"on{r}", args.per_round))
     off, on = (statistics.median(samples[k]) for k in ("off", "recorder"))
-    print(f"tracing off      median {off * 1e6:9.1f} us per lifecycle ({EVENTS_PER_LIFECYCLE} events)")
-    print(f"flight recorder  median {on * 1e6:9.1f} us per lifecycle ({EVENTS_PER_LIFECYCLE} events)")
+    print(
+        f"tracing off      median {off * 1e6:9.1f} us per lifecycle ({EVENTS_PER_LIFECYCLE} events)"
+    )
+    print(
+        f"flight recorder  median {on * 1e6:9.1f} us per lifecycle ({EVENTS_PER_LIFECYCLE} events)"
+    )
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "big.jsonl"
         start = time.perf_counter()
         written = write_big_trace(path, args.replay_steps)
-        print(f"trace written: {written:,} steps, {path.stat().st_size / 2**20:.0f} MiB in "
-              f"{time.perf_counter() - start:.1f} s (background writer)")
+        print(
+            f"trace written: {written:,} steps, {path.stat().st_size / 2**20:.0f} MiB in "
+            f"{time.perf_counter() - start:.1f} s (background writer)"
+        )
         replay_times, parse_times = [], []
         for _ in range(args.replay_rounds):
             start = time.perf_counter()
@@ -92,7 +98,12 @@ def main() -> None:
             report = replay([path])
             replay_times.append(time.perf_counter() - start)
             assert report.ok and report.compared == parsed == written, (
-                report.compared, parsed, written, report.divergences[:1], report.anomalies[:1])
+                report.compared,
+                parsed,
+                written,
+                report.divergences[:1],
+                report.anomalies[:1],
+            )
         replay_s, parse_s = statistics.median(replay_times), statistics.median(parse_times)
     print(f"replay           median {replay_s:9.2f} s for {written:,} steps")
     print(f"parse only       median {parse_s:9.2f} s for {written:,} steps")

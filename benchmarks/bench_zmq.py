@@ -19,7 +19,9 @@ from moriio_fsm.adapters.zmq import Role, TransportConfig, WriteDone, ZmqTranspo
 HOST = "127.0.0.1"
 
 
-def adapter_round(sender: ZmqTransport, destination: tuple[str, int], box: dict, count: int) -> float:
+def adapter_round(
+    sender: ZmqTransport, destination: tuple[str, int], box: dict, count: int
+) -> float:
     box["seen"] = 0
     done = threading.Event()
     box["done"], box["target"] = done, count
@@ -28,7 +30,9 @@ def adapter_round(sender: ZmqTransport, destination: tuple[str, int], box: dict,
     for message in messages:
         sender.send(destination, message)
     if not done.wait(60):
-        raise RuntimeError(f"adapter round stalled at {box['seen']}/{count} messages: {box.get('stats', dict)()}")
+        raise RuntimeError(
+            f"adapter round stalled at {box['seen']}/{count} messages: {box.get('stats', dict)()}"
+        )
     return count / (time.perf_counter() - start)
 
 
@@ -69,7 +73,9 @@ class RawPath:
         ids = [f"tx-{i:08d}" for i in range(count)]
         start = time.perf_counter()
         for transfer_id in ids:
-            dealer.send(msgpack.packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": 1}))
+            dealer.send(
+                msgpack.packb({"type": "write_done", "transfer_id": transfer_id, "num_writers": 1})
+            )
         receiver.join(60)
         elapsed = time.perf_counter() - start
         if len(delivered) != count:
@@ -98,9 +104,13 @@ def main() -> None:
     # one burst (its send() never blocks, where the raw DEALER's send would wait),
     # and both paths get the same high-water marks.
     hwm = 4 * args.messages
-    receiver = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, recv_hwm=hwm), on_message)
+    receiver = ZmqTransport(
+        TransportConfig(role=Role.CONSUMER, bind_host=HOST, recv_hwm=hwm), on_message
+    )
     sender = ZmqTransport(
-        TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, send_hwm=hwm, max_queued_sends=hwm),
+        TransportConfig(
+            role=Role.PRODUCER, bind_host=HOST, listen=False, send_hwm=hwm, max_queued_sends=hwm
+        ),
         lambda d: None,
     )
     destination = (HOST, receiver.notify_port)

@@ -19,5 +19,14 @@ __version__ = "0.1.0"
 # Python's last-resort handler would write the package's warnings to stderr.
 logging.getLogger("moriio_fsm").addHandler(logging.NullHandler())
 
-__all__ = ["Driver", "Effect", "Event", "MoriioFsmError", "Outcome", "build_machine",
-           "build_table", "emits", "events"]
+__all__ = [
+    "Driver",
+    "Effect",
+    "Event",
+    "MoriioFsmError",
+    "Outcome",
+    "build_machine",
+    "build_table",
+    "emits",
+    "events",
+]

@@ -52,8 +52,9 @@ def frees_nothing(custody: int, why: str) -> bool:
     return custody == QUARANTINED and why == FAILED_LOAD
 
 
-def hand_back(custody: int, why: str, touching: str = "", *, owner: str = "",
-              left: str = "") -> tuple[int, Violation | None]:
+def hand_back(
+    custody: int, why: str, touching: str = "", *, owner: str = "", left: str = ""
+) -> tuple[int, Violation | None]:
     """Blocks in ``custody`` go back through ``why`` while ``touching`` (what may still
     be in flight on them, "" for nothing) is: their custody after it and the rule it
     broke, if any. ``owner`` names the blocks, ``left`` how they left before (when known)."""
@@ -62,8 +63,9 @@ def hand_back(custody: int, why: str, touching: str = "", *, owner: str = "",
     if custody != HELD:
         return custody, _left_again(custody, why, owner, left)
     if touching:
-        return GONE, Violation(FREED_UNDER_OPERATION,
-                               f"{_named(owner)}{why} while {touching} may still be in flight")
+        return GONE, Violation(
+            FREED_UNDER_OPERATION, f"{_named(owner)}{why} while {touching} may still be in flight"
+        )
     return GONE, None
 
 
@@ -76,16 +78,19 @@ def posted(custody: int, what: str, *, owner: str = "", left: str = "") -> Viola
     """Operation ``what`` was posted on blocks in ``custody``."""
     if custody != GONE:
         return None
-    return Violation(OPERATION_ON_FREED,
-                     f"{_named(owner)}{what} posted after the blocks went back{_how(left)}")
+    return Violation(
+        OPERATION_ON_FREED, f"{_named(owner)}{what} posted after the blocks went back{_how(left)}"
+    )
 
 
 def moved(custody: int, what: str, *, owner: str = "", left: str = "") -> Violation | None:
     """Operation ``what`` moved bytes from or into blocks in ``custody`` just now."""
     if custody != GONE:
         return None
-    return Violation(OPERATION_ON_FREED,
-                     f"{_named(owner)}{what} moved bytes after the blocks went back{_how(left)}")
+    return Violation(
+        OPERATION_ON_FREED,
+        f"{_named(owner)}{what} moved bytes after the blocks went back{_how(left)}",
+    )
 
 
 def reaches(blocks_are_target: bool, target: int) -> bool:
@@ -97,15 +102,17 @@ def reaches(blocks_are_target: bool, target: int) -> bool:
 
 def never_left(state: str) -> Violation:
     """A transfer ended in ``state`` still holding blocks."""
-    return Violation(LEAVE_ONCE, f"ended in {state!r} holding blocks it never handed back "
-                                 "nor quarantined")
+    return Violation(
+        LEAVE_ONCE, f"ended in {state!r} holding blocks it never handed back nor quarantined"
+    )
 
 
 def _left_again(custody: int, why: str, owner: str, left: str) -> Violation:
     if custody == QUARANTINED:
         return Violation(LEAVE_ONCE, f"{_named(owner)}{why} after the blocks were quarantined")
-    return Violation(LEAVE_ONCE, f"{_named(owner)}{why} after the blocks had already left"
-                                 f"{_how(left)}")
+    return Violation(
+        LEAVE_ONCE, f"{_named(owner)}{why} after the blocks had already left{_how(left)}"
+    )
 
 
 def _named(owner: str) -> str:
@@ -118,14 +125,15 @@ def _how(left: str) -> str:
 
 # -- the ledger of a simulated world ---------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Blocks:
     """One rank's blocks of one transfer (a P rank's source, a D rank's target)."""
 
-    owner: str                          # "node/transfer", for messages
+    owner: str  # "node/transfer", for messages
     custody: int = HELD
-    left: str = ""                      # how they first left; "" while held
-    dead: bool = False                  # their process died: no longer judged
+    left: str = ""  # how they first left; "" while held
+    dead: bool = False  # their process died: no longer judged
 
 
 @dataclass(eq=False)
@@ -147,7 +155,7 @@ class Ledger:
         self.counts: Counter[str] = Counter()
         self.violations: list[Violation] = []
         self._blocks: dict[tuple[str, str], Blocks] = {}
-        self._ops: dict[int, list[Operation]] = {}      # id(Blocks) -> operations on them
+        self._ops: dict[int, list[Operation]] = {}  # id(Blocks) -> operations on them
 
     def blocks(self, node: str, transfer_id: str) -> Blocks:
         key = (node, transfer_id)
@@ -160,6 +168,7 @@ class Ledger:
         """Effect handlers for those of ``kinds`` that move blocks (``HANDBACKS``,
         ``QUARANTINE``): each tells the ledger where ``node``'s blocks of the effect's
         transfer went."""
+
         def give_back(kind: str) -> Callable[[Any], None]:
             return lambda effect: self.hand_back(self.blocks(node, effect.transfer_id), kind)
 
@@ -203,11 +212,18 @@ class Ledger:
         """The blocks go back to vLLM through effect ``why``."""
         if blocks.dead:
             return
-        touching = next((op.what for op in self._ops.get(id(blocks), ())
-                         if reaches(op.target is blocks, op.target.custody)), "")
+        touching = next(
+            (
+                op.what
+                for op in self._ops.get(id(blocks), ())
+                if reaches(op.target is blocks, op.target.custody)
+            ),
+            "",
+        )
         before = blocks.custody
-        blocks.custody, violation = hand_back(before, why, touching, owner=blocks.owner,
-                                              left=blocks.left)
+        blocks.custody, violation = hand_back(
+            before, why, touching, owner=blocks.owner, left=blocks.left
+        )
         self._leave(blocks, before, why, violation)
 
     def quarantine(self, blocks: Blocks) -> None:

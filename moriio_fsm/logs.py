@@ -16,8 +16,9 @@ from typing import Any
 import structlog
 
 
-def _to_stdlib(_logger: Any, _method: str,
-               event_dict: MutableMapping[str, Any]) -> tuple[tuple, dict]:
+def _to_stdlib(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> tuple[tuple, dict]:
     """Render the event and its key/values into one message; keep the traceback for
     stdlib to format."""
     exc_info = event_dict.pop("exc_info", None)
@@ -28,8 +29,9 @@ def _to_stdlib(_logger: Any, _method: str,
 
 def get_logger(name: str):
     """A structlog logger whose records go to ``logging.getLogger(name)``."""
-    return structlog.wrap_logger(logging.getLogger(name), processors=[_to_stdlib],
-                                 wrapper_class=structlog.BoundLogger)
+    return structlog.wrap_logger(
+        logging.getLogger(name), processors=[_to_stdlib], wrapper_class=structlog.BoundLogger
+    )
 
 
 def share_handlers_of(host: str = "vllm") -> None:
@@ -43,4 +45,4 @@ def share_handlers_of(host: str = "vllm") -> None:
         ours.addHandler(handler)
     if ours.level == logging.NOTSET:
         ours.setLevel(theirs.getEffectiveLevel())
-    ours.propagate = theirs.propagate    # as vLLM's own records: written once, not again by root
+    ours.propagate = theirs.propagate  # as vLLM's own records: written once, not again by root

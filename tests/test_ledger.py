@@ -25,12 +25,12 @@ def test_the_ledger_counts_each_misuse_once():
     ledger = Ledger()
     p, d = pair(ledger)
     write = ledger.post("write of layer 0", p, d)
-    ledger.hand_back(d, "report_received")              # D used blocks P still writes into
+    ledger.hand_back(d, "report_received")  # D used blocks P still writes into
     assert ledger.counts == {FREED_UNDER_OPERATION: 1}
     ledger.hand_back(d, "free_blocks")
     assert ledger.counts == {FREED_UNDER_OPERATION: 1, LEAVE_ONCE: 1}
     ledger.settle(write)
-    ledger.post("write of layer 1", p, d)               # into blocks that went back
+    ledger.post("write of layer 1", p, d)  # into blocks that went back
     assert ledger.counts[OPERATION_ON_FREED] == 1
     assert [str(v) for v in ledger.violations] == [
         "freed_under_operation: D0/tx-1: report_received while write of layer 0 may still "
@@ -47,8 +47,8 @@ def test_a_read_into_quarantined_blocks_may_outlive_the_source():
     p, d = pair(ledger)
     ledger.post("read of layer 0", p, d)
     ledger.quarantine(d)
-    ledger.hand_back(p, "free_blocks")                  # the lease ran out: harmless now
-    ledger.hand_back(d, "report_load_failure")          # frees nothing: they stay out
+    ledger.hand_back(p, "free_blocks")  # the lease ran out: harmless now
+    ledger.hand_back(d, "report_load_failure")  # frees nothing: they stay out
     assert ledger.violations == []
     assert (p.custody, d.custody) == (GONE, QUARANTINED)
 
@@ -58,7 +58,7 @@ def test_blocks_still_written_into_may_not_go_back_even_if_quarantined_elsewhere
     p, d = pair(ledger)
     ledger.post("read of layer 0", p, d)
     ledger.quarantine(p)
-    ledger.hand_back(d, "free_blocks")                  # the read still lands in them
+    ledger.hand_back(d, "free_blocks")  # the read still lands in them
     assert ledger.counts == {FREED_UNDER_OPERATION: 1}
 
 
@@ -80,7 +80,8 @@ def test_blocks_quarantined_after_they_went_back_are_caught():
     ledger.quarantine(p)
     assert [str(v) for v in ledger.violations] == [
         "blocks_leave_once: P0/tx-1: quarantine_blocks after the blocks had already left "
-        "(free_blocks)"]
+        "(free_blocks)"
+    ]
 
 
 def test_bytes_moved_after_the_blocks_went_back_are_caught():
@@ -90,8 +91,10 @@ def test_bytes_moved_after_the_blocks_went_back_are_caught():
     ledger.hand_back(p, "free_blocks")
     ledger.moved(write)
     assert ledger.counts == {FREED_UNDER_OPERATION: 1, OPERATION_ON_FREED: 1}
-    assert "P0/tx-1: write of layer 2 moved bytes after the blocks went back (free_blocks)" \
+    assert (
+        "P0/tx-1: write of layer 2 moved bytes after the blocks went back (free_blocks)"
         == ledger.violations[1].message
+    )
 
 
 def test_a_settled_operation_no_longer_holds_the_blocks():
@@ -111,7 +114,7 @@ def test_a_dead_rank_is_no_longer_judged():
     ledger.hand_back(d, "free_blocks")
     ledger.hand_back(d, "free_blocks")
     assert ledger.violations == []
-    ledger.hand_back(p, "free_blocks")                  # P's blocks are still judged
+    ledger.hand_back(p, "free_blocks")  # P's blocks are still judged
     assert ledger.counts == {FREED_UNDER_OPERATION: 1}
 
 
@@ -138,14 +141,21 @@ def test_handlers_carry_out_exactly_the_effects_that_move_blocks():
 def test_the_judges_take_custody_as_the_model_checker_keeps_it():
     assert rules.hand_back(HELD, "free_blocks") == (GONE, None)
     assert rules.hand_back(HELD, "free_blocks", "a write into them (layer(s) 0)", owner="D") == (
-        GONE, rules.Violation(FREED_UNDER_OPERATION,
-                              "D: free_blocks while a write into them (layer(s) 0) may still be "
-                              "in flight"))
+        GONE,
+        rules.Violation(
+            FREED_UNDER_OPERATION,
+            "D: free_blocks while a write into them (layer(s) 0) may still be in flight",
+        ),
+    )
     assert rules.hand_back(QUARANTINED, "report_load_failure") == (QUARANTINED, None)
-    assert rules.quarantine(QUARANTINED)[1].message == \
-        "quarantine_blocks after the blocks were quarantined"
+    assert (
+        rules.quarantine(QUARANTINED)[1].message
+        == "quarantine_blocks after the blocks were quarantined"
+    )
     assert rules.posted(QUARANTINED, "a read of layer 0") is None
-    assert rules.posted(GONE, "a read of layer 0", owner="P").message == \
-        "P: a read of layer 0 posted after the blocks went back"
+    assert (
+        rules.posted(GONE, "a read of layer 0", owner="P").message
+        == "P: a read of layer 0 posted after the blocks went back"
+    )
     assert not rules.reaches(False, QUARANTINED) and rules.reaches(True, QUARANTINED)
     assert rules.never_left("released").rule == LEAVE_ONCE

@@ -18,9 +18,12 @@ def python_blocks() -> list[str]:
 
 def test_every_python_block_runs_and_prints_what_it_promises():
     for block in python_blocks():
-        promised = [line.split("#", 1)[1].strip() for line in block.splitlines()
-                    if line.startswith("print(") and "#" in line]
+        promised = [
+            line.split("#", 1)[1].strip()
+            for line in block.splitlines()
+            if line.startswith("print(") and "#" in line
+        ]
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, str(README), "exec"), {})    # noqa: S102 - our own README
+            exec(compile(block, str(README), "exec"), {})  # noqa: S102 - our own README
         assert out.getvalue().splitlines() == promised

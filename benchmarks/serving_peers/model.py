@@ -14,16 +14,31 @@ from moriio_fsm.serving.tiny_model import make_llama as make_any_llama
 #: 8 layers x 8 KV heads x head_dim 64 x (K and V) x bf16 = 16 KiB of KV per token; a narrow
 #: residual (256) and MLP keep one prefill of ~1100 tokens cheap on one core.
 RACE_LLAMA = {
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
-    "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 8, "vocab_size": 1024,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_hidden_layers": 8,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 
 def kv_bytes_per_token(shape: dict, dtype_bytes: int = 2) -> int:
     """K and V of every layer for one token."""
-    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype_bytes
+    return (
+        2
+        * shape["num_hidden_layers"]
+        * shape["num_key_value_heads"]
+        * shape["head_dim"]
+        * dtype_bytes
+    )
 
 
 def make_llama(folder: str | Path, shape: dict | None = None, seed: int = 0) -> Path:

@@ -68,7 +68,8 @@ class Fabric:
             self._failing[name], self._stalling[name] = failing, stalling
             self._memory[name] = (memory, engine.register_torch_tensor(memory))
             self.pollers[name] = CompletionPoller(
-                functools.partial(self._deliver, name), name=f"chaos-poller-{name}")
+                functools.partial(self._deliver, name), name=f"chaos-poller-{name}"
+            )
         for p in producers:
             for d in consumers:
                 self._connect(p, d)
@@ -86,8 +87,16 @@ class Fabric:
         """``name``'s packed engine and memory descriptors (what a handshake carries)."""
         return self.engines[name].get_engine_desc().pack(), self._memory[name][1].pack()
 
-    def post(self, node: str, peer: str, op: str, transfer_id: str, layer: int,
-             blocks: list[int], fate: str) -> None:
+    def post(
+        self,
+        node: str,
+        peer: str,
+        op: str,
+        transfer_id: str,
+        layer: int,
+        blocks: list[int],
+        fate: str,
+    ) -> None:
         """Post one layer's ``op`` ("write" from node into peer, "read" from peer into
         node) for these blocks; ``fate`` is "ok", "fail" or "stall"."""
         session = self._sessions[(node, peer)]
@@ -103,8 +112,10 @@ class Fabric:
         if fate == "stall":
             return
         if not status.wait_for(int(WAIT_S * 1000)):
-            raise FabricError(f"the loopback engine of {node} did not settle {op} of layer "
-                              f"{layer} of {transfer_id!r} within {WAIT_S} s")
+            raise FabricError(
+                f"the loopback engine of {node} did not settle {op} of layer "
+                f"{layer} of {transfer_id!r} within {WAIT_S} s"
+            )
         self.pollers[node].submit(status, transfer_id, layer, op)
 
     def take(self, node: str, transfer_id: str, layer: int, op: str) -> Event:
@@ -112,8 +123,10 @@ class Fabric:
         key = (node, transfer_id, layer, op)
         with self._arrived:
             if not self._arrived.wait_for(lambda: self._inbox[key], WAIT_S):
-                raise FabricError(f"the poller of {node} never delivered the {op} of layer "
-                                  f"{layer} of {transfer_id!r}")
+                raise FabricError(
+                    f"the poller of {node} never delivered the {op} of layer "
+                    f"{layer} of {transfer_id!r}"
+                )
             event = self._inbox[key].popleft()
             if not self._inbox[key]:
                 del self._inbox[key]

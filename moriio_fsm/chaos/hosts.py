@@ -30,8 +30,12 @@ class Hosts:
         world, layers = self.world, self.world.settings.layers
         rng, send = world.rng, world.deliver
         send(d, events.receive_started(tid, world.now, 1))
-        world.at(0.005 * rng.random(), lambda: send(d, events.blocks_allocated(
-            tid, world.now, self._blocks_of(tid), f"req-d-{tid}")))
+        world.at(
+            0.005 * rng.random(),
+            lambda: send(
+                d, events.blocks_allocated(tid, world.now, self._blocks_of(tid), f"req-d-{tid}")
+            ),
+        )
         if self._abort():
             world.at(0.02 * rng.random(), lambda: send(d, events.request_finished(tid, world.now)))
         send(p, events.prefill_started(tid, world.now, 1))
@@ -55,16 +59,20 @@ class Hosts:
         end = events.abort if self._abort() else events.request_finished
         world.at(0.01, lambda: send(p, end(tid, world.now)))
         if self._abort():
-            world.at(0.05 + 0.2 * world.rng.random(),
-                     lambda: send(d, events.request_finished(tid, world.now)))
+            world.at(
+                0.05 + 0.2 * world.rng.random(),
+                lambda: send(d, events.request_finished(tid, world.now)),
+            )
 
     def start_reader(self, tid: str) -> None:
         """P held its blocks and answered: the proxy gives D P's read parameters."""
         world, send = self.world, self.world.deliver
         d = world.placement[tid][1]
         rng, layers = world.rng, world.settings.layers
-        world.at(0.01 + 0.02 * rng.random(), lambda: send(d, events.read_started(
-            tid, world.now, layers, self._blocks_of(tid))))
+        world.at(
+            0.01 + 0.02 * rng.random(),
+            lambda: send(d, events.read_started(tid, world.now, layers, self._blocks_of(tid))),
+        )
         world.at(0.05 + 0.05 * rng.random(), lambda: send(d, events.start_reads(tid, world.now)))
 
     def _place(self, tid: str, mode: str) -> tuple[str, str] | None:

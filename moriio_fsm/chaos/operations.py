@@ -31,8 +31,17 @@ class Operations:
         self._pending: dict[tuple[str, str, int], Operation] = {}
         self._stalled: dict[tuple[str, str, int], Operation] = {}
 
-    def post(self, rank: str, op: str, tid: str, layer: int, blocks: Sequence[int], peer: str,
-             source: Blocks, target: Blocks) -> None:
+    def post(
+        self,
+        rank: str,
+        op: str,
+        tid: str,
+        layer: int,
+        blocks: Sequence[int],
+        peer: str,
+        source: Blocks,
+        target: Blocks,
+    ) -> None:
         """Post one layer's ``op`` ("write" or "read") with a fate the seed decides; its
         event reaches ``rank`` when the virtual clock says it completes (never, when it
         stalled)."""
@@ -52,7 +61,7 @@ class Operations:
 
         def complete() -> None:
             if self._pending.get(key) is not entry:
-                return                       # its rank crashed meanwhile
+                return  # its rank crashed meanwhile
             del self._pending[key]
             event = self.fabric.take(rank, tid, layer, op)
             world.ledger.settle(entry)

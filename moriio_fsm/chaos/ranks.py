@@ -38,8 +38,16 @@ CONSUMER_MACHINES = {"write": "write_consumer", "read": "read_consumer"}
 class Rank:
     """A P rank (role PRODUCER) or a D rank (role CONSUMER)."""
 
-    def __init__(self, world: World, name: str, role: Role, *, operations: Operations,
-                 wire: Channel, hosts: Hosts):
+    def __init__(
+        self,
+        world: World,
+        name: str,
+        role: Role,
+        *,
+        operations: Operations,
+        wire: Channel,
+        hosts: Hosts,
+    ):
         self.world = world
         self.name = name
         self.role = role
@@ -64,7 +72,7 @@ class Rank:
             return
         mode = self.world.mode_of.get(ev.transfer_id)
         if mode is None:
-            return                      # an id this run never started: a listener drops it
+            return  # an id this run never started: a listener drops it
         self.drivers[self._machine_of[mode]].dispatch(ev)
 
     def advance(self, now: float) -> None:
@@ -90,12 +98,20 @@ class Rank:
         return self.world.ledger.handlers(self.name, kinds)
 
     def _post(self, op: str, e, source, target) -> None:
-        self.operations.post(self.name, op, e.transfer_id, e.layer, e.block_ids,
-                             self._peer(e.transfer_id), source, target)
+        self.operations.post(
+            self.name,
+            op,
+            e.transfer_id,
+            e.layer,
+            e.block_ids,
+            self._peer(e.transfer_id),
+            source,
+            target,
+        )
 
     def _tear_down(self, op: str, e) -> Event | None:
         if self.world.rng.random() < self.world.settings.fault_rate:
-            return None                 # the stalled engine never answers
+            return None  # the stalled engine never answers
         self.operations.tear_down(self.name, e.transfer_id, e.layers)
         kind = events.writes_abandoned if op == "write" else events.reads_abandoned
         return kind(e.transfer_id, self.world.now)
@@ -117,10 +133,14 @@ class Rank:
         return {
             "post_write": post_write,
             "abandon_writes": lambda e: self._tear_down("write", e),
-            "send_write_done": lambda e: self._notify(WriteDone(
-                e.transfer_id, e.num_writers, producer_rank=0)),
-            "send_write_failed": lambda e: self._notify(WriteFailed(
-                e.transfer_id, reason=e.reason, writes_stopped=e.writes_stopped, producer_rank=0)),
+            "send_write_done": lambda e: self._notify(
+                WriteDone(e.transfer_id, e.num_writers, producer_rank=0)
+            ),
+            "send_write_failed": lambda e: self._notify(
+                WriteFailed(
+                    e.transfer_id, reason=e.reason, writes_stopped=e.writes_stopped, producer_rank=0
+                )
+            ),
             **self._ledger("free_blocks", QUARANTINE),
         }
 
@@ -135,16 +155,18 @@ class Rank:
 
     def _write_consumer_handlers(self) -> dict[str, Any]:
         return {
-            "send_remote_blocks": lambda e: self._notify(RemoteBlocks(
-                e.transfer_id, e.req_id, tuple(e.block_ids), decode_rank=0)),
+            "send_remote_blocks": lambda e: self._notify(
+                RemoteBlocks(e.transfer_id, e.req_id, tuple(e.block_ids), decode_rank=0)
+            ),
             **self._consumer_endings(),
         }
 
     def _read_producer_handlers(self) -> dict[str, Any]:
         return {
             "hold_for_reads": lambda e: self.hosts.start_reader(e.transfer_id),
-            "send_lease_granted": lambda e: self._notify(LeaseGranted(
-                e.transfer_id, e.seq, e.lease_s, consumer_rank=e.consumer_rank)),
+            "send_lease_granted": lambda e: self._notify(
+                LeaseGranted(e.transfer_id, e.seq, e.lease_s, consumer_rank=e.consumer_rank)
+            ),
             **self._ledger("free_blocks"),
         }
 
@@ -153,8 +175,11 @@ class Rank:
             tid = e.transfer_id
 
             def answered(ok: bool) -> None:
-                self.dispatch(events.handshake_done(tid, self.world.now) if ok else
-                              events.handshake_failed(tid, self.world.now, "bad reply"))
+                self.dispatch(
+                    events.handshake_done(tid, self.world.now)
+                    if ok
+                    else events.handshake_failed(tid, self.world.now, "bad reply")
+                )
 
             self.wire.handshake(self.name, self._peer(tid), answered)
 
@@ -164,7 +189,9 @@ class Rank:
 
         return {
             "request_handshake": handshake,
-            "send_heartbeat": lambda e: self._notify(Heartbeat(e.transfer_id, e.seq, consumer_rank=0)),
+            "send_heartbeat": lambda e: self._notify(
+                Heartbeat(e.transfer_id, e.seq, consumer_rank=0)
+            ),
             "post_read": post_read,
             "abandon_reads": lambda e: self._tear_down("read", e),
             **self._consumer_endings(),

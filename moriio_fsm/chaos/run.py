@@ -57,9 +57,11 @@ class ChaosResult:
 
     def line(self) -> str:
         """The run's verdict, exactly as the command prints it last."""
-        return (f"transfers={self.transfers} completed={self.completed} failed={self.failed} "
-                f"not_final={self.not_final} double_handback={self.double_handback} "
-                f"freed_in_flight={self.freed_in_flight}")
+        return (
+            f"transfers={self.transfers} completed={self.completed} failed={self.failed} "
+            f"not_final={self.not_final} double_handback={self.double_handback} "
+            f"freed_in_flight={self.freed_in_flight}"
+        )
 
 
 class ChaosRun:
@@ -80,8 +82,9 @@ class ChaosRun:
         self.crashed = ""
 
     def _rank(self, name: str, role: Role) -> Rank:
-        return Rank(self.world, name, role, operations=self.operations, wire=self.wire,
-                    hosts=self.hosts)
+        return Rank(
+            self.world, name, role, operations=self.operations, wire=self.wire, hosts=self.hosts
+        )
 
     def run(self) -> ChaosResult:
         started = time.perf_counter()
@@ -128,16 +131,29 @@ class ChaosRun:
                 failed += 1
         unplaced = self.settings.transfers - len(self.world.placement)
         wire, ledger = self.wire, self.world.ledger
-        faults = {"rdma_failed": self.operations.failed, "rdma_stalled": self.operations.stalled,
-                  "aborted": self.hosts.aborted, "messages_lost": wire.lost,
-                  "messages_duplicated": wire.duplicated, "messages_delayed": wire.delayed,
-                  "undecodable": wire.undecodable}
+        faults = {
+            "rdma_failed": self.operations.failed,
+            "rdma_stalled": self.operations.stalled,
+            "aborted": self.hosts.aborted,
+            "messages_lost": wire.lost,
+            "messages_duplicated": wire.duplicated,
+            "messages_delayed": wire.delayed,
+            "undecodable": wire.undecodable,
+        }
         misused = ledger.counts[FREED_UNDER_OPERATION] + ledger.counts[OPERATION_ON_FREED]
-        return ChaosResult(self.settings.transfers, completed, failed + unplaced, not_final,
-                           ledger.counts[LEAVE_ONCE], misused, seconds=seconds,
-                           crashed=self.crashed, faults=faults,
-                           examples=[str(violation) for violation in ledger.violations],
-                           stuck=stuck)
+        return ChaosResult(
+            self.settings.transfers,
+            completed,
+            failed + unplaced,
+            not_final,
+            ledger.counts[LEAVE_ONCE],
+            misused,
+            seconds=seconds,
+            crashed=self.crashed,
+            faults=faults,
+            examples=[str(violation) for violation in ledger.violations],
+            stuck=stuck,
+        )
 
 
 def run_chaos(settings: ChaosSettings, specs: dict[str, str] | None = None) -> ChaosResult:

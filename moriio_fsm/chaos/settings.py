@@ -44,18 +44,32 @@ class ChaosSettings:
     spacing_s: float = 0.01
 
     def __post_init__(self) -> None:
-        for name, low, high in (("transfers", 1, 10_000_000), ("layers", 1, 64),
-                                ("producers", 1, 16), ("consumers", 1, 16)):
+        for name, low, high in (
+            ("transfers", 1, 10_000_000),
+            ("layers", 1, 64),
+            ("producers", 1, 16),
+            ("consumers", 1, 16),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ChaosUsageError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+                raise ChaosUsageError(
+                    f"{name} must be an integer in [{low}, {high}], got {value!r}"
+                )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ChaosUsageError(f"seed must be an integer, got {self.seed!r}")
         rate = self.fault_rate
-        if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
-                or not 0 <= rate <= 0.5):
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, (int, float))
+            or not math.isfinite(rate)
+            or not 0 <= rate <= 0.5
+        ):
             raise ChaosUsageError(f"fault_rate must be a number in [0, 0.5], got {rate!r}")
         spacing = self.spacing_s
-        if (isinstance(spacing, bool) or not isinstance(spacing, (int, float))
-                or not math.isfinite(spacing) or spacing <= 0):
+        if (
+            isinstance(spacing, bool)
+            or not isinstance(spacing, (int, float))
+            or not math.isfinite(spacing)
+            or spacing <= 0
+        ):
             raise ChaosUsageError(f"spacing_s must be a number of seconds > 0, got {spacing!r}")

@@ -43,8 +43,13 @@ class Channel:
         self.rate = world.settings.fault_rate
         self.sent = self.lost = self.duplicated = self.delayed = self.undecodable = 0
 
-    def send(self, sender: str, receiver: str, frames: tuple[bytes, ...],
-             arrive: Callable[[tuple[bytes, ...]], None]) -> None:
+    def send(
+        self,
+        sender: str,
+        receiver: str,
+        frames: tuple[bytes, ...],
+        arrive: Callable[[tuple[bytes, ...]], None],
+    ) -> None:
         self.sent += 1
         roll = self.rng.random
         if not self.world.alive(sender) or roll() < self.rate:
@@ -72,8 +77,12 @@ class Channel:
         """Send ``message`` in upstream's wire format; the receiver gets its event."""
         frame = encode_notify(message)
         role = self.world.role_of(receiver)
-        self.send(sender, receiver, (frame,), lambda frames: self._received(sender, receiver,
-                                                                             role, frames[0]))
+        self.send(
+            sender,
+            receiver,
+            (frame,),
+            lambda frames: self._received(sender, receiver, role, frames[0]),
+        )
 
     def _received(self, sender: str, receiver: str, role: Role, frame: bytes) -> None:
         try:
@@ -96,9 +105,16 @@ class Channel:
                 return
             engine, memory = self.fabric.descriptors(producer)
             reply = HandshakeReply(
-                AgentMetadata(engine_id=producer, agent_metadata=engine, kv_caches_base_addr=(0,),
-                              num_blocks=BLOCKS, block_len=BLOCK_BYTES, attn_backend_name="loopback"),
-                {"layer.0": (memory,)})
+                AgentMetadata(
+                    engine_id=producer,
+                    agent_metadata=engine,
+                    kv_caches_base_addr=(0,),
+                    num_blocks=BLOCKS,
+                    block_len=BLOCK_BYTES,
+                    attn_backend_name="loopback",
+                ),
+                {"layer.0": (memory,)},
+            )
             self.send(producer, consumer, encode_handshake_reply(reply), at_consumer)
 
         def at_consumer(frames: tuple[bytes, ...]) -> None:

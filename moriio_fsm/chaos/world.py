@@ -33,8 +33,8 @@ class World:
         self.rng = random.Random(settings.seed)
         self.now = 0.0
         self.ledger = Ledger(keep=KEPT)
-        self.mode_of: dict[str, str] = {}                       # transfer -> "write" | "read"
-        self.placement: dict[str, tuple[str, str]] = {}         # transfer -> (P rank, D rank)
+        self.mode_of: dict[str, str] = {}  # transfer -> "write" | "read"
+        self.placement: dict[str, tuple[str, str]] = {}  # transfer -> (P rank, D rank)
         self._queue: list[tuple[float, int, Callable[[], object]]] = []
         self._seq = itertools.count()
         self._roles: dict[str, Role] = {}
@@ -87,8 +87,11 @@ class World:
 
     def live(self, role: Role) -> list[str]:
         """The ranks of ``role`` still alive, by name."""
-        return [name for name in sorted(self._roles)
-                if self._roles[name] is role and name not in self._crashed]
+        return [
+            name
+            for name in sorted(self._roles)
+            if self._roles[name] is role and name not in self._crashed
+        ]
 
     def crash(self, name: str) -> None:
         """Rank ``name``'s process died, its memory with it."""

@@ -28,8 +28,12 @@ NAMED_DOMAINS: dict[str, Callable[[Bounds], tuple]] = {
     "layer": lambda b: tuple(range(b.layers)),
     # Layer sets as bitmaps: each layer alone, all of them, and the even ones (a set that
     # leaves some out), not every subset: those grow as 2**layers.
-    "layers": lambda b: tuple(sorted({1 << layer for layer in range(b.layers)}
-                                     | {(1 << b.layers) - 1, int("01" * b.layers, 2) & ((1 << b.layers) - 1)})),
+    "layers": lambda b: tuple(
+        sorted(
+            {1 << layer for layer in range(b.layers)}
+            | {(1 << b.layers) - 1, int("01" * b.layers, 2) & ((1 << b.layers) - 1)}
+        )
+    ),
     "num_layers": lambda b: (b.layers,),
     "num_writers": lambda b: tuple(range(1, b.writers + 1)),
     "consumer_tp_size": lambda b: tuple(range(1, b.writers + 1)),
@@ -53,8 +57,13 @@ NAMED_DOMAINS: dict[str, Callable[[Bounds], tuple]] = {
 
 #: Payload values by declared type, for field names not listed above.
 TYPE_DOMAINS: dict[str, tuple] = {
-    "int": (0,), "float": (1.0,), "str": ("",), "bool": (True, False),
-    "list": ([7],), "tuple": ((),), "any": (None,),
+    "int": (0,),
+    "float": (1.0,),
+    "str": ("",),
+    "bool": (True, False),
+    "list": ([7],),
+    "tuple": ((),),
+    "any": (None,),
 }
 
 #: Origins whose events count against Bounds.peer_events.
@@ -81,8 +90,9 @@ class Concrete:
         return f"{self.kind}({args})"
 
 
-def payload_domain(field: str, type_name: str, bounds: Bounds,
-                   overrides: dict[str, tuple] | None = None) -> tuple:
+def payload_domain(
+    field: str, type_name: str, bounds: Bounds, overrides: dict[str, tuple] | None = None
+) -> tuple:
     """The values one payload field takes within ``bounds``."""
     if overrides and field in overrides:
         return tuple(overrides[field])
@@ -92,14 +102,17 @@ def payload_domain(field: str, type_name: str, bounds: Bounds,
     return TYPE_DOMAINS[type_name]
 
 
-def concrete_events(spec: Spec, kind: str, bounds: Bounds,
-                    overrides: dict[str, tuple] | None = None) -> list[Concrete]:
+def concrete_events(
+    spec: Spec, kind: str, bounds: Bounds, overrides: dict[str, tuple] | None = None
+) -> list[Concrete]:
     """Every concrete event of ``kind``, one per combination of payload values."""
     declared = spec.events[kind]
     names = list(declared.payload)
     domains = [payload_domain(n, declared.payload[n], bounds, overrides) for n in names]
-    return [Concrete(kind, tuple(zip(names, values)), declared.origin)
-            for values in itertools.product(*domains)]
+    return [
+        Concrete(kind, tuple(zip(names, values)), declared.origin)
+        for values in itertools.product(*domains)
+    ]
 
 
 class Alphabet:

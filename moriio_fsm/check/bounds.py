@@ -49,17 +49,29 @@ class Bounds:
     max_states: int = 2_000_000
 
     def __post_init__(self) -> None:
-        for name, low, high in (("layers", 1, 16), ("writers", 1, 8), ("peer_events", 0, 64),
-                                ("faults", 0, 16), ("max_states", 1, 100_000_000)):
+        for name, low, high in (
+            ("layers", 1, 16),
+            ("writers", 1, 8),
+            ("peer_events", 0, 64),
+            ("faults", 0, 16),
+            ("max_states", 1, 100_000_000),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise CheckUsageError(f"bound {name} must be an integer in [{low}, {high}], "
-                                      f"got {value!r}")
+                raise CheckUsageError(
+                    f"bound {name} must be an integer in [{low}, {high}], got {value!r}"
+                )
         tick = self.tick_s
-        if tick not in TICK_MODES and (isinstance(tick, bool) or not isinstance(tick, (int, float))
-                                       or not math.isfinite(tick) or tick <= 0):
-            raise CheckUsageError(f"bound tick_s must be a number of seconds > 0 or one of "
-                                  f"{', '.join(TICK_MODES)}, got {tick!r}")
+        if tick not in TICK_MODES and (
+            isinstance(tick, bool)
+            or not isinstance(tick, (int, float))
+            or not math.isfinite(tick)
+            or tick <= 0
+        ):
+            raise CheckUsageError(
+                f"bound tick_s must be a number of seconds > 0 or one of "
+                f"{', '.join(TICK_MODES)}, got {tick!r}"
+            )
 
     def with_(self, **changes: Any) -> Bounds:
         return replace(self, **changes)

@@ -21,8 +21,9 @@ from .report import steps_of
 from .single import Dispatch
 
 
-def write_counterexample(path: str | Path, finding: Finding,
-                         sides: dict[str, tuple[str, Machine]]) -> int:
+def write_counterexample(
+    path: str | Path, finding: Finding, sides: dict[str, tuple[str, Machine]]
+) -> int:
     """Write ``finding``'s path as a trace at ``path``; ``sides`` maps the machine label
     of each ``Dispatch`` to (trace side, machine). Returns the number of steps written."""
     recorders: dict[str, TraceRecorder] = {}
@@ -33,14 +34,14 @@ def write_counterexample(path: str | Path, finding: Finding,
             continue
         side, machine = sides[step.machine]
         if side not in tables:
-            recorders[side] = TraceRecorder(side, ring=1 << 20, per_transfer=1 << 20,
-                                            transfers=4, ended=4, virtual_time=True)
-            tables[side] = TransferTable(machine, check_invariants=True,
-                                         recorder=recorders[side])
+            recorders[side] = TraceRecorder(
+                side, ring=1 << 20, per_transfer=1 << 20, transfers=4, ended=4, virtual_time=True
+            )
+            tables[side] = TransferTable(machine, check_invariants=True, recorder=recorders[side])
         try:
             tables[side].dispatch(step.event)
         except (InvariantViolation, TransitionError):
-            pass                     # recorded as raised, like the step the search saw
+            pass  # recorded as raised, like the step the search saw
         order.append(side)
     by_side = {side: iter(recorder.records()) for side, recorder in recorders.items()}
     steps = [next(by_side[side]) for side in order]

@@ -68,7 +68,7 @@ class Exploration:
     complete: bool = True
     stuck: int = 0
     findings: dict[str, Finding] = field(default_factory=dict)
-    model: Any = None                      # the model explored (for traces and contexts)
+    model: Any = None  # the model explored (for traces and contexts)
 
     @property
     def ok(self) -> bool:
@@ -81,8 +81,9 @@ Progress = Callable[[str, int, int, int, float], None]
 class Search:
     """One breadth-first search of ``model`` with ``budget`` for the moves' costs."""
 
-    def __init__(self, model: Model, *, budget: int, max_states: int,
-                 progress: Progress | None = None):
+    def __init__(
+        self, model: Model, *, budget: int, max_states: int, progress: Progress | None = None
+    ):
         self.model = model
         self.budget = budget
         self.max_states = max_states
@@ -117,14 +118,14 @@ class Search:
             here = queue.popleft()
             spent = self.spent[here]
             if expanded_at.get(here, budget + 1) <= spent:
-                continue                   # already expanded at this cost or less
+                continue  # already expanded at this cost or less
             first = here not in expanded_at
             expanded_at[here] = spent
             edges: list[int] | None = [] if first else None
             for move in successors(self.states[here], budget - spent):
                 result.transitions += 1
                 total = spent + move.cost
-                if total > budget:         # a model that did not leave it out
+                if total > budget:  # a model that did not leave it out
                     continue
                 if move.breaches:
                     self._found(move.breaches, here, move.label, move.state)
@@ -147,8 +148,13 @@ class Search:
                 self.edges[here] = edges
             if self.progress is not None and time.perf_counter() >= next_report:
                 next_report = time.perf_counter() + 0.5
-                self.progress(self.model.name, len(self.states), result.transitions,
-                              len(queue), time.perf_counter() - started)
+                self.progress(
+                    self.model.name,
+                    len(self.states),
+                    result.transitions,
+                    len(queue),
+                    time.perf_counter() - started,
+                )
         result.states = len(self.states)
         if result.complete:
             self._liveness()
@@ -224,8 +230,9 @@ class Search:
                 "ends_without_peer",
                 f"{len(stuck)} reachable state(s) from which no final state can be reached "
                 f"with timers and local events alone{': ' + why if why else ''}",
-                self.path_to(first), self.states[first])
-
+                self.path_to(first),
+                self.states[first],
+            )
 
     def _where_stuck(self, start: int) -> int:
         """Where a stuck state ends up waiting: the state its peer-free moves lead
@@ -244,8 +251,9 @@ class Search:
         return farthest
 
 
-def search(model: Model, *, budget: int, max_states: int,
-           progress: Progress | None = None) -> tuple[Exploration, Search]:
+def search(
+    model: Model, *, budget: int, max_states: int, progress: Progress | None = None
+) -> tuple[Exploration, Search]:
     """Explore ``model``; the findings and the search (for paths and states)."""
     runner = Search(model, budget=budget, max_states=max_states, progress=progress)
     return runner.run(), runner

@@ -24,13 +24,34 @@ class Joint:
     """A pair state being worked on (``freeze`` makes the hashable form). Side 0 is P,
     side 1 is D; a channel message is ``(due, to, kind, frozen data)``."""
 
-    __slots__ = ("finals", "now", "p", "d", "channel", "in_flight", "teardown", "p_blocks",
-                 "d_blocks", "handshake", "d_start")
+    __slots__ = (
+        "finals",
+        "now",
+        "p",
+        "d",
+        "channel",
+        "in_flight",
+        "teardown",
+        "p_blocks",
+        "d_blocks",
+        "handshake",
+        "d_start",
+    )
 
     def __init__(self, finals: tuple, state: tuple):
         self.finals = finals
-        (self.now, self.p, self.d, channel, self.in_flight, self.teardown, self.p_blocks,
-         self.d_blocks, self.handshake, self.d_start) = state
+        (
+            self.now,
+            self.p,
+            self.d,
+            channel,
+            self.in_flight,
+            self.teardown,
+            self.p_blocks,
+            self.d_blocks,
+            self.handshake,
+            self.d_start,
+        ) = state
         self.channel = list(channel)
 
     def freeze(self) -> tuple:
@@ -42,18 +63,48 @@ class Joint:
         if d_ended:
             d = (d[0], ())
         if p_ended or d_ended:
-            channel = [m for m in channel
-                       if not (p_ended and m[1] == "P") and not (d_ended and m[1] == "D")]
-        return (self.now, p, d, tuple(sorted(channel)), self.in_flight, self.teardown,
-                self.p_blocks, self.d_blocks, self.handshake, self.d_start)
+            channel = [
+                m
+                for m in channel
+                if not (p_ended and m[1] == "P") and not (d_ended and m[1] == "D")
+            ]
+        return (
+            self.now,
+            p,
+            d,
+            tuple(sorted(channel)),
+            self.in_flight,
+            self.teardown,
+            self.p_blocks,
+            self.d_blocks,
+            self.handshake,
+            self.d_start,
+        )
 
     def copy(self) -> Joint:
         other = Joint.__new__(Joint)
         other.finals = self.finals
-        (other.now, other.p, other.d, other.in_flight, other.teardown, other.p_blocks,
-         other.d_blocks, other.handshake, other.d_start) = (
-            self.now, self.p, self.d, self.in_flight, self.teardown, self.p_blocks,
-            self.d_blocks, self.handshake, self.d_start)
+        (
+            other.now,
+            other.p,
+            other.d,
+            other.in_flight,
+            other.teardown,
+            other.p_blocks,
+            other.d_blocks,
+            other.handshake,
+            other.d_start,
+        ) = (
+            self.now,
+            self.p,
+            self.d,
+            self.in_flight,
+            self.teardown,
+            self.p_blocks,
+            self.d_blocks,
+            self.handshake,
+            self.d_start,
+        )
         other.channel = list(self.channel)
         return other
 

@@ -46,8 +46,20 @@ HOLD_FAILURES = frozenset({"hold_failed"})
 _OPS, _HOLD, _HANDED_OVER = 1, 2, 4
 
 # Slots of the observer's tuple.
-(LEAVES, QUARANTINED, CUSTODY, IN_FLIGHT, TEARDOWN, SCHEDULED, SEALED, COMPLETED,
- OP_FAILED, WRITE_DONE, TOLD_FAILURE, SUCCEEDED) = range(12)
+(
+    LEAVES,
+    QUARANTINED,
+    CUSTODY,
+    IN_FLIGHT,
+    TEARDOWN,
+    SCHEDULED,
+    SEALED,
+    COMPLETED,
+    OP_FAILED,
+    WRITE_DONE,
+    TOLD_FAILURE,
+    SUCCEEDED,
+) = range(12)
 
 INITIAL = (0, False, 0, 0, 0, 0, -1, 0, False, 0, False, False)
 
@@ -152,23 +164,35 @@ class Observer:
         if kind in FAILURE_NEWS:
             m[TOLD_FAILURE] = True
         if kind in STOP_NEWS and m[IN_FLIGHT] and getattr(effect, "writes_stopped", True):
-            breaches.append(Breach("peer_told_only_when_quiet",
-                                   f"{kind} told the peer this side stopped while layer(s) "
-                                   f"{_layers(m[IN_FLIGHT])} may still be in flight"))
+            breaches.append(
+                Breach(
+                    "peer_told_only_when_quiet",
+                    f"{kind} told the peer this side stopped while layer(s) "
+                    f"{_layers(m[IN_FLIGHT])} may still be in flight",
+                )
+            )
         if kind == "send_write_done":
             if m[WRITE_DONE]:
                 breaches.append(Breach("write_done_once", "send_write_done a second time"))
             m[WRITE_DONE] = min(m[WRITE_DONE] + 1, 2)
             sealed = m[SEALED]
             if sealed <= 0:
-                breaches.append(Breach("write_done_after_sealed_writes",
-                                       "send_write_done before any layer was sealed"))
+                breaches.append(
+                    Breach(
+                        "write_done_after_sealed_writes",
+                        "send_write_done before any layer was sealed",
+                    )
+                )
             elif sealed & ~m[COMPLETED] or m[OP_FAILED]:
                 missing = sealed & ~m[COMPLETED]
-                why = (f"sealed layer(s) {_layers(missing)} not completed" if missing
-                       else "a write failed")
-                breaches.append(Breach("write_done_after_sealed_writes",
-                                       f"send_write_done while {why}"))
+                why = (
+                    f"sealed layer(s) {_layers(missing)} not completed"
+                    if missing
+                    else "a write failed"
+                )
+                breaches.append(
+                    Breach("write_done_after_sealed_writes", f"send_write_done while {why}")
+                )
 
     # -- the end ---------------------------------------------------------------------
 
@@ -176,11 +200,18 @@ class Observer:
         breaches = []
         if m[CUSTODY] and not m[LEAVES]:
             breaches.append(Breach(*ledger.never_left(state)))
-        if (self._tells_failure and state not in self._anomaly and not m[SUCCEEDED]
-                and not m[TOLD_FAILURE]):
-            breaches.append(Breach("failure_tells_peer",
-                                   f"ended in {state!r} without success and without telling "
-                                   "the peer"))
+        if (
+            self._tells_failure
+            and state not in self._anomaly
+            and not m[SUCCEEDED]
+            and not m[TOLD_FAILURE]
+        ):
+            breaches.append(
+                Breach(
+                    "failure_tells_peer",
+                    f"ended in {state!r} without success and without telling the peer",
+                )
+            )
         return breaches
 
 
@@ -196,7 +227,7 @@ def _see_violation(breaches: list[Breach], violation: ledger.Violation | None) -
         return
     rule = violation.rule
     if rule == ledger.FREED_UNDER_OPERATION:
-        rule = "no_handback_in_flight"      # this side's operations only
+        rule = "no_handback_in_flight"  # this side's operations only
     breaches.append(Breach(rule, violation.message))
 
 

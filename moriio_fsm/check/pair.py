@@ -67,9 +67,13 @@ PAIR_CONFIGS: dict[str, dict[str, dict[str, float]]] = {
     "write": {"write_producer": {}, "write_consumer": {}},
     "read": {
         "read_producer": {"lease_s": 6.0, "max_hold_s": 24.0},
-        "read_consumer": {"setup_timeout_s": 4.0, "read_timeout_s": 2.0,
-                          "renew_interval_s": 1.0, "lease_margin_s": 2.0,
-                          "abandon_timeout_s": 1.0},
+        "read_consumer": {
+            "setup_timeout_s": 4.0,
+            "read_timeout_s": 2.0,
+            "renew_interval_s": 1.0,
+            "lease_margin_s": 2.0,
+            "abandon_timeout_s": 1.0,
+        },
     },
 }
 
@@ -84,48 +88,72 @@ class WorldNote(NamedTuple):
 
 @dataclass
 class _Branch:
-    joint: Joint | None       # None once a step broke a rule: the branch ends there
+    joint: Joint | None  # None once a step broke a rule: the branch ends there
     cost: int
     labels: list
     breaches: list
-    pending: tuple            # events still to dispatch to the side being settled
+    pending: tuple  # events still to dispatch to the side being settled
 
 
 class PairModel:
     """The world of one P and one D rank of ``mode`` (``Model`` for ``explore.search``)."""
 
-    def __init__(self, mode: str, bounds: Bounds, *, configs: dict | None = None,
-                 specs: dict[str, str] | None = None, machines: dict | None = None):
+    def __init__(
+        self,
+        mode: str,
+        bounds: Bounds,
+        *,
+        configs: dict | None = None,
+        specs: dict[str, str] | None = None,
+        machines: dict | None = None,
+    ):
         if mode not in MODES:
-            raise CheckUsageError(f"unknown pair mode {mode!r}; expected one of "
-                                  f"{', '.join(sorted(MODES))}")
+            raise CheckUsageError(
+                f"unknown pair mode {mode!r}; expected one of {', '.join(sorted(MODES))}"
+            )
         self.mode = mode
         self.name = f"{mode} pair ({' x '.join(MODES[mode])})"
         self.bounds = bounds
-        configs = {name: {**PAIR_CONFIGS[mode].get(name, {}), **(configs or {}).get(name, {})}
-                   for name in MODES[mode]}
+        configs = {
+            name: {**PAIR_CONFIGS[mode].get(name, {}), **(configs or {}).get(name, {})}
+            for name in MODES[mode]
+        }
         specs, machines = specs or {}, machines or {}
         unknown = sorted((set(specs) | set(machines) | set(configs)) - set(MODES[mode]))
         if unknown:
-            raise CheckUsageError(f"the {mode} pair runs {' and '.join(MODES[mode])}, not "
-                                  f"{', '.join(unknown)}")
-        self.machines = [machines.get(name) or build_machine(specs.get(name, name),
-                                                             config=configs.get(name))
-                         for name in MODES[mode]]
+            raise CheckUsageError(
+                f"the {mode} pair runs {' and '.join(MODES[mode])}, not {', '.join(unknown)}"
+            )
+        self.machines = [
+            machines.get(name) or build_machine(specs.get(name, name), config=configs.get(name))
+            for name in MODES[mode]
+        ]
         self.steppers = [Stepper(machine) for machine in self.machines]
         self.side_names = ("P", "D")
         self._final = [machine.final for machine in self.machines]
         self._finals = tuple(self._final)
-        self._local = [[c for c in Alphabet(machine.spec, bounds).events
-                        if c.origin == "local" and not machine.spec.events[c.kind].creates]
-                       for machine in self.machines]
-        durations = [d for machine in self.machines
-                     for d in TimerPlan(machine.spec, machine.config).durations]
+        self._local = [
+            [
+                c
+                for c in Alphabet(machine.spec, bounds).events
+                if c.origin == "local" and not machine.spec.events[c.kind].creates
+            ]
+            for machine in self.machines
+        ]
+        durations = [
+            d
+            for machine in self.machines
+            for d in TimerPlan(machine.spec, machine.config).durations
+        ]
         self.tick = bounds.tick_for(durations, "auto")
         self._failure_of = [
-            {name: (emit.on_failure, tuple(machine.spec.events[emit.on_failure].payload))
-             for name, emit in machine.spec.emits.items() if emit.on_failure}
-            for machine in self.machines]
+            {
+                name: (emit.on_failure, tuple(machine.spec.events[emit.on_failure].payload))
+                for name, emit in machine.spec.emits.items()
+                if emit.on_failure
+            }
+            for machine in self.machines
+        ]
         self._carry = [getattr(self, f"_{mode}_{side}") for side in ("p", "d")]
         self._op = "write" if mode == "write" else "read"
 
@@ -134,15 +162,21 @@ class PairModel:
     def initial(self):
         empty = Joint(self._finals, (0.0, None, None, (), 0, 0, HELD, HELD, 0, NOT_STARTABLE))
         if self.mode == "write":
-            creations = [(0, make_event("prefill_started", TRANSFER_ID, 0.0, {"num_writers": 1})),
-                         (1, make_event("receive_started", TRANSFER_ID, 0.0, {"num_writers": 1}))]
+            creations = [
+                (0, make_event("prefill_started", TRANSFER_ID, 0.0, {"num_writers": 1})),
+                (1, make_event("receive_started", TRANSFER_ID, 0.0, {"num_writers": 1})),
+            ]
         else:
-            creations = [(0, make_event("serve_started", TRANSFER_ID, 0.0,
-                                        {"consumer_tp_size": 1}))]
+            creations = [
+                (0, make_event("serve_started", TRANSFER_ID, 0.0, {"consumer_tp_size": 1}))
+            ]
         branches = [_Branch(empty, 0, [], [], ())]
         for side, ev in creations:
-            branches = [done for branch in branches
-                        for done in self._create(branch, side, ev, self.bounds.faults)]
+            branches = [
+                done
+                for branch in branches
+                for done in self._create(branch, side, ev, self.bounds.faults)
+            ]
         for branch in branches:
             yield self._move(branch, peer_free=True)
 
@@ -174,8 +208,9 @@ class PairModel:
             if key is None or key[0] in self._final[side]:
                 continue
             for concrete in self._local[side]:
-                moves += self._react(joint, side, concrete.build(TRANSFER_ID, now), 0,
-                                     allowance, peer_free=True)
+                moves += self._react(
+                    joint, side, concrete.build(TRANSFER_ID, now), 0, allowance, peer_free=True
+                )
         if self.mode == "read" and joint.d_start == STARTABLE:
             moves += self._start_reader(joint, allowance)
         moves += self._channel_moves(joint, allowance)
@@ -194,8 +229,10 @@ class PairModel:
 
     def describe_stuck(self, state) -> str:
         joint = Joint(self._finals, state)
-        sides = [f"{name} {'not started' if key is None else repr(key[0])}"
-                 for name, key in zip(self.side_names, (joint.p, joint.d))]
+        sides = [
+            f"{name} {'not started' if key is None else repr(key[0])}"
+            for name, key in zip(self.side_names, (joint.p, joint.d))
+        ]
         return f"for example with {' and '.join(sides)} at t={joint.now:g}"
 
     # -- moves of the world ------------------------------------------------------------
@@ -212,16 +249,23 @@ class PairModel:
                 if not keep:
                     world.channel.remove(message)
                 note = WorldNote(f"{show_message(message)} {what}")
-                ev = make_event(kind, TRANSFER_ID, joint.now,
-                                {n: _thaw(v) for n, v in data}, source="peer")
-                moves += self._react(world, side, ev, cost, allowance, peer_free=False,
-                                     note=note)
+                ev = make_event(
+                    kind, TRANSFER_ID, joint.now, {n: _thaw(v) for n, v in data}, source="peer"
+                )
+                moves += self._react(world, side, ev, cost, allowance, peer_free=False, note=note)
             if due != LATE and allowance >= 1:
                 world = joint.copy()
                 world.channel.remove(message)
                 world.channel.append((LATE, to, kind, data))
-                moves.append(Move((WorldNote(f"{show_message(message)} is late"),),
-                                  world.freeze(), 1, False, []))
+                moves.append(
+                    Move(
+                        (WorldNote(f"{show_message(message)} is late"),),
+                        world.freeze(),
+                        1,
+                        False,
+                        [],
+                    )
+                )
         return moves
 
     def _engine_moves(self, joint: Joint, allowance: int) -> list[Move]:
@@ -240,43 +284,80 @@ class PairModel:
                 world.teardown &= ~bit
                 kind = f"layer_{op}_completed" if ok else f"layer_{op}_failed"
                 data = {"layer": layer} if ok else {"layer": layer, "code": 13}
-                note = WorldNote(f"the engine {'completed' if ok else 'failed'} the {op} of "
-                                 f"layer {layer}")
-                moves += self._react(world, owner, make_event(kind, TRANSFER_ID, joint.now, data),
-                                     cost, allowance, peer_free=False, note=note)
+                note = WorldNote(
+                    f"the engine {'completed' if ok else 'failed'} the {op} of layer {layer}"
+                )
+                moves += self._react(
+                    world,
+                    owner,
+                    make_event(kind, TRANSFER_ID, joint.now, data),
+                    cost,
+                    allowance,
+                    peer_free=False,
+                    note=note,
+                )
         if joint.teardown:
             world = joint.copy()
             world.in_flight &= ~world.teardown
             world.teardown = 0
             kind = "writes_abandoned" if self.mode == "write" else "reads_abandoned"
-            moves += self._react(world, owner, make_event(kind, TRANSFER_ID, joint.now), 0,
-                                 allowance, peer_free=False,
-                                 note=WorldNote(f"the engine confirmed the teardown ({kind})"))
+            moves += self._react(
+                world,
+                owner,
+                make_event(kind, TRANSFER_ID, joint.now),
+                0,
+                allowance,
+                peer_free=False,
+                note=WorldNote(f"the engine confirmed the teardown ({kind})"),
+            )
         if self.mode == "read" and joint.handshake:
             for ok, cost in ((True, 0), (False, 1)):
                 if cost > allowance:
                     continue
                 world = joint.copy()
                 world.handshake = 0
-                ev = (make_event("handshake_done", TRANSFER_ID, joint.now) if ok else
-                      make_event("handshake_failed", TRANSFER_ID, joint.now, {"error": _ERROR}))
-                moves += self._react(world, 1, ev, cost, allowance, peer_free=False,
-                                     note=WorldNote(f"the handshake {'answered' if ok else 'failed'}"))
+                ev = (
+                    make_event("handshake_done", TRANSFER_ID, joint.now)
+                    if ok
+                    else make_event("handshake_failed", TRANSFER_ID, joint.now, {"error": _ERROR})
+                )
+                moves += self._react(
+                    world,
+                    1,
+                    ev,
+                    cost,
+                    allowance,
+                    peer_free=False,
+                    note=WorldNote(f"the handshake {'answered' if ok else 'failed'}"),
+                )
         return moves
 
     def _start_reader(self, joint: Joint, allowance: int) -> list[Move]:
         world = joint.copy()
         world.d_start = STARTED
-        ev = make_event("read_started", TRANSFER_ID, joint.now,
-                        {"num_layers": self.bounds.layers, "remote_block_ids": [7]})
+        ev = make_event(
+            "read_started",
+            TRANSFER_ID,
+            joint.now,
+            {"num_layers": self.bounds.layers, "remote_block_ids": [7]},
+        )
         note = WorldNote("the proxy passed P's read parameters to D")
         branches = self._create(_Branch(world, 0, [note], [], ()), 1, ev, allowance)
         return [self._move(branch, peer_free=True) for branch in branches]
 
     # -- dispatching and carrying out --------------------------------------------------
 
-    def _react(self, joint: Joint, side: int, ev: Event, cost: int, allowance: int, *,
-               peer_free: bool, note: WorldNote | None = None) -> list[Move]:
+    def _react(
+        self,
+        joint: Joint,
+        side: int,
+        ev: Event,
+        cost: int,
+        allowance: int,
+        *,
+        peer_free: bool,
+        note: WorldNote | None = None,
+    ) -> list[Move]:
         """Hand ``ev`` to ``side`` (copying ``joint`` first) and settle what follows."""
         labels = [note] if note is not None else []
         key = joint.key(side)
@@ -290,16 +371,25 @@ class PairModel:
 
     def _create(self, branch: _Branch, side: int, ev: Event, allowance: int) -> list[_Branch]:
         if branch.joint is None:
-            return [branch]             # the other side's creation broke a rule: it ends there
+            return [branch]  # the other side's creation broke a rule: it ends there
         stepper = self.steppers[side]
         try:
             result, key = stepper.create(ev)
         except (InvariantViolation, TransitionError) as exc:
-            return [_Branch(None, branch.cost, branch.labels + [Dispatch(self._who(side), ev, None)],
-                            branch.breaches + [breach_of(exc)], ())]
+            return [
+                _Branch(
+                    None,
+                    branch.cost,
+                    branch.labels + [Dispatch(self._who(side), ev, None)],
+                    branch.breaches + [breach_of(exc)],
+                    (),
+                )
+            ]
         if key is None:
-            raise CheckUsageError(f"{self.machines[side].spec.name} refused its creating event "
-                                  f"{ev!r} in the {self.mode} pair")
+            raise CheckUsageError(
+                f"{self.machines[side].spec.name} refused its creating event "
+                f"{ev!r} in the {self.mode} pair"
+            )
         branch.joint.set_key(side, key)
         branch.labels = branch.labels + [Dispatch(self._who(side), ev, result)]
         return self._carry_out_all(branch, side, result.effects, allowance)
@@ -318,15 +408,21 @@ class PairModel:
             ev, rest = branch.pending[0], branch.pending[1:]
             key = branch.joint.key(side)
             if key[0] in self._final[side]:
-                branch.pending = rest          # LATE: the ended transfer takes nothing
+                branch.pending = rest  # LATE: the ended transfer takes nothing
                 work.append(branch)
                 continue
             try:
                 result, key = stepper.run(stepper.load(key), ev)
             except (InvariantViolation, TransitionError) as exc:
-                done.append(_Branch(None, branch.cost,
-                                    branch.labels + [Dispatch(self._who(side), ev, None)],
-                                    branch.breaches + [breach_of(exc)], ()))
+                done.append(
+                    _Branch(
+                        None,
+                        branch.cost,
+                        branch.labels + [Dispatch(self._who(side), ev, None)],
+                        branch.breaches + [breach_of(exc)],
+                        (),
+                    )
+                )
                 continue
             branch.joint.set_key(side, key)
             branch.labels = branch.labels + [Dispatch(self._who(side), ev, result)]
@@ -352,11 +448,16 @@ class PairModel:
                     ev = make_event(kind, TRANSFER_ID, b.joint.now, data)
                     failed = b.joint.copy()
                     if self.mode == "read" and effect.kind == "hold_for_reads":
-                        failed.p_blocks = GONE      # vLLM frees what the connector could not hold
-                    next_branches.append(_Branch(
-                        failed, b.cost + 1,
-                        b.labels + [WorldNote(f"the handler of {effect.kind} raised")],
-                        list(b.breaches), b.pending + (ev,)))
+                        failed.p_blocks = GONE  # vLLM frees what the connector could not hold
+                    next_branches.append(
+                        _Branch(
+                            failed,
+                            b.cost + 1,
+                            b.labels + [WorldNote(f"the handler of {effect.kind} raised")],
+                            list(b.breaches),
+                            b.pending + (ev,),
+                        )
+                    )
                 breaches: list[Breach] = []
                 self._carry_out(b.joint, side, effect, breaches)
                 if breaches:
@@ -380,8 +481,7 @@ class PairModel:
         if kind in ledger.HANDBACKS:
             self._hand_back(joint, side, kind, breaches)
         elif kind == ledger.QUARANTINE:
-            custody, violation = ledger.quarantine(joint.blocks(side),
-                                                   owner=self.side_names[side])
+            custody, violation = ledger.quarantine(joint.blocks(side), owner=self.side_names[side])
             self._blocks_moved(joint, side, custody, violation, breaches)
         elif kind in ("post_write", "post_read"):
             self._post(joint, effect.layer, breaches)
@@ -394,13 +494,23 @@ class PairModel:
         if effect.kind == "send_write_done":
             joint.send("D", "write_done", num_writers=effect.num_writers, producer_rank=0)
         elif effect.kind == "send_write_failed":
-            joint.send("D", "write_failed", reason=effect.reason,
-                       writes_stopped=effect.writes_stopped, producer_rank=0)
+            joint.send(
+                "D",
+                "write_failed",
+                reason=effect.reason,
+                writes_stopped=effect.writes_stopped,
+                producer_rank=0,
+            )
 
     def _write_d(self, joint: Joint, effect: Any) -> None:
         if effect.kind == "send_remote_blocks":
-            joint.send("P", "remote_blocks", block_ids=effect.block_ids, decode_rank=0,
-                       req_id=effect.req_id)
+            joint.send(
+                "P",
+                "remote_blocks",
+                block_ids=effect.block_ids,
+                decode_rank=0,
+                req_id=effect.req_id,
+            )
         elif effect.kind == "send_release":
             joint.send("P", "release", consumer_tp_size=1, consumer_rank=0)
 
@@ -409,8 +519,13 @@ class PairModel:
             if joint.d_start == NOT_STARTABLE:
                 joint.d_start = STARTABLE
         elif effect.kind == "send_lease_granted":
-            joint.send("D", "lease_granted", seq=effect.seq, lease_s=effect.lease_s,
-                       consumer_rank=effect.consumer_rank)
+            joint.send(
+                "D",
+                "lease_granted",
+                seq=effect.seq,
+                lease_s=effect.lease_s,
+                consumer_rank=effect.consumer_rank,
+            )
 
     def _read_d(self, joint: Joint, effect: Any) -> None:
         if effect.kind == "request_handshake":
@@ -424,8 +539,9 @@ class PairModel:
 
     def _post(self, joint: Joint, layer: int, breaches: list) -> None:
         for side, name in enumerate(self.side_names):
-            violation = ledger.posted(joint.blocks(side), f"a {self._op} of layer {layer}",
-                                      owner=name)
+            violation = ledger.posted(
+                joint.blocks(side), f"a {self._op} of layer {layer}", owner=name
+            )
             if violation is not None:
                 breaches.append(Breach(*violation))
         if 0 <= layer < self.bounds.layers:
@@ -437,8 +553,9 @@ class PairModel:
         touching = joint.in_flight if ledger.reaches(side == 1, joint.d_blocks) else 0
         what = f"a {self._op} {'into' if side else 'from'} its blocks"
         during = f"{what} (layer(s) {show_bits(touching)})" if touching else ""
-        custody, violation = ledger.hand_back(joint.blocks(side), kind, during,
-                                              owner=self.side_names[side])
+        custody, violation = ledger.hand_back(
+            joint.blocks(side), kind, during, owner=self.side_names[side]
+        )
         self._blocks_moved(joint, side, custody, violation, breaches)
 
     @staticmethod
@@ -461,4 +578,3 @@ class PairModel:
 
     def _who(self, side: int) -> str:
         return f"{self.side_names[side]} {self.machines[side].spec.name}"
-

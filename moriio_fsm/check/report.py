@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 def summary(result: Exploration) -> str:
     verdict = "ok" if result.ok else ("INCOMPLETE" if not result.complete else "FAILED")
-    line = (f"{result.name}: {verdict}: {result.states:,} states, {result.transitions:,} "
-            f"transitions, {result.ended:,} ended, {result.seconds:.1f} s")
+    line = (
+        f"{result.name}: {verdict}: {result.states:,} states, {result.transitions:,} "
+        f"transitions, {result.ended:,} ended, {result.seconds:.1f} s"
+    )
     if not result.complete:
         line += " (stopped at the state limit: raise --max-states or lower the bounds)"
     return line
@@ -58,16 +60,21 @@ def show_step(step) -> str:
         if result is None:
             return head + ": RAISED (below)"
         outcome = result.outcome.value
-        hops = " -> ".join([result.hops[0][0]] + [h[1] for h in result.hops]) if result.hops \
+        hops = (
+            " -> ".join([result.hops[0][0]] + [h[1] for h in result.hops])
+            if result.hops
             else result.state
+        )
         effects = ", ".join(show_event(e) for e in result.effects)
         return f"{head}: {outcome}, {hops}" + (f"; emits {effects}" if effects else "")
     return str(step)
 
 
 def render_finding(finding: Finding) -> list[str]:
-    lines = [f"  broken: {finding.rule}: {finding.message}",
-             f"  shortest counterexample ({len(steps_of(finding.path))} steps):"]
+    lines = [
+        f"  broken: {finding.rule}: {finding.message}",
+        f"  shortest counterexample ({len(steps_of(finding.path))} steps):",
+    ]
     for number, step in enumerate(steps_of(finding.path), 1):
         lines.append(f"    {number:3d}. {show_step(step)}")
     return lines
@@ -75,13 +82,23 @@ def render_finding(finding: Finding) -> list[str]:
 
 def as_json(result: Exploration, traces: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "name": result.name, "ok": result.ok, "complete": result.complete,
-        "states": result.states, "transitions": result.transitions, "ended": result.ended,
-        "seconds": round(result.seconds, 3), "stuck": result.stuck,
-        "findings": [{"rule": f.rule, "message": f.message,
-                      "steps": [show_step(s).strip() for s in steps_of(f.path)],
-                      "trace": (traces or {}).get(f.rule)}
-                     for f in result.findings.values()],
+        "name": result.name,
+        "ok": result.ok,
+        "complete": result.complete,
+        "states": result.states,
+        "transitions": result.transitions,
+        "ended": result.ended,
+        "seconds": round(result.seconds, 3),
+        "stuck": result.stuck,
+        "findings": [
+            {
+                "rule": f.rule,
+                "message": f.message,
+                "steps": [show_step(s).strip() for s in steps_of(f.path)],
+                "trace": (traces or {}).get(f.rule),
+            }
+            for f in result.findings.values()
+        ],
     }
 
 
@@ -92,7 +109,7 @@ class ProgressBar:
 
     def __init__(self, *, after_s: float = 1.0):
         self.after_s = after_s
-        self._bar: Progress | None = None          # rich is imported when a bar is first shown
+        self._bar: Progress | None = None  # rich is imported when a bar is first shown
         self._task: TaskID | None = None
         self._enabled = sys.stderr.isatty()
 
@@ -102,24 +119,34 @@ class ProgressBar:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def __call__(self, name: str, states: int, transitions: int, queued: int,
-                 seconds: float) -> None:
+    def __call__(
+        self, name: str, states: int, transitions: int, queued: int, seconds: float
+    ) -> None:
         if not self._enabled or seconds < self.after_s:
             return
         if self._bar is None:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=True)
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[counts]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._bar.start()
         if self._task is None or self._bar.tasks[0].description != name:
             if self._task is not None:
                 self._bar.remove_task(self._task)
             self._task = self._bar.add_task(name, total=1, counts="")
-        self._bar.update(self._task, total=max(states, 1), completed=states - queued,
-                         counts=f"{states:,} states, {transitions:,} transitions")
+        self._bar.update(
+            self._task,
+            total=max(states, 1),
+            completed=states - queued,
+            counts=f"{states:,} states, {transitions:,} transitions",
+        )
 
     def close(self) -> None:
         if self._bar is not None:

@@ -91,7 +91,7 @@ class MachineModel:
                 yield Move(Dispatch(self.name, ev, None), None, 0, True, [breach_of(exc)])
                 continue
             if key is None:
-                continue                       # the spec refused this way to start
+                continue  # the spec refused this way to start
             memory, breaches = self.observer.after(INITIAL, ev, result.effects, key[0])
             yield Move(Dispatch(self.name, ev, result), (0.0, key, memory), 0, True, breaches)
 
@@ -104,8 +104,9 @@ class MachineModel:
         for index, deadline in enumerate(deadlines):
             if deadline is not None and deadline <= now:
                 due = True
-                moves.append(self._try(tx, self.stepper.timer_event(index, deadline), now,
-                                       memory, 0, True))
+                moves.append(
+                    self._try(tx, self.stepper.timer_event(index, deadline), now, memory, 0, True)
+                )
         if not due:
             later = next_instant(now, deadlines, self.tick)
             if later is not None:
@@ -113,8 +114,16 @@ class MachineModel:
         for concrete in self.alphabet.events:
             if concrete.cost > allowance:
                 continue
-            moves.append(self._try(tx, concrete.build(TRANSFER_ID, now), now, memory,
-                                   concrete.cost, concrete.origin == "local"))
+            moves.append(
+                self._try(
+                    tx,
+                    concrete.build(TRANSFER_ID, now),
+                    now,
+                    memory,
+                    concrete.cost,
+                    concrete.origin == "local",
+                )
+            )
         return moves
 
     def ended(self, state) -> bool:
@@ -131,19 +140,26 @@ class MachineModel:
             try:
                 result, after = self.stepper.run(tx, ev)
             except (InvariantViolation, TransitionError) as exc:
-                return [Breach("final_absorbing", f"{ev.kind} raised in final state "
-                                                  f"{key[0]!r}: {exc}")]
+                return [
+                    Breach("final_absorbing", f"{ev.kind} raised in final state {key[0]!r}: {exc}")
+                ]
             if after != key or result.effects or result.outcome not in _QUIET:
-                return [Breach("final_absorbing",
-                               f"{ev.kind} was {result.outcome.value} in final state {key[0]!r}"
-                               f" (now {after[0]!r}, effects {list(result.effects)!r})")]
+                return [
+                    Breach(
+                        "final_absorbing",
+                        f"{ev.kind} was {result.outcome.value} in final state {key[0]!r}"
+                        f" (now {after[0]!r}, effects {list(result.effects)!r})",
+                    )
+                ]
         return []
 
     def describe_stuck(self, state) -> str:
         now, key, _ = state
         armed = [name for name, d in zip(self.machine.spec.timers, key[1]) if d is not None]
-        return (f"for example in state {key[0]!r} at t={now:g} with "
-                f"{'timers ' + ', '.join(armed) + ' armed' if armed else 'no timer armed'}")
+        return (
+            f"for example in state {key[0]!r} at t={now:g} with "
+            f"{'timers ' + ', '.join(armed) + ' armed' if armed else 'no timer armed'}"
+        )
 
     # -- one step ----------------------------------------------------------------------
 
@@ -153,8 +169,7 @@ class MachineModel:
         except (InvariantViolation, TransitionError) as exc:
             return Move(Dispatch(self.name, ev, None), None, cost, peer_free, [breach_of(exc)])
         memory, breaches = self.observer.after(memory, ev, result.effects, key[0])
-        return Move(Dispatch(self.name, ev, result), (now, key, memory), cost, peer_free,
-                    breaches)
+        return Move(Dispatch(self.name, ev, result), (now, key, memory), cost, peer_free, breaches)
 
     def context_of(self, state) -> dict[str, Any]:
         return self.stepper.context_of(state[1])

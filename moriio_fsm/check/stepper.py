@@ -80,11 +80,15 @@ class Stepper:
         self._shard = self.table._shards[0]
         self._steps = self.table._steps
         self._get_context = operator.attrgetter(*self.fields) if len(self.fields) > 1 else None
-        self._unhashable = tuple(index for index, name in enumerate(self.fields)
-                                 if machine.spec.context[name].type == "object")
+        self._unhashable = tuple(
+            index
+            for index, name in enumerate(self.fields)
+            if machine.spec.context[name].type == "object"
+        )
         self._no_deadlines = (None,) * len(machine.spec.timers)
-        self._timer_events = tuple(machine.event_classes[timer.event]
-                                   for timer in machine.spec.timers.values())
+        self._timer_events = tuple(
+            machine.event_classes[timer.event] for timer in machine.spec.timers.values()
+        )
         self._created = 0
         self._loaded: dict[tuple, Any] = {}
         self._creations: dict[tuple, tuple] = {}
@@ -111,11 +115,11 @@ class Stepper:
             return tx
         if len(self._loaded) >= _LOADED_KEPT:
             self._loaded.clear()
-        tx = object.__new__(self._record_class)     # no __init__: the key gives every field
+        tx = object.__new__(self._record_class)  # no __init__: the key gives every field
         tx.transfer_id = TRANSFER_ID
         tx.state = key[0]
         tx.deadlines = list(key[1])
-        tx._senders = None       # peers are not modelled: every transfer takes any sender
+        tx._senders = None  # peers are not modelled: every transfer takes any sender
         for name, value in zip(self.fields, key[2:]):
             setattr(tx, name, value)
         for index in self._unhashable:

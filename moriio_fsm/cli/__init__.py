@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moriio-fsm",
         description="KV-cache transfer lifecycles as checkable state machines: validate and "
-                    "draw specs, replay and explain traces, check models, run the demo.")
+        "draw specs, replay and explain traces, check models, run the demo.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

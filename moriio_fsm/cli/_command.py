@@ -28,7 +28,9 @@ def add_command(sub, name: str, doc: str | None) -> argparse.ArgumentParser:
     first, _, rest = doc.strip().partition("\n\n")
     prefix = f"``moriio-fsm {name}``:"
     if not first.startswith(prefix):
-        raise ValueError(f"the docstring of subcommand {name!r} must start with {prefix!r} "
-                         f"and its one-paragraph summary; it starts {first[:60]!r}")
-    summary = _folded(first[len(prefix):]).removesuffix(".")
+        raise ValueError(
+            f"the docstring of subcommand {name!r} must start with {prefix!r} "
+            f"and its one-paragraph summary; it starts {first[:60]!r}"
+        )
+    summary = _folded(first[len(prefix) :]).removesuffix(".")
     return sub.add_parser(name, help=summary, description=_folded(rest) or None)

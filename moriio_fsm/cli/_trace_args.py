@@ -17,9 +17,14 @@ PROGRESS_FROM_BYTES = 8 << 20
 
 
 def add_spec_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", action="append", default=[], metavar="NAME=PATH",
-                        help="replay the table of spec NAME with the spec file PATH (when the "
-                             "trace's spec moved or changed)")
+    parser.add_argument(
+        "--spec",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="replay the table of spec NAME with the spec file PATH (when the "
+        "trace's spec moved or changed)",
+    )
 
 
 def spec_overrides(values: list[str]) -> dict[str, str]:
@@ -27,8 +32,10 @@ def spec_overrides(values: list[str]) -> dict[str, str]:
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
-            raise ValueError(f"--spec takes NAME=PATH (e.g. write_producer=specs/write_producer.yaml), "
-                             f"got {value!r}")
+            raise ValueError(
+                f"--spec takes NAME=PATH (e.g. write_producer=specs/write_producer.yaml), "
+                f"got {value!r}"
+            )
         found[name] = path
     return found
 
@@ -53,7 +60,13 @@ def progress_for(paths: list[str]) -> Iterator[Callable[[int], None] | None]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     # Roughly 400 bytes per step line: the bar's total is an estimate, the count exact.
-    with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.completed:,} steps"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+    with Progress(
+        TextColumn("replaying"),
+        BarColumn(),
+        TextColumn("{task.completed:,} steps"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("replay", total=max(1, size // 400))
         yield lambda steps: bar.update(task, completed=steps)

@@ -21,14 +21,17 @@ def _chaos(args: argparse.Namespace) -> int:
     from ..chaos import ChaosSettings, ChaosUsageError, run_chaos
 
     try:
-        settings = ChaosSettings(transfers=args.transfers, seed=args.seed,
-                                 fault_rate=args.fault_rate, layers=args.layers)
+        settings = ChaosSettings(
+            transfers=args.transfers, seed=args.seed, fault_rate=args.fault_rate, layers=args.layers
+        )
     except ChaosUsageError as exc:
         print(f"moriio-fsm chaos: {exc}", file=sys.stderr)
         return 2
-    print(f"chaos: {settings.transfers} transfers ({settings.layers} layers, both modes) between "
-          f"{settings.producers} P and {settings.consumers} D ranks, seed {settings.seed}, "
-          f"fault rate {settings.fault_rate:g}")
+    print(
+        f"chaos: {settings.transfers} transfers ({settings.layers} layers, both modes) between "
+        f"{settings.producers} P and {settings.consumers} D ranks, seed {settings.seed}, "
+        f"fault rate {settings.fault_rate:g}"
+    )
     sys.stdout.flush()
     result = run_chaos(settings)
     faults = ", ".join(f"{name.replace('_', ' ')} {count}" for name, count in result.faults.items())
@@ -44,12 +47,24 @@ def _chaos(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = add_command(sub, "chaos", __doc__)
-    p.add_argument("--transfers", type=int, default=1000, metavar="N",
-                   help="how many transfers (default 1000)")
-    p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="the seed that decides every latency and fault (default 0)")
-    p.add_argument("--fault-rate", type=float, default=0.05, metavar="R",
-                   help="the chance of each fault at each chance it has (default 0.05)")
-    p.add_argument("--layers", type=int, default=4, metavar="N",
-                   help="layers per transfer (default 4)")
+    p.add_argument(
+        "--transfers", type=int, default=1000, metavar="N", help="how many transfers (default 1000)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the seed that decides every latency and fault (default 0)",
+    )
+    p.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.05,
+        metavar="R",
+        help="the chance of each fault at each chance it has (default 0.05)",
+    )
+    p.add_argument(
+        "--layers", type=int, default=4, metavar="N", help="layers per transfer (default 4)"
+    )
     p.set_defaults(run=_chaos)

@@ -21,9 +21,16 @@ def _demo(args: argparse.Namespace) -> int:
     from ..serving.vllm_server import ServerError
 
     try:
-        options = demo.DemoOptions(mode=args.mode, requests=args.requests, faults=args.faults,
-                                   workdir=args.workdir, seed=args.seed, max_tokens=args.max_tokens,
-                                   prefills=args.prefills, failure_policy=args.on_load_failure)
+        options = demo.DemoOptions(
+            mode=args.mode,
+            requests=args.requests,
+            faults=args.faults,
+            workdir=args.workdir,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            prefills=args.prefills,
+            failure_policy=args.on_load_failure,
+        )
     except ValueError as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
         return 2
@@ -44,20 +51,49 @@ def _demo(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = add_command(sub, "demo", __doc__)
-    p.add_argument("--mode", choices=("write", "read"), default="write",
-                   help="WRITE: P writes into D's blocks; READ: D reads P's (default write)")
-    p.add_argument("--requests", type=int, default=16, metavar="N", help="how many requests (default 16)")
-    p.add_argument("--faults", type=float, default=0.0, metavar="RATE",
-                   help="inject RDMA failures and lost, duplicated and delayed control messages at "
-                        "RATE, and kill one P mid-run (default 0: none)")
-    p.add_argument("--workdir", default="moriio-fsm-demo", metavar="DIR",
-                   help="model, logs, traces and diagrams go here (default ./moriio-fsm-demo)")
+    p.add_argument(
+        "--mode",
+        choices=("write", "read"),
+        default="write",
+        help="WRITE: P writes into D's blocks; READ: D reads P's (default write)",
+    )
+    p.add_argument(
+        "--requests", type=int, default=16, metavar="N", help="how many requests (default 16)"
+    )
+    p.add_argument(
+        "--faults",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="inject RDMA failures and lost, duplicated and delayed control messages at "
+        "RATE, and kill one P mid-run (default 0: none)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="moriio-fsm-demo",
+        metavar="DIR",
+        help="model, logs, traces and diagrams go here (default ./moriio-fsm-demo)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the prompts' and faults' seed (default 0)")
-    p.add_argument("--max-tokens", type=int, default=16, metavar="N",
-                   help="tokens generated per request (default 16)")
-    p.add_argument("--prefills", type=int, default=None, metavar="N",
-                   help="P instances (default 1; 2 with --faults, since one is killed)")
-    p.add_argument("--on-load-failure", choices=("fail", "recompute"), default="fail",
-                   help="what D does when a transfer fails: vLLM's kv_load_failure_policy "
-                        "(default fail: the request ends with an error naming the transfer)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="tokens generated per request (default 16)",
+    )
+    p.add_argument(
+        "--prefills",
+        type=int,
+        default=None,
+        metavar="N",
+        help="P instances (default 1; 2 with --faults, since one is killed)",
+    )
+    p.add_argument(
+        "--on-load-failure",
+        choices=("fail", "recompute"),
+        default="fail",
+        help="what D does when a transfer fails: vLLM's kv_load_failure_policy "
+        "(default fail: the request ends with an error naming the transfer)",
+    )
     p.set_defaults(run=_demo)

@@ -25,11 +25,15 @@ def _diagram(args: argparse.Namespace) -> int:
     from ._trace_args import fail
 
     if args.overview and (args.spec or args.trace or args.all_rows or args.docs):
-        return fail("--overview draws the four shipped machines: it takes no SPEC, --trace, "
-                    "--all-rows or --docs")
+        return fail(
+            "--overview draws the four shipped machines: it takes no SPEC, --trace, "
+            "--all-rows or --docs"
+        )
     if not (args.spec or args.overview or args.docs):
-        return fail("diagram needs a SPEC (a shipped name such as write_producer, or a spec "
-                    "file), --overview or --docs DIR")
+        return fail(
+            "diagram needs a SPEC (a shipped name such as write_producer, or a spec "
+            "file), --overview or --docs DIR"
+        )
     fmt = args.format or _format_of(args.output, "svg" if args.overview else "mermaid")
     if fmt == "png" and not args.output and not args.docs:
         return fail("png is binary: pass -o FILE.png")
@@ -71,18 +75,36 @@ def _format_of(output: str | None, default: str) -> str:
 def register(sub) -> None:
     p = add_command(sub, "diagram", __doc__)
     p.add_argument("spec", nargs="?", metavar="SPEC", help="shipped spec name or spec file")
-    p.add_argument("-f", "--format", choices=("svg", "png", "dot", "mermaid"),
-                   help="output format (default: from -o's suffix, else mermaid)")
+    p.add_argument(
+        "-f",
+        "--format",
+        choices=("svg", "png", "dot", "mermaid"),
+        help="output format (default: from -o's suffix, else mermaid)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    p.add_argument("--trace", action="append", default=[], metavar="TRACE",
-                   help="count each edge's transfers in this trace file (repeatable)")
-    p.add_argument("--all-rows", action="store_true",
-                   help="also draw rows that change nothing (duplicate, ignored)")
-    p.add_argument("--overview", action="store_true",
-                   help="draw the four shipped machines (WRITE and READ, producer and "
-                        "consumer) in one picture (svg, png or dot; default svg)")
-    p.add_argument("--docs", metavar="DIR",
-                   help="regenerate in DIR every shipped spec's svg, png and mermaid and the "
-                        "overview (machines.svg, machines.png), and the WRITE producer's "
-                        "diagram in docs/machines.md")
+    p.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="TRACE",
+        help="count each edge's transfers in this trace file (repeatable)",
+    )
+    p.add_argument(
+        "--all-rows",
+        action="store_true",
+        help="also draw rows that change nothing (duplicate, ignored)",
+    )
+    p.add_argument(
+        "--overview",
+        action="store_true",
+        help="draw the four shipped machines (WRITE and READ, producer and "
+        "consumer) in one picture (svg, png or dot; default svg)",
+    )
+    p.add_argument(
+        "--docs",
+        metavar="DIR",
+        help="regenerate in DIR every shipped spec's svg, png and mermaid and the "
+        "overview (machines.svg, machines.png), and the WRITE producer's "
+        "diagram in docs/machines.md",
+    )
     p.set_defaults(run=_diagram)

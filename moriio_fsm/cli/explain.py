@@ -25,15 +25,20 @@ def _explain(args: argparse.Namespace) -> int:
     print(found.render())
     if not found.found:
         return 1
-    stuck = any((s.side, s.table, s.transfer) in found.report.live
-                for s in found.report.transfers.values())
+    stuck = any(
+        (s.side, s.table, s.transfer) in found.report.live for s in found.report.transfers.values()
+    )
     return 1 if stuck or found.report.divergences else 0
 
 
 def register(sub) -> None:
     p = add_command(sub, "explain", __doc__)
     p.add_argument("traces", nargs="+", metavar="TRACE")
-    p.add_argument("--transfer", required=True, metavar="ID",
-                   help="a transfer id (either side's) or the request's link key")
+    p.add_argument(
+        "--transfer",
+        required=True,
+        metavar="ID",
+        help="a transfer id (either side's) or the request's link key",
+    )
     add_spec_option(p)
     p.set_defaults(run=_explain)

@@ -29,8 +29,10 @@ def _export(args: argparse.Namespace) -> int:
         return fail(str(exc))
     except OSError as exc:
         return fail(f"cannot write {args.output}: {exc.strerror or exc}")
-    print(f"{args.output}: {count} trace events (open it in Perfetto UI or chrome://tracing)",
-          file=sys.stderr)
+    print(
+        f"{args.output}: {count} trace events (open it in Perfetto UI or chrome://tracing)",
+        file=sys.stderr,
+    )
     return 0
 
 

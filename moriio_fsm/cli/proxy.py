@@ -18,48 +18,88 @@ def _proxy(args: argparse.Namespace) -> int:
     from ..serving.proxy_app import uvicorn_server
 
     try:
-        config = ProxyConfig(args.mode, [Instance.parse(f"P{i}", s) for i, s in enumerate(args.prefill)],
-                             [Instance.parse(f"D{i}", s) for i, s in enumerate(args.decode)],
-                             **proxy_settings(args))
+        config = ProxyConfig(
+            args.mode,
+            [Instance.parse(f"P{i}", s) for i, s in enumerate(args.prefill)],
+            [Instance.parse(f"D{i}", s) for i, s in enumerate(args.decode)],
+            **proxy_settings(args),
+        )
     except ProxyConfigError as exc:
         print(f"moriio-fsm proxy: {exc}", file=sys.stderr)
         return 2
-    print(f"moriio-fsm proxy: {args.mode.upper()} mode on http://{args.host}:{args.port} "
-          f"({len(config.prefills)} P, {len(config.decodes)} D)", file=sys.stderr)
+    print(
+        f"moriio-fsm proxy: {args.mode.upper()} mode on http://{args.host}:{args.port} "
+        f"({len(config.prefills)} P, {len(config.decodes)} D)",
+        file=sys.stderr,
+    )
     uvicorn_server(config, args.host, args.port).run()
     return 0
 
 
 def proxy_settings(args: argparse.Namespace) -> dict:
     """The ``ProxyConfig`` settings the options below give."""
-    return {"request_timeout_s": args.timeout, "max_connections": args.max_connections,
-            "header_timeout_s": args.header_timeout, "body_timeout_s": args.body_timeout}
+    return {
+        "request_timeout_s": args.timeout,
+        "max_connections": args.max_connections,
+        "header_timeout_s": args.header_timeout,
+        "body_timeout_s": args.body_timeout,
+    }
 
 
 def add_proxy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="the proxy's port (default 8000)")
     p.add_argument("--host", default="127.0.0.1", help="the proxy's address (default 127.0.0.1)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                   help="longest wait for an instance's answer, seconds (default 120)")
-    p.add_argument("--max-connections", type=int, default=256, metavar="N",
-                   help="client connections open at once; one more is answered 503 and closed "
-                        "(default 256)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="a request's head (request line and headers) must arrive within S "
-                        "seconds of the connection's opening or last answer, else the "
-                        "connection is closed (default 10)")
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="a request's whole body must arrive within S seconds of its head, "
-                        "else it is answered 408 and the connection closed (default 30)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="longest wait for an instance's answer, seconds (default 120)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="client connections open at once; one more is answered 503 and closed (default 256)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a request's head (request line and headers) must arrive within S "
+        "seconds of the connection's opening or last answer, else the "
+        "connection is closed (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request's whole body must arrive within S seconds of its head, "
+        "else it is answered 408 and the connection closed (default 30)",
+    )
 
 
 def register(sub) -> None:
     p = add_command(sub, "proxy", __doc__)
-    p.add_argument("--mode", choices=("write", "read"), required=True,
-                   help="the connector's mode on P and D")
-    p.add_argument("--prefill", action="append", required=True, metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
-                   help="a P instance (repeat for more); WRITE mode needs where its connector listens")
-    p.add_argument("--decode", action="append", required=True, metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
-                   help="a D instance (repeat for more)")
+    p.add_argument(
+        "--mode", choices=("write", "read"), required=True, help="the connector's mode on P and D"
+    )
+    p.add_argument(
+        "--prefill",
+        action="append",
+        required=True,
+        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
+        help="a P instance (repeat for more); WRITE mode needs where its connector listens",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        required=True,
+        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
+        help="a D instance (repeat for more)",
+    )
     add_proxy_options(p)
     p.set_defaults(run=_proxy)

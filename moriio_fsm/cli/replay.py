@@ -30,11 +30,16 @@ def _executor(args: argparse.Namespace) -> str:
     ``ValueError`` when both are given and disagree."""
     if args.renamed_engine is None:
         return args.executor or DEFAULT_EXECUTOR
-    print("moriio-fsm: replay --engine is renamed --executor (an engine is a transfer "
-          "engine); --engine still works", file=sys.stderr)
+    print(
+        "moriio-fsm: replay --engine is renamed --executor (an engine is a transfer "
+        "engine); --engine still works",
+        file=sys.stderr,
+    )
     if args.executor is not None and args.executor != args.renamed_engine:
-        raise ValueError(f"--executor {args.executor} and --engine {args.renamed_engine} "
-                         "disagree; give --executor only")
+        raise ValueError(
+            f"--executor {args.executor} and --engine {args.renamed_engine} "
+            "disagree; give --executor only"
+        )
     return args.renamed_engine
 
 
@@ -46,9 +51,15 @@ def _replay(args: argparse.Namespace) -> int:
         executor = _executor(args)
         specs = spec_overrides(args.spec)
         with progress_for(args.traces) as progress:
-            report = replay(args.traces, transfer=args.transfer, until=args.until,
-                            executor=executor, check_invariants=args.check_invariants,
-                            specs=specs, progress=progress)
+            report = replay(
+                args.traces,
+                transfer=args.transfer,
+                until=args.until,
+                executor=executor,
+                check_invariants=args.check_invariants,
+                specs=specs,
+                progress=progress,
+            )
     except (TraceError, ValueError) as exc:
         return fail(str(exc))
     if args.json:
@@ -60,32 +71,61 @@ def _replay(args: argparse.Namespace) -> int:
 
 def as_json(report) -> dict:
     return {
-        "ok": report.ok, "files": report.files, "executor": report.executor,
-        "engine": report.executor,          # the key's old name, for scripts that read it
+        "ok": report.ok,
+        "files": report.files,
+        "executor": report.executor,
+        "engine": report.executor,  # the key's old name, for scripts that read it
         "steps": report.steps,
-        "compared": report.compared, "sides": report.sides,
-        "divergences": [{"file": d.path, "line": d.line, "seq": d.step.seq, "side": d.step.side,
-                         "table": d.step.table, "transfer": d.step.transfer,
-                         "event": d.step.event, "t": d.step.t, "what": d.what,
-                         "recorded": d.recorded, "replayed": d.replayed, "context": d.context}
-                        for d in report.divergences],
-        "anomalies": [{"kind": a.kind, "where": a.where, "transfer": a.transfer, "link": a.link,
-                       "message": a.message} for a in report.anomalies],
-        "live": [{"side": side, "table": table, "transfer": tid, "state": tx.state}
-                 for (side, table, tid), tx in report.live.items()],
+        "compared": report.compared,
+        "sides": report.sides,
+        "divergences": [
+            {
+                "file": d.path,
+                "line": d.line,
+                "seq": d.step.seq,
+                "side": d.step.side,
+                "table": d.step.table,
+                "transfer": d.step.transfer,
+                "event": d.step.event,
+                "t": d.step.t,
+                "what": d.what,
+                "recorded": d.recorded,
+                "replayed": d.replayed,
+                "context": d.context,
+            }
+            for d in report.divergences
+        ],
+        "anomalies": [
+            {
+                "kind": a.kind,
+                "where": a.where,
+                "transfer": a.transfer,
+                "link": a.link,
+                "message": a.message,
+            }
+            for a in report.anomalies
+        ],
+        "live": [
+            {"side": side, "table": table, "transfer": tid, "state": tx.state}
+            for (side, table, tid), tx in report.live.items()
+        ],
         "notes": report.notes,
     }
 
 
 def render(report) -> str:
     partial = sum(1 for s in report.transfers.values() if s.partial)
-    lines = [f"replayed {report.compared:,} of {report.steps:,} steps, "
-             f"{len(report.transfers):,} transfers on {len(report.sides)} side(s) "
-             f"({', '.join(report.sides) or 'none'}) from {len(report.files)} file(s) with the "
-             f"{report.executor} executor" + (f", until seq {report.until}" if report.until else "")]
+    lines = [
+        f"replayed {report.compared:,} of {report.steps:,} steps, "
+        f"{len(report.transfers):,} transfers on {len(report.sides)} side(s) "
+        f"({', '.join(report.sides) or 'none'}) from {len(report.files)} file(s) with the "
+        f"{report.executor} executor" + (f", until seq {report.until}" if report.until else "")
+    ]
     if partial:
-        lines.append(f"{partial} transfer(s) start mid-way in the trace (earlier steps rotated "
-                     "away or not kept) and were not replayed")
+        lines.append(
+            f"{partial} transfer(s) start mid-way in the trace (earlier steps rotated "
+            "away or not kept) and were not replayed"
+        )
     lines.extend(f"note: {note}" for note in report.notes)
     if report.divergences:
         first = report.divergences[0]
@@ -98,17 +138,30 @@ def render(report) -> str:
     if report.until is not None and report.live:
         lines.append("")
         lines.append(f"live at seq {report.until}:")
-        lines.extend(f"  {side}/{table} {tid!r} in {tx.state!r}"
-                     for (side, table, tid), tx in sorted(report.live.items()))
+        lines.extend(
+            f"  {side}/{table} {tid!r} in {tx.state!r}"
+            for (side, table, tid), tx in sorted(report.live.items())
+        )
     if report.anomalies:
         lines.append("")
         lines.append(f"ANOMALIES ({len(report.anomalies)}):")
         lines.extend(f"  {a}" for a in report.anomalies)
     lines.append("")
-    lines.append("result: " + ("clean: every step reproduced, no anomaly" if report.ok else
-                               ", ".join(x for x in (
-                                   "diverged" if report.divergences else "",
-                                   "anomalies" if report.anomalies else "") if x)))
+    lines.append(
+        "result: "
+        + (
+            "clean: every step reproduced, no anomaly"
+            if report.ok
+            else ", ".join(
+                x
+                for x in (
+                    "diverged" if report.divergences else "",
+                    "anomalies" if report.anomalies else "",
+                )
+                if x
+            )
+        )
+    )
     return "\n".join(lines)
 
 
@@ -117,14 +170,22 @@ def register(sub) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--transfer", metavar="ID", help="replay only this transfer's request")
     p.add_argument("--until", type=int, metavar="SEQ", help="stop each side after this seq")
-    p.add_argument("--executor", choices=EXECUTORS, default=None,
-                   help="what runs the fresh machines: compiled (generated steps, the "
-                        "default) or transitions (the reference semantics)")
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=None,
+        help="what runs the fresh machines: compiled (generated steps, the "
+        "default) or transitions (the reference semantics)",
+    )
     # The option's old name: still accepted, not shown, noted on stderr when used.
-    p.add_argument("--engine", dest="renamed_engine", choices=EXECUTORS, default=None,
-                   help=argparse.SUPPRESS)
-    p.add_argument("--check-invariants", action="store_true",
-                   help="evaluate every spec invariant after every replayed step")
+    p.add_argument(
+        "--engine", dest="renamed_engine", choices=EXECUTORS, default=None, help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--check-invariants",
+        action="store_true",
+        help="evaluate every spec invariant after every replayed step",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_spec_option(p)
     p.set_defaults(run=_replay)

@@ -29,10 +29,13 @@ def _scenarios(args: argparse.Namespace) -> int:
     finally:
         if recorder is not None:
             recorder.close()
-    writer = recorder.writer if recorder is not None else None     # it has one: file= was given
+    writer = recorder.writer if recorder is not None else None  # it has one: file= was given
     if writer is not None:
-        print(f"trace: {args.trace} ({writer.stats()['written']} steps; try "
-              f"moriio-fsm replay {args.trace})", file=sys.stderr)
+        print(
+            f"trace: {args.trace} ({writer.stats()['written']} steps; try "
+            f"moriio-fsm replay {args.trace})",
+            file=sys.stderr,
+        )
     return 0
 
 

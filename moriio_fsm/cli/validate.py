@@ -28,9 +28,11 @@ def _validate(args: argparse.Namespace) -> int:
             for problem in exc.problems:
                 print(problem, file=sys.stderr)
             continue
-        print(f"{path}: ok ({spec.name}: {len(spec.states)} states, {len(spec.events)} events, "
-              f"{len(spec.transitions)} transitions, {len(spec.timers)} timers, "
-              f"{len(spec.invariants)} invariants)")
+        print(
+            f"{path}: ok ({spec.name}: {len(spec.states)} states, {len(spec.events)} events, "
+            f"{len(spec.transitions)} transitions, {len(spec.timers)} timers, "
+            f"{len(spec.invariants)} invariants)"
+        )
     if failed:
         print(f"{failed} of {len(args.specs)} spec(s) invalid", file=sys.stderr)
     return 1 if failed else 0

@@ -27,7 +27,22 @@ from .drawing import (
 from .stamps import drawing_digest, source_digest
 from .usage import Usage, usage_from_trace
 
-__all__ = ["FORMATS", "MACHINES_PAGE", "OVERVIEW_FORMATS", "DiagramError", "Usage", "dot",
-           "draw", "drawing_digest", "mermaid", "overview_dot", "page_block", "render",
-           "render_overview", "replace_page_block", "source_digest", "usage_from_trace",
-           "write_docs"]
+__all__ = [
+    "FORMATS",
+    "MACHINES_PAGE",
+    "OVERVIEW_FORMATS",
+    "DiagramError",
+    "Usage",
+    "dot",
+    "draw",
+    "drawing_digest",
+    "mermaid",
+    "overview_dot",
+    "page_block",
+    "render",
+    "render_overview",
+    "replace_page_block",
+    "source_digest",
+    "usage_from_trace",
+    "write_docs",
+]

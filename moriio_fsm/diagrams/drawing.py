@@ -55,8 +55,7 @@ def render(spec: Spec, fmt: str, *, usage: Usage | None = None, all_rows: bool =
 def render_overview(fmt: str) -> bytes:
     """The four shipped machines in one picture, in ``fmt`` (one of ``OVERVIEW_FORMATS``)."""
     if fmt not in OVERVIEW_FORMATS:
-        raise DiagramError(f"the overview is drawn as {', '.join(OVERVIEW_FORMATS)}; "
-                           f"got {fmt!r}")
+        raise DiagramError(f"the overview is drawn as {', '.join(OVERVIEW_FORMATS)}; got {fmt!r}")
     return draw(overview_dot(), fmt)
 
 
@@ -68,11 +67,15 @@ def draw(source: str, fmt: str) -> bytes:
     try:
         import graphviz
     except ImportError:
-        raise DiagramError("svg and png need the graphviz Python package (pip install "
-                           "graphviz); mermaid and dot need nothing") from None
+        raise DiagramError(
+            "svg and png need the graphviz Python package (pip install "
+            "graphviz); mermaid and dot need nothing"
+        ) from None
     try:
         drawn = graphviz.Source(source).pipe(format=fmt)
     except graphviz.ExecutableNotFound:
-        raise DiagramError(f"{fmt} needs Graphviz's dot program: apt-get install graphviz "
-                           "(or draw -f mermaid or -f dot)") from None
+        raise DiagramError(
+            f"{fmt} needs Graphviz's dot program: apt-get install graphviz "
+            "(or draw -f mermaid or -f dot)"
+        ) from None
     return stamp(drawn, source)

@@ -102,12 +102,13 @@ class Picture:
     initial: str
     boxes: dict[str, Box]
     arrows: list[Arrow]
-    counted: bool = False       # lines carry a trace's counts
-    all_rows: bool = False      # rows that change nothing are drawn too
+    counted: bool = False  # lines carry a trace's counts
+    all_rows: bool = False  # rows that change nothing are drawn too
 
 
-def picture(spec: Spec, *, usage: Usage | None = None, all_rows: bool = False,
-            shared_tails: bool = True) -> Picture:
+def picture(
+    spec: Spec, *, usage: Usage | None = None, all_rows: bool = False, shared_tails: bool = True
+) -> Picture:
     """The boxes and arrows that draw ``spec`` (with ``usage``'s counts, if given). Without
     ``shared_tails`` every arrow has one tail: one arrow per pair of states."""
     boxes = {name: _box(spec, name, usage) for name in spec.states}
@@ -126,8 +127,15 @@ def picture(spec: Spec, *, usage: Usage | None = None, all_rows: bool = False,
             arrow = arrows.setdefault((dest, tails), Arrow(tails, dest))
             arrow.lines.append(_line(spec, row, usage, tails))
     kept = _fold(list(arrows.values())) if shared_tails else list(arrows.values())
-    return Picture(spec.name, Path(spec.path).name, spec.initial, boxes, kept,
-                   counted=usage is not None, all_rows=all_rows)
+    return Picture(
+        spec.name,
+        Path(spec.path).name,
+        spec.initial,
+        boxes,
+        kept,
+        counted=usage is not None,
+        all_rows=all_rows,
+    )
 
 
 def _fold(arrows: list[Arrow]) -> list[Arrow]:
@@ -136,8 +144,9 @@ def _fold(arrows: list[Arrow]) -> list[Arrow]:
     would lay their labels over each other."""
     kept: list[Arrow] = []
     for arrow in sorted(arrows, key=lambda a: -len(a.sources)):
-        wider = next((k for k in kept if k.dest == arrow.dest
-                      and set(arrow.sources) < set(k.sources)), None)
+        wider = next(
+            (k for k in kept if k.dest == arrow.dest and set(arrow.sources) < set(k.sources)), None
+        )
         if wider is None:
             kept.append(arrow)
         else:
@@ -148,13 +157,11 @@ def _fold(arrows: list[Arrow]) -> list[Arrow]:
 def _box(spec: Spec, name: str, usage: Usage | None) -> Box:
     state = spec.states[name]
     stuck = usage.stuck.get(name, 0) if usage is not None else 0
-    timers = [f"{t.event} after {t.duration_key}" for t in spec.timers.values()
-              if name in t.states]
+    timers = [f"{t.event} after {t.duration_key}" for t in spec.timers.values() if name in t.states]
     return Box(name, state.final, state.anomaly, stuck, timers)
 
 
-def _line(spec: Spec, row: TransitionSpec, usage: Usage | None,
-          sources: tuple[str, ...]) -> Line:
+def _line(spec: Spec, row: TransitionSpec, usage: Usage | None, sources: tuple[str, ...]) -> Line:
     count = None
     if usage is not None:
         taken: set = set()

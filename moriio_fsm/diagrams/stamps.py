@@ -28,8 +28,12 @@ def stamp(drawn: bytes, dot_source: str) -> bytes:
     mark = f"{DIGEST_MARK} {source_digest(dot_source)}"
     if drawn.startswith(PNG_SIGNATURE):
         data = b"Comment\0" + mark.encode()
-        chunk = (struct.pack(">I", len(data)) + b"tEXt" + data
-                 + struct.pack(">I", zlib.crc32(b"tEXt" + data)))
+        chunk = (
+            struct.pack(">I", len(data))
+            + b"tEXt"
+            + data
+            + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+        )
         return drawn[:PNG_HEADER_END] + chunk + drawn[PNG_HEADER_END:]
     if drawn.lstrip().startswith((b"<?xml", b"<svg", b"<!--")):
         comment = f"<!-- {mark} -->\n".encode()
@@ -42,4 +46,3 @@ def drawing_digest(drawn: bytes) -> str | None:
     """The source digest a drawing was marked with, or None."""
     found = re.search(rf"{DIGEST_MARK} ([0-9a-f]{{64}})".encode(), drawn)
     return found.group(1).decode() if found else None
-

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from .picture import Picture
 
-STYLES = {"final": "fill:#d9ead3,color:black", "anomaly": "fill:#f4cccc,color:#990000",
-          "stuck": "fill:#ffe599,color:#b45f06"}
+STYLES = {
+    "final": "fill:#d9ead3,color:black",
+    "anomaly": "fill:#f4cccc,color:#990000",
+    "stuck": "fill:#ffe599,color:#b45f06",
+}
 
 
 def mermaid_source(pic: Picture) -> str:

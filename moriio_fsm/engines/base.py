@@ -25,7 +25,7 @@ class SessionBase(TransferSession):
         self._engine = engine
         self.local_mem = local_mem
         self.remote_mem = remote_mem
-        self.remote_engine_key = remote_mem.engine_key   # what fault rules match on
+        self.remote_engine_key = remote_mem.engine_key  # what fault rules match on
 
     def allocate_transfer_uid(self) -> int:
         return self._engine.allocate_transfer_uid()
@@ -42,8 +42,12 @@ class SessionBase(TransferSession):
 
     def _post(self, op, local_offsets, remote_offsets, sizes, transfer_uid):
         checked = check_transfer_batch(
-            local_offsets, remote_offsets, sizes, transfer_uid,
-            local_size=self.local_mem.size, remote_size=self.remote_mem.size,
+            local_offsets,
+            remote_offsets,
+            sizes,
+            transfer_uid,
+            local_size=self.local_mem.size,
+            remote_size=self.remote_mem.size,
         )
         if isinstance(checked, ArgumentProblem):
             return failed_status(checked.code, f"batch_{op}: {checked.message}")
@@ -88,7 +92,9 @@ class EngineBase(TransferEngine[EngineDescT, MemoryDescT]):
 
     def _check_engine_desc(self, desc: Any) -> None:
         if not isinstance(desc, self.engine_desc_type):
-            raise TypeError(f"desc must be a {self.engine_desc_type.__name__}, got {type(desc).__name__}")
+            raise TypeError(
+                f"desc must be a {self.engine_desc_type.__name__}, got {type(desc).__name__}"
+            )
 
     def _known_remote(self, desc: Any, peers: dict[str, Any], lock: Any) -> tuple[bool, Any]:
         """Check ``desc`` for ``register_remote_engine`` against ``peers`` (key -> peer with ``desc`` and
@@ -99,7 +105,9 @@ class EngineBase(TransferEngine[EngineDescT, MemoryDescT]):
         self._require_open("register_remote_engine")
         if desc.key == self.key:
             if not self._is_own(desc):
-                raise ValueError(f"engine key {desc.key!r} is this engine's own, but the descriptor is another's")
+                raise ValueError(
+                    f"engine key {desc.key!r} is this engine's own, but the descriptor is another's"
+                )
             return True, None
         with lock:
             known = peers.get(desc.key)
@@ -111,15 +119,21 @@ class EngineBase(TransferEngine[EngineDescT, MemoryDescT]):
     def _check_memory_desc(self, mem: Any) -> None:
         """``mem`` must be one of this engine's own registrations (to deregister it)."""
         if not isinstance(mem, self.memory_desc_type):
-            raise TypeError(f"mem must be a {self.memory_desc_type.__name__}, got {type(mem).__name__}")
+            raise TypeError(
+                f"mem must be a {self.memory_desc_type.__name__}, got {type(mem).__name__}"
+            )
         if mem.engine_key != self.key:
-            raise ValueError(f"memory {mem.mem_id} belongs to engine {mem.engine_key!r}, not {self.key!r}")
+            raise ValueError(
+                f"memory {mem.mem_id} belongs to engine {mem.engine_key!r}, not {self.key!r}"
+            )
 
     def _check_session_descs(self, local_mem: Any, remote_mem: Any) -> None:
         kind = self.memory_desc_type
         if not isinstance(local_mem, kind) or not isinstance(remote_mem, kind):
-            raise TypeError(f"create_session needs two {kind.__name__}, got "
-                            f"{type(local_mem).__name__} and {type(remote_mem).__name__}")
+            raise TypeError(
+                f"create_session needs two {kind.__name__}, got "
+                f"{type(local_mem).__name__} and {type(remote_mem).__name__}"
+            )
 
     def _require_open(self, what: str) -> None:
         if self._closed:

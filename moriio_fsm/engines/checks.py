@@ -16,8 +16,16 @@ import msgspec
 
 from .status import StatusCode
 
-__all__ = ["ArgumentProblem", "CheckedBatch", "PackedDescriptor", "check_registrable", "check_transfer_batch",
-           "decode_descriptor", "integer", "require_bytes"]
+__all__ = [
+    "ArgumentProblem",
+    "CheckedBatch",
+    "PackedDescriptor",
+    "check_registrable",
+    "check_transfer_batch",
+    "decode_descriptor",
+    "integer",
+    "require_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +67,7 @@ def _int_list(name: str, values: Any) -> list[int]:
         try:
             return list(map(operator.index, values))
         except TypeError:
-            pass                           # the slow path names the element
+            pass  # the slow path names the element
     if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
     values = list(values)
@@ -102,8 +110,8 @@ def check_transfer_batch(
         return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, "empty batch: sizes is empty")
     if uid < 0:
         return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, f"transfer_uid must be >= 0, got {uid}")
-    problem = (
-        _range_problem("local", lo, sz, local_size) or _range_problem("remote", ro, sz, remote_size)
+    problem = _range_problem("local", lo, sz, local_size) or _range_problem(
+        "remote", ro, sz, remote_size
     )
     if problem is not None:
         return problem
@@ -111,8 +119,9 @@ def check_transfer_batch(
 
 
 def _range_problem(side: str, offsets: list[int], sizes: list[int], region_size: int):
-    problem = (_below("sizes", sizes, 1, "every size must be at least 1 byte")
-               or _below(f"{side}_offsets", offsets, 0, "offsets must be >= 0"))
+    problem = _below("sizes", sizes, 1, "every size must be at least 1 byte") or _below(
+        f"{side}_offsets", offsets, 0, "offsets must be >= 0"
+    )
     if problem is not None:
         return problem
     ends = list(map(operator.add, offsets, sizes))
@@ -132,7 +141,9 @@ def _below(name: str, values: list[int], floor: int, rule: str) -> ArgumentProbl
     smallest = min(values)
     if smallest >= floor:
         return None
-    return ArgumentProblem(StatusCode.ERR_INVALID_ARGS, f"{name}[{values.index(smallest)}] is {smallest}; {rule}")
+    return ArgumentProblem(
+        StatusCode.ERR_INVALID_ARGS, f"{name}[{values.index(smallest)}] is {smallest}; {rule}"
+    )
 
 
 def require_bytes(name: str, packed: Any) -> bytes:
@@ -180,8 +191,10 @@ def check_registrable(tensor: Any, engine: str, memory: str = "host memory") -> 
     if tensor.device.type != "cpu":
         raise ValueError(f"{engine} moves {memory} only; the tensor is on {tensor.device}")
     if not tensor.is_contiguous():
-        raise ValueError(f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
-                         "must be contiguous to be registered (register a contiguous byte view of it)")
+        raise ValueError(
+            f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
+            "must be contiguous to be registered (register a contiguous byte view of it)"
+        )
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
         raise ValueError("an empty tensor cannot be registered")

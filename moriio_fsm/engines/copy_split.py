@@ -36,11 +36,16 @@ class CopyHelpers:
     def __init__(self, threads: int, name: str) -> None:
         self.threads = threads
         self._name = name
-        self._lock = threading.Lock()     # posting threads and the worker may both split first
+        self._lock = threading.Lock()  # posting threads and the worker may both split first
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, copy_slice: Callable[[int, int], None], sizes: list[int], total_bytes: int,
-            min_bytes: int) -> None:
+    def run(
+        self,
+        copy_slice: Callable[[int, int], None],
+        sizes: list[int],
+        total_bytes: int,
+        min_bytes: int,
+    ) -> None:
         """``copy_slice(a, b)`` copies ranges a to b-1 of the batch; called once per slice."""
         parts = min(self.threads, len(sizes))
         if parts < 2 or total_bytes < min_bytes:
@@ -48,7 +53,9 @@ class CopyHelpers:
             return
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix=f"{self._name}-copy")
+                self._pool = ThreadPoolExecutor(
+                    self.threads - 1, thread_name_prefix=f"{self._name}-copy"
+                )
             pool = self._pool
         slices = byte_slices(sizes, total_bytes, parts)
 
@@ -56,7 +63,7 @@ class CopyHelpers:
             # Returned, not raised, so that every slice has ended before the caller hears of it.
             try:
                 copy_slice(a, b)
-            except Exception as exc:       # noqa: BLE001 - raised below, once all slices ended
+            except Exception as exc:  # noqa: BLE001 - raised below, once all slices ended
                 return exc
             return None
 

@@ -17,8 +17,14 @@ from typing import Any, Protocol
 
 from .status import StatusCode
 
-__all__ = ["FaultVerdict", "FaultableSession", "HeldTransfers", "InjectedFailure", "LoopbackFaults",
-           "PostedTransfer"]
+__all__ = [
+    "FaultVerdict",
+    "FaultableSession",
+    "HeldTransfers",
+    "InjectedFailure",
+    "LoopbackFaults",
+    "PostedTransfer",
+]
 
 
 class FaultableSession(Protocol):
@@ -34,11 +40,11 @@ class FaultableSession(Protocol):
 class PostedTransfer:
     """What fault predicates see about one posted batch."""
 
-    sequence: int            # 1-based count of batches posted on this engine
-    op: str                  # "write" or "read"
+    sequence: int  # 1-based count of batches posted on this engine
+    op: str  # "write" or "read"
     transfer_uid: int
     remote_engine_key: str
-    count: int               # ranges in the batch
+    count: int  # ranges in the batch
     total_bytes: int
 
 
@@ -155,13 +161,23 @@ class LoopbackFaults:
     def fail_nth(self, n: int, code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
         """Fail the ``n``-th batch posted on this engine (1-based)."""
         n = _positive("n", n)
-        self._add_failure(lambda posted: posted.sequence == n, code,
-                          message or f"injected RDMA failure of transfer #{n}", once=True)
+        self._add_failure(
+            lambda posted: posted.sequence == n,
+            code,
+            message or f"injected RDMA failure of transfer #{n}",
+            once=True,
+        )
 
-    def fail_when(self, predicate: Callable[[PostedTransfer], bool],
-                  code: int = StatusCode.ERR_RDMA_OP, message: str = "") -> None:
+    def fail_when(
+        self,
+        predicate: Callable[[PostedTransfer], bool],
+        code: int = StatusCode.ERR_RDMA_OP,
+        message: str = "",
+    ) -> None:
         """Fail every posted batch for which ``predicate`` returns True."""
-        self._add_failure(_callable(predicate), code, message or "injected RDMA failure", once=False)
+        self._add_failure(
+            _callable(predicate), code, message or "injected RDMA failure", once=False
+        )
 
     def drop_nth(self, n: int) -> None:
         """Report the ``n``-th batch a success without moving a byte (a lying engine).
@@ -170,13 +186,25 @@ class LoopbackFaults:
         show up downstream (wrong tokens), or the checks downstream prove nothing.
         """
         n = _positive("n", n)
-        self._add(self._failures, _Rule(lambda posted: posted.sequence == n, once=True,
-                                        failure=InjectedFailure(StatusCode.SUCCESS, f"transfer #{n} dropped")))
+        self._add(
+            self._failures,
+            _Rule(
+                lambda posted: posted.sequence == n,
+                once=True,
+                failure=InjectedFailure(StatusCode.SUCCESS, f"transfer #{n} dropped"),
+            ),
+        )
 
     def drop_when(self, predicate: Callable[[PostedTransfer], bool]) -> None:
         """Report every batch ``predicate`` matches a success without moving a byte."""
-        self._add(self._failures, _Rule(_callable(predicate), once=False,
-                                        failure=InjectedFailure(StatusCode.SUCCESS, "transfer dropped")))
+        self._add(
+            self._failures,
+            _Rule(
+                _callable(predicate),
+                once=False,
+                failure=InjectedFailure(StatusCode.SUCCESS, "transfer dropped"),
+            ),
+        )
 
     def stall_nth(self, n: int) -> None:
         """Leave the ``n``-th posted batch in progress forever (until close)."""

@@ -91,8 +91,10 @@ class PostQueue(Generic[PostedT]):
                 return False
             if verdict.stall:
                 self._stalled.append(posted)
-            elif verdict.hold is not None and verdict.hold.keep(functools.partial(self._release, sequence)):
-                self._held[sequence] = posted   # under the lock, so that a release cannot come first
+            elif verdict.hold is not None and verdict.hold.keep(
+                functools.partial(self._release, sequence)
+            ):
+                self._held[sequence] = posted  # under the lock, so that a release cannot come first
             else:
                 heapq.heappush(self._due, (time.monotonic() + verdict.delay_s, sequence, posted))
                 self._wake.notify()
@@ -111,7 +113,7 @@ class PostQueue(Generic[PostedT]):
 
     def _release(self, sequence: int) -> None:
         with self._wake:
-            posted = self._held.pop(sequence, None)    # None: close already handed it back
+            posted = self._held.pop(sequence, None)  # None: close already handed it back
             if posted is not None:
                 heapq.heappush(self._due, (time.monotonic(), sequence, posted))
                 self._wake.notify()
@@ -144,17 +146,24 @@ class PostQueue(Generic[PostedT]):
             if self.closed:
                 return None
             self.closed = True
-            abandoned = [entry[2] for entry in self._due] + self._stalled + list(self._held.values())
+            abandoned = (
+                [entry[2] for entry in self._due] + self._stalled + list(self._held.values())
+            )
             self._due, self._stalled, self._held = [], [], {}
             self._wake.notify_all()
         return abandoned
 
 
-Outcome = tuple[int, str, "float | None"]     # final code, message, when the copy ended (None: now)
+Outcome = tuple[int, str, "float | None"]  # final code, message, when the copy ended (None: now)
 
 
-def serve(queue: PostQueue[PostedT], carry_out: Callable[[list[PostedT]], list[Outcome]], *,
-          idle_s: float | None = None, on_idle: Callable[[], None] | None = None) -> None:
+def serve(
+    queue: PostQueue[PostedT],
+    carry_out: Callable[[list[PostedT]], list[Outcome]],
+    *,
+    idle_s: float | None = None,
+    on_idle: Callable[[], None] | None = None,
+) -> None:
     """An engine's worker loop: carry out what is due, settle each status, until the queue closes.
 
     ``carry_out`` never raises (one batch's failure must not end the thread); ``on_idle`` runs after

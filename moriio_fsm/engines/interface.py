@@ -25,11 +25,18 @@ from .status import TransferStatus, wait_all
 if TYPE_CHECKING:
     from .faults import LoopbackFaults
 
-__all__ = ["EngineDescT", "EngineDescriptor", "MemoryDescT", "MemoryDescriptor", "TransferEngine",
-           "TransferSession"]
+__all__ = [
+    "EngineDescT",
+    "EngineDescriptor",
+    "MemoryDescT",
+    "MemoryDescriptor",
+    "TransferEngine",
+    "TransferSession",
+]
 
 
 # The descriptors' fields are read-only here: engines' descriptors are frozen.
+
 
 @runtime_checkable
 class EngineDescriptor(Protocol):
@@ -75,19 +82,33 @@ class TransferSession(abc.ABC):
     def allocate_transfer_uid(self) -> int: ...
 
     @abc.abstractmethod
-    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                    transfer_uid: int) -> TransferStatus:
+    def batch_write(
+        self,
+        local_offsets: Sequence[int],
+        remote_offsets: Sequence[int],
+        sizes: Sequence[int],
+        transfer_uid: int,
+    ) -> TransferStatus:
         """Copy local ranges into the remote region (one-sided)."""
 
     @abc.abstractmethod
-    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                   transfer_uid: int) -> TransferStatus:
+    def batch_read(
+        self,
+        local_offsets: Sequence[int],
+        remote_offsets: Sequence[int],
+        sizes: Sequence[int],
+        transfer_uid: int,
+    ) -> TransferStatus:
         """Copy remote ranges into the local region (one-sided)."""
 
-    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+    def write(
+        self, local_offset: int, remote_offset: int, size: int, transfer_uid: int
+    ) -> TransferStatus:
         return self.batch_write(*_one_range(local_offset, remote_offset, size), transfer_uid)
 
-    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+    def read(
+        self, local_offset: int, remote_offset: int, size: int, transfer_uid: int
+    ) -> TransferStatus:
         return self.batch_read(*_one_range(local_offset, remote_offset, size), transfer_uid)
 
     @abc.abstractmethod
@@ -106,9 +127,14 @@ class TransferSession(abc.ABC):
         raise RuntimeError(f"a {type(self).__name__} cannot stop a transfer in flight")
 
 
-def _one_range(local_offset: int, remote_offset: int, size: int) -> tuple[list[int], list[int], list[int]]:
-    return ([integer("local_offset", local_offset)], [integer("remote_offset", remote_offset)],
-            [integer("size", size)])
+def _one_range(
+    local_offset: int, remote_offset: int, size: int
+) -> tuple[list[int], list[int], list[int]]:
+    return (
+        [integer("local_offset", local_offset)],
+        [integer("remote_offset", remote_offset)],
+        [integer("size", size)],
+    )
 
 
 class TransferEngine(abc.ABC, Generic[EngineDescT, MemoryDescT]):

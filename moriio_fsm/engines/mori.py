@@ -25,7 +25,14 @@ from .mori_status import C_INT_MAX, MoriStatus, StatusKeeper
 from .probe import Availability, ImportProbe
 from .status import StatusCode, TransferStatus, failed_status, wait_all
 
-__all__ = ["MoriAvailability", "MoriEngine", "MoriSession", "MoriUnavailableError", "PeerFailure", "probe_mori"]
+__all__ = [
+    "MoriAvailability",
+    "MoriEngine",
+    "MoriSession",
+    "MoriUnavailableError",
+    "PeerFailure",
+    "probe_mori",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -80,17 +87,23 @@ class MoriSession(SessionBase):
         there"; the machines' timeouts end a transfer whose peer went silent.
         """
         engine = self._engine
-        return not engine.closed and bool(self._raw.alive()) and engine.peer_alive(self.remote_engine_key)
+        return (
+            not engine.closed
+            and bool(self._raw.alive())
+            and engine.peer_alive(self.remote_engine_key)
+        )
 
     # The project's own engines hand back LocalTransferStatus; mori's statuses are its own.
-    def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:   # type: ignore[override]
+    def _submit(self, op: str, checked: CheckedBatch) -> TransferStatus:  # type: ignore[override]
         if self._engine.closed:
             return failed_status(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine is closed")
         problem = _native_range_problem(checked)
         if problem is not None:
             return failed_status(StatusCode.ERR_INVALID_ARGS, f"batch_{op}: {problem}")
         post = self._raw.batch_write if op == "write" else self._raw.batch_read
-        status = MoriStatus(post(checked.local_offsets, checked.remote_offsets, checked.sizes, checked.transfer_uid))
+        status = MoriStatus(
+            post(checked.local_offsets, checked.remote_offsets, checked.sizes, checked.transfer_uid)
+        )
         self._engine._kept.keep(status)
         return status
 
@@ -105,21 +118,28 @@ def _native_range_problem(checked: CheckedBatch) -> str | None:
         return f"transfer_uid {checked.transfer_uid} does not fit mori's uint64 transfer ids"
     largest = max(checked.sizes)
     if largest > _UINT32_MAX:
-        return (f"sizes[{checked.sizes.index(largest)}] is {largest}; mori takes at most {_UINT32_MAX} bytes "
-                "per range (split it)")
+        return (
+            f"sizes[{checked.sizes.index(largest)}] is {largest}; mori takes at most {_UINT32_MAX} bytes "
+            "per range (split it)"
+        )
     return None
 
 
 _POLL_MODES = ("polling", "event")
 _BACKENDS = ("rdma", "xgmi")
-_XGMI_ONLY_PORT = 1   # mori's sentinel port of its XGMI-only fallback; CreateBackend(RDMA) refuses it
+_XGMI_ONLY_PORT = (
+    1  # mori's sentinel port of its XGMI-only fallback; CreateBackend(RDMA) refuses it
+)
 _PEER_FAILURES_KEPT = 1024
 
 
 def _c_int(name: str, value: Any, *, minus_one: bool = False) -> int:
     """A positive C++ int (or -1, mori's "default", where ``minus_one``); anything else is a ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not (1 <= value <= C_INT_MAX
-                                                                       or (minus_one and value == -1)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (1 <= value <= C_INT_MAX or (minus_one and value == -1))
+    ):
         also = " or -1 (mori's default)" if minus_one else ""
         raise ValueError(f"{name} must be an integer from 1 to {C_INT_MAX}{also}, got {value!r}")
     return value
@@ -133,8 +153,10 @@ def _check_endpoint(key: Any, host: Any, port: Any) -> None:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
     if port == _XGMI_ONLY_PORT:
-        raise ValueError("port 1 is reserved by mori.io (the sentinel of its XGMI-only fallback); use 0 for a port "
-                         "of the system's choosing, or another port")
+        raise ValueError(
+            "port 1 is reserved by mori.io (the sentinel of its XGMI-only fallback); use 0 for a port "
+            "of the system's choosing, or another port"
+        )
 
 
 class MoriEngine(TransferEngine):
@@ -146,20 +168,35 @@ class MoriEngine(TransferEngine):
     within one node only: for host tensors its ``create_session`` answers None.
     """
 
-    def __init__(self, key: str, host: str = "", port: int = 0, *, backend: str = "rdma",
-                 qp_per_transfer: int = 1, post_batch_size: int = -1, num_worker_threads: int = -1,
-                 poll_cq_mode: str = "polling", enable_notification: bool = False,
-                 num_streams: int = 64, num_events: int = 64) -> None:
+    def __init__(
+        self,
+        key: str,
+        host: str = "",
+        port: int = 0,
+        *,
+        backend: str = "rdma",
+        qp_per_transfer: int = 1,
+        post_batch_size: int = -1,
+        num_worker_threads: int = -1,
+        poll_cq_mode: str = "polling",
+        enable_notification: bool = False,
+        num_streams: int = 64,
+        num_events: int = 64,
+    ) -> None:
         _check_endpoint(key, host, port)
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if poll_cq_mode not in _POLL_MODES:
             raise ValueError(f"poll_cq_mode must be one of {_POLL_MODES}, got {poll_cq_mode!r}")
         if not isinstance(enable_notification, bool):
-            raise ValueError(f"enable_notification must be True or False, got {enable_notification!r}")
-        rdma = (_c_int("qp_per_transfer", qp_per_transfer),
-                _c_int("post_batch_size", post_batch_size, minus_one=True),
-                _c_int("num_worker_threads", num_worker_threads, minus_one=True))
+            raise ValueError(
+                f"enable_notification must be True or False, got {enable_notification!r}"
+            )
+        rdma = (
+            _c_int("qp_per_transfer", qp_per_transfer),
+            _c_int("post_batch_size", post_batch_size, minus_one=True),
+            _c_int("num_worker_threads", num_worker_threads, minus_one=True),
+        )
         xgmi = (_c_int("num_streams", num_streams), _c_int("num_events", num_events))
         io = _mori_io()
         self._io = io
@@ -167,7 +204,9 @@ class MoriEngine(TransferEngine):
         self.backend = backend
         self._closed = False
         self._failures_lock = threading.Lock()
-        self._peer_failures: collections.deque[PeerFailure] = collections.deque(maxlen=_PEER_FAILURES_KEPT)
+        self._peer_failures: collections.deque[PeerFailure] = collections.deque(
+            maxlen=_PEER_FAILURES_KEPT
+        )
         self._failed_peers: set[str] = set()
         # Made before the keeper: when this object goes, mori's engine (and its completion threads) goes first,
         # then the statuses it could write into.
@@ -175,7 +214,9 @@ class MoriEngine(TransferEngine):
         self._kept = StatusKeeper()
         if backend == "rdma":
             mode = io.PollCqMode.POLLING if poll_cq_mode == "polling" else io.PollCqMode.EVENT
-            self._create_backend(io.BackendType.RDMA, io.RdmaBackendConfig(*rdma, mode, enable_notification))
+            self._create_backend(
+                io.BackendType.RDMA, io.RdmaBackendConfig(*rdma, mode, enable_notification)
+            )
         else:
             self._create_backend(io.BackendType.XGMI, io.XgmiBackendConfig(*xgmi))
 
@@ -183,7 +224,9 @@ class MoriEngine(TransferEngine):
         try:
             self._engine.create_backend(kind, config)
         except RuntimeError as exc:
-            raise MoriUnavailableError(f"mori.io could not make its {self.backend} backend here: {exc}") from exc
+            raise MoriUnavailableError(
+                f"mori.io could not make its {self.backend} backend here: {exc}"
+            ) from exc
 
     @property
     def closed(self) -> bool:
@@ -208,7 +251,9 @@ class MoriEngine(TransferEngine):
         self._require(desc, self._io.EngineDesc, "desc")
         self._engine.register_remote_engine(desc)
         with self._failures_lock:
-            self._failed_peers.discard(desc.key)   # a peer registered again starts with a clean record
+            self._failed_peers.discard(
+                desc.key
+            )  # a peer registered again starts with a clean record
 
     def deregister_remote_engine(self, desc) -> None:
         self._require(desc, self._io.EngineDesc, "desc")
@@ -220,9 +265,13 @@ class MoriEngine(TransferEngine):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"mori.io registers CPU or GPU memory; the tensor is on {tensor.device}")
+            raise ValueError(
+                f"mori.io registers CPU or GPU memory; the tensor is on {tensor.device}"
+            )
         if not tensor.is_contiguous():
-            raise ValueError(f"tensor of shape {tuple(tensor.shape)} must be contiguous to be registered")
+            raise ValueError(
+                f"tensor of shape {tuple(tensor.shape)} must be contiguous to be registered"
+            )
         if tensor.numel() == 0:
             raise ValueError("an empty tensor cannot be registered")
         return self._engine.register_torch_tensor(tensor)
@@ -245,7 +294,9 @@ class MoriEngine(TransferEngine):
     def wait_all(self, statuses: Iterable[TransferStatus], timeout_ms: int = -1) -> bool:
         """True when every status is final within ``timeout_ms``; a failure whose writes may still land never is."""
         statuses = list(statuses)
-        return wait_all(statuses, timeout_ms) and not any(s.init() or s.in_progress() for s in statuses)
+        return wait_all(statuses, timeout_ms) and not any(
+            s.init() or s.in_progress() for s in statuses
+        )
 
     # -- what mori says of its peers ------------------------------------------------------------------
 
@@ -263,14 +314,23 @@ class MoriEngine(TransferEngine):
             return "" not in self._failed_peers and remote_engine_key not in self._failed_peers
 
     def _take_peer_failures(self) -> None:
-        pop = getattr(self._engine, "pop_peer_failure", None)   # new in amd-mori 1.2.4
+        pop = getattr(self._engine, "pop_peer_failure", None)  # new in amd-mori 1.2.4
         if pop is None or self._closed:
             return
         while (event := pop()) is not None:
-            failure = PeerFailure(str(event.remote_engine_key), str(event.reason.name), str(event.detail),
-                                  str(event.device_name))
-            _log.warning("mori engine %r: peer %r failed (%s): %s", self.key, failure.remote_engine_key or "*",
-                         failure.reason, failure.detail)
+            failure = PeerFailure(
+                str(event.remote_engine_key),
+                str(event.reason.name),
+                str(event.detail),
+                str(event.device_name),
+            )
+            _log.warning(
+                "mori engine %r: peer %r failed (%s): %s",
+                self.key,
+                failure.remote_engine_key or "*",
+                failure.reason,
+                failure.detail,
+            )
             with self._failures_lock:
                 self._peer_failures.append(failure)
                 self._failed_peers.add(failure.remote_engine_key)

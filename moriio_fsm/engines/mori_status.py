@@ -65,8 +65,10 @@ class MoriStatus:
     def message(self) -> str:
         code, message = self.native_code(), self.native_message()
         if code_is_failure(code) and code not in _NOTHING_POSTED:
-            return (f"mori reported {_name(code)}: {message}; writes of this transfer may still land, so it stays "
-                    "in flight until it is torn down")
+            return (
+                f"mori reported {_name(code)}: {message}; writes of this transfer may still land, so it stays "
+                "in flight until it is torn down"
+            )
         return message
 
     def init(self) -> bool:

@@ -37,7 +37,7 @@ class _Pending:
     transfer_id: str
     layer: int
     op: str
-    wakes: bool = False      # the status calls back when final: no need to poll for it
+    wakes: bool = False  # the status calls back when final: no need to poll for it
     forgotten: bool = False
 
 
@@ -56,9 +56,15 @@ class CompletionPoller:
     and ``clock`` is ``time.monotonic`` (the clock it is read on), else the sweep's time.
     """
 
-    def __init__(self, deliver: Callable[[Event], object], *, poll_interval_s: float = 0.0005,
-                 batch_size: int = 256, clock: Callable[[], float] = time.monotonic,
-                 name: str = "moriio-completion-poller") -> None:
+    def __init__(
+        self,
+        deliver: Callable[[Event], object],
+        *,
+        poll_interval_s: float = 0.0005,
+        batch_size: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "moriio-completion-poller",
+    ) -> None:
         if not callable(deliver):
             raise TypeError(f"deliver must be callable, got {type(deliver).__name__}")
         if not poll_interval_s > 0:
@@ -76,14 +82,16 @@ class CompletionPoller:
         self._stopping = False
         self._pending: deque[_Pending] = deque()
         self._sweeping: list[_Pending] = []  # taken off _pending by the current sweep
-        self._nudged = False                 # a status settled since the last sweep began
+        self._nudged = False  # a status settled since the last sweep began
         self._undelivered = 0
         self.delivered = 0
         self.delivery_errors = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, status: TransferStatus, transfer_id: str, layer: int, op: str = "write") -> None:
+    def submit(
+        self, status: TransferStatus, transfer_id: str, layer: int, op: str = "write"
+    ) -> None:
         """Watch ``status`` for (transfer_id, layer, op); returns at once.
 
         Raises ``ValueError`` for an unknown op or a negative layer, ``TypeError``
@@ -103,11 +111,12 @@ class CompletionPoller:
             self._incoming.append(entry)
             self._undelivered += 1
             self._wake.notify()
-        if callable(when_final):        # entry.wakes
-            when_final(self._nudge)     # outside the lock: a status already final calls back at once
+        if callable(when_final):  # entry.wakes
+            when_final(self._nudge)  # outside the lock: a status already final calls back at once
 
-    def event_if_final(self, status: TransferStatus, transfer_id: str, layer: int,
-                       op: str = "write") -> Event | None:
+    def event_if_final(
+        self, status: TransferStatus, transfer_id: str, layer: int, op: str = "write"
+    ) -> Event | None:
         """The event of a status that is final already (an engine that copied as it posted), else None.
 
         For the poster to dispatch itself rather than ``submit``: the event goes out at once,
@@ -231,8 +240,12 @@ class CompletionPoller:
         code = status.code()
         if code == StatusCode.SUCCESS:
             return make_event(completed, entry.transfer_id, now, {"layer": entry.layer})
-        return make_event(failed, entry.transfer_id, now,
-                          {"layer": entry.layer, "code": int(code), "message": status.message()})
+        return make_event(
+            failed,
+            entry.transfer_id,
+            now,
+            {"layer": entry.layer, "code": int(code), "message": status.message()},
+        )
 
     def _emit(self, event: Event) -> None:
         try:

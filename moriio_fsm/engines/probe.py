@@ -30,8 +30,9 @@ class ImportProbe:
     runs once after a successful import.
     """
 
-    def __init__(self, module: str, what: str, missing: str,
-                 on_import: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, module: str, what: str, missing: str, on_import: Callable[[], None] | None = None
+    ) -> None:
         self.module, self._what, self._missing, self._on_import = module, what, missing, on_import
         self._lock = threading.Lock()
         self._result: Availability | None = None
@@ -52,8 +53,12 @@ class ImportProbe:
     def _in_child(self, timeout_s: float) -> Availability | None:
         """Why the import fails in a child interpreter, or None when it succeeds there."""
         try:
-            child = subprocess.run([sys.executable, "-c", f"import {self.module}"],
-                                   capture_output=True, text=True, timeout=timeout_s)
+            child = subprocess.run(
+                [sys.executable, "-c", f"import {self.module}"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Availability(False, f"probing {self._what} in a child failed: {exc}")
         if child.returncode != 0:
@@ -69,7 +74,9 @@ class ImportProbe:
         except OSError as exc:
             return Availability(False, f"{self._what}'s native libraries failed to load: {exc}")
         except Exception as exc:  # a broken install can raise anything while importing
-            return Availability(False, f"{self._what} failed while importing: {type(exc).__name__}: {exc}")
+            return Availability(
+                False, f"{self._what} failed while importing: {type(exc).__name__}: {exc}"
+            )
         if self._on_import is not None:
             self._on_import()
         return Availability(True, f"{self._what} imported")

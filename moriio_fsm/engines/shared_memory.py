@@ -20,8 +20,17 @@ import torch
 
 from ..errors import MoriioFsmError
 
-__all__ = ["SharedRegion", "PeerMapping", "RegionUnavailable", "REGION_NAME_PREFIX", "SHMEM_DEVICE", "SIZE_SEALS",
-           "peer_region_problem", "open_peer_region", "unsealed_problem"]
+__all__ = [
+    "SharedRegion",
+    "PeerMapping",
+    "RegionUnavailable",
+    "REGION_NAME_PREFIX",
+    "SHMEM_DEVICE",
+    "SIZE_SEALS",
+    "peer_region_problem",
+    "open_peer_region",
+    "unsealed_problem",
+]
 
 # Every region is a memfd named with this prefix: /proc/<pid>/fd links read
 # "/memfd:moriio-loopback-<token> (deleted)", and so do its lines in /proc/<pid>/maps.
@@ -64,7 +73,9 @@ class RegionUnavailable(MoriioFsmError, OSError):
     """A peer's region cannot be opened: the owner is gone or closed it."""
 
 
-def peer_region_problem(pid: int, fd: int, token: str, prefix: str = REGION_NAME_PREFIX) -> str | None:
+def peer_region_problem(
+    pid: int, fd: int, token: str, prefix: str = REGION_NAME_PREFIX
+) -> str | None:
     """Why process ``pid`` no longer offers region ``token`` at ``fd``, or None if it does."""
     try:
         target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -92,7 +103,9 @@ class SharedRegion:
     peers) stays valid until its last mapping is dropped.
     """
 
-    def __init__(self, fd: int, token: str, size: int, mapping: mmap.mmap, base_address: int) -> None:
+    def __init__(
+        self, fd: int, token: str, size: int, mapping: mmap.mmap, base_address: int
+    ) -> None:
         self.size = size
         self.token = token
         self.pid = os.getpid()
@@ -109,7 +122,9 @@ class SharedRegion:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"shared region size must be a positive number of bytes, got {size!r}")
         token = secrets.token_hex(8)
-        fd = os.memfd_create(REGION_NAME_PREFIX + token, os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0))
+        fd = os.memfd_create(
+            REGION_NAME_PREFIX + token, os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0)
+        )
         try:
             os.ftruncate(fd, size)
             if sealed:
@@ -152,10 +167,14 @@ def open_peer_region(pid: int, fd: int, token: str, size: int, prefix: str) -> i
     try:
         peer_fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        raise RegionUnavailable(f"cannot open shared region {token} of process {pid}: {exc.strerror}") from None
+        raise RegionUnavailable(
+            f"cannot open shared region {token} of process {pid}: {exc.strerror}"
+        ) from None
     try:
         if os.fstat(peer_fd).st_size < size:
-            raise RegionUnavailable(f"shared region {token} of process {pid} is smaller than {size} bytes")
+            raise RegionUnavailable(
+                f"shared region {token} of process {pid} is smaller than {size} bytes"
+            )
     except BaseException:
         os.close(peer_fd)
         raise
@@ -175,7 +194,9 @@ class PeerMapping:
         try:
             problem = unsealed_problem(peer_fd) if sealed else None
             if problem is not None:
-                raise RegionUnavailable(f"shared region {token} of process {pid} cannot be mapped safely: {problem}")
+                raise RegionUnavailable(
+                    f"shared region {token} of process {pid} cannot be mapped safely: {problem}"
+                )
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self._map = mmap.mmap(peer_fd, size, flags=flags)
         finally:
@@ -185,4 +206,3 @@ class PeerMapping:
         self.token = token
         self.size = size
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
-

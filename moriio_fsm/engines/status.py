@@ -75,7 +75,16 @@ class LocalTransferStatus:
     does each ``when_final`` callback, once.
     """
 
-    __slots__ = ("_code", "_message", "_lock", "_final", "_final_at", "_waiters", "_callbacks", "__weakref__")
+    __slots__ = (
+        "_code",
+        "_message",
+        "_lock",
+        "_final",
+        "_final_at",
+        "_waiters",
+        "_callbacks",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         self._code = int(StatusCode.INIT)
@@ -178,7 +187,9 @@ class LocalTransferStatus:
             ended_at = now
         elif ended_at.__class__ is not float or not is_time(ended_at) or not ended_at <= now:
             # NaN, infinities, out of any clock's range, not a float, or the future
-            raise ValueError(f"ended_at must be a time.monotonic() reading not after now, got {ended_at!r}")
+            raise ValueError(
+                f"ended_at must be a time.monotonic() reading not after now, got {ended_at!r}"
+            )
         with self._lock:
             if self._final:
                 return False

@@ -34,7 +34,7 @@ class BrokenBound:
     key: str
     value: Any
     terms: tuple[tuple[ConfigRef, Any], ...]
-    where: str                       # path:line of the key that states the bound
+    where: str  # path:line of the key that states the bound
 
     @property
     def needed(self) -> Any:
@@ -72,8 +72,9 @@ def bounds_of(spec: Spec) -> Iterator[ConfigKey]:
     return (key for key in spec.config.values() if key.exceeds)
 
 
-def broken_bounds(specs: Mapping[str, Spec],
-                  configs: Mapping[str, Mapping[str, Any]]) -> list[BrokenBound]:
+def broken_bounds(
+    specs: Mapping[str, Spec], configs: Mapping[str, Mapping[str, Any]]
+) -> list[BrokenBound]:
     """Every bound of ``specs`` (by machine name) that ``configs`` (machine name -> its
     resolved config) break. A bound naming a machine without a config here relates
     machines that do not run together, and is not checked."""
@@ -87,8 +88,9 @@ def broken_bounds(specs: Mapping[str, Spec],
     return broken
 
 
-def _check(spec: Spec, machine: str, key: ConfigKey,
-           configs: Mapping[str, Mapping[str, Any]]) -> BrokenBound | None:
+def _check(
+    spec: Spec, machine: str, key: ConfigKey, configs: Mapping[str, Mapping[str, Any]]
+) -> BrokenBound | None:
     """The bound of ``key`` (of ``spec``, run as ``machine``) if ``configs`` break it."""
     terms = tuple((ref, _value(configs, ref.machine, ref.key)) for ref in key.exceeds)
     value = _value(configs, machine, key.name)
@@ -100,8 +102,10 @@ def _check(spec: Spec, machine: str, key: ConfigKey,
 def _value(configs: Mapping[str, Mapping[str, Any]], machine: str, key: str) -> Any:
     config = configs[machine]
     if key not in config:
-        raise ValueError(f"the config of machine {machine!r} has no key {key!r}; pass resolved "
-                         "configs (every key, defaults included)")
+        raise ValueError(
+            f"the config of machine {machine!r} has no key {key!r}; pass resolved "
+            "configs (every key, defaults included)"
+        )
     return config[key]
 
 
@@ -112,19 +116,30 @@ def bound_problems(spec: Spec, lookup: Lookup, known: Sequence[str] = ()) -> lis
     problems: list[Problem] = []
     for key in bounds_of(spec):
         specs = {spec.name: spec}
-        wrong = [Problem(spec.path, ref.line, message) for ref in key.exceeds
-                 if (message := _reference_problem(spec, key, ref, specs, lookup, known))]
+        wrong = [
+            Problem(spec.path, ref.line, message)
+            for ref in key.exceeds
+            if (message := _reference_problem(spec, key, ref, specs, lookup, known))
+        ]
         problems += wrong
         if not wrong:
             defaults = {name: s.default_config() for name, s in specs.items()}
             broken = _check(spec, spec.name, key, defaults)
             if broken is not None:
-                problems.append(Problem(spec.path, key.line, f"the defaults break a bound: {broken.rule()}"))
+                problems.append(
+                    Problem(spec.path, key.line, f"the defaults break a bound: {broken.rule()}")
+                )
     return problems
 
 
-def _reference_problem(spec: Spec, key: ConfigKey, ref: ConfigRef, specs: dict[str, Spec],
-                       lookup: Lookup, known: Sequence[str]) -> str | None:
+def _reference_problem(
+    spec: Spec,
+    key: ConfigKey,
+    ref: ConfigRef,
+    specs: dict[str, Spec],
+    lookup: Lookup,
+    known: Sequence[str],
+) -> str | None:
     """Why ``ref`` in the bound of ``key`` names nothing (None when it is sound); the spec
     of each machine it names is added to ``specs``."""
     where = f"config key {key.name!r}: exceeds"
@@ -132,12 +147,16 @@ def _reference_problem(spec: Spec, key: ConfigKey, ref: ConfigRef, specs: dict[s
         found = lookup(ref.machine)
         if found is None:
             others = [name for name in known if name != spec.name]
-            return (f"{where} names unknown machine {ref.machine!r}; known machines: "
-                    f"{listing([spec.name, *others])}")
+            return (
+                f"{where} names unknown machine {ref.machine!r}; known machines: "
+                f"{listing([spec.name, *others])}"
+            )
         specs[ref.machine] = found
     if ref.key not in specs[ref.machine].config:
-        return (f"{where} names {str(ref)!r}, but machine {ref.machine!r} has no config key "
-                f"{ref.key!r}; its keys: {listing(specs[ref.machine].config)}")
+        return (
+            f"{where} names {str(ref)!r}, but machine {ref.machine!r} has no config key "
+            f"{ref.key!r}; its keys: {listing(specs[ref.machine].config)}"
+        )
     if (ref.machine, ref.key) == (spec.name, key.name):
         return f"{where} names the key itself; a key cannot exceed a sum that holds it"
     return None

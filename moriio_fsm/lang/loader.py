@@ -36,12 +36,16 @@ MAX_SPEC_BYTES = 1 << 20
 
 def _too_big(path: str, size: str) -> Problem:
     """The refusal of a spec over ``MAX_SPEC_BYTES`` (line 0: the whole file)."""
-    return Problem(path, 0, f"spec is {size}; a spec may be at most {MAX_SPEC_BYTES // 2 ** 20} MiB "
-                            f"({MAX_SPEC_BYTES} bytes) of UTF-8: split it into several specs")
+    return Problem(
+        path,
+        0,
+        f"spec is {size}; a spec may be at most {MAX_SPEC_BYTES // 2**20} MiB "
+        f"({MAX_SPEC_BYTES} bytes) of UTF-8: split it into several specs",
+    )
 
 
 def _mib(size: int) -> str:
-    return f"{size / 2 ** 20:.1f} MiB ({size} bytes)"
+    return f"{size / 2**20:.1f} MiB ({size} bytes)"
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -77,9 +81,17 @@ def _read(path: Path) -> str:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SpecError([Problem(str(path), line, f"spec is not UTF-8: byte 0x{data[exc.start]:02x} "
-                                                  f"at column {column} cannot be decoded "
-                                                  f"({exc.reason}); save the spec as UTF-8")]) from None
+        raise SpecError(
+            [
+                Problem(
+                    str(path),
+                    line,
+                    f"spec is not UTF-8: byte 0x{data[exc.start]:02x} "
+                    f"at column {column} cannot be decoded "
+                    f"({exc.reason}); save the spec as UTF-8",
+                )
+            ]
+        ) from None
 
 
 def _shipped_spec(name: str) -> Spec | None:
@@ -92,7 +104,7 @@ def _shipped_spec(name: str) -> Spec | None:
     try:
         mtime_ns = path.stat().st_mtime_ns
     except OSError:
-        mtime_ns = -1          # _read reports the unreadable file with its path
+        mtime_ns = -1  # _read reports the unreadable file with its path
     return _parsed(str(path), mtime_ns)
 
 
@@ -120,6 +132,7 @@ def parse_spec(text: str, path: str = "<string>") -> Spec:
     for line, key in duplicate_keys:
         reader.problem(line, f"duplicate key {key!r}: each name may appear once")
     if not isinstance(raw, dict):
-        raise SpecError([Problem(path, 1, "a spec must be a YAML mapping at the top level")]
-                        + reader.problems)
+        raise SpecError(
+            [Problem(path, 1, "a spec must be a YAML mapping at the top level")] + reader.problems
+        )
     return read_spec(reader, raw, path)

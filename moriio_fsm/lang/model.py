@@ -21,16 +21,22 @@ CONTEXT_TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "float": (float, int),
     "str": (str,),
-    "bitmap": (int,),        # a set of small integers kept as the bits of one int
-    "object": (object,),     # opaque payload held by reference (block id lists)
+    "bitmap": (int,),  # a set of small integers kept as the bits of one int
+    "object": (object,),  # opaque payload held by reference (block id lists)
 }
 
 #: Field types an event payload or an emitted effect may declare, and the Python types
 #: a value may take. ``list`` admits tuples too: both are sequences on the wire.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
-    "list": (list, tuple), "tuple": (tuple,), "any": (object,),
+    "int": (int,),
+    "float": (float, int),
+    "str": (str,),
+    "bool": (bool,),
+    "list": (list, tuple),
+    "tuple": (tuple,),
+    "any": (object,),
 }
+
 
 def value_fits(value: Any, type_name: str) -> bool:
     """Whether ``value`` is of the declared field type ``type_name`` (``bool`` is not an
@@ -51,8 +57,9 @@ EVENT_FIELDS = frozenset({"transfer_id", "time", "source", "kind", "data"})
 
 #: Attribute names every transfer record already uses; context fields and config keys
 #: may not take them.
-RESERVED_NAMES = frozenset({"transfer_id", "state", "deadlines", "context", "config",
-                            "spec_name", "field_names"})
+RESERVED_NAMES = frozenset(
+    {"transfer_id", "state", "deadlines", "context", "config", "spec_name", "field_names"}
+)
 
 #: Where an event comes from. ``local``: the host (vLLM's scheduler and forward pass),
 #: whose request lifecycle always ends; ``adapter``: an adapter of this side reporting

@@ -30,5 +30,5 @@ def load_machine_spec(name_or_path: str | Path) -> Spec:
     try:
         mtime_ns = path.stat().st_mtime_ns
     except OSError:
-        mtime_ns = -1          # load_spec reports the unreadable file with its path
+        mtime_ns = -1  # load_spec reports the unreadable file with its path
     return _load_spec_cached(str(path), mtime_ns)

@@ -19,8 +19,9 @@ def specs_dir() -> Path:
     """The folder holding the shipped spec files (package data: ``moriio_fsm/specs``)."""
     folder = Path(__file__).resolve().parent.parent / "specs"
     if not folder.is_dir():
-        raise FileNotFoundError(f"the shipped specs are missing: {folder} is not a folder; "
-                                "reinstall moriio-fsm")
+        raise FileNotFoundError(
+            f"the shipped specs are missing: {folder} is not a folder; reinstall moriio-fsm"
+        )
     return folder
 
 

@@ -20,7 +20,7 @@ from .yaml_lines import LineDict, kind_of, line_of, show
 
 #: Integers a spec gives (config defaults, context initials, payload defaults) stay in
 #: the signed 64-bit range, the range the runtime, codecs and wire formats assume.
-MAX_INT = 2 ** 63
+MAX_INT = 2**63
 #: Names starting with this are the runtime's (e.g. the pytransitions trigger of eventless
 #: rows is ``__eventless__``; dunders are Python's); no spec name may take them.
 RESERVED_PREFIX = "__"
@@ -45,8 +45,10 @@ def out_of_range(value: Any) -> bool:
 
 
 def reserved_message(what: str, key: str) -> str:
-    return (f"{what} name {key!r} is reserved: names starting with '__' belong to the "
-            "runtime (it names eventless rows '__eventless__') and to Python")
+    return (
+        f"{what} name {key!r} is reserved: names starting with '__' belong to the "
+        "runtime (it names eventless rows '__eventless__') and to Python"
+    )
 
 
 class SpecReader:
@@ -66,7 +68,9 @@ class SpecReader:
                 self.problem(line, f"missing section {key!r} (expected a mapping)")
             return LineDict()
         if not isinstance(value, dict):
-            self.problem(line_of(parent, key, line), f"{key!r} must be a mapping, got {kind_of(value)}")
+            self.problem(
+                line_of(parent, key, line), f"{key!r} must be a mapping, got {kind_of(value)}"
+            )
             return LineDict()
         return cast(LineDict, value)  # the YAML reader builds every mapping as a LineDict
 
@@ -90,7 +94,10 @@ class SpecReader:
         """An optional true/false; a string such as 'no' must not read as true."""
         value = entry.get(key, False)
         if not isinstance(value, bool):
-            self.problem(line_of(entry, key, line), f"{what}: {key!r} must be true or false, got {show(value)}")
+            self.problem(
+                line_of(entry, key, line),
+                f"{what}: {key!r} must be true or false, got {show(value)}",
+            )
             return False
         return value
 
@@ -106,19 +113,26 @@ class SpecReader:
         """Names are identifiers; context fields and config keys become record attributes,
         so they also may not shadow the record's own attributes or expression functions."""
         if not isinstance(key, str) or not key.isidentifier():
-            self.problem(line, f"{what} name {show(key)} must be an identifier (letters, digits, underscores)")
+            self.problem(
+                line,
+                f"{what} name {show(key)} must be an identifier (letters, digits, underscores)",
+            )
             return False
         if key.startswith(RESERVED_PREFIX):
             self.problem(line, reserved_message(what, key))
             return False
         if attribute and (key in RESERVED_NAMES or key in FUNCTIONS or key.startswith("_")):
-            self.problem(line, f"{what} name {key!r} is reserved; avoid "
-                               f"{', '.join(sorted(RESERVED_NAMES | set(FUNCTIONS)))} and leading underscores")
+            self.problem(
+                line,
+                f"{what} name {key!r} is reserved; avoid "
+                f"{', '.join(sorted(RESERVED_NAMES | set(FUNCTIONS)))} and leading underscores",
+            )
             return False
         return True
 
-    def entries(self, raw: dict, section: str, what: str, *, required: bool = False,
-                attribute: bool = False) -> Iterator[tuple[str, Any, int]]:
+    def entries(
+        self, raw: dict, section: str, what: str, *, required: bool = False, attribute: bool = False
+    ) -> Iterator[tuple[str, Any, int]]:
         """``(name, entry, line)`` of each entry of the mapping section ``section`` whose
         name is valid (the others are reported; see ``valid_name``)."""
         raw_section = self.mapping(raw, section, 1, required=required)
@@ -131,11 +145,14 @@ class SpecReader:
         """Report every key of ``entry`` not in ``allowed`` (``expected`` lists them)."""
         for extra in entry:
             if extra not in allowed:
-                self.problem(line_of(entry, extra, line), f"{what}: unknown key {extra!r}; "
-                                                          f"expected {expected}")
+                self.problem(
+                    line_of(entry, extra, line),
+                    f"{what}: unknown key {extra!r}; expected {expected}",
+                )
 
     def known(self, name: str, declared: dict, line: int, what: str, where: str) -> None:
         """Report ``name`` unless ``declared`` has it (``what``: state or event)."""
         if name not in declared:
-            self.problem(line, f"unknown {what} {name!r} in {where}; known {what}s: "
-                               f"{listing(declared)}")
+            self.problem(
+                line, f"unknown {what} {name!r} in {where}; known {what}s: {listing(declared)}"
+            )

@@ -36,7 +36,8 @@ class _Rows:
 
     rows_from: dict[str, list[TransitionSpec]] = field(default_factory=lambda: defaultdict(list))
     by_trigger: dict[tuple[str | None, str], list[TransitionSpec]] = field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
     edges: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     @classmethod
@@ -78,7 +79,10 @@ def _final_states_absorb(spec: Spec, add: Add) -> None:
     for t in spec.transitions:
         for s in t.sources:
             if s in spec.states and spec.states[s].final:
-                add(t.line, f"final state {s!r} has an outgoing {t.label()}; final states are absorbing")
+                add(
+                    t.line,
+                    f"final state {s!r} has an outgoing {t.label()}; final states are absorbing",
+                )
 
 
 def _every_state_reachable(spec: Spec, rows: _Rows, add: Add) -> None:
@@ -93,14 +97,17 @@ def _every_state_reachable(spec: Spec, rows: _Rows, add: Add) -> None:
                 queue.append(nxt)
     for name, state in spec.states.items():
         if name not in seen:
-            add(state.line, f"unreachable state {name!r}: no transition path leads to it from "
-                            f"initial state {spec.initial!r}")
+            add(
+                state.line,
+                f"unreachable state {name!r}: no transition path leads to it from "
+                f"initial state {spec.initial!r}",
+            )
 
 
 def _every_live_state_can_end(spec: Spec, rows: _Rows, add: Add) -> None:
     """Every live state needs a way out, a path to an end, and an exit that does not wait
     on the peer (a local event, a timer, or an eventless transition)."""
-    armed: dict[str, set[str]] = defaultdict(set)      # the events of the timers armed in each
+    armed: dict[str, set[str]] = defaultdict(set)  # the events of the timers armed in each
     for timer in spec.timers.values():
         for s in timer.states:
             armed[s].add(timer.event)
@@ -118,16 +125,22 @@ def _every_live_state_can_end(spec: Spec, rows: _Rows, add: Add) -> None:
         if name not in reaches_final:
             add(state.line, f"non-final state {name!r} can never reach a final state")
         if not _has_backstop(spec, name, rows.rows_from[name], armed.get(name, set())):
-            add(state.line, f"state {name!r} waits only on peers or adapters: no local event, no "
-                            "timer armed in it (that the peer cannot keep postponing) and no "
-                            "unguarded eventless step can take a transfer out of it; arm a timer "
-                            "in it whose firing leaves it (a backstop), so the transfer cannot "
-                            "hang when nobody answers")
+            add(
+                state.line,
+                f"state {name!r} waits only on peers or adapters: no local event, no "
+                "timer armed in it (that the peer cannot keep postponing) and no "
+                "unguarded eventless step can take a transfer out of it; arm a timer "
+                "in it whose firing leaves it (a backstop), so the transfer cannot "
+                "hang when nobody answers",
+            )
         elif name in reaches_final and name not in peer_free_ends:
-            add(state.line, f"state {name!r} cannot end without a peer or an adapter: no sequence "
-                            "of local events, timers and eventless steps from it reaches a final "
-                            "state (timers that only lead on to more waiting, or that a peer "
-                            "keeps restarting, do not count), so a transfer in it can wait forever")
+            add(
+                state.line,
+                f"state {name!r} cannot end without a peer or an adapter: no sequence "
+                "of local events, timers and eventless steps from it reaches a final "
+                "state (timers that only lead on to more waiting, or that a peer "
+                "keeps restarting, do not count), so a transfer in it can wait forever",
+            )
 
 
 def _reaching(targets: set[str], edges: dict[str, set[str]]) -> set[str]:
@@ -156,16 +169,25 @@ def _guards_separate_rows(spec: Spec, rows: _Rows, add: Add) -> None:
         first_with: dict[str, TransitionSpec] = {}
         for later in candidates:
             guard = later.guard
-            shadows = [r for r in (unguarded, first_with.get(guard) if guard is not None else None)
-                       if r is not None]
+            shadows = [
+                r
+                for r in (unguarded, first_with.get(guard) if guard is not None else None)
+                if r is not None
+            ]
             if shadows:
                 first = min(shadows, key=lambda r: r.index)
-                why = ("the first has no guard" if first.guard is None
-                       else f"both use guard {first.guard!r}")
-                add(later.line, f"transitions #{first.index} and #{later.index} both handle "
-                                f"{'eventless step' if event is None else 'event ' + repr(event)} "
-                                f"in state {source!r} and no guard separates them ({why}); "
-                                f"#{later.index} can never fire")
+                why = (
+                    "the first has no guard"
+                    if first.guard is None
+                    else f"both use guard {first.guard!r}"
+                )
+                add(
+                    later.line,
+                    f"transitions #{first.index} and #{later.index} both handle "
+                    f"{'eventless step' if event is None else 'event ' + repr(event)} "
+                    f"in state {source!r} and no guard separates them ({why}); "
+                    f"#{later.index} can never fire",
+                )
             if guard is None:
                 unguarded = unguarded or later
             else:
@@ -181,8 +203,10 @@ def _eventless_rows_do_not_cycle(spec: Spec, add: Add) -> None:
                 eventless[s].add(t.dest)
     for cycle in _eventless_cycles(eventless, [s for s in sorted(eventless) if s in spec.states]):
         state = spec.states.get(cycle[0])
-        add(state.line if state else spec.line,
-            "eventless transitions form a cycle: " + _show_path(cycle))
+        add(
+            state.line if state else spec.line,
+            "eventless transitions form a cycle: " + _show_path(cycle),
+        )
 
 
 def _timers_always_find_a_row(spec: Spec, rows: _Rows, add: Add) -> None:
@@ -192,20 +216,29 @@ def _timers_always_find_a_row(spec: Spec, rows: _Rows, add: Add) -> None:
     for timer in spec.timers.values():
         for s in timer.states:
             if s in spec.states and spec.states[s].final:
-                add(timer.line, f"timer {timer.name!r} is armed in final state {s!r}; a final state "
-                                "never leaves, so the timer could only fire into nothing")
+                add(
+                    timer.line,
+                    f"timer {timer.name!r} is armed in final state {s!r}; a final state "
+                    "never leaves, so the timer could only fire into nothing",
+                )
                 continue
             handling = rows.by_trigger.get((timer.event, s), [])
             if s in spec.states and not handling:
-                add(timer.line, f"timer {timer.name!r} is armed in state {s!r} but no transition "
-                                f"handles its event {timer.event!r} there; add one (it may be "
-                                "'outcome: ignored')")
+                add(
+                    timer.line,
+                    f"timer {timer.name!r} is armed in state {s!r} but no transition "
+                    f"handles its event {timer.event!r} there; add one (it may be "
+                    "'outcome: ignored')",
+                )
             elif handling and handling[-1].guard is not None:
-                add(handling[-1].line, f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
-                                       f"where every row has a guard "
-                                       f"({_listing([repr(t.guard) for t in handling])}); "
-                                       "when none holds the firing is rejected and the timer is "
-                                       "lost: end with an unguarded row (it may be 'outcome: ignored')")
+                add(
+                    handling[-1].line,
+                    f"timer {timer.name!r} fires {timer.event!r} in state {s!r} "
+                    f"where every row has a guard "
+                    f"({_listing([repr(t.guard) for t in handling])}); "
+                    "when none holds the firing is rejected and the timer is "
+                    "lost: end with an unguarded row (it may be 'outcome: ignored')",
+                )
 
 
 def _failed_effects_come_back(spec: Spec, rows: _Rows, add: Add) -> None:
@@ -217,29 +250,47 @@ def _failed_effects_come_back(spec: Spec, rows: _Rows, add: Add) -> None:
         for e in t.emits:
             emitting_rows[e].append(t)
     for name, emit in spec.emits.items():
-        alive_after = sorted({t.dest or s for t in emitting_rows[name] for s in t.sources
-                              if (t.dest or s) in spec.states and not spec.states[t.dest or s].final})
+        alive_after = sorted(
+            {
+                t.dest or s
+                for t in emitting_rows[name]
+                for s in t.sources
+                if (t.dest or s) in spec.states and not spec.states[t.dest or s].final
+            }
+        )
         if emit.on_failure is None:
             if alive_after:
-                add(emit.line, f"emit {name!r} has no on_failure event, but rows emitting it leave "
-                               f"the transfer alive in {_listing(alive_after)}; name the event a "
-                               "driver dispatches when its handler fails, so no transfer is lost")
+                add(
+                    emit.line,
+                    f"emit {name!r} has no on_failure event, but rows emitting it leave "
+                    f"the transfer alive in {_listing(alive_after)}; name the event a "
+                    "driver dispatches when its handler fails, so no transfer is lost",
+                )
             continue
         event = spec.events.get(emit.on_failure)
         if event is None:
-            continue        # the loader reported the unknown name
+            continue  # the loader reported the unknown name
         if event.origin != "adapter":
-            add(emit.line, f"emit {name!r}: on_failure event {event.name!r} must have origin "
-                           f"'adapter' (the driver reports its own failure), not {event.origin!r}")
+            add(
+                emit.line,
+                f"emit {name!r}: on_failure event {event.name!r} must have origin "
+                f"'adapter' (the driver reports its own failure), not {event.origin!r}",
+            )
         missing = sorted(set(event.payload) - set(emit.fields) - {"error"})
         if missing:
-            add(emit.line, f"emit {name!r}: on_failure event {event.name!r} declares payload "
-                           f"field(s) {', '.join(missing)} that the effect does not carry; a "
-                           "driver can only fill fields of the effect, and 'error'")
+            add(
+                emit.line,
+                f"emit {name!r}: on_failure event {event.name!r} declares payload "
+                f"field(s) {', '.join(missing)} that the effect does not carry; a "
+                "driver can only fill fields of the effect, and 'error'",
+            )
         for s in alive_after:
             if not rows.by_trigger.get((event.name, s)):
-                add(emit.line, f"emit {name!r}: its on_failure event {event.name!r} is not handled "
-                               f"in state {s!r}, where rows emitting it leave the transfer")
+                add(
+                    emit.line,
+                    f"emit {name!r}: its on_failure event {event.name!r} is not handled "
+                    f"in state {s!r}, where rows emitting it leave the transfer",
+                )
 
 
 def _creation_is_handled(spec: Spec, rows: _Rows, add: Add) -> None:
@@ -249,7 +300,10 @@ def _creation_is_handled(spec: Spec, rows: _Rows, add: Add) -> None:
         add(spec.line, "no event is marked 'creates: true'; a transfer could never start")
     for e in creators:
         if not rows.by_trigger.get((e.name, spec.initial)):
-            add(e.line, f"creating event {e.name!r} has no transition from initial state {spec.initial!r}")
+            add(
+                e.line,
+                f"creating event {e.name!r} has no transition from initial state {spec.initial!r}",
+            )
 
 
 def _every_name_is_used(spec: Spec, add: Add) -> None:
@@ -257,11 +311,14 @@ def _every_name_is_used(spec: Spec, add: Add) -> None:
     used_guards = {t.guard for t in spec.transitions if t.guard}
     used_actions = {a for t in spec.transitions for a in t.actions}
     used_emits = {e for t in spec.transitions for e in t.emits}
-    used_events = ({t.event for t in spec.transitions if t.event}
-                   | {tm.event for tm in spec.timers.values()})
-    for kind, declared, used in (("guard", spec.guards, used_guards),
-                                 ("action", spec.actions, used_actions),
-                                 ("emit", spec.emits, used_emits)):
+    used_events = {t.event for t in spec.transitions if t.event} | {
+        tm.event for tm in spec.timers.values()
+    }
+    for kind, declared, used in (
+        ("guard", spec.guards, used_guards),
+        ("action", spec.actions, used_actions),
+        ("emit", spec.emits, used_emits),
+    ):
         for name, item in declared.items():
             if name not in used:
                 add(item.line, f"{kind} {name!r} is declared but no transition uses it")
@@ -311,7 +368,7 @@ def _eventless_cycles(eventless: dict[str, set[str]], roots: list[str]) -> list[
             if seen == done:
                 continue
             if seen == visiting:
-                cycles.append(path[position[nxt]:] + [nxt])
+                cycles.append(path[position[nxt] :] + [nxt])
                 continue
             color[nxt] = visiting
             position[nxt] = len(path)
@@ -332,19 +389,30 @@ def _show_path(cycle: list[str]) -> str:
     if len(cycle) <= _CYCLE_SHOWN:
         return " -> ".join(cycle)
     half = _CYCLE_SHOWN // 2
-    return (" -> ".join(cycle[:half]) + f" -> ... ({len(cycle) - 2 * half} more) -> "
-            + " -> ".join(cycle[-half:]))
+    return (
+        " -> ".join(cycle[:half])
+        + f" -> ... ({len(cycle) - 2 * half} more) -> "
+        + " -> ".join(cycle[-half:])
+    )
 
 
 def _usable_timer_events(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[str]:
     """Events of the timers armed in ``state`` that the peer cannot postpone forever: a
     timer that an applied row of a peer's event restarts there does not count (adapters
     are this side's own code and report on bounded work; a peer may not be)."""
-    peer_applied = {t.event for t in rows if t.event is not None and t.outcome == "applied"
-                    and spec.events.get(t.event) is not None
-                    and spec.events[t.event].origin == "remote"}
-    return {tm.event for tm in spec.timers.values()
-            if state in tm.states and not set(tm.restart_on) & peer_applied}
+    peer_applied = {
+        t.event
+        for t in rows
+        if t.event is not None
+        and t.outcome == "applied"
+        and spec.events.get(t.event) is not None
+        and spec.events[t.event].origin == "remote"
+    }
+    return {
+        tm.event
+        for tm in spec.timers.values()
+        if state in tm.states and not set(tm.restart_on) & peer_applied
+    }
 
 
 def _peer_free_moves(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[str]:
@@ -380,8 +448,12 @@ def _peer_free_moves(spec: Spec, state: str, rows: list[TransitionSpec]) -> set[
     return moves
 
 
-def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = None,
-                  armed_timer_events: set[str] | None = None) -> bool:
+def _has_backstop(
+    spec: Spec,
+    state: str,
+    rows: list[TransitionSpec] | None = None,
+    armed_timer_events: set[str] | None = None,
+) -> bool:
     """True when a transfer in ``state`` has at least one move that needs neither the
     peer nor an adapter (``_peer_free_moves``). ``armed_timer_events`` is accepted for
     callers that index it; the usable timers are worked out here."""
@@ -393,6 +465,7 @@ def _has_backstop(spec: Spec, state: str, rows: list[TransitionSpec] | None = No
 def ends_without_peer(spec: Spec, rows_from: dict[str, list[TransitionSpec]]) -> set[str]:
     """The states from which some sequence of peer-free moves reaches a final state
     (one walk backwards from the finals)."""
-    moves = {state: _peer_free_moves(spec, state, rows_from.get(state, []))
-             for state in spec.states}
+    moves = {
+        state: _peer_free_moves(spec, state, rows_from.get(state, [])) for state in spec.states
+    }
     return _reaching(set(spec.final_states), moves)

@@ -61,24 +61,30 @@ class LineLoader(yaml.SafeLoader):
         # billions of nodes wherever a value is walked or quoted back in a message.
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _Refused(event.start_mark.line + 1,
-                           "anchors (&name) and aliases (*name) are not allowed in a spec: "
-                           "write the value out where it is used")
+            raise _Refused(
+                event.start_mark.line + 1,
+                "anchors (&name) and aliases (*name) are not allowed in a spec: "
+                "write the value out where it is used",
+            )
         self.depth += 1
         try:
             if self.depth > MAX_NESTING:
-                raise _Refused(event.start_mark.line + 1,
-                               f"lists and mappings are nested deeper than {MAX_NESTING} levels; "
-                               "a spec needs about six")
+                raise _Refused(
+                    event.start_mark.line + 1,
+                    f"lists and mappings are nested deeper than {MAX_NESTING} levels; "
+                    "a spec needs about six",
+                )
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
     def construct_yaml_int(self, node):
         if len(node.value) > MAX_INT_DIGITS:
-            raise _Refused(node.start_mark.line + 1,
-                           f"integer of {len(node.value)} digits; numbers in a spec have at most "
-                           f"{MAX_INT_DIGITS} digits (and most must be below 2**63)")
+            raise _Refused(
+                node.start_mark.line + 1,
+                f"integer of {len(node.value)} digits; numbers in a spec have at most "
+                f"{MAX_INT_DIGITS} digits (and most must be below 2**63)",
+            )
         return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
@@ -89,8 +95,11 @@ class LineLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, Hashable):
                 raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    "found a key that is a list or mapping; keys must be names", key_node.start_mark)
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found a key that is a list or mapping; keys must be names",
+                    key_node.start_mark,
+                )
             if key in result:
                 self.duplicate_keys.append((key_node.start_mark.line + 1, str(key)))
             result[key] = self.construct_object(value_node, deep=True)
@@ -104,10 +113,12 @@ class LineLoader(yaml.SafeLoader):
         return result
 
 
-LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                           LineLoader.construct_mapping)
-LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
-                           LineLoader.construct_sequence)
+LineLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, LineLoader.construct_mapping
+)
+LineLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, LineLoader.construct_sequence
+)
 LineLoader.add_constructor("tag:yaml.org,2002:int", LineLoader.construct_yaml_int)
 
 
@@ -119,8 +130,15 @@ def read_yaml(text: str, path: str) -> tuple[Any, list[tuple[int, str]]]:
         loader = LineLoader(text)
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
-        raise SpecError([Problem(path, line, f"invalid YAML: character {chr(exc.character)!r} is not "
-                                             "allowed in a YAML file")]) from None
+        raise SpecError(
+            [
+                Problem(
+                    path,
+                    line,
+                    f"invalid YAML: character {chr(exc.character)!r} is not allowed in a YAML file",
+                )
+            ]
+        ) from None
     loader.duplicate_keys = []
     try:
         raw = loader.get_single_data()
@@ -129,7 +147,9 @@ def read_yaml(text: str, path: str) -> tuple[Any, list[tuple[int, str]]]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0
-        raise SpecError([Problem(path, line, f"invalid YAML: {getattr(exc, 'problem', exc)}")]) from None
+        raise SpecError(
+            [Problem(path, line, f"invalid YAML: {getattr(exc, 'problem', exc)}")]
+        ) from None
     finally:
         loader.dispose()
     return raw, loader.duplicate_keys

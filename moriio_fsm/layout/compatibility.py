@@ -81,8 +81,10 @@ class KVCacheSummary:
         known = {field.name for field in fields(cls)}
         unknown = sorted(str(key) for key in wire if key not in known)
         if unknown:
-            raise KVLayoutError(f"peer KV cache summary has unknown field(s) {', '.join(unknown)}; "
-                                f"expected only {', '.join(sorted(known))}")
+            raise KVLayoutError(
+                f"peer KV cache summary has unknown field(s) {', '.join(unknown)}; "
+                f"expected only {', '.join(sorted(known))}"
+            )
         values: dict[str, Any] = {}
         for name in ("layout", "axis_order", "dtype"):
             values[name] = _text(wire, name)
@@ -90,35 +92,49 @@ class KVCacheSummary:
             values[name] = _count(wire, name)
         values["num_kv_heads"] = _count(wire, "num_kv_heads") if "num_kv_heads" in wire else None
         if values["layout"] not in _LAYOUTS:
-            raise KVLayoutError(f"peer KV cache summary: layout {values['layout']!r} is none of "
-                                f"{', '.join(sorted(_LAYOUTS))}")
+            raise KVLayoutError(
+                f"peer KV cache summary: layout {values['layout']!r} is none of "
+                f"{', '.join(sorted(_LAYOUTS))}"
+            )
         if values["axis_order"] not in _AXIS_ORDERS:
-            raise KVLayoutError(f"peer KV cache summary: axis_order {values['axis_order']!r} is none of "
-                                f"{', '.join(sorted(_AXIS_ORDERS))}")
+            raise KVLayoutError(
+                f"peer KV cache summary: axis_order {values['axis_order']!r} is none of "
+                f"{', '.join(sorted(_AXIS_ORDERS))}"
+            )
         if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
-            raise KVLayoutError(f"peer KV cache summary: dtype {values['dtype']!r} is not a torch dtype name")
+            raise KVLayoutError(
+                f"peer KV cache summary: dtype {values['dtype']!r} is not a torch dtype name"
+            )
         if (values["num_kv_heads"] is None) != (values["layout"] == KVLayout.MLA.value):
-            raise KVLayoutError("peer KV cache summary: num_kv_heads must be given for every layout but mla, "
-                                f"and only then; got layout {values['layout']!r} and num_kv_heads "
-                                f"{values['num_kv_heads']!r}")
+            raise KVLayoutError(
+                "peer KV cache summary: num_kv_heads must be given for every layout but mla, "
+                f"and only then; got layout {values['layout']!r} and num_kv_heads "
+                f"{values['num_kv_heads']!r}"
+            )
         return cls(**values)
 
 
 def _text(wire: Mapping[str, Any], name: str) -> str:
     value = wire.get(name)
     if not isinstance(value, str) or not value:
-        raise KVLayoutError(f"peer KV cache summary: {name} must be a non-empty string, got {value!r}")
+        raise KVLayoutError(
+            f"peer KV cache summary: {name} must be a non-empty string, got {value!r}"
+        )
     return value
 
 
 def _count(wire: Mapping[str, Any], name: str) -> int:
     value = wire.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise KVLayoutError(f"peer KV cache summary: {name} must be a positive integer, got {value!r}")
+        raise KVLayoutError(
+            f"peer KV cache summary: {name} must be a positive integer, got {value!r}"
+        )
     return value
 
 
-def check_compatible(local: KVCacheSummary, remote: KVCacheSummary, *, layer_name: str | None = None) -> None:
+def check_compatible(
+    local: KVCacheSummary, remote: KVCacheSummary, *, layer_name: str | None = None
+) -> None:
     """Refuse two peers whose blocks cannot be copied byte for byte; silent when they can.
 
     Raises ``KVIncompatibleError`` naming every field that differs with both sides' values,
@@ -126,8 +142,10 @@ def check_compatible(local: KVCacheSummary, remote: KVCacheSummary, *, layer_nam
     """
     for side, summary in (("local", local), ("remote", remote)):
         if not isinstance(summary, KVCacheSummary):
-            raise TypeError(f"{side} must be a KVCacheSummary (KVCacheSummary.of / from_wire), "
-                            f"got {type(summary).__name__}")
+            raise TypeError(
+                f"{side} must be a KVCacheSummary (KVCacheSummary.of / from_wire), "
+                f"got {type(summary).__name__}"
+            )
     differences = [
         f"{field.name}: local {getattr(local, field.name)}, remote {getattr(remote, field.name)}"
         for field in fields(KVCacheSummary)

@@ -31,14 +31,18 @@ from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
 
 from ..errors import MoriioFsmError
 
-_SHAPE_DETECTED_LAYOUTS = "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D], MLA [N, B, L]"
+_SHAPE_DETECTED_LAYOUTS = (
+    "[2, N, B, H, D], [2, N, H, B, D], [N, 2, B, H, D], [N, 2, H, B, D], MLA [N, B, L]"
+)
 
 
 class KVLayoutError(MoriioFsmError, ValueError):
     """A KV cache tensor, format or block list that cannot be planned exactly."""
 
 
-def layout_error(layer_name: str, shape: Sequence[int], problem: str, expected: str) -> KVLayoutError:
+def layout_error(
+    layer_name: str, shape: Sequence[int], problem: str, expected: str
+) -> KVLayoutError:
     """Build the project's standard message: layer, shape, problem, expectation."""
     return KVLayoutError(
         f"layer {layer_name!r}: KV cache of shape {tuple(shape)} {problem}; expected {expected}"
@@ -126,7 +130,11 @@ class LayerGeometry:
         With ``num_blocks`` given, the extent of the same layout holding that many
         scheduler blocks (the peer's cache) instead of this tensor's own.
         """
-        physical = self.num_physical_blocks if num_blocks is None else num_blocks * self.kernel_blocks_per_block
+        physical = (
+            self.num_physical_blocks
+            if num_blocks is None
+            else num_blocks * self.kernel_blocks_per_block
+        )
         if physical == 0:
             return 0
         kv_stride = self.kv_stride if num_blocks is None else self.remote_kv_stride(num_blocks)
@@ -137,7 +145,9 @@ class LayerGeometry:
 def _dense_elements(shape: Sequence[int], stride: Sequence[int]) -> int | None:
     """Element count when the axes tile one contiguous run in some order, else None."""
     expected = 1
-    for size, step in sorted((pair for pair in zip(shape, stride) if pair[0] != 1), key=lambda p: p[1]):
+    for size, step in sorted(
+        (pair for pair in zip(shape, stride) if pair[0] != 1), key=lambda p: p[1]
+    ):
         if step != expected:
             return None
         expected *= size
@@ -177,7 +187,13 @@ def _token_axis(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVForma
     return candidates[0]
 
 
-def _kernel_ratio(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFormat, token_axis: int, block_axis: int) -> int:
+def _kernel_ratio(
+    layer_name: str,
+    shape: tuple[int, ...],
+    kv_format: LayerKVFormat,
+    token_axis: int,
+    block_axis: int,
+) -> int:
     kernel_block_size = shape[token_axis]
     if kernel_block_size == 0 or kv_format.block_size % kernel_block_size:
         raise layout_error(
@@ -198,7 +214,9 @@ def _kernel_ratio(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFor
     return ratio
 
 
-def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat) -> LayerGeometry:
+def describe_layer(
+    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat
+) -> LayerGeometry:
     """Detect ``tensor``'s layout and geometry, or raise ``KVLayoutError`` saying why not.
 
     Guarantees of a returned geometry: the K (V, latent) data of every physical block is
@@ -209,7 +227,9 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
     shape = tuple(int(size) for size in tensor.shape)
     stride = tuple(int(step) for step in tensor.stride())
     if any(step < 0 for step in stride):
-        raise layout_error(layer_name, shape, f"has negative strides {stride}", "non-negative strides")
+        raise layout_error(
+            layer_name, shape, f"has negative strides {stride}", "non-negative strides"
+        )
     inner_axes = {3: (1, 2), 4: (1, 2, 3), 5: (2, 3, 4)}.get(tensor.dim(), ())
     empty = [axis for axis in inner_axes if shape[axis] == 0]
     if empty:
@@ -232,7 +252,12 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
         return _describe_mla(layer_name, tensor, kv_format, shape, stride)
     if tensor.dim() == 5:
         if kv_format.use_mla:
-            raise layout_error(layer_name, shape, "has 5 axes but the kv_format is MLA", "3 axes [N, B, L] for an MLA layer")
+            raise layout_error(
+                layer_name,
+                shape,
+                "has 5 axes but the kv_format is MLA",
+                "3 axes [N, B, L] for an MLA layer",
+            )
         return _describe_kv(layer_name, tensor, kv_format, shape, stride)
     if tensor.dim() == 4:
         raise layout_error(
@@ -251,34 +276,66 @@ def describe_layer(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVForm
 
 
 def _describe_cpu_attn(
-    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
+    layer_name: str,
+    tensor: torch.Tensor,
+    kv_format: LayerKVFormat,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
 ) -> LayerGeometry:
-    expected = "[num_blocks, num_kv_heads, block_size, 2*head_size] (the CPU attention backend's cache)"
+    expected = (
+        "[num_blocks, num_kv_heads, block_size, 2*head_size] (the CPU attention backend's cache)"
+    )
     if tensor.dim() != 4:
-        raise layout_error(layer_name, shape, f"has {tensor.dim()} axes but the kv_format is {CPU_ATTN}", expected)
+        raise layout_error(
+            layer_name, shape, f"has {tensor.dim()} axes but the kv_format is {CPU_ATTN}", expected
+        )
     if kv_format.num_kv_heads is not None and shape[1] != kv_format.num_kv_heads:
-        raise layout_error(layer_name, shape, f"has {shape[1]} heads on axis 1, not the format's "
-                           f"num_kv_heads={kv_format.num_kv_heads}", expected)
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has {shape[1]} heads on axis 1, not the format's "
+            f"num_kv_heads={kv_format.num_kv_heads}",
+            expected,
+        )
     if shape[3] % 2:
-        raise layout_error(layer_name, shape, f"has an odd last axis {shape[3]}, which cannot hold K and V",
-                           expected)
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has an odd last axis {shape[3]}, which cannot hold K and V",
+            expected,
+        )
     if kv_format.head_size is not None and shape[3] != 2 * kv_format.head_size:
-        raise layout_error(layer_name, shape, f"has last axis {shape[3]}, not 2*head_size="
-                           f"{2 * kv_format.head_size}", expected)
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has last axis {shape[3]}, not 2*head_size={2 * kv_format.head_size}",
+            expected,
+        )
     ratio = _kernel_ratio(layer_name, shape, kv_format, token_axis=2, block_axis=0)
     # The kernel's packing inside a block is only known for a row-major [H, B, 2*D] block;
     # any other stride order would be a view whose bytes are not the kernel's blocks.
     piece = shape[1] * shape[2] * shape[3]
     row_major = (shape[2] * shape[3], shape[3], 1)
-    if any(size != 1 and step != want for size, step, want in zip(shape[1:], stride[1:], row_major)):
-        raise layout_error(layer_name, shape, f"has strides {stride} under which a block is not one "
-                           "row-major [H, B, 2*D] run", f"{expected}, each block contiguous")
-    return _one_piece_geometry(layer_name, tensor, KVLayout.CPU_ATTN, shape, stride, token_axis=2,
-                               ratio=ratio, piece=piece)
+    if any(
+        size != 1 and step != want for size, step, want in zip(shape[1:], stride[1:], row_major)
+    ):
+        raise layout_error(
+            layer_name,
+            shape,
+            f"has strides {stride} under which a block is not one row-major [H, B, 2*D] run",
+            f"{expected}, each block contiguous",
+        )
+    return _one_piece_geometry(
+        layer_name, tensor, KVLayout.CPU_ATTN, shape, stride, token_axis=2, ratio=ratio, piece=piece
+    )
 
 
 def _describe_mla(
-    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
+    layer_name: str,
+    tensor: torch.Tensor,
+    kv_format: LayerKVFormat,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
 ) -> LayerGeometry:
     # head_size is not checked here: quantised MLA caches store a packed latent whose
     # byte length differs from the model's latent size.
@@ -286,25 +343,42 @@ def _describe_mla(
     piece = _dense_elements(shape[1:], stride[1:])
     if piece is None:
         raise layout_error(
-            layer_name, shape, f"has strides {stride} that split a block's data", "each block [B, L] contiguous"
+            layer_name,
+            shape,
+            f"has strides {stride} that split a block's data",
+            "each block [B, L] contiguous",
         )
-    return _one_piece_geometry(layer_name, tensor, KVLayout.MLA, shape, stride, token_axis=1,
-                               ratio=ratio, piece=piece)
+    return _one_piece_geometry(
+        layer_name, tensor, KVLayout.MLA, shape, stride, token_axis=1, ratio=ratio, piece=piece
+    )
 
 
 def _one_piece_geometry(
-    layer_name: str, tensor: torch.Tensor, layout: KVLayout, shape: tuple[int, ...], stride: tuple[int, ...],
-    *, token_axis: int, ratio: int, piece: int,
+    layer_name: str,
+    tensor: torch.Tensor,
+    layout: KVLayout,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    *,
+    token_axis: int,
+    ratio: int,
+    piece: int,
 ) -> LayerGeometry:
     """A layout whose physical block is one piece holding all its data (MLA, CPU_ATTN): blocks
     on axis 0 and no K/V axis; refused when blocks overlap."""
     if shape[0] > 1 and stride[0] < piece:
         raise layout_error(
-            layer_name, shape, f"has block stride {stride[0]} < block size {piece}, so blocks overlap",
+            layer_name,
+            shape,
+            f"has block stride {stride[0]} < block size {piece}, so blocks overlap",
             "blocks that do not overlap",
         )
     return _geometry(
-        layer_name, tensor, layout, shape, stride,
+        layer_name,
+        tensor,
+        layout,
+        shape,
+        stride,
         kv_axis=None,
         token_axis=token_axis,
         kernel_blocks_per_block=ratio,
@@ -316,23 +390,40 @@ def _one_piece_geometry(
 
 
 def _geometry(
-    layer_name: str, tensor: torch.Tensor, layout: KVLayout, shape: tuple[int, ...], stride: tuple[int, ...],
+    layer_name: str,
+    tensor: torch.Tensor,
+    layout: KVLayout,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
     **placement: Any,
 ) -> LayerGeometry:
     """A ``LayerGeometry``: what every layout reads off the tensor, and its own ``placement``
     of blocks, pieces and K/V."""
-    return LayerGeometry(layer_name=layer_name, layout=layout, shape=shape, stride=stride,
-                         dtype=tensor.dtype, element_size=tensor.element_size(), **placement)
+    return LayerGeometry(
+        layer_name=layer_name,
+        layout=layout,
+        shape=shape,
+        stride=stride,
+        dtype=tensor.dtype,
+        element_size=tensor.element_size(),
+        **placement,
+    )
 
 
 def _describe_kv(
-    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, shape: tuple[int, ...], stride: tuple[int, ...]
+    layer_name: str,
+    tensor: torch.Tensor,
+    kv_format: LayerKVFormat,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
 ) -> LayerGeometry:
     kv_axis = _kv_axis(layer_name, shape, kv_format)
     block_axis = 1 - kv_axis
     if kv_format.head_size is not None and shape[4] != kv_format.head_size:
         raise layout_error(
-            layer_name, shape, f"has last axis {shape[4]}, not the format's head_size={kv_format.head_size}",
+            layer_name,
+            shape,
+            f"has last axis {shape[4]}, not the format's head_size={kv_format.head_size}",
             f"[.., {kv_format.head_size}] as the last axis",
         )
     token_axis = _token_axis(layer_name, shape, kv_format)
@@ -340,13 +431,19 @@ def _describe_kv(
     piece = _dense_elements(shape[2:], stride[2:])
     if piece is None:
         raise layout_error(
-            layer_name, shape, f"has strides {stride} that split a block's K or V",
+            layer_name,
+            shape,
+            f"has strides {stride} that split a block's K or V",
             "the three inner axes of each block's K and V contiguous in some order",
         )
     num_physical = shape[block_axis]
     layout, block_stride, kv_stride = _kv_placement(layer_name, shape, stride, kv_axis, piece)
     return _geometry(
-        layer_name, tensor, layout, shape, stride,
+        layer_name,
+        tensor,
+        layout,
+        shape,
+        stride,
         kv_axis=kv_axis,
         token_axis=token_axis,
         kernel_blocks_per_block=ratio,
@@ -380,7 +477,10 @@ def _kv_axis(layer_name: str, shape: tuple[int, ...], kv_format: LayerKVFormat) 
         )
     if shape[kv_axis] != 2:
         raise layout_error(
-            layer_name, shape, f"has size {shape[kv_axis]} on the format's kv_axis={kv_axis}", f"size 2 on axis {kv_axis}"
+            layer_name,
+            shape,
+            f"has size {shape[kv_axis]} on the format's kv_axis={kv_axis}",
+            f"size 2 on axis {kv_axis}",
         )
     return kv_axis
 
@@ -402,12 +502,16 @@ def _kv_placement(
         layout = KVLayout.SEPARATED if kv_axis == 0 else KVLayout.INTERLEAVED
         block_stride = piece if layout is KVLayout.SEPARATED else kv_stride + piece
     if layout is KVLayout.SEPARATED:
-        overlap = (num_physical > 1 and block_stride < piece) or kv_stride < block_stride * max(num_physical - 1, 0) + piece
+        overlap = (num_physical > 1 and block_stride < piece) or kv_stride < block_stride * max(
+            num_physical - 1, 0
+        ) + piece
     else:
         overlap = kv_stride < piece or (num_physical > 1 and block_stride < kv_stride + piece)
     if overlap:
         raise layout_error(
-            layer_name, shape, f"has strides {stride} under which K/V data of different blocks overlap",
+            layer_name,
+            shape,
+            f"has strides {stride} under which K/V data of different blocks overlap",
             "non-overlapping K and V data per block",
         )
     return layout, block_stride, kv_stride

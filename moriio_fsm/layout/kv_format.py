@@ -47,20 +47,27 @@ class LayerKVFormat:
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size <= 0:
-            raise ValueError(f"LayerKVFormat.block_size must be a positive int, got {self.block_size!r}")
+            raise ValueError(
+                f"LayerKVFormat.block_size must be a positive int, got {self.block_size!r}"
+            )
         for name in ("num_kv_heads", "head_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"LayerKVFormat.{name} must be a positive int or None, got {value!r}")
+                raise ValueError(
+                    f"LayerKVFormat.{name} must be a positive int or None, got {value!r}"
+                )
         if self.kv_axis not in (None, 0, 1):
             raise ValueError(f"LayerKVFormat.kv_axis must be 0, 1 or None, got {self.kv_axis!r}")
         backend = self.attention_backend
         if backend is not None and (not isinstance(backend, str) or not backend):
-            raise ValueError(f"LayerKVFormat.attention_backend must be a backend name or None, got {backend!r}")
+            raise ValueError(
+                f"LayerKVFormat.attention_backend must be a backend name or None, got {backend!r}"
+            )
         if backend == CPU_ATTN and (self.use_mla or self.kv_axis is not None):
             raise ValueError(
                 f"LayerKVFormat for {CPU_ATTN} cannot set use_mla or kv_axis: its cache is "
-                "[num_blocks, num_kv_heads, block_size, 2*head_size], K and V packed in each block")
+                "[num_blocks, num_kv_heads, block_size, 2*head_size], K and V packed in each block"
+            )
 
     @property
     def cpu_attention(self) -> bool:
@@ -68,8 +75,9 @@ class LayerKVFormat:
         return self.attention_backend == CPU_ATTN
 
     @classmethod
-    def from_vllm(cls, vllm_spec: Any, *, kv_axis: int | None = None,
-                  attention_backend: str | None = None) -> LayerKVFormat:
+    def from_vllm(
+        cls, vllm_spec: Any, *, kv_axis: int | None = None, attention_backend: str | None = None
+    ) -> LayerKVFormat:
         """Build the format from a vLLM ``AttentionSpec`` (``FullAttentionSpec``, ``MLAAttentionSpec``...).
 
         MLA is recognised by the ``MLAAttentionSpec`` class, or by the ``use_mla`` flag
@@ -83,7 +91,9 @@ class LayerKVFormat:
         try:
             import vllm.v1.kv_cache_interface as kv_cache_interface
         except ImportError as exc:
-            raise ImportError("LayerKVFormat.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')") from exc
+            raise ImportError(
+                "LayerKVFormat.from_vllm needs the vllm package (pip install 'moriio-fsm[vllm]')"
+            ) from exc
         if not isinstance(vllm_spec, kv_cache_interface.AttentionSpec):
             raise TypeError(
                 f"LayerKVFormat.from_vllm expected a vLLM AttentionSpec, got {type(vllm_spec).__name__}"

@@ -131,18 +131,24 @@ def read_block_count(value: object) -> int | str:
     return count
 
 
-def block_ids_error(geometry: LayerGeometry, side: str, problem: str, num_blocks: object) -> KVLayoutError:
+def block_ids_error(
+    geometry: LayerGeometry, side: str, problem: str, num_blocks: object
+) -> KVLayoutError:
     """The refusal of ``side``'s block ids for ``geometry``'s layer."""
     bound = f" in [0, {num_blocks})" if isinstance(num_blocks, int) else ""
     return layout_error(
-        geometry.layer_name, geometry.shape, f"got {side} block ids {problem}",
+        geometry.layer_name,
+        geometry.shape,
+        f"got {side} block ids {problem}",
         f"{side} block ids as integers (an integer dtype for a tensor){bound}",
     )
 
 
 def block_count_error(geometry: LayerGeometry, problem: str) -> KVLayoutError:
     """The refusal of a remote block count for ``geometry``'s layer."""
-    return layout_error(geometry.layer_name, geometry.shape, problem, "remote_num_blocks as a non-negative integer")
+    return layout_error(
+        geometry.layer_name, geometry.shape, problem, "remote_num_blocks as a non-negative integer"
+    )
 
 
 def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
@@ -153,7 +159,9 @@ def as_block_ids(block_ids: BlockIds) -> torch.Tensor:
     """
     ids = read_block_ids(block_ids)
     if isinstance(ids, str):
-        raise KVLayoutError(f"block ids {ids}; expected integer block ids (an integer dtype for a tensor)")
+        raise KVLayoutError(
+            f"block ids {ids}; expected integer block ids (an integer dtype for a tensor)"
+        )
     return ids
 
 
@@ -171,7 +179,9 @@ def _check_ids(geometry: LayerGeometry, ids: torch.Tensor, side: str, num_blocks
         )
 
 
-def merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor) -> TransferPlan:
+def merge_ranges(
+    local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor
+) -> TransferPlan:
     """Merge each run of consecutive ranges that is contiguous on both sides into one range.
 
     Only neighbours in the given order are merged, so the pairing of local and remote
@@ -181,7 +191,9 @@ def merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, size
         return _merge_ranges(local_offsets, remote_offsets, sizes)
 
 
-def _merge_ranges(local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor) -> TransferPlan:
+def _merge_ranges(
+    local_offsets: torch.Tensor, remote_offsets: torch.Tensor, sizes: torch.Tensor
+) -> TransferPlan:
     count = sizes.numel()
     if count < 2:
         return TransferPlan(local_offsets.clone(), remote_offsets.clone(), sizes.clone())
@@ -232,7 +244,9 @@ def _pieces(geometry: LayerGeometry, coarsen: bool) -> tuple[list[int], int]:
     return [part * stride for part in range(ratio)], piece
 
 
-def _offsets(block_starts: torch.Tensor, sections: tuple[int, ...], pieces: torch.Tensor) -> torch.Tensor:
+def _offsets(
+    block_starts: torch.Tensor, sections: tuple[int, ...], pieces: torch.Tensor
+) -> torch.Tensor:
     """Byte offsets ordered by (section, block, piece), computed in one broadcast."""
     offsets = block_starts.view(1, -1, 1) + pieces.view(1, 1, -1)
     if len(sections) > 1:
@@ -353,7 +367,10 @@ def _merge_whole_blocks(
     local_gap, remote_gap = local_sections[1], remote_sections[1]
     k_local_end = int(local_starts[-1]) + int(sizes[-1])
     k_remote_end = int(remote_starts[-1]) + int(sizes[-1])
-    if k_local_end == int(local_starts[0]) + local_gap and k_remote_end == int(remote_starts[0]) + remote_gap:
+    if (
+        k_local_end == int(local_starts[0]) + local_gap
+        and k_remote_end == int(remote_starts[0]) + remote_gap
+    ):
         # The K half's last range runs straight on into the V half's first one.
         return _merge_ranges(
             torch.cat((local_starts, local_starts + local_gap)),
@@ -379,4 +396,6 @@ def plan_layer(
 ) -> TransferPlan:
     """``describe_layer`` then ``plan_transfer``, uncached; see both for the guarantees."""
     geometry = describe_layer(layer_name, tensor, kv_format)
-    return plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge)
+    return plan_transfer(
+        geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge
+    )

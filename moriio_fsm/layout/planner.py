@@ -96,9 +96,15 @@ class TransferPlanner:
     def num_groups(self) -> int:
         return len(self._local)
 
-    def plan(self, layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, group: int = 0) -> TransferPlan:
+    def plan(
+        self, layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat, group: int = 0
+    ) -> TransferPlan:
         """The merged plan for ``layer_name``'s cache ``tensor`` in KV cache ``group``."""
-        key = (group, geometry_key(tensor, kv_format), self._count_problem or self.remote_num_blocks)
+        key = (
+            group,
+            geometry_key(tensor, kv_format),
+            self._count_problem or self.remote_num_blocks,
+        )
         plan = self._plans.get(key)
         if plan is not None:
             self.hits += 1

@@ -49,7 +49,9 @@ class RegistrationRegion:
         return flat.view(torch.uint8)
 
 
-def registration_region(layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat) -> RegistrationRegion:
+def registration_region(
+    layer_name: str, tensor: torch.Tensor, kv_format: LayerKVFormat
+) -> RegistrationRegion:
     """The region ``layer_name`` registers; raises ``KVLayoutError`` as ``describe_layer`` does."""
     geometry = describe_layer(layer_name, tensor, kv_format)
     return RegistrationRegion(layer_name, geometry.extent_bytes(), geometry)
@@ -71,6 +73,8 @@ def registration_regions(
             try:
                 kv_format = formats[layer_name]
             except KeyError:
-                raise KeyError(f"layer {layer_name!r} has a KV cache tensor but no LayerKVFormat") from None
+                raise KeyError(
+                    f"layer {layer_name!r} has a KV cache tensor but no LayerKVFormat"
+                ) from None
         regions[layer_name] = registration_region(layer_name, tensor, kv_format)
     return regions

@@ -22,9 +22,18 @@ from ..lang.shipped import SHIPPED_SPECS, load_machine_spec, spec_path, specs_di
 from ..runtime.machine import Machine
 from ..runtime.table import TransferTable
 
-__all__ = ["MACHINE_MODULES", "ConfigBoundError", "build_machine", "build_table",
-           "check_config_bounds", "load_bindings", "load_machine_spec", "resolve_config",
-           "spec_path", "specs_dir"]
+__all__ = [
+    "MACHINE_MODULES",
+    "ConfigBoundError",
+    "build_machine",
+    "build_table",
+    "check_config_bounds",
+    "load_bindings",
+    "load_machine_spec",
+    "resolve_config",
+    "spec_path",
+    "specs_dir",
+]
 
 #: Specs that ship with the project, by name, and the module that binds each.
 MACHINE_MODULES = {name: f"moriio_fsm.machines.{name}" for name in SHIPPED_SPECS}
@@ -34,8 +43,10 @@ def load_bindings(spec: Spec):
     """Import the bindings of ``spec`` by its name; a clear error when none exist."""
     module_name = MACHINE_MODULES.get(spec.name)
     if module_name is None:
-        raise LookupError(f"{spec.path}: no machine module binds spec {spec.name!r}; known: "
-                          f"{', '.join(sorted(MACHINE_MODULES))}")
+        raise LookupError(
+            f"{spec.path}: no machine module binds spec {spec.name!r}; known: "
+            f"{', '.join(sorted(MACHINE_MODULES))}"
+        )
     return importlib.import_module(module_name).bindings
 
 
@@ -48,17 +59,27 @@ def resolve_config(spec: Spec, overrides: dict[str, Any] | None) -> dict[str, An
     """
     config = spec.default_config()
     if overrides is not None and not isinstance(overrides, dict):
-        raise ValueError(f"config overrides for machine {spec.name!r} must be a dict, got "
-                         f"{type(overrides).__name__}")
+        raise ValueError(
+            f"config overrides for machine {spec.name!r} must be a dict, got "
+            f"{type(overrides).__name__}"
+        )
     for key, value in (overrides or {}).items():
         if key not in config:
-            raise ValueError(f"unknown config key {key!r} for machine {spec.name!r}; "
-                             f"known keys: {', '.join(sorted(config))}")
+            raise ValueError(
+                f"unknown config key {key!r} for machine {spec.name!r}; "
+                f"known keys: {', '.join(sorted(config))}"
+            )
         wants_int = isinstance(config[key], int)
-        if (isinstance(value, bool) or not isinstance(value, int if wants_int else (int, float))
-                or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"config key {key!r} of machine {spec.name!r} must be a positive, "
-                             f"finite {'integer' if wants_int else 'number'}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int if wants_int else (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(
+                f"config key {key!r} of machine {spec.name!r} must be a positive, "
+                f"finite {'integer' if wants_int else 'number'}, got {value!r}"
+            )
         config[key] = value
     return config
 
@@ -73,8 +94,10 @@ def check_config_bounds(configs: Mapping[str, Mapping[str, Any]]) -> None:
     """
     unknown = sorted(set(configs) - set(MACHINE_MODULES))
     if unknown:
-        raise ValueError(f"unknown machine(s) {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join(MACHINE_MODULES)}")
+        raise ValueError(
+            f"unknown machine(s) {', '.join(map(repr, unknown))}; known: "
+            f"{', '.join(MACHINE_MODULES)}"
+        )
     broken = broken_bounds({name: load_machine_spec(name) for name in configs}, configs)
     if broken:
         raise ConfigBoundError(broken)
@@ -86,10 +109,16 @@ def build_machine(name_or_path: str | Path, *, config: dict[str, Any] | None = N
     return Machine(spec, load_bindings(spec), resolve_config(spec, config))
 
 
-def build_table(name_or_path: str | Path = "write_producer", *, executor: str = "compiled",
-                config: dict[str, Any] | None = None, **table_options):
+def build_table(
+    name_or_path: str | Path = "write_producer",
+    *,
+    executor: str = "compiled",
+    config: dict[str, Any] | None = None,
+    **table_options,
+):
     """A ``TransferTable`` for one machine. ``executor`` is ``"compiled"`` (generated
     steps, the hot path) or ``"transitions"`` (pytransitions, the reference semantics,
     for debugging); ``table_options`` go to ``TransferTable``."""
-    return TransferTable(build_machine(name_or_path, config=config), executor=executor,
-                         **table_options)
+    return TransferTable(
+        build_machine(name_or_path, config=config), executor=executor, **table_options
+    )

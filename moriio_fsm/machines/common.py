@@ -27,6 +27,7 @@ def recording_end_reason(name: str, reason: str) -> Action:
     A closure, so a generated step calls it instead of inlining it: one call per ending
     transfer, never per layer.
     """
+
     def record(tx, ev, out) -> None:
         tx.end_reason = reason
 

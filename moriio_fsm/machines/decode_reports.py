@@ -40,6 +40,7 @@ def quarantining(name: str, reason: str) -> Action:
     A closure, so a generated step calls it instead of inlining it: it runs at most once
     per transfer, on its way into an anomaly.
     """
+
     def quarantine(tx, ev, out) -> None:
         tx.blocks_quarantined += 1
         out.append(emits.quarantine_blocks(tx.transfer_id, reason=reason))
@@ -54,6 +55,12 @@ def quarantining(name: str, reason: str) -> Action:
 def bind_decode_reports(bindings: Bindings) -> None:
     """Register the shared decode-side guards and actions on one consumer spec's bindings."""
     bindings.guard(local_request_finished)
-    for action in (report_received, report_failure, mark_request_finished,
-                   note_request_finished, free_blocks, count_notify_failure):
+    for action in (
+        report_received,
+        report_failure,
+        mark_request_finished,
+        note_request_finished,
+        free_blocks,
+        count_notify_failure,
+    ):
         bindings.action(action)

@@ -12,8 +12,7 @@ from ..runtime.bindings import Bindings
 
 def layer_in_flight(tx, ev) -> bool:
     layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and ((tx.posted & ~tx.settled) >> layer) & 1 == 1)
+    return 0 <= layer < tx.max_layers and ((tx.posted & ~tx.settled) >> layer) & 1 == 1
 
 
 def layer_already_settled(tx, ev) -> bool:

@@ -24,18 +24,28 @@ bind_layer_transfers(bindings)
 
 # -- guards -------------------------------------------------------------------------------
 
+
 @bindings.guard
 def valid_setup(tx, ev) -> bool:
     layers = ev.num_layers
-    return (type(layers) is int and 1 <= layers <= tx.max_layers
-            and isinstance(ev.remote_block_ids, (list, tuple)) and len(ev.remote_block_ids) > 0)
+    return (
+        type(layers) is int
+        and 1 <= layers <= tx.max_layers
+        and isinstance(ev.remote_block_ids, (list, tuple))
+        and len(ev.remote_block_ids) > 0
+    )
 
 
 @bindings.guard
 def grant_for_last_heartbeat(tx, ev) -> bool:
     lease = ev.lease_s
-    return (ev.seq == tx.heartbeat_seq and isinstance(lease, (int, float))
-            and not isinstance(lease, bool) and math.isfinite(lease) and lease >= 0)
+    return (
+        ev.seq == tx.heartbeat_seq
+        and isinstance(lease, (int, float))
+        and not isinstance(lease, bool)
+        and math.isfinite(lease)
+        and lease >= 0
+    )
 
 
 @bindings.guard
@@ -69,6 +79,7 @@ def quiet(tx, ev) -> bool:
 
 
 # -- actions ------------------------------------------------------------------------------
+
 
 @bindings.action
 def init_transfer(tx, ev, out) -> None:
@@ -133,8 +144,12 @@ def abandon_in_flight(tx, ev, out) -> None:
         out.append(emits.abandon_reads(tx.transfer_id, layers=layer_indices(in_flight)))
 
 
-bind_end_reasons(bindings, end_setup_failed="setup_failed", end_lease_at_risk="lease_at_risk",
-                 end_stalled="stalled")
+bind_end_reasons(
+    bindings,
+    end_setup_failed="setup_failed",
+    end_lease_at_risk="lease_at_risk",
+    end_stalled="stalled",
+)
 
 
 @bindings.action

@@ -31,8 +31,7 @@ def release_repeated(tx, ev) -> bool:
 @bindings.guard
 def release_usable(tx, ev) -> bool:
     rank = ev.consumer_rank
-    return (-1 <= rank < tx.max_consumers
-            and tx.releases < tx.consumer_tp_size)
+    return -1 <= rank < tx.max_consumers and tx.releases < tx.consumer_tp_size
 
 
 @bindings.guard
@@ -43,8 +42,7 @@ def all_released(tx, ev) -> bool:
 @bindings.guard
 def heartbeat_usable(tx, ev) -> bool:
     rank, seq = ev.consumer_rank, ev.seq
-    return (-1 <= rank < tx.max_consumers
-            and type(seq) is int and seq >= 0)
+    return -1 <= rank < tx.max_consumers and type(seq) is int and seq >= 0
 
 
 @bindings.action
@@ -76,13 +74,19 @@ def grant_lease(tx, ev, out) -> None:
     # promising no more than the hold has left.
     tx.heartbeats += 1
     granted = max(0.0, min(float(tx.lease_s), tx.held_at + tx.max_hold_s - ev.time))
-    out.append(emits.send_lease_granted(tx.transfer_id, consumer_rank=ev.consumer_rank,
-                                        seq=ev.seq, lease_s=granted))
+    out.append(
+        emits.send_lease_granted(
+            tx.transfer_id, consumer_rank=ev.consumer_rank, seq=ev.seq, lease_s=granted
+        )
+    )
 
 
 @bindings.action
 def free_blocks(tx, ev, out) -> None:
     tx.blocks_freed += 1
-    out.append(emits.free_blocks(tx.transfer_id,
-                                 reason="released" if tx.releases >= tx.consumer_tp_size
-                                 else "lease_expired"))
+    out.append(
+        emits.free_blocks(
+            tx.transfer_id,
+            reason="released" if tx.releases >= tx.consumer_tp_size else "lease_expired",
+        )
+    )

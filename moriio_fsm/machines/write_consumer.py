@@ -19,6 +19,7 @@ bind_decode_reports(bindings)
 
 # -- guards -------------------------------------------------------------------------------
 
+
 @bindings.guard
 def valid_writer_count(tx, ev) -> bool:
     count = ev.num_writers
@@ -33,15 +34,13 @@ def has_blocks(tx, ev) -> bool:
 @bindings.guard
 def verdict_repeated(tx, ev) -> bool:
     rank = ev.producer_rank
-    return (0 <= rank < tx.max_writers
-            and ((tx.done_from | tx.failed_from) >> rank) & 1 == 1)
+    return 0 <= rank < tx.max_writers and ((tx.done_from | tx.failed_from) >> rank) & 1 == 1
 
 
 @bindings.guard
 def verdict_usable(tx, ev) -> bool:
     rank = ev.producer_rank
-    return (-1 <= rank < tx.max_writers
-            and tx.verdicts < tx.num_writers)
+    return -1 <= rank < tx.max_writers and tx.verdicts < tx.num_writers
 
 
 @bindings.guard
@@ -75,6 +74,7 @@ def all_stopped(tx, ev) -> bool:
 
 
 # -- actions ------------------------------------------------------------------------------
+
 
 @bindings.action
 def init_transfer(tx, ev, out) -> None:
@@ -118,8 +118,7 @@ def tell_release(tx, ev, out) -> None:
         out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "failed"))
 
 
-bind_end_reasons(bindings, end_timed_out="timeout", end_finished="finished",
-                 end_unsent="unsent")
+bind_end_reasons(bindings, end_timed_out="timeout", end_finished="finished", end_unsent="unsent")
 
 
 # A write may still land in these blocks: nobody may use them again, and a request

@@ -23,6 +23,7 @@ bindings.action(count_notify_failure)
 
 # -- guards -------------------------------------------------------------------------------
 
+
 @bindings.guard
 def valid_writer_count(tx, ev) -> bool:
     count = ev.num_writers
@@ -32,29 +33,30 @@ def valid_writer_count(tx, ev) -> bool:
 @bindings.guard
 def new_layer_allocation_known(tx, ev) -> bool:
     layer = ev.layer
-    return (tx.has_allocation and 0 <= layer < tx.max_layers
-            and not (tx.scheduled >> layer) & 1)
+    return tx.has_allocation and 0 <= layer < tx.max_layers and not (tx.scheduled >> layer) & 1
 
 
 @bindings.guard
 def layer_is_new(tx, ev) -> bool:
     layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and not (tx.scheduled >> layer) & 1)
+    return 0 <= layer < tx.max_layers and not (tx.scheduled >> layer) & 1
 
 
 @bindings.guard
 def layer_already_scheduled(tx, ev) -> bool:
     layer = ev.layer
-    return (0 <= layer < tx.max_layers
-            and (tx.scheduled >> layer) & 1 == 1)
+    return 0 <= layer < tx.max_layers and (tx.scheduled >> layer) & 1 == 1
 
 
 @bindings.guard
 def new_layers_allocation_known(tx, ev) -> bool:
     layers = ev.layers
-    return (tx.has_allocation and 0 < layers and layers >> tx.max_layers == 0
-            and layers & ~tx.scheduled != 0)
+    return (
+        tx.has_allocation
+        and 0 < layers
+        and layers >> tx.max_layers == 0
+        and layers & ~tx.scheduled != 0
+    )
 
 
 @bindings.guard
@@ -110,6 +112,7 @@ def nothing_in_flight(tx, ev) -> bool:
 
 # -- actions ------------------------------------------------------------------------------
 
+
 @bindings.action
 def init_transfer(tx, ev, out) -> None:
     tx.num_writers = ev.num_writers
@@ -129,8 +132,14 @@ def post_waiting_layers(tx, ev, out) -> None:
     waiting = tx.scheduled & ~tx.posted
     tx.posted |= waiting
     for layer in layer_indices(waiting):
-        out.append(emits.post_write(tx.transfer_id, layer=layer,
-                                    block_ids=tx.remote_block_ids, decode_rank=tx.decode_rank))
+        out.append(
+            emits.post_write(
+                tx.transfer_id,
+                layer=layer,
+                block_ids=tx.remote_block_ids,
+                decode_rank=tx.decode_rank,
+            )
+        )
 
 
 @bindings.action
@@ -147,8 +156,11 @@ def schedule_layers(tx, ev, out) -> None:
 def post_layer(tx, ev, out) -> None:
     layer = ev.layer
     tx.posted |= 1 << layer
-    out.append(emits.post_write(tx.transfer_id, layer=layer, block_ids=tx.remote_block_ids,
-                                decode_rank=tx.decode_rank))
+    out.append(
+        emits.post_write(
+            tx.transfer_id, layer=layer, block_ids=tx.remote_block_ids, decode_rank=tx.decode_rank
+        )
+    )
 
 
 @bindings.action
@@ -183,8 +195,11 @@ def mark_request_finished(tx, ev, out) -> None:
 @bindings.action
 def tell_write_done(tx, ev, out) -> None:
     tx.write_done_sent += 1
-    out.append(emits.send_write_done(tx.transfer_id, num_writers=tx.num_writers,
-                                     decode_rank=tx.decode_rank))
+    out.append(
+        emits.send_write_done(
+            tx.transfer_id, num_writers=tx.num_writers, decode_rank=tx.decode_rank
+        )
+    )
 
 
 @bindings.action
@@ -192,8 +207,11 @@ def tell_write_failed(tx, ev, out) -> None:
     # decode_rank is -1 when D's allocation never arrived: the driver then tells every
     # D rank of the transfer, as D's release goes to every P rank.
     tx.write_failed_sent += 1
-    out.append(emits.send_write_failed(tx.transfer_id, reason=tx.end_reason,
-                                       decode_rank=tx.decode_rank, writes_stopped=True))
+    out.append(
+        emits.send_write_failed(
+            tx.transfer_id, reason=tx.end_reason, decode_rank=tx.decode_rank, writes_stopped=True
+        )
+    )
 
 
 @bindings.action
@@ -202,8 +220,11 @@ def quarantine(tx, ev, out) -> None:
     # blocks and read from P's. Both sides must keep those blocks out of circulation.
     tx.write_failed_sent += 1
     tx.blocks_quarantined += 1
-    out.append(emits.send_write_failed(tx.transfer_id, reason=tx.end_reason,
-                                       decode_rank=tx.decode_rank, writes_stopped=False))
+    out.append(
+        emits.send_write_failed(
+            tx.transfer_id, reason=tx.end_reason, decode_rank=tx.decode_rank, writes_stopped=False
+        )
+    )
     out.append(emits.quarantine_blocks(tx.transfer_id, reason="writes_unconfirmed"))
 
 
@@ -215,8 +236,14 @@ def free_blocks(tx, ev, out) -> None:
 
 # -- how an ending transfer records its reason, and knows it may hand the blocks back ----
 
-bind_end_reasons(bindings, end_failed="failed", end_mismatched="prompt_mismatch",
-                 end_aborted="aborted", end_expired="expired", end_released="released")
+bind_end_reasons(
+    bindings,
+    end_failed="failed",
+    end_mismatched="prompt_mismatch",
+    end_aborted="aborted",
+    end_expired="expired",
+    end_released="released",
+)
 
 
 @bindings.guard

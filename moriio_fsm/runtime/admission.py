@@ -60,7 +60,7 @@ class Admission:
     ``_steps``, ``_creating_steps``, ``_creators``, ``_remote_payloads``, ``_plan``,
     ``_initial_timers``, ``_final`` and ``_arm``."""
 
-    if TYPE_CHECKING:       # what the table provides (its __init__, and TimerDriving)
+    if TYPE_CHECKING:  # what the table provides (its __init__, and TimerDriving)
         machine: Machine
         spec: Spec
         _steps: dict[str, dict[str, Any]]
@@ -73,8 +73,9 @@ class Admission:
 
         def _arm(self, tx: Any, index: int, now: float) -> None: ...
 
-        def _timer_step(self, index: int, step: Any, shard: Shard, tx: Any,
-                        ev: Event) -> Result: ...
+        def _timer_step(
+            self, index: int, step: Any, shard: Shard, tx: Any, ev: Event
+        ) -> Result: ...
 
     # -- wrappers put in front of the steps of special kinds -----------------------------
 
@@ -192,39 +193,50 @@ class Admission:
         shard.counts[Outcome.CREATED.index] += 1
         fresh, expired = shard.early.take(ev.transfer_id, ev.time) if len(shard.early) else ((), 0)
         if not fresh and not expired:
-            if tx.state not in self._final:     # else: ended in its creating step, retired
+            if tx.state not in self._final:  # else: ended in its creating step, retired
                 shard.live[ev.transfer_id] = tx
             return Result(Outcome.CREATED, tx.state, result.effects, result.hops)
         shard.counts[Outcome.BUFFERED.index] -= len(fresh) + expired
         shard.counts[Outcome.DROPPED.index] += expired
-        if tx.state in self._final:            # ended in its creating step: retired already
+        if tx.state in self._final:  # ended in its creating step: retired already
             shard.counts[Outcome.LATE.index] += len(fresh)
             return Result(Outcome.CREATED, tx.state, result.effects or NO_EFFECTS, result.hops)
         shard.live[ev.transfer_id] = tx
         return self._apply_held(shard, tx, ev, fresh, result)
 
-    def _apply_held(self, shard: Shard, tx, ev: Event, fresh: Sequence[Event],
-                    created: Result) -> Result:
+    def _apply_held(
+        self, shard: Shard, tx, ev: Event, fresh: Sequence[Event], created: Result
+    ) -> Result:
         """Apply the peer's facts held for the transfer ``ev`` just created, in arrival
         order; the result is the creation's, with the effects and hops of all of them."""
         effects = list(created.effects)
         hops = list(created.hops or ())
         for held in fresh:
             if shard.live.get(ev.transfer_id) is not tx:
-                shard.counts[Outcome.LATE.index] += 1     # an earlier held fact ended it
+                shard.counts[Outcome.LATE.index] += 1  # an earlier held fact ended it
                 continue
             try:
                 held_result = self._run_step(shard, tx, held)
                 if held_result.outcome is Outcome.FORGED:
-                    log.warning("%s: a %s held for %r came from %r, not from the peer the "
-                                "transfer is bound to; refused", self.spec.name, held.kind,
-                                ev.transfer_id, sender_of(held))
+                    log.warning(
+                        "%s: a %s held for %r came from %r, not from the peer the "
+                        "transfer is bound to; refused",
+                        self.spec.name,
+                        held.kind,
+                        ev.transfer_id,
+                        sender_of(held),
+                    )
             except TransitionError as exc:
                 # The transfer was created; a held fact whose step broke was rolled back
                 # and counts as rejected. Its error is a binding's bug: say so loudly.
                 shard.counts[_REJECTED.index] += 1
-                log.error("%s: a held %s for %r could not be applied at creation: %s",
-                          self.spec.name, held.kind, ev.transfer_id, exc)
+                log.error(
+                    "%s: a held %s for %r could not be applied at creation: %s",
+                    self.spec.name,
+                    held.kind,
+                    ev.transfer_id,
+                    exc,
+                )
                 continue
             effects.extend(held_result.effects)
             hops.extend(held_result.hops or ())

@@ -28,8 +28,15 @@ from ..lang.errors import Problem, SpecError
 from ..lang.model import FIELD_TYPES, Spec
 from .events import Effect
 
-__all__ = ["Bindings", "attribute_loads", "attribute_stores", "emitted_kinds",
-           "checked_guard", "checked_action", "effect_problem"]
+__all__ = [
+    "Bindings",
+    "attribute_loads",
+    "attribute_stores",
+    "emitted_kinds",
+    "checked_guard",
+    "checked_action",
+    "effect_problem",
+]
 
 Guard = Callable[[Any, Any], bool]
 Action = Callable[[Any, Any, list], None]
@@ -64,15 +71,19 @@ def attribute_loads(fn: Callable) -> set[str]:
                 names.add(ins.argval)
             if ins.opname == "LOAD_FAST" and ins.argval == record:
                 on_record = True
-            elif ins.opname != "COPY":      # 'tx.x |= y' loads tx, copies it, loads x
+            elif ins.opname != "COPY":  # 'tx.x |= y' loads tx, copies it, loads x
                 on_record = False
     return names
 
 
 def attribute_stores(fn: Callable) -> set[str]:
     """Names of every attribute ``fn`` (or a function nested in it) assigns."""
-    return {ins.argval for code in _code_objects(fn) for ins in dis.get_instructions(code)
-            if ins.opname in ("STORE_ATTR", "DELETE_ATTR")}
+    return {
+        ins.argval
+        for code in _code_objects(fn)
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("STORE_ATTR", "DELETE_ATTR")
+    }
 
 
 def emitted_kinds(fn: Callable) -> set[str]:
@@ -81,9 +92,12 @@ def emitted_kinds(fn: Callable) -> set[str]:
     for code in _code_objects(fn):
         previous = None
         for ins in dis.get_instructions(code):
-            if (previous is not None and ins.opname in _LOADS
-                    and previous.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST")
-                    and previous.argval == "emits"):
+            if (
+                previous is not None
+                and ins.opname in _LOADS
+                and previous.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST")
+                and previous.argval == "emits"
+            ):
                 kinds.add(ins.argval)
             if ins.opname not in ("CACHE", "EXTENDED_ARG", "PRECALL"):
                 previous = ins
@@ -126,8 +140,9 @@ class Bindings:
             elif fn.__name__ in copy.actions:
                 copy.actions[fn.__name__] = fn
             else:
-                raise ValueError(f"{fn.__name__!r} is neither a guard nor an action of "
-                                 f"spec {self.spec_name!r}")
+                raise ValueError(
+                    f"{fn.__name__!r} is neither a guard nor an action of spec {self.spec_name!r}"
+                )
         return copy
 
     def action_emits(self, name: str) -> set[str]:
@@ -143,17 +158,28 @@ class Bindings:
             problems.append(Problem(spec.path, line, message))
 
         if spec.name != self.spec_name:
-            add(spec.line, f"spec is named {spec.name!r} but the bindings are for {self.spec_name!r}")
-        for kind, declared, bound in (("guard", spec.guards, self.guards),
-                                      ("action", spec.actions, self.actions)):
+            add(
+                spec.line,
+                f"spec is named {spec.name!r} but the bindings are for {self.spec_name!r}",
+            )
+        for kind, declared, bound in (
+            ("guard", spec.guards, self.guards),
+            ("action", spec.actions, self.actions),
+        ):
             for name, item in declared.items():
                 if name not in bound:
-                    add(item.line, f"{kind} {name!r} is declared in the spec but has no Python "
-                                   f"binding in the {self.spec_name!r} machine module")
+                    add(
+                        item.line,
+                        f"{kind} {name!r} is declared in the spec but has no Python "
+                        f"binding in the {self.spec_name!r} machine module",
+                    )
             for name in bound:
                 if name not in declared:
-                    add(spec.line, f"{kind} {name!r} is bound in Python but not declared under "
-                                   f"'{kind}s' in the spec")
+                    add(
+                        spec.line,
+                        f"{kind} {name!r} is bound in Python but not declared under "
+                        f"'{kind}s' in the spec",
+                    )
         fields = set(spec.context)
         readable = fields | set(spec.config)
         for name, item in spec.guards.items():
@@ -162,8 +188,11 @@ class Bindings:
                 continue
             undeclared = sorted((attribute_loads(fn) & readable) - set(item.reads))
             if undeclared:
-                add(item.line, f"guard {name!r} reads {', '.join(undeclared)} but its spec entry "
-                               f"declares reads: [{', '.join(item.reads)}]")
+                add(
+                    item.line,
+                    f"guard {name!r} reads {', '.join(undeclared)} but its spec entry "
+                    f"declares reads: [{', '.join(item.reads)}]",
+                )
             stored = sorted(attribute_stores(fn))
             if stored:
                 add(item.line, f"guard {name!r} assigns {', '.join(stored)}; a guard only reads")
@@ -173,26 +202,39 @@ class Bindings:
                 continue
             undeclared = sorted((attribute_stores(action) & fields) - set(item.writes))
             if undeclared:
-                add(item.line, f"action {name!r} writes {', '.join(undeclared)} but its spec entry "
-                               f"declares writes: [{', '.join(item.writes)}]")
+                add(
+                    item.line,
+                    f"action {name!r} writes {', '.join(undeclared)} but its spec entry "
+                    f"declares writes: [{', '.join(item.writes)}]",
+                )
             for kind in sorted(emitted_kinds(action) - set(spec.emits)):
-                add(item.line, f"action {name!r} emits {kind!r}, which is not declared under 'emits'")
+                add(
+                    item.line,
+                    f"action {name!r} emits {kind!r}, which is not declared under 'emits'",
+                )
         for row in spec.transitions:
             may_emit: set[str] = set()
             for name in row.actions:
                 if name in self.actions:
                     may_emit |= emitted_kinds(self.actions[name]) & set(spec.emits)
             for kind in sorted(may_emit - set(row.emits)):
-                add(row.line, f"{row.label()} runs an action that emits {kind!r}, but the row "
-                              f"does not list it under emits")
+                add(
+                    row.line,
+                    f"{row.label()} runs an action that emits {kind!r}, but the row "
+                    f"does not list it under emits",
+                )
             for kind in sorted(set(row.emits) - may_emit):
-                add(row.line, f"{row.label()} lists emit {kind!r}, but none of its actions "
-                              f"({', '.join(row.actions) or 'none'}) emits it")
+                add(
+                    row.line,
+                    f"{row.label()} lists emit {kind!r}, but none of its actions "
+                    f"({', '.join(row.actions) or 'none'}) emits it",
+                )
         if problems:
             raise SpecError(problems)
 
 
 # -- check mode: bindings wrapped so that every run proves what the spec declares ----------
+
 
 class _ReadRecorder:
     """Stands in for a transfer record while a guard runs: records what it reads and
@@ -222,8 +264,10 @@ def checked_guard(spec: Spec, name: str, fn: Guard) -> Guard:
         verdict = fn(recorder, ev)
         undeclared = sorted((recorder._reads & fields) - allowed)
         if undeclared:
-            raise AssertionError(f"guard {name!r} read {', '.join(undeclared)}, which its spec "
-                                 f"entry does not declare under reads")
+            raise AssertionError(
+                f"guard {name!r} read {', '.join(undeclared)}, which its spec "
+                f"entry does not declare under reads"
+            )
         return verdict
 
     guard.__name__ = guard.__qualname__ = name
@@ -240,12 +284,17 @@ def checked_action(spec: Spec, name: str, fn: Action, allowed_emits: set[str]) -
         before = [getattr(transfer, f) for f in fields]
         start = len(out)
         fn(transfer, ev, out)
-        changed = [f for f, old in zip(fields, before) if getattr(transfer, f) is not old
-                   and getattr(transfer, f) != old]
+        changed = [
+            f
+            for f, old in zip(fields, before)
+            if getattr(transfer, f) is not old and getattr(transfer, f) != old
+        ]
         undeclared = sorted(set(changed) - writes)
         if undeclared:
-            raise AssertionError(f"action {name!r} changed {', '.join(undeclared)}, which its "
-                                 "spec entry does not declare under writes")
+            raise AssertionError(
+                f"action {name!r} changed {', '.join(undeclared)}, which its "
+                "spec entry does not declare under writes"
+            )
         for effect in out[start:]:
             problem = effect_problem(spec, effect, allowed_emits)
             if problem:
@@ -265,13 +314,19 @@ def effect_problem(spec: Spec, effect: Effect, allowed: Set[str]) -> str | None:
     got, want = set(effect.data), set(declared.fields)
     if got != want:
         missing, extra = sorted(want - got), sorted(got - want)
-        return (f"emitted {effect.kind!r} with fields {sorted(got)}; declared {sorted(want)}"
-                + (f" (missing {missing})" if missing else "") + (f" (extra {extra})" if extra else ""))
+        return (
+            f"emitted {effect.kind!r} with fields {sorted(got)}; declared {sorted(want)}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (extra {extra})" if extra else "")
+        )
     for field_name, type_name in declared.fields.items():
         value = effect.data[field_name]
         types_ = FIELD_TYPES[type_name]
-        if not isinstance(value, types_) or (isinstance(value, bool) and bool not in types_
-                                             and type_name != "any"):
-            return (f"emitted {effect.kind!r} with {field_name}={value!r}, which is not of the "
-                    f"declared type {type_name}")
+        if not isinstance(value, types_) or (
+            isinstance(value, bool) and bool not in types_ and type_name != "any"
+        ):
+            return (
+                f"emitted {effect.kind!r} with {field_name}={value!r}, which is not of the "
+                f"declared type {type_name}"
+            )
     return None

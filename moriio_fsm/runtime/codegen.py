@@ -45,12 +45,12 @@ from .timers import TimerPlan
 class _RowShape:
     """What one row does to a step, worked out before its lines are written."""
 
-    dest: str | None            # the state it moves to; None when it keeps the state
-    writes: set[str]            # the fields its actions may write
-    may_settle: bool            # whether an eventless row may fire after it
-    follow_writes: set[str]     # the fields those eventless rows may write besides
-    settle_emits: bool          # whether those eventless rows emit
-    index: int                  # the row's index in the spec
+    dest: str | None  # the state it moves to; None when it keeps the state
+    writes: set[str]  # the fields its actions may write
+    may_settle: bool  # whether an eventless row may fire after it
+    follow_writes: set[str]  # the fields those eventless rows may write besides
+    settle_emits: bool  # whether those eventless rows emit
+    index: int  # the row's index in the spec
 
 
 def _named_guard(row: Row) -> tuple[str, Callable]:
@@ -73,8 +73,16 @@ class GeneratedModule:
     ``finish``, ``arm``, ``settle`` and ``verify``.
     """
 
-    def __init__(self, machine: Machine, plan: TimerPlan, *, result_cls: type,
-                 no_effects: tuple, verify: bool, trace: bool = False):
+    def __init__(
+        self,
+        machine: Machine,
+        plan: TimerPlan,
+        *,
+        result_cls: type,
+        no_effects: tuple,
+        verify: bool,
+        trace: bool = False,
+    ):
         self.machine = machine
         # Trace mode: every row taken adds its index to the tuple ``shard.fired`` (a tuple:
         # one row, the common case, allocates nothing and keeps nothing for the GC); eventless
@@ -82,22 +90,31 @@ class GeneratedModule:
         self._trace = trace
         spec = machine.spec
         self._ns: dict[str, Any] = {
-            "Result": result_cls, "finish": None, "arm": None, "settle": None, "verify": None,
-            "NO_EFFECTS": no_effects, "NO_OUT": NoEffects(), "failure": self._failure,
-            "restore": restore, "undeclared_read": self._undeclared_read,
+            "Result": result_cls,
+            "finish": None,
+            "arm": None,
+            "settle": None,
+            "verify": None,
+            "NO_EFFECTS": no_effects,
+            "NO_OUT": NoEffects(),
+            "failure": self._failure,
+            "restore": restore,
+            "undeclared_read": self._undeclared_read,
         }
         self._names: dict[int, str] = {}
         self._results: dict[tuple[Outcome, str], Any] = {}
         self._line_info: dict[int, tuple[str, str, Row]] = {}
-        self._lines: list[str] = [f"# Steps generated from {one_line(spec.path)} "
-                                  f"({one_line(spec.name)}{', trace mode' if trace else ''}); "
-                                  "do not edit: regenerated at every build."]
+        self._lines: list[str] = [
+            f"# Steps generated from {one_line(spec.path)} "
+            f"({one_line(spec.name)}{', trace mode' if trace else ''}); "
+            "do not edit: regenerated at every build."
+        ]
         self._plan = plan
         self._verify = verify
         self._eventless_reads = {s: machine.reads_of(rows) for s, rows in machine.eventless.items()}
         self._inlined: dict[tuple, Any] = {}
-        self._hoisted: frozenset = frozenset()     # event fields the current step read up front
-        self._taken: set[str] = set()               # names of generated functions
+        self._hoisted: frozenset = frozenset()  # event fields the current step read up front
+        self._taken: set[str] = set()  # names of generated functions
         self.inlined_bindings: set[str] = set()
         self.called_bindings: set[str] = set()
 
@@ -119,11 +136,12 @@ class GeneratedModule:
         self.source = source
         self.code = compile(source, self.filename, "exec")
 
-    def bind(self, *, finish: Callable, arm: Callable, settle: Callable,
-             verify: Callable | None) -> GeneratedSteps:
+    def bind(
+        self, *, finish: Callable, arm: Callable, settle: Callable, verify: Callable | None
+    ) -> GeneratedSteps:
         """Run the module for one table; return its step functions."""
         namespace = dict(self._ns, finish=finish, arm=arm, settle=settle, verify=verify)
-        exec(self.code, namespace)   # noqa: S102 - built from the spec above
+        exec(self.code, namespace)  # noqa: S102 - built from the spec above
         eventless = {s: namespace[n] for s, n in self._eventless_names.items()}
         steps: dict[str, dict[str, Callable]] = {s: {} for s in self.machine.spec.states}
         for (state, kind), name in self._step_names.items():
@@ -158,8 +176,9 @@ class GeneratedModule:
         key = (kind, name, self._hoisted)
         if key not in self._inlined:
             inliner = inline_guard if kind == "guard" else inline_action
-            self._inlined[key] = inliner(fn, self._bind, self.machine.config,
-                                         self.machine.effect_classes, self._hoisted)
+            self._inlined[key] = inliner(
+                fn, self._bind, self.machine.config, self.machine.effect_classes, self._hoisted
+            )
             (self.inlined_bindings if self._inlined[key] else self.called_bindings).add(name)
         return self._inlined[key]
 
@@ -179,8 +198,11 @@ class GeneratedModule:
             info = ("action", name, row)
             inlined = self._inline("action", name, fn)
             if inlined is None:
-                self._line(f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  "
-                           f"# action {one_line(name)}", info)
+                self._line(
+                    f"{indent}{self._bind(fn, 'action_' + name)}(tx, ev, out)  "
+                    f"# action {one_line(name)}",
+                    info,
+                )
                 continue
             for text in inlined.lines:
                 self._line(f"{indent}{text}  # action {one_line(name)}", info)
@@ -191,8 +213,10 @@ class GeneratedModule:
             self._line(f"{indent}# unguarded row ({self._where(row)})")
             return indent
         test = self._guard(row, indent)
-        self._line(f"{indent}if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
-                   _guard_info(row))
+        self._line(
+            f"{indent}if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
+            _guard_info(row),
+        )
         return indent + "    "
 
     def _emit_may_fire(self, state: str, rows: tuple[Row, ...]) -> str:
@@ -207,8 +231,10 @@ class GeneratedModule:
                 self._line("    return True")
                 return name
             test = self._guard(row, "    ")
-            self._line(f"    if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
-                       _guard_info(row))
+            self._line(
+                f"    if {test}:  # {one_line(row.guard_name)} ({self._where(row)})",
+                _guard_info(row),
+            )
             self._line("        return True")
         self._line("    return False")
         return name
@@ -228,7 +254,7 @@ class GeneratedModule:
 
     def _emit_eventless(self, state: str, rows: tuple[Row, ...]) -> str:
         name = self._unique(f"eventless_{ident(state)}")
-        self._hoisted = frozenset()           # called from every kind's steps: read ev itself
+        self._hoisted = frozenset()  # called from every kind's steps: read ev itself
         self._line("")
         self._line(f"def {name}(tx, ev, out):")
         self._line(f"    # eventless rows of state {state!r}: the first whose guard holds fires")
@@ -262,8 +288,9 @@ class GeneratedModule:
         # field that is not of its declared type rejects the event before any row runs.
         payload = self.machine.spec.events[kind].payload
         self._hoisted = frozenset(payload)
-        rejected = self._bind(self._result(Outcome.REJECTED, state),
-                              f"REJECTED_IN_{ident(state).upper()}")
+        rejected = self._bind(
+            self._result(Outcome.REJECTED, state), f"REJECTED_IN_{ident(state).upper()}"
+        )
         for field, type_name in payload.items():
             field = attribute_name(field)
             self._line(f"        ev_{field} = ev.{field}")
@@ -277,11 +304,12 @@ class GeneratedModule:
             body = self._branch(row, "        ")
             self._emit_row(state, kind, row, body)
             if row.guard is None:
-                exhausted = True        # the validator refuses rows after an unguarded one
+                exhausted = True  # the validator refuses rows after an unguarded one
                 break
         if not exhausted:
-            rejected = self._bind(self._result(Outcome.REJECTED, state),
-                                  f"REJECTED_IN_{ident(state).upper()}")
+            rejected = self._bind(
+                self._result(Outcome.REJECTED, state), f"REJECTED_IN_{ident(state).upper()}"
+            )
             self._line(f"        shard.counts[{Outcome.REJECTED.index}] += 1  # no row took it")
             self._line(f"        return {rejected}")
         self._line("    except BaseException as exc:")
@@ -309,8 +337,9 @@ class GeneratedModule:
             self._emit_kept_state_check(state, row, shape, indent)
         if row.outcome is Outcome.APPLIED:
             self._emit_restarts(kind, state, indent)
-        cached = self._bind(self._result(row.outcome, state),
-                            f"{row.outcome.name}_IN_{ident(state).upper()}")
+        cached = self._bind(
+            self._result(row.outcome, state), f"{row.outcome.name}_IN_{ident(state).upper()}"
+        )
         self._line(f"{indent}shard.counts[{row.outcome.index}] += 1  # {row.outcome.value}")
         if row.emits:
             self._line(f"{indent}return Result({outcome}, {state!r}, out) if out else {cached}")
@@ -319,22 +348,29 @@ class GeneratedModule:
 
     def _row_shape(self, state: str, row: Row) -> _RowShape:
         machine = self.machine
-        dest = None if row.dest in (None, state) else row.dest   # a self-loop keeps the state
+        dest = None if row.dest in (None, state) else row.dest  # a self-loop keeps the state
         writes = machine.writes_of([row])
         may_settle = row.outcome is Outcome.APPLIED and (
             (dest is not None and bool(machine.eventless[dest]))
-            or (dest is None and bool(writes & self._eventless_reads[state])))
+            or (dest is None and bool(writes & self._eventless_reads[state]))
+        )
         closure = machine.eventless_closure({dest or state}) if may_settle else set()
         closure_rows = [r for s in closure for r in machine.eventless[s]]
-        return _RowShape(dest, writes, may_settle, machine.writes_of(closure_rows) - writes,
-                         any(r.emits for r in closure_rows),
-                         index_literal(row.index, "a row index"))
+        return _RowShape(
+            dest,
+            writes,
+            may_settle,
+            machine.writes_of(closure_rows) - writes,
+            any(r.emits for r in closure_rows),
+            index_literal(row.index, "a row index"),
+        )
 
     def _emit_row_start(self, row: Row, shape: _RowShape, indent: str) -> None:
         """The trace note, the saves a rollback needs, check mode's snapshot and ``out``."""
         if self._trace:
-            self._line(f"{indent}shard.fired += ({shape.index},)  "
-                       f"# trace: transition #{shape.index}")
+            self._line(
+                f"{indent}shard.fired += ({shape.index},)  # trace: transition #{shape.index}"
+            )
         saved = shape.writes if shape.dest is None else shape.writes | shape.follow_writes
         for field in sorted(saved):
             field = attribute_name(field)
@@ -351,8 +387,9 @@ class GeneratedModule:
     def _settle_call(self) -> str:
         return "settle(tx, ev, out, hops, shard)" if self._trace else "settle(tx, ev, out, hops)"
 
-    def _emit_state_change(self, state: str, dest: str, shape: _RowShape, outcome: str,
-                           indent: str) -> None:
+    def _emit_state_change(
+        self, state: str, dest: str, shape: _RowShape, outcome: str, indent: str
+    ) -> None:
         self._line(f"{indent}tx.state = {dest!r}")
         self._line(f"{indent}hops = [({state!r}, {dest!r})]")
         if self.machine.eventless[dest]:
@@ -361,8 +398,9 @@ class GeneratedModule:
             self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
         self._line(f"{indent}return finish(shard, tx, ev, {outcome}, hops, out)")
 
-    def _emit_settle_in_place(self, state: str, row: Row, shape: _RowShape, outcome: str,
-                              indent: str) -> None:
+    def _emit_settle_in_place(
+        self, state: str, row: Row, shape: _RowShape, outcome: str, indent: str
+    ) -> None:
         # The state's eventless guards, tested in place: only when one holds does the
         # step pay for the follow-up (a list for its effects, the saves, the hops).
         test = self._eventless_test(state, indent)
@@ -379,11 +417,13 @@ class GeneratedModule:
             self._line(f"{inner}verify(tx, ev, {shape.index}, before, out)")
         self._line(f"{inner}return finish(shard, tx, ev, {outcome}, hops, out)")
 
-    def _emit_kept_state_check(self, state: str, row: Row, shape: _RowShape,
-                               indent: str) -> None:
+    def _emit_kept_state_check(self, state: str, row: Row, shape: _RowShape, indent: str) -> None:
         self._line(f"{indent}verify(tx, ev, {shape.index}, before, out)")
-        if (row.outcome is Outcome.APPLIED and not shape.may_settle
-                and self.machine.eventless[state]):
+        if (
+            row.outcome is Outcome.APPLIED
+            and not shape.may_settle
+            and self.machine.eventless[state]
+        ):
             # The step skipped the eventless rows because the declarations say this
             # row writes nothing their guards read; check mode proves it.
             self._line(f"{indent}if {self._may_fire[state]}(tx, ev):")
@@ -396,8 +436,10 @@ class GeneratedModule:
         for timer, duration in restarts:
             # TimerPlan's restart rule: arm anew if it fired (or would move earlier than
             # its heap entry), else push the deadline back.
-            self._line(f"{indent}deadline = deadlines[{timer}]  "
-                       f"# restart timer {self._plan.names[timer]!r}")
+            self._line(
+                f"{indent}deadline = deadlines[{timer}]  "
+                f"# restart timer {self._plan.names[timer]!r}"
+            )
             self._line(f"{indent}pushed_back = ev.time + {number_literal(duration, 'a duration')}")
             self._line(f"{indent}if deadline is None or pushed_back < deadline:")
             self._line(f"{indent}    arm(tx, {timer}, ev.time)")
@@ -419,7 +461,8 @@ class GeneratedModule:
             f"{self.machine.spec.name}: after transition #{row_index} an eventless row of "
             f"{state!r} would fire for transfer {tx.transfer_id!r} on event {ev.kind!r}, but "
             "no field the row writes is declared as read by those guards: a guard reads a "
-            "field its spec entry does not declare (the step was rolled back)")
+            "field its spec entry does not declare (the step was rolled back)"
+        )
 
     def _failure(self, exc: BaseException, tx: Any, ev: Any, state: str) -> BaseException:
         """The error to raise for ``exc`` raised inside a step: ours pass through; others
@@ -434,13 +477,18 @@ class GeneratedModule:
                 info = self._line_info.get(tb.tb_lineno)
                 if info is not None:
                     what, binding, row = info
-                    where = (f" {what} {binding!r} of transition #{row.index} "
-                             f"({spec.path}:{row.line})")
+                    where = (
+                        f" {what} {binding!r} of transition #{row.index} ({spec.path}:{row.line})"
+                    )
             tb = tb.tb_next
         return TransitionError(
             f"{spec.name}:{where or ' a binding'} raised {type(exc).__name__}: {exc} for "
             f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step was "
-            "rolled back", transfer_id=tx.transfer_id, event=ev.kind, binding=binding)
+            "rolled back",
+            transfer_id=tx.transfer_id,
+            event=ev.kind,
+            binding=binding,
+        )
 
 
 class GeneratedSteps:
@@ -457,9 +505,18 @@ class GeneratedSteps:
         self.called_bindings = module.called_bindings
 
 
-def generate_steps(machine: Machine, plan: TimerPlan, *, result_cls: type, no_effects: tuple,
-                   finish: Callable, arm: Callable, settle: Callable,
-                   verify: Callable | None, trace: bool = False) -> GeneratedSteps:
+def generate_steps(
+    machine: Machine,
+    plan: TimerPlan,
+    *,
+    result_cls: type,
+    no_effects: tuple,
+    finish: Callable,
+    arm: Callable,
+    settle: Callable,
+    verify: Callable | None,
+    trace: bool = False,
+) -> GeneratedSteps:
     """The step functions of ``machine`` for one table (the module is written once per
     machine and mode and kept on the machine). ``trace``: the trace-mode module, whose
     steps note the rows they take in ``shard.fired`` and call ``settle`` with the shard."""
@@ -467,9 +524,14 @@ def generate_steps(machine: Machine, plan: TimerPlan, *, result_cls: type, no_ef
     key = (verify is not None, result_cls, trace)
     module = cache.get(key)
     if module is None:
-        module = cache[key] = GeneratedModule(machine, plan, result_cls=result_cls,
-                                              no_effects=no_effects, verify=verify is not None,
-                                              trace=trace)
+        module = cache[key] = GeneratedModule(
+            machine,
+            plan,
+            result_cls=result_cls,
+            no_effects=no_effects,
+            verify=verify is not None,
+            trace=trace,
+        )
     return module.bind(finish=finish, arm=arm, settle=settle, verify=verify)
 
 

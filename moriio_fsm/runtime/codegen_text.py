@@ -45,23 +45,29 @@ def one_line(value: Any) -> str:
 def attribute_name(name: Any) -> str:
     """A context or payload field name, checked before it is written as an attribute:
     an identifier that is not a keyword and that Python does not fold to another name."""
-    if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
-            or unicodedata.normalize("NFKC", name) != name):
-        raise ValueError(f"field name {name!r} cannot be an attribute in generated code; "
-                         "expected an identifier, not a keyword, in its NFKC form")
+    if (
+        not isinstance(name, str)
+        or not name.isidentifier()
+        or keyword.iskeyword(name)
+        or unicodedata.normalize("NFKC", name) != name
+    ):
+        raise ValueError(
+            f"field name {name!r} cannot be an attribute in generated code; "
+            "expected an identifier, not a keyword, in its NFKC form"
+        )
     return name
 
 
 def number_literal(value: Any, what: str) -> str:
     """A finite int or float as a literal of the generated module."""
     if type(value) not in (int, float) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number to be written into generated "
-                         f"code, got {value!r}")
+        raise ValueError(
+            f"{what} must be a finite number to be written into generated code, got {value!r}"
+        )
     return repr(value)
 
 
 def index_literal(value: Any, what: str) -> int:
     if type(value) is not int:
-        raise ValueError(f"{what} must be an int to be written into generated code, got "
-                         f"{value!r}")
+        raise ValueError(f"{what} must be an int to be written into generated code, got {value!r}")
     return value

@@ -20,12 +20,19 @@ from ..lang.model import Spec
 from ..lang.shipped import SHIPPED_SPECS, load_machine_spec
 from .events import Effect, Event
 
-_PYTHON_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool,
-                                 "list": list, "tuple": tuple, "any": object}
+_PYTHON_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list,
+    "tuple": tuple,
+    "any": object,
+}
 
 _lock = threading.Lock()
-_classes: dict[tuple[str, str], type] = {}                       # (family, kind) -> class
-_declared_by: dict[tuple[str, str], tuple[tuple, str]] = {}      # -> (fields, spec path)
+_classes: dict[tuple[str, str], type] = {}  # (family, kind) -> class
+_declared_by: dict[tuple[str, str], tuple[tuple, str]] = {}  # -> (fields, spec path)
 _shipped_loaded = False
 
 
@@ -38,14 +45,27 @@ def _make(family: str, kind: str, fields: tuple, doc: str) -> type:
         spec_fields = []
         for name, type_name, default in fields:
             annotation = _PYTHON_TYPES[type_name]
-            spec_fields.append((name, annotation) if default is _REQUIRED
-                               else (name, annotation, default))
-        return msgspec.defstruct(_class_name(kind), spec_fields, bases=(Event,),
-                                 frozen=True, gc=False, module=__name__,
-                                 namespace={"kind": kind, "__doc__": doc})
-    return msgspec.defstruct(_class_name(kind), [(n, _PYTHON_TYPES[t]) for n, t, _ in fields],
-                             bases=(Effect,), frozen=True, gc=False, module=__name__,
-                             namespace={"kind": kind, "__doc__": doc})
+            spec_fields.append(
+                (name, annotation) if default is _REQUIRED else (name, annotation, default)
+            )
+        return msgspec.defstruct(
+            _class_name(kind),
+            spec_fields,
+            bases=(Event,),
+            frozen=True,
+            gc=False,
+            module=__name__,
+            namespace={"kind": kind, "__doc__": doc},
+        )
+    return msgspec.defstruct(
+        _class_name(kind),
+        [(n, _PYTHON_TYPES[t]) for n, t, _ in fields],
+        bases=(Effect,),
+        frozen=True,
+        gc=False,
+        module=__name__,
+        namespace={"kind": kind, "__doc__": doc},
+    )
 
 
 class _Required:
@@ -62,21 +82,35 @@ def register_spec(spec: Spec) -> tuple[dict[str, type], dict[str, type]]:
     declared with other fields by another spec."""
     problems: list[Problem] = []
     found: dict[str, dict[str, type]] = {"event": {}, "effect": {}}
-    entries = [("event", name, tuple((f, t, e.defaults.get(f, _REQUIRED))
-                                     for f, t in e.payload.items()), e.doc, e.line)
-               for name, e in spec.events.items()]
-    entries += [("effect", name, tuple((f, t, _REQUIRED) for f, t in e.fields.items()), e.doc, e.line)
-                for name, e in spec.emits.items()]
+    entries = [
+        (
+            "event",
+            name,
+            tuple((f, t, e.defaults.get(f, _REQUIRED)) for f, t in e.payload.items()),
+            e.doc,
+            e.line,
+        )
+        for name, e in spec.events.items()
+    ]
+    entries += [
+        ("effect", name, tuple((f, t, _REQUIRED) for f, t in e.fields.items()), e.doc, e.line)
+        for name, e in spec.emits.items()
+    ]
     with _lock:
         for family, kind, fields, doc, line in entries:
             key = (family, kind)
             known = _declared_by.get(key)
             if known is not None:
                 if known[0] != fields:
-                    problems.append(Problem(
-                        spec.path, line, f"{family} {kind!r} is declared with fields "
-                        f"{_describe(fields)} here but with {_describe(known[0])} in {known[1]}; "
-                        "one kind has one meaning in every spec"))
+                    problems.append(
+                        Problem(
+                            spec.path,
+                            line,
+                            f"{family} {kind!r} is declared with fields "
+                            f"{_describe(fields)} here but with {_describe(known[0])} in {known[1]}; "
+                            "one kind has one meaning in every spec",
+                        )
+                    )
                     continue
                 found[family][kind] = _classes[key]
                 continue
@@ -89,8 +123,11 @@ def register_spec(spec: Spec) -> tuple[dict[str, type], dict[str, type]]:
 
 
 def _describe(fields: tuple) -> str:
-    return "{" + ", ".join(f"{n}: {t}" + ("" if d is _REQUIRED else f" = {d!r}")
-                           for n, t, d in fields) + "}"
+    return (
+        "{"
+        + ", ".join(f"{n}: {t}" + ("" if d is _REQUIRED else f" = {d!r}") for n, t, d in fields)
+        + "}"
+    )
 
 
 def _lookup(family: str, kind: str) -> type:
@@ -103,8 +140,10 @@ def _lookup(family: str, kind: str) -> type:
         cls = _classes.get((family, kind))
     if cls is None:
         known = sorted(k for f, k in _classes if f == family)
-        raise LookupError(f"{family} kind {kind!r} is not declared by any spec bound so far; "
-                          f"known: {', '.join(known) or 'none'}")
+        raise LookupError(
+            f"{family} kind {kind!r} is not declared by any spec bound so far; "
+            f"known: {', '.join(known) or 'none'}"
+        )
     return cls
 
 
@@ -118,8 +157,9 @@ def effect_class(kind: str) -> type:
     return _lookup("effect", kind)
 
 
-def make_event(kind: str, transfer_id: str, time: float = 0.0, data: dict | None = None,
-               source: str = "") -> Event:
+def make_event(
+    kind: str, transfer_id: str, time: float = 0.0, data: dict | None = None, source: str = ""
+) -> Event:
     """Build event ``kind`` from a plain payload dict (traces, wire adapters). Raises
     ``LookupError`` for an undeclared kind and ``TypeError`` naming a missing or unknown
     payload field."""
@@ -134,7 +174,7 @@ class _Namespace:
         if kind.startswith("_"):
             raise AttributeError(kind)
         cls = self._lookup(kind)
-        setattr(self, kind, cls)        # later lookups are plain attribute reads
+        setattr(self, kind, cls)  # later lookups are plain attribute reads
         return cls
 
 

@@ -114,8 +114,10 @@ def make_dispatch(bindings: dict[str, Any], *, sharding: str, recording: str) ->
     ``InvariantViolation``.
     """
     if sharding not in SHARDING or recording not in RECORDING:
-        raise ValueError(f"no dispatch variant {sharding!r}/{recording!r}; expected one of "
-                         f"{SHARDING} and one of {RECORDING}")
+        raise ValueError(
+            f"no dispatch variant {sharding!r}/{recording!r}; expected one of "
+            f"{SHARDING} and one of {RECORDING}"
+        )
     namespace = dict(bindings)
-    exec(_compiled(sharding, recording), namespace)   # noqa: S102 - the template above
+    exec(_compiled(sharding, recording), namespace)  # noqa: S102 - the template above
     return namespace["dispatch"]

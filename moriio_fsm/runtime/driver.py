@@ -44,20 +44,28 @@ class Driver:
     handlers returned, before it returns.
     """
 
-    def __init__(self, table: TransferTable, handlers: Mapping[str, Handler], *,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        table: TransferTable,
+        handlers: Mapping[str, Handler],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         spec = table.spec
         declared = set(spec.emits)
         given = set(handlers)
         problems = []
         missing = sorted(declared - given)
         if missing:
-            problems.append(f"no handler for effect kind(s) {', '.join(missing)} that "
-                            f"{spec.name} emits")
+            problems.append(
+                f"no handler for effect kind(s) {', '.join(missing)} that {spec.name} emits"
+            )
         unknown = sorted(given - declared)
         if unknown:
-            problems.append(f"handler(s) for {', '.join(unknown)}, which {spec.name} does not "
-                            f"emit (it declares {', '.join(sorted(declared))})")
+            problems.append(
+                f"handler(s) for {', '.join(unknown)}, which {spec.name} does not "
+                f"emit (it declares {', '.join(sorted(declared))})"
+            )
         not_callable = sorted(k for k, h in handlers.items() if not callable(h))
         if not_callable:
             problems.append(f"handler(s) for {', '.join(not_callable)} are not callable")
@@ -69,7 +77,8 @@ class Driver:
         self._failure_kind = {name: emit.on_failure for name, emit in spec.emits.items()}
         self._failure_fields = {
             name: tuple(spec.events[emit.on_failure].payload) if emit.on_failure else ()
-            for name, emit in spec.emits.items()}
+            for name, emit in spec.emits.items()
+        }
         self._counts_lock = threading.Lock()
         self.handler_failures: dict[str, int] = {}
         self.unreported_failures = 0
@@ -103,8 +112,10 @@ class Driver:
 
     def stats(self) -> dict[str, Any]:
         with self._counts_lock:
-            return {"handler_failures": dict(self.handler_failures),
-                    "unreported_failures": self.unreported_failures}
+            return {
+                "handler_failures": dict(self.handler_failures),
+                "unreported_failures": self.unreported_failures,
+            }
 
     # -- internals --------------------------------------------------------------------
 
@@ -135,14 +146,18 @@ class Driver:
                     pending.append(produced)
                     continue
                 if isinstance(produced, (str, bytes)) or not hasattr(produced, "__iter__"):
-                    raise TypeError(f"the handler returned {type(produced).__name__}; expected "
-                                    "an Event, an iterable of events, or None")
-                events_out = list(produced)         # a generator may raise right here
+                    raise TypeError(
+                        f"the handler returned {type(produced).__name__}; expected "
+                        "an Event, an iterable of events, or None"
+                    )
+                events_out = list(produced)  # a generator may raise right here
                 bad = [e for e in events_out if not isinstance(e, Event)]
                 if bad:
-                    raise TypeError(f"the handler returned {type(bad[0]).__name__} among its "
-                                    "events; expected Event instances")
-            except Exception as exc:           # the transfer hears of it; it is never lost
+                    raise TypeError(
+                        f"the handler returned {type(bad[0]).__name__} among its "
+                        "events; expected Event instances"
+                    )
+            except Exception as exc:  # the transfer hears of it; it is never lost
                 failure = self._failure_event(effect, exc)
                 if failure is not None:
                     pending.append(failure)
@@ -158,11 +173,22 @@ class Driver:
         if failure_kind is None:
             with self._counts_lock:
                 self.unreported_failures += 1
-            log.error("handler of %s for transfer %r failed and %s declares no on_failure "
-                      "event for it: %s", kind, effect.transfer_id, self.table.spec.name, error)
+            log.error(
+                "handler of %s for transfer %r failed and %s declares no on_failure "
+                "event for it: %s",
+                kind,
+                effect.transfer_id,
+                self.table.spec.name,
+                error,
+            )
             return None
-        log.warning("handler of %s for transfer %r failed (%s); dispatching %s",
-                    kind, effect.transfer_id, error, failure_kind)
+        log.warning(
+            "handler of %s for transfer %r failed (%s); dispatching %s",
+            kind,
+            effect.transfer_id,
+            error,
+            failure_kind,
+        )
         fields = effect.data
         data = {name: fields[name] for name in self._failure_fields[kind] if name in fields}
         if "error" in self._failure_fields[kind]:

@@ -42,9 +42,9 @@ class EarlyFacts:
         self.ttl = ttl
         self._by_transfer: dict[str, list[_Held]] = {}
         self._by_source: dict[str, deque[_Held]] = {}
-        self._count_of: dict[str, int] = {}           # live facts per source
+        self._count_of: dict[str, int] = {}  # live facts per source
         self._sources_with: dict[int, set[str]] = {}  # live count -> sources holding that many
-        self._most = 0                                # the largest live count of any source
+        self._most = 0  # the largest live count of any source
         self._size = 0
         #: Entries looked at by expiry and eviction, in total: the work a flood costs,
         #: which stays proportional to the facts offered, never to the buffer's size.
@@ -82,7 +82,7 @@ class EarlyFacts:
         elif self._size >= self.capacity:
             evicted += self._evict_oldest(next(iter(self._sources_with[self._most])))
         entry = _Held(ev)
-        held = self._by_transfer.get(ev.transfer_id)   # eviction may have removed the list
+        held = self._by_transfer.get(ev.transfer_id)  # eviction may have removed the list
         if held is None:
             self._by_transfer[ev.transfer_id] = [entry]
         else:
@@ -150,7 +150,7 @@ class EarlyFacts:
             if len(held) == 1:
                 del self._by_transfer[tid]
             else:
-                held.remove(entry)         # at most per_transfer long
+                held.remove(entry)  # at most per_transfer long
         if recount:
             self._recount(sender_of(entry.event), -1)
 

@@ -28,7 +28,6 @@ class InvariantViolation(MoriioFsmError, AssertionError):
     the step was rolled back."""
 
 
-
 class TimerStepsFailed(TransitionError):
     """``advance`` fired every due timer, but the steps of some raised (bindings' bugs).
 
@@ -39,8 +38,11 @@ class TimerStepsFailed(TransitionError):
 
     def __init__(self, fired: list, errors: list):
         first = errors[0]
-        super().__init__(f"{len(errors)} timer step(s) failed; first: {first}",
-                         transfer_id=first.transfer_id, event=first.event,
-                         binding=first.binding)
+        super().__init__(
+            f"{len(errors)} timer step(s) failed; first: {first}",
+            transfer_id=first.transfer_id,
+            event=first.event,
+            binding=first.binding,
+        )
         self.fired = fired
         self.errors = errors

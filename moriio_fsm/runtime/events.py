@@ -71,16 +71,16 @@ class Effect(msgspec.Struct, frozen=True, gc=False):
 class Outcome(enum.Enum):
     """What ``TransferTable.dispatch`` did with an event; every value is counted."""
 
-    CREATED = "created"        # a new transfer was started by a local event
-    APPLIED = "applied"        # a transition fired (state change or internal)
-    DUPLICATE = "duplicate"    # a repeat of a fact already applied; no change
-    IGNORED = "ignored"        # the spec declares the event harmless in this state
-    REJECTED = "rejected"      # the spec has no transition for it in this state
-    LATE = "late"              # the transfer already ended; nothing can revive it
-    UNKNOWN = "unknown"        # a local or timer event for a transfer never created
-    BUFFERED = "buffered"      # a remote fact for a transfer not created yet
-    DROPPED = "dropped"        # a remote fact for an unknown transfer, buffer full
-    FORGED = "forged"          # a remote fact from a peer the transfer is not bound to
+    CREATED = "created"  # a new transfer was started by a local event
+    APPLIED = "applied"  # a transition fired (state change or internal)
+    DUPLICATE = "duplicate"  # a repeat of a fact already applied; no change
+    IGNORED = "ignored"  # the spec declares the event harmless in this state
+    REJECTED = "rejected"  # the spec has no transition for it in this state
+    LATE = "late"  # the transfer already ended; nothing can revive it
+    UNKNOWN = "unknown"  # a local or timer event for a transfer never created
+    BUFFERED = "buffered"  # a remote fact for a transfer not created yet
+    DROPPED = "dropped"  # a remote fact for an unknown transfer, buffer full
+    FORGED = "forged"  # a remote fact from a peer the transfer is not bound to
 
     # Set on each member below; an annotation without a value is not a member.
     index: int

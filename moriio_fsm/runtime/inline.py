@@ -29,9 +29,21 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp,
-           ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Global, ast.Nonlocal, ast.Yield,
-           ast.YieldFrom, ast.Await)
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.Global,
+    ast.Nonlocal,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+)
 
 
 class Inlined:
@@ -64,9 +76,12 @@ def _function_ast(fn: Callable) -> ast.FunctionDef | None:
         return None
     body = node.body
     first = body[0] if body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-            and isinstance(first.value.value, str):
-        body = body[1:]                                    # drop the docstring
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        body = body[1:]  # drop the docstring
     node.body = body
     for sub in ast.walk(ast.Module(body=body, type_ignores=[])):
         if isinstance(sub, _SCOPES):
@@ -76,22 +91,36 @@ def _function_ast(fn: Callable) -> ast.FunctionDef | None:
 
 #: Statements and expressions whose meaning a rewrite could change: names they bind that
 #: are not plain assignments, or introspection of the frame they run in.
-_REFUSED = (ast.Import, ast.ImportFrom, ast.Match, ast.With, ast.AsyncWith, ast.Try,
-            *(getattr(ast, name) for name in ("TryStar",) if hasattr(ast, name)))
+_REFUSED = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.Match,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    *(getattr(ast, name) for name in ("TryStar",) if hasattr(ast, name)),
+)
 _INTROSPECTION = {"locals", "vars", "eval", "exec", "globals", "dir", "super", "__import__"}
 
 
 def _foldable(value: Any) -> bool:
     """A config value that can stand in the source as a literal without changing how the
     expression around it parses (no sign, no exotic type)."""
-    return (type(value) in (int, float) and value >= 0 and value == value
-            and value != float("inf"))
+    return type(value) in (int, float) and value >= 0 and value == value and value != float("inf")
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, fn: Callable, params: dict[str, str], locals_: set[str], suffix: str,
-                 bind: Callable[[Any, str], str], config: dict[str, Any], effect_classes: dict,
-                 hoisted: frozenset):
+    def __init__(
+        self,
+        fn: Callable,
+        params: dict[str, str],
+        locals_: set[str],
+        suffix: str,
+        bind: Callable[[Any, str], str],
+        config: dict[str, Any],
+        effect_classes: dict,
+        hoisted: frozenset,
+    ):
         self.fn = fn
         self.params = params
         self.locals = locals_
@@ -106,7 +135,7 @@ class _Rewriter(ast.NodeTransformer):
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.params:
             if not isinstance(node.ctx, ast.Load):
-                self.failed = True                         # rebinding tx/ev/out would rebind the step's
+                self.failed = True  # rebinding tx/ev/out would rebind the step's
             return ast.copy_location(ast.Name(self.params[node.id], node.ctx), node)
         if node.id in self.locals:
             # Renamed locals start with "_": no name a step uses for itself does.
@@ -117,9 +146,9 @@ class _Rewriter(ast.NodeTransformer):
         if node.id in self.fn.__globals__:
             value = self.fn.__globals__[node.id]
         elif hasattr(builtins, node.id):
-            return node                                   # builtins resolve the same here
+            return node  # builtins resolve the same here
         else:
-            self.failed = True                            # an unresolvable name: do not inline
+            self.failed = True  # an unresolvable name: do not inline
             return node
         if callable(value) or isinstance(value, types.ModuleType) or self.module is None:
             # Functions, classes and modules are bound once, under a name of their own.
@@ -133,27 +162,46 @@ class _Rewriter(ast.NodeTransformer):
         # in declared order, becomes a positional call: the same effect, built faster,
         # with the arguments evaluated in the same order.
         func = node.func
-        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                and func.value.id == "emits" and func.value.id not in self.params
-                and func.value.id not in self.locals and func.attr in self.effect_classes
-                and len(node.args) == 1 and all(k.arg for k in node.keywords)):
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "emits"
+            and func.value.id not in self.params
+            and func.value.id not in self.locals
+            and func.attr in self.effect_classes
+            and len(node.args) == 1
+            and all(k.arg for k in node.keywords)
+        ):
             fields = self.effect_classes[func.attr].__struct_fields__[1:]
             if tuple(k.arg for k in node.keywords) == tuple(fields):
-                node = ast.copy_location(ast.Call(func=func, args=[node.args[0]] + [
-                    k.value for k in node.keywords], keywords=[]), node)
+                node = ast.copy_location(
+                    ast.Call(
+                        func=func,
+                        args=[node.args[0]] + [k.value for k in node.keywords],
+                        keywords=[],
+                    ),
+                    node,
+                )
         self.generic_visit(node)
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         value = node.value
         if isinstance(value, ast.Name) and isinstance(node.ctx, ast.Load):
-            if (self.params.get(value.id) == "tx" and node.attr in self.config
-                    and _foldable(self.config[node.attr])):
+            if (
+                self.params.get(value.id) == "tx"
+                and node.attr in self.config
+                and _foldable(self.config[node.attr])
+            ):
                 return ast.copy_location(ast.Constant(self.config[node.attr]), node)
             if self.params.get(value.id) == "ev" and node.attr in self.hoisted:
                 return ast.copy_location(ast.Name(f"ev_{node.attr}", ast.Load()), node)
-            if (value.id not in self.params and value.id not in self.locals
-                    and value.id == "emits" and node.attr in self.effect_classes):
+            if (
+                value.id not in self.params
+                and value.id not in self.locals
+                and value.id == "emits"
+                and node.attr in self.effect_classes
+            ):
                 cls = self.effect_classes[node.attr]
                 return ast.copy_location(ast.Name(self.bind(cls, cls.__name__), ast.Load()), node)
         self.generic_visit(node)
@@ -167,8 +215,12 @@ def _rewrite(fn: Callable, names: tuple[str, ...], bind, config, effect_classes,
     if any(isinstance(sub, _REFUSED) for stmt in node.body for sub in ast.walk(stmt)):
         return None
     params = {arg.arg: name for arg, name in zip(node.args.args, names)}
-    locals_ = {sub.id for stmt in node.body for sub in ast.walk(stmt)
-               if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del))}
+    locals_ = {
+        sub.id
+        for stmt in node.body
+        for sub in ast.walk(stmt)
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del))
+    }
     locals_ -= set(params)
     rewriter = _Rewriter(fn, params, locals_, fn.__name__, bind, config, effect_classes, hoisted)
     body = [rewriter.visit(stmt) for stmt in node.body]
@@ -188,9 +240,14 @@ def _propagate_copies(body: list) -> list:
                 stores[sub.id] = stores.get(sub.id, 0) + 1
     copies = {}
     for stmt in body:
-        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.Name)
-                and stmt.value.id.startswith("ev_") and stores.get(stmt.targets[0].id) == 1):
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.Name)
+            and stmt.value.id.startswith("ev_")
+            and stores.get(stmt.targets[0].id) == 1
+        ):
             copies[stmt.targets[0].id] = stmt.value.id
 
     class Substitute(ast.NodeTransformer):
@@ -199,14 +256,26 @@ def _propagate_copies(body: list) -> list:
                 return ast.copy_location(ast.Name(copies[node.id], ast.Load()), node)
             return node
 
-    kept = [stmt for stmt in body if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                                          and isinstance(stmt.targets[0], ast.Name)
-                                          and stmt.targets[0].id in copies)]
+    kept = [
+        stmt
+        for stmt in body
+        if not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id in copies
+        )
+    ]
     return [Substitute().visit(stmt) for stmt in kept]
 
 
-def inline_guard(fn: Callable, bind, config: dict[str, Any], effect_classes: dict,
-                 hoisted: frozenset = frozenset()) -> Inlined | None:
+def inline_guard(
+    fn: Callable,
+    bind,
+    config: dict[str, Any],
+    effect_classes: dict,
+    hoisted: frozenset = frozenset(),
+) -> Inlined | None:
     """``fn(tx, ev) -> bool`` as lines plus a test expression, or None if not inlinable.
     ``hoisted`` names the event fields the step has read into ``ev_<field>`` locals."""
     body = _rewrite(fn, ("tx", "ev"), bind, config, effect_classes, hoisted)
@@ -218,8 +287,13 @@ def inline_guard(fn: Callable, bind, config: dict[str, Any], effect_classes: dic
     return Inlined(lines, f"({ast.unparse(body[-1].value)})")
 
 
-def inline_action(fn: Callable, bind, config: dict[str, Any], effect_classes: dict,
-                  hoisted: frozenset = frozenset()) -> Inlined | None:
+def inline_action(
+    fn: Callable,
+    bind,
+    config: dict[str, Any],
+    effect_classes: dict,
+    hoisted: frozenset = frozenset(),
+) -> Inlined | None:
     """``fn(tx, ev, out)`` as lines, or None if not inlinable (``hoisted``: as above)."""
     body = _rewrite(fn, ("tx", "ev", "out"), bind, config, effect_classes, hoisted)
     if body is None:

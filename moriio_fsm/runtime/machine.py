@@ -19,8 +19,7 @@ from .bindings import Bindings
 from .declared import register_spec
 from .events import Outcome
 
-_OUTCOMES = {"applied": Outcome.APPLIED, "duplicate": Outcome.DUPLICATE,
-             "ignored": Outcome.IGNORED}
+_OUTCOMES = {"applied": Outcome.APPLIED, "duplicate": Outcome.DUPLICATE, "ignored": Outcome.IGNORED}
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,9 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type[Any]:
     fields = tuple(spec.context)
     clash = sorted(set(fields) & set(config))
     if clash:
-        raise ValueError(f"{spec.path}: names used both as context field and config key: "
-                         f"{', '.join(clash)}")
+        raise ValueError(
+            f"{spec.path}: names used both as context field and config key: {', '.join(clash)}"
+        )
     initial = tuple(f.initial for f in spec.context.values())
     num_timers = len(spec.timers)
     initial_state = spec.initial
@@ -59,21 +59,31 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type[Any]:
     # __init__ is generated with one assignment per field: a transfer is created per
     # request, and a loop of setattr calls would cost several times as much.
     namespace: dict[str, Any] = {"INITIAL_STATE": initial_state}
-    lines = ["def __init__(self, transfer_id):", "    self.transfer_id = transfer_id",
-             "    self.state = INITIAL_STATE", f"    self.deadlines = [None] * {num_timers}",
-             "    self._senders = None"]
+    lines = [
+        "def __init__(self, transfer_id):",
+        "    self.transfer_id = transfer_id",
+        "    self.state = INITIAL_STATE",
+        f"    self.deadlines = [None] * {num_timers}",
+        "    self._senders = None",
+    ]
     for index, (name, value) in enumerate(zip(fields, initial)):
         namespace[f"INITIAL_{index}"] = value
         lines.append(f"    self.{name} = INITIAL_{index}")
     # A copy likewise (``copy_record``): the model checker copies a record before every
     # step it tries. It sits under a leading underscore, which no context field or config
     # key may use, so no spec can shadow it.
-    lines += ["", "def copy(self):", "    other = CLASS.__new__(CLASS)",
-              "    other.transfer_id = self.transfer_id", "    other.state = self.state",
-              "    other.deadlines = list(self.deadlines)", "    other._senders = self._senders"]
+    lines += [
+        "",
+        "def copy(self):",
+        "    other = CLASS.__new__(CLASS)",
+        "    other.transfer_id = self.transfer_id",
+        "    other.state = self.state",
+        "    other.deadlines = list(self.deadlines)",
+        "    other._senders = self._senders",
+    ]
     lines += [f"    other.{name} = self.{name}" for name in fields]
     lines.append("    return other")
-    exec(compile("\n".join(lines) + "\n", f"<moriio-fsm record {spec.name}>", "exec"), namespace)   # noqa: S102
+    exec(compile("\n".join(lines) + "\n", f"<moriio-fsm record {spec.name}>", "exec"), namespace)  # noqa: S102
     __init__ = namespace["__init__"]
     copy = namespace["copy"]
 
@@ -86,14 +96,22 @@ def make_record_class(spec: Spec, config: dict[str, Any]) -> type[Any]:
         return {n: getattr(self, n) for n in fields}
 
     cls_name = "".join(part.capitalize() for part in spec.name.split("_")) + "Transfer"
-    cls = type(cls_name, (), {
-        # _senders: the peers whose facts the transfer takes (TransferTable's binding).
-        "__slots__": ("transfer_id", "state", "deadlines", "_senders") + fields,
-        "__init__": __init__, "__repr__": __repr__, "context": context,
-        "_copy": copy,
-        "config": dict(config), "spec_name": spec.name, "field_names": fields,
-        **config,
-    })
+    cls = type(
+        cls_name,
+        (),
+        {
+            # _senders: the peers whose facts the transfer takes (TransferTable's binding).
+            "__slots__": ("transfer_id", "state", "deadlines", "_senders") + fields,
+            "__init__": __init__,
+            "__repr__": __repr__,
+            "context": context,
+            "_copy": copy,
+            "config": dict(config),
+            "spec_name": spec.name,
+            "field_names": fields,
+            **config,
+        },
+    )
     namespace["CLASS"] = cls
     return cls
 
@@ -123,30 +141,47 @@ class Machine:
         self.rows: dict[str, dict[str, tuple[Row, ...]]] = {s: {} for s in spec.states}
         self.eventless: dict[str, tuple[Row, ...]] = {s: () for s in spec.states}
         for declared in spec.transitions:
-            row = Row(declared.index, declared.event, declared.guard,
-                      guards[declared.guard] if declared.guard else None, declared.dest,
-                      declared.actions, tuple(actions[a] for a in declared.actions),
-                      declared.emits, _OUTCOMES[declared.outcome], declared.line)
+            row = Row(
+                declared.index,
+                declared.event,
+                declared.guard,
+                guards[declared.guard] if declared.guard else None,
+                declared.dest,
+                declared.actions,
+                tuple(actions[a] for a in declared.actions),
+                declared.emits,
+                _OUTCOMES[declared.outcome],
+                declared.line,
+            )
             for state in declared.sources:
                 if declared.event is None:
                     self.eventless[state] += (row,)
                 else:
-                    self.rows[state][declared.event] = self.rows[state].get(declared.event, ()) + (row,)
+                    self.rows[state][declared.event] = self.rows[state].get(declared.event, ()) + (
+                        row,
+                    )
         self.invariants: tuple[tuple[str, Callable[[Any], bool]], ...] = tuple(
             (inv.name, compile_predicate(inv.expr, [*spec.context, "state"]))
-            for inv in spec.invariants)
+            for inv in spec.invariants
+        )
 
     def allowed_emits(self) -> dict[str, set[str]]:
         """Per action, the effect kinds every row running it declares."""
         allowed: dict[str, set[str]] = {}
         for row in self.spec.transitions:
             for name in row.actions:
-                allowed[name] = allowed[name] & set(row.emits) if name in allowed else set(row.emits)
+                allowed[name] = (
+                    allowed[name] & set(row.emits) if name in allowed else set(row.emits)
+                )
         return allowed
 
     def rows_by_index(self) -> dict[int, Row]:
-        found = {row.index: row for by_kind in self.rows.values() for rows in by_kind.values()
-                 for row in rows}
+        found = {
+            row.index: row
+            for by_kind in self.rows.values()
+            for rows in by_kind.values()
+            for row in rows
+        }
         found.update({row.index: row for rows in self.eventless.values() for row in rows})
         return found
 
@@ -160,8 +195,10 @@ class Machine:
                 sources = self.spec.transitions[row.index].sources
                 reach = self.eventless_closure({row.dest} if row.dest else set(sources))
                 follow = [r for s in reach for r in self.eventless[s]]
-                cached[row.index] = (frozenset(self.writes_of([row, *follow])),
-                                     frozenset(row.emits) | {e for r in follow for e in r.emits})
+                cached[row.index] = (
+                    frozenset(self.writes_of([row, *follow])),
+                    frozenset(row.emits) | {e for r in follow for e in r.emits},
+                )
             self._declared_after = cached
         return cached
 
@@ -190,6 +227,6 @@ class Machine:
             try:
                 if not predicate(tx):
                     return name, "does not hold"
-            except Exception as exc:        # an invariant that cannot be evaluated is broken
+            except Exception as exc:  # an invariant that cannot be evaluated is broken
                 return name, f"could not be evaluated: {type(exc).__name__}: {exc}"
         return None

@@ -49,6 +49,7 @@ def _condition(row, guard):
         verdict = bool(guard(event_data.model, scratch.event))
         scratch.binding = ""
         return verdict
+
     return check
 
 
@@ -68,6 +69,7 @@ def _before(row, actions):
             emitted = ", ".join(repr(e.kind) for e in scratch.out[start:])
             raise TransitionError(f"an action emitted {emitted} from a row that declares no emits")
         scratch.outcome = row.outcome
+
     return run
 
 
@@ -77,9 +79,14 @@ def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
     writes and emits (``bindings.py``)."""
     spec = machine.spec
     engine = PyTransitionsMachine(
-        model=None, states=[State(name, final=s.final) for name, s in spec.states.items()],
-        initial=spec.initial, auto_transitions=False, send_event=True,
-        ignore_invalid_triggers=True, model_attribute="state")
+        model=None,
+        states=[State(name, final=s.final) for name, s in spec.states.items()],
+        initial=spec.initial,
+        auto_transitions=False,
+        send_event=True,
+        ignore_invalid_triggers=True,
+        model_attribute="state",
+    )
     rows = machine.rows_by_index()
     allowed = machine.allowed_emits()
     for declared in spec.transitions:
@@ -87,22 +94,34 @@ def _build_engine(machine: Machine, *, checked: bool) -> PyTransitionsMachine:
         guard = row.guard
         actions = row.actions
         if checked:
-            if guard is not None and row.guard_name is not None:     # a row has both or neither
+            if guard is not None and row.guard_name is not None:  # a row has both or neither
                 guard = checked_guard(spec, row.guard_name, guard)
-            actions = tuple(checked_action(spec, name, fn, allowed.get(name, set()))
-                            for name, fn in zip(row.action_names, actions))
-        engine.add_transition(trigger=declared.event or EVENTLESS_TRIGGER,
-                              source=list(declared.sources), dest=declared.dest,
-                              conditions=[_condition(row, guard)] if guard else [],
-                              before=[_before(row, actions)])
+            actions = tuple(
+                checked_action(spec, name, fn, allowed.get(name, set()))
+                for name, fn in zip(row.action_names, actions)
+            )
+        engine.add_transition(
+            trigger=declared.event or EVENTLESS_TRIGGER,
+            source=list(declared.sources),
+            dest=declared.dest,
+            conditions=[_condition(row, guard)] if guard else [],
+            before=[_before(row, actions)],
+        )
     return engine
 
 
 class ReferenceSteps:
     """``steps[state][kind] -> fn(shard, tx, ev) -> Result`` backed by pytransitions."""
 
-    def __init__(self, machine: Machine, *, result_cls: type, finish: Callable,
-                 verify: Callable | None, no_effects: tuple):
+    def __init__(
+        self,
+        machine: Machine,
+        *,
+        result_cls: type,
+        finish: Callable,
+        verify: Callable | None,
+        no_effects: tuple,
+    ):
         self.machine = machine
         spec = machine.spec
         self._result = result_cls
@@ -121,12 +140,15 @@ class ReferenceSteps:
         self._eventless_sources = {state: bool(rows) for state, rows in machine.eventless.items()}
         self._max_hops = len(spec.states) + 1
         self.steps: dict[str, dict[str, Callable]] = {
-            state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()}
+            state: {kind: self._step for kind in by_kind} for state, by_kind in machine.rows.items()
+        }
 
     def _step(self, shard: Shard, tx: Any, ev: Event) -> Result:
         state = tx.state
-        if not all(value_fits(getattr(ev, name), type_name)
-                   for name, type_name in self.machine.spec.events[ev.kind].payload.items()):
+        if not all(
+            value_fits(getattr(ev, name), type_name)
+            for name, type_name in self.machine.spec.events[ev.kind].payload.items()
+        ):
             shard.counts[Outcome.REJECTED.index] += 1
             return self._result(Outcome.REJECTED, state, self._no_effects)
         saved = [getattr(tx, f) for f in self._fields]
@@ -143,34 +165,43 @@ class ReferenceSteps:
                 for _ in range(self._max_hops):
                     here = tx.state
                     if not self._eventless_sources.get(here):
-                        break           # asking pytransitions would only log a warning
+                        break  # asking pytransitions would only log a warning
                     probe = _Scratch(ev, out)
                     self._triggers[EVENTLESS_TRIGGER].trigger(tx, scratch=probe)
                     if probe.outcome is None:
                         break
                     hops.append((here, tx.state))
                 else:
-                    raise TransitionError(f"{self.machine.spec.name}: eventless rows did not settle "
-                                          f"for transfer {tx.transfer_id!r}")
+                    raise TransitionError(
+                        f"{self.machine.spec.name}: eventless rows did not settle "
+                        f"for transfer {tx.transfer_id!r}"
+                    )
             if self._verify is not None:
                 self._verify(tx, ev, scratch.row.index, dict(zip(self._fields, saved)), out)
         except BaseException as exc:
             for field, value in zip(self._fields, saved):
                 setattr(tx, field, value)
             tx.state = state
-            if isinstance(exc, (TransitionError, InvariantViolation)) or not isinstance(exc, Exception):
+            if isinstance(exc, (TransitionError, InvariantViolation)) or not isinstance(
+                exc, Exception
+            ):
                 raise
             failing = probe if probe.binding else scratch
             where = " a binding"
             if failing.binding and failing.row is not None:
                 kind = "guard" if failing.binding == failing.row.guard_name else "action"
-                where = (f" {kind} {failing.binding!r} of transition #{failing.row.index} "
-                         f"({self.machine.spec.path}:{failing.row.line})")
+                where = (
+                    f" {kind} {failing.binding!r} of transition #{failing.row.index} "
+                    f"({self.machine.spec.path}:{failing.row.line})"
+                )
             raise TransitionError(
                 f"{self.machine.spec.name}:{where} raised {type(exc).__name__}: {exc} for "
                 f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step "
-                "was rolled back", transfer_id=tx.transfer_id, event=ev.kind,
-                binding=failing.binding) from exc
+                "was rolled back",
+                transfer_id=tx.transfer_id,
+                event=ev.kind,
+                binding=failing.binding,
+            ) from exc
         if outcome is not Outcome.APPLIED:
             shard.counts[outcome.index] += 1
             return self._result(outcome, state, self._no_effects)

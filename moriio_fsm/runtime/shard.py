@@ -22,10 +22,10 @@ class Shard:
     def __init__(self, early: EarlyFacts) -> None:
         self.lock = threading.Lock()
         self.live: dict[str, Any] = {}
-        self.ended: dict[str, str] = {}          # insertion-ordered: oldest first
+        self.ended: dict[str, str] = {}  # insertion-ordered: oldest first
         self.early = early
-        self.counts = [0] * len(Outcome)         # indexed by Outcome.index
-        self.ended_in: dict[str, int] = {}       # final state -> transfers that ended there
+        self.counts = [0] * len(Outcome)  # indexed by Outcome.index
+        self.ended_in: dict[str, int] = {}  # final state -> transfers that ended there
         # Trace mode: the rows the running step took (None with the transitions executor,
         # whose steps do not say).
         self.fired: tuple[int, ...] | None = ()

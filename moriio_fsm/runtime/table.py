@@ -58,8 +58,15 @@ from .shard import Shard
 from .timer_driving import TimerDriving
 from .timers import ENTER, LEAVE, MAX_TIME, DeadlineHeap, TimerPlan, check_time
 
-__all__ = ["EXECUTORS", "FIRST_SENDER", "Recorder", "Result", "StepRecord", "StepRecorder",
-           "TransferTable"]
+__all__ = [
+    "EXECUTORS",
+    "FIRST_SENDER",
+    "Recorder",
+    "Result",
+    "StepRecord",
+    "StepRecorder",
+    "TransferTable",
+]
 
 log = logging.getLogger("moriio_fsm.runtime")
 
@@ -83,15 +90,29 @@ class TransferTable(Admission, TimerDriving):
     state before each step, the rows it took and the steps that raised.
     """
 
-    def __init__(self, machine: Machine, *, executor: str = "compiled", shards: int = 1,
-                 ended_capacity: int = 65536, pending_capacity: int = 4096,
-                 pending_per_transfer: int = 8, pending_per_source: int | None = None,
-                 pending_ttl_s: float = 30.0, check_invariants: bool = False,
-                 recorder: Recorder | StepRecorder | None = None,
-                 timer_compaction_threshold: int = 4096):
-        _check_options(executor, shards, ended_capacity=ended_capacity,
-                       pending_capacity=pending_capacity, pending_per_transfer=pending_per_transfer,
-                       timer_compaction_threshold=timer_compaction_threshold)
+    def __init__(
+        self,
+        machine: Machine,
+        *,
+        executor: str = "compiled",
+        shards: int = 1,
+        ended_capacity: int = 65536,
+        pending_capacity: int = 4096,
+        pending_per_transfer: int = 8,
+        pending_per_source: int | None = None,
+        pending_ttl_s: float = 30.0,
+        check_invariants: bool = False,
+        recorder: Recorder | StepRecorder | None = None,
+        timer_compaction_threshold: int = 4096,
+    ):
+        _check_options(
+            executor,
+            shards,
+            ended_capacity=ended_capacity,
+            pending_capacity=pending_capacity,
+            pending_per_transfer=pending_per_transfer,
+            timer_compaction_threshold=timer_compaction_threshold,
+        )
         check_time(pending_ttl_s, "pending_ttl_s")
         if pending_ttl_s <= 0:
             raise ValueError(f"pending_ttl_s must be > 0, got {pending_ttl_s!r}")
@@ -99,39 +120,50 @@ class TransferTable(Admission, TimerDriving):
         self.spec = spec = machine.spec
         self.executor = executor
         #: What the table was built with (a trace carries it, so a replay builds the same).
-        self.options = {"shards": shards, "ended_capacity": ended_capacity,
-                        "pending_capacity": pending_capacity,
-                        "pending_per_transfer": pending_per_transfer,
-                        "pending_per_source": pending_per_source, "pending_ttl_s": pending_ttl_s,
-                        "check_invariants": check_invariants,
-                        "timer_compaction_threshold": timer_compaction_threshold}
+        self.options = {
+            "shards": shards,
+            "ended_capacity": ended_capacity,
+            "pending_capacity": pending_capacity,
+            "pending_per_transfer": pending_per_transfer,
+            "pending_per_source": pending_per_source,
+            "pending_ttl_s": pending_ttl_s,
+            "check_invariants": check_invariants,
+            "timer_compaction_threshold": timer_compaction_threshold,
+        }
         per_shard = max(1, pending_capacity // shards)
-        per_source = (max(1, per_shard // 4) if pending_per_source is None
-                      else max(1, pending_per_source // shards))
-        self._shards = tuple(Shard(EarlyFacts(per_shard, pending_per_transfer, per_source,
-                                              pending_ttl_s)) for _ in range(shards))
+        per_source = (
+            max(1, per_shard // 4)
+            if pending_per_source is None
+            else max(1, pending_per_source // shards)
+        )
+        self._shards = tuple(
+            Shard(EarlyFacts(per_shard, pending_per_transfer, per_source, pending_ttl_s))
+            for _ in range(shards)
+        )
         self._mask = shards - 1
         self._ended_cap = max(1, ended_capacity // shards)
         self._check = check_invariants
         self.recorder_errors = 0
         self._errors_lock = threading.Lock()
-        self._recording: int | None = None         # the thread running the recorder
+        self._recording: int | None = None  # the thread running the recorder
         self._creators = frozenset(n for n, e in spec.events.items() if e.creates)
-        self._remote_payloads = {n: tuple(e.payload.items())
-                                 for n, e in spec.events.items() if e.origin == "remote"}
+        self._remote_payloads = {
+            n: tuple(e.payload.items()) for n, e in spec.events.items() if e.origin == "remote"
+        }
         self._final = machine.final
         self._anomaly = machine.anomaly
         self._plan = TimerPlan(spec, machine.config)
         self._timer_events = tuple(machine.event_classes[kind] for kind in self._plan.events)
-        self._initial_timers = tuple(index for index, op in self._plan.hop(None, spec.initial)
-                                     if op == ENTER)
+        self._initial_timers = tuple(
+            index for index, op in self._plan.hop(None, spec.initial) if op == ENTER
+        )
         self._no_deadlines = (None,) * len(self._plan.events)
         self._heap = DeadlineHeap(timer_compaction_threshold)
         self._max_hops = len(spec.states) + 1
         self._declared_after = machine.declared_after() if check_invariants else {}
         self._plain = self._make_steps(trace=False)
-        self._traced: tuple | None = None           # trace-mode steps, made when first needed
-        self.recorder = recorder        # installs the steps and the dispatch function
+        self._traced: tuple | None = None  # trace-mode steps, made when first needed
+        self.recorder = recorder  # installs the steps and the dispatch function
 
     # -- public API -------------------------------------------------------------------
 
@@ -172,10 +204,17 @@ class TransferTable(Admission, TimerDriving):
         step of either mode never calls the other's."""
         verify = self._verify if self._check else None
         if self.executor == "compiled":
-            generated = generate_steps(self.machine, self._plan, result_cls=Result,
-                                       finish=self._finish, arm=self._arm,
-                                       settle=self._settle_traced if trace else self._settle,
-                                       verify=verify, no_effects=_NO_EFFECTS, trace=trace)
+            generated = generate_steps(
+                self.machine,
+                self._plan,
+                result_cls=Result,
+                finish=self._finish,
+                arm=self._arm,
+                settle=self._settle_traced if trace else self._settle,
+                verify=verify,
+                no_effects=_NO_EFFECTS,
+                trace=trace,
+            )
             if trace:
                 self._fire_eventless_traced = generated.eventless
             else:
@@ -184,8 +223,13 @@ class TransferTable(Admission, TimerDriving):
         else:
             generated = None
             self._fire_eventless = {}
-            steps = ReferenceSteps(self.machine, result_cls=Result, finish=self._finish,
-                                   verify=verify, no_effects=_NO_EFFECTS).steps
+            steps = ReferenceSteps(
+                self.machine,
+                result_cls=Result,
+                finish=self._finish,
+                verify=verify,
+                no_effects=_NO_EFFECTS,
+            ).steps
         return steps, self._guard_special_kinds(steps), generated
 
     def _make_dispatch(self) -> Callable[[Event], Result]:
@@ -193,25 +237,44 @@ class TransferTable(Admission, TimerDriving):
         with everything it touches bound once."""
         only = self._shards[0]
         bindings = {
-            "malformed": self._malformed, "low": -MAX_TIME, "high": MAX_TIME,
-            "absent": self._dispatch_absent, "steps": self._steps,
-            "rejected_in": {state: Result(_REJECTED, state, _NO_EFFECTS)
-                            for state in self.spec.states},
-            "Result": Result, "REJECTED": _REJECTED, "REJECTED_INDEX": _REJECTED.index,
+            "malformed": self._malformed,
+            "low": -MAX_TIME,
+            "high": MAX_TIME,
+            "absent": self._dispatch_absent,
+            "steps": self._steps,
+            "rejected_in": {
+                state: Result(_REJECTED, state, _NO_EFFECTS) for state in self.spec.states
+            },
+            "Result": Result,
+            "REJECTED": _REJECTED,
+            "REJECTED_INDEX": _REJECTED.index,
             "NO_EFFECTS": _NO_EFFECTS,
-            "shard": only, "acquire": only.lock.acquire, "release": only.lock.release,
-            "live_get": only.live.get, "shards": self._shards, "mask": self._mask,
-            "refuse_reentry": self._refuse_reentry, "record": self._record,
+            "shard": only,
+            "acquire": only.lock.acquire,
+            "release": only.lock.release,
+            "live_get": only.live.get,
+            "shards": self._shards,
+            "mask": self._mask,
+            "refuse_reentry": self._refuse_reentry,
+            "record": self._record,
             # The transitions executor does not say which rows ran: its steps leave None.
             "no_rows": () if self.executor == "compiled" else None,
-            "record_step": self._step_record, "record_raised": self._record_step,
+            "record_step": self._step_record,
+            "record_raised": self._record_step,
             "recorder_failed": self._recorder_failed,
-            "TransitionError": TransitionError, "InvariantViolation": InvariantViolation,
+            "TransitionError": TransitionError,
+            "InvariantViolation": InvariantViolation,
         }
-        recording = ("steps" if self._step_record is not None
-                     else "results" if self._recorder is not None else "none")
-        return make_dispatch(bindings, sharding="one" if len(self._shards) == 1 else "many",
-                             recording=recording)
+        recording = (
+            "steps"
+            if self._step_record is not None
+            else "results"
+            if self._recorder is not None
+            else "none"
+        )
+        return make_dispatch(
+            bindings, sharding="one" if len(self._shards) == 1 else "many", recording=recording
+        )
 
     def get(self, transfer_id: str):
         """The live record of ``transfer_id`` or None. Read it only for inspection."""
@@ -271,8 +334,10 @@ class TransferTable(Admission, TimerDriving):
 
     def _refuse_reentry(self) -> None:
         if self._recording == threading.get_ident():
-            raise RuntimeError(f"{self.spec.name}: the recorder dispatched an event; a recorder "
-                               "runs under the shard lock and must not dispatch (it would hang)")
+            raise RuntimeError(
+                f"{self.spec.name}: the recorder dispatched an event; a recorder "
+                "runs under the shard lock and must not dispatch (it would hang)"
+            )
 
     def _record_step(self, ev: Event, before, result, rows, *error) -> None:
         try:
@@ -288,7 +353,7 @@ class TransferTable(Admission, TimerDriving):
             recorder = self._recorder
             assert callable(recorder), "called only while a recorder of results is set"
             recorder(ev, result)
-        except Exception as exc:        # the step stands; a broken recorder is reported
+        except Exception as exc:  # the step stands; a broken recorder is reported
             self._recorder_failed(ev, exc)
         finally:
             self._recording = None
@@ -297,8 +362,14 @@ class TransferTable(Admission, TimerDriving):
         with self._errors_lock:
             self.recorder_errors += 1
         if self.recorder_errors <= 10 or self.recorder_errors % 1000 == 0:
-            log.error("trace recorder failed (%d so far) on event %r of transfer %r: %s: %s",
-                      self.recorder_errors, ev.kind, ev.transfer_id, type(exc).__name__, exc)
+            log.error(
+                "trace recorder failed (%d so far) on event %r of transfer %r: %s: %s",
+                self.recorder_errors,
+                ev.kind,
+                ev.transfer_id,
+                type(exc).__name__,
+                exc,
+            )
 
     def _settle(self, tx, ev: Event, out: list, hops: list) -> None:
         """Run eventless rows until none fires (bounded: the validator refuses cycles)."""
@@ -309,8 +380,11 @@ class TransferTable(Admission, TimerDriving):
             if fire is None or not fire(tx, ev, out):
                 return
             hops.append((here, tx.state))
-        raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
-                              f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
+        raise TransitionError(
+            f"{self.spec.name}: eventless rows did not settle for transfer {tx.transfer_id!r}",
+            transfer_id=tx.transfer_id,
+            event=ev.kind,
+        )
 
     def _settle_traced(self, tx, ev: Event, out: list, hops: list, shard: Shard) -> None:
         """``_settle`` for trace-mode steps: the eventless function returns the row it
@@ -327,8 +401,11 @@ class TransferTable(Admission, TimerDriving):
             assert shard.fired is not None, "trace-mode steps start with a tuple"
             shard.fired += (taken - 1,)
             hops.append((here, tx.state))
-        raise TransitionError(f"{self.spec.name}: eventless rows did not settle for transfer "
-                              f"{tx.transfer_id!r}", transfer_id=tx.transfer_id, event=ev.kind)
+        raise TransitionError(
+            f"{self.spec.name}: eventless rows did not settle for transfer {tx.transfer_id!r}",
+            transfer_id=tx.transfer_id,
+            event=ev.kind,
+        )
 
     def _verify(self, tx, ev: Event, row_index: int, before: dict, out) -> None:
         """Check mode, after row ``row_index`` ran (and the eventless rows it led to):
@@ -340,21 +417,26 @@ class TransferTable(Admission, TimerDriving):
             name, why = broken
             raise InvariantViolation(
                 f"{self.spec.name}: invariant {name!r} {why} for transfer {tx.transfer_id!r} in "
-                f"state {tx.state!r} after event {ev.kind!r} (the step was rolled back): {tx!r}")
+                f"state {tx.state!r} after event {ev.kind!r} (the step was rolled back): {tx!r}"
+            )
         writes, emits = self._declared_after[row_index]
-        changed = sorted(f for f, old in before.items()
-                         if getattr(tx, f) is not old and getattr(tx, f) != old)
+        changed = sorted(
+            f for f, old in before.items() if getattr(tx, f) is not old and getattr(tx, f) != old
+        )
         undeclared = [f for f in changed if f not in writes]
         if undeclared:
             raise InvariantViolation(
                 f"{self.spec.name}: transition #{row_index} changed {', '.join(undeclared)} of "
                 f"transfer {tx.transfer_id!r}, which none of its actions (nor the eventless rows "
-                "it can lead to) declares under writes; the step was rolled back")
+                "it can lead to) declares under writes; the step was rolled back"
+            )
         for effect in out:
             problem = effect_problem(self.spec, effect, emits)
             if problem:
-                raise InvariantViolation(f"{self.spec.name}: transition #{row_index} {problem} "
-                                         f"(transfer {tx.transfer_id!r}); the step was rolled back")
+                raise InvariantViolation(
+                    f"{self.spec.name}: transition #{row_index} {problem} "
+                    f"(transfer {tx.transfer_id!r}); the step was rolled back"
+                )
 
     def _finish(self, shard: Shard, tx, ev: Event, outcome: Outcome, hops: list, out) -> Result:
         """The tail of an applied step that changed state (or may have): timers by the
@@ -372,7 +454,7 @@ class TransferTable(Admission, TimerDriving):
         for index, duration in plan.restarts(ev.kind, state):
             deadline = deadlines[index]
             if deadline is None or now + duration < deadline:
-                self._arm(tx, index, now)      # a deadline never moves before its heap entry
+                self._arm(tx, index, now)  # a deadline never moves before its heap entry
             else:
                 deadlines[index] = now + duration
         if state in self._final:
@@ -387,9 +469,14 @@ class TransferTable(Admission, TimerDriving):
         shard.ended_in[state] = shard.ended_in.get(state, 0) + 1
         if state in self._anomaly:
             try:
-                log.warning("%s: transfer %r ended in anomaly state %r: %r",
-                            self.spec.name, tx.transfer_id, state, tx)
-            except Exception:           # a broken log handler must not undo a retirement
+                log.warning(
+                    "%s: transfer %r ended in anomaly state %r: %r",
+                    self.spec.name,
+                    tx.transfer_id,
+                    state,
+                    tx,
+                )
+            except Exception:  # a broken log handler must not undo a retirement
                 pass
         ended = shard.ended
         ended[tx.transfer_id] = state

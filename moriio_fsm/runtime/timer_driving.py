@@ -31,7 +31,7 @@ class TimerDriving:
     ``_shards``, ``_mask``, ``_timer_events``, ``_run_step``, the recorders and
     ``executor``."""
 
-    if TYPE_CHECKING:       # what the table provides (its __init__ and methods, and Admission)
+    if TYPE_CHECKING:  # what the table provides (its __init__ and methods, and Admission)
         executor: str
         _heap: DeadlineHeap
         _plan: TimerPlan
@@ -43,8 +43,9 @@ class TimerDriving:
 
         def _run_step(self, shard: Shard, tx: Any, ev: Event) -> Result: ...
 
-        def _record_step(self, ev: Event, before: Any, result: Any, rows: Any,
-                         *error: Any) -> None: ...
+        def _record_step(
+            self, ev: Event, before: Any, result: Any, rows: Any, *error: Any
+        ) -> None: ...
 
         def _record(self, ev: Event, result: Result) -> None: ...
 
@@ -69,9 +70,9 @@ class TimerDriving:
             try:
                 current = tx.deadlines[index]
                 if current is None or not shard.holds(tx):
-                    continue                                  # disarmed or retired
+                    continue  # disarmed or retired
                 if current > deadline:
-                    self._heap.push(current, tx, index)       # restarted since pushed
+                    self._heap.push(current, tx, index)  # restarted since pushed
                     continue
                 ev = self._timer_events[index](tx.transfer_id, current)
                 before = tx.state
@@ -116,10 +117,12 @@ class TimerDriving:
                             continue
                         pushed = entries.get((id(tx), index))
                         if pushed is None or pushed > deadline:
-                            problems.append(f"transfer {tx.transfer_id!r} in state {tx.state!r}: "
-                                            f"timer {self._plan.names[index]!r} is armed for "
-                                            f"{deadline} but the heap holds "
-                                            f"{'no entry' if pushed is None else pushed}")
+                            problems.append(
+                                f"transfer {tx.transfer_id!r} in state {tx.state!r}: "
+                                f"timer {self._plan.names[index]!r} is armed for "
+                                f"{deadline} but the heap holds "
+                                f"{'no entry' if pushed is None else pushed}"
+                            )
         return problems
 
     def _arm(self, tx, index: int, now: float) -> None:
@@ -131,7 +134,7 @@ class TimerDriving:
         deadline = tx.deadlines[index]
         if deadline is None or deadline > ev.time:
             shard.counts[Outcome.IGNORED.index] += 1
-            return Result(Outcome.IGNORED, tx.state, _NO_EFFECTS)   # stale or early timer
+            return Result(Outcome.IGNORED, tx.state, _NO_EFFECTS)  # stale or early timer
         if step is None:
             shard.counts[_REJECTED.index] += 1
             return Result(_REJECTED, tx.state, _NO_EFFECTS)

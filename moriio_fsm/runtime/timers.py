@@ -49,16 +49,18 @@ class TimerPlan:
                 elif src not in states:
                     found.append((index, ENTER))
                 else:
-                    found.append((index, STAY))   # armed again only if it fired meanwhile
+                    found.append((index, STAY))  # armed again only if it fired meanwhile
             ops = self._hops[key] = tuple(found)
         return ops
 
     def restarts(self, kind: str, state: str) -> tuple[tuple[int, float], ...]:
         """``(timer index, duration)`` of the timers an applied ``kind`` pushes back while
         the transfer is in ``state``."""
-        return tuple((i, self.durations[i]) for i, (states, kinds)
-                     in enumerate(zip(self.armed_in, self._restart_on))
-                     if state in states and kind in kinds)
+        return tuple(
+            (i, self.durations[i])
+            for i, (states, kinds) in enumerate(zip(self.armed_in, self._restart_on))
+            if state in states and kind in kinds
+        )
 
 
 class DeadlineHeap:
@@ -141,6 +143,8 @@ def is_time(value: Any) -> bool:
 def check_time(now: Any, what: str) -> float:
     """``now`` as a clock reading, or ``ValueError`` naming ``what``."""
     if not is_time(now):
-        raise ValueError(f"{what} must be a finite number of seconds (an int or float within "
-                         f"+-{MAX_TIME:g}), got {now!r}")
+        raise ValueError(
+            f"{what} must be a finite number of seconds (an int or float within "
+            f"+-{MAX_TIME:g}), got {now!r}"
+        )
     return now

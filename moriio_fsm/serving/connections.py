@@ -39,11 +39,20 @@ def peer_of(transport: asyncio.BaseTransport) -> Peer | None:
 
 def refusal(max_connections: int) -> bytes:
     """The whole HTTP answer a connection over the cap gets."""
-    body = json.dumps({"error": {
-        "message": f"the proxy has max_connections={max_connections} connections open; "
-                   "try again shortly", "type": "service_unavailable", "transfer_id": None}}).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"the proxy has max_connections={max_connections} connections open; "
+                "try again shortly",
+                "type": "service_unavailable",
+                "transfer_id": None,
+            }
+        }
+    ).encode()
+    head = (
+        f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -61,14 +70,19 @@ class ConnectionGuard:
         """What ``GET /health`` shows under ``connections``."""
         return {"open": len(self.open), "max": self.max_connections, **self.counts}
 
-    def protocol_factory(self, inner: Callable[..., asyncio.Protocol]) -> Callable[..., asyncio.Protocol]:
+    def protocol_factory(
+        self, inner: Callable[..., asyncio.Protocol]
+    ) -> Callable[..., asyncio.Protocol]:
         """What uvicorn's ``http`` option takes: ``inner``'s protocol, guarded."""
+
         def make(*args: Any, **kwargs: Any) -> GuardedConnection:
             return GuardedConnection(self, inner(*args, **kwargs))
+
         return make
 
     def middleware(self, app):
         """``app`` (ASGI), telling each connection when one of its requests is being served."""
+
         async def guarded(scope, receive, send):
             connection = None
             if scope["type"] == "http" and scope.get("client"):
@@ -81,6 +95,7 @@ class ConnectionGuard:
             finally:
                 if connection is not None:
                     connection.request_ended()
+
         return guarded
 
 
@@ -93,9 +108,9 @@ class GuardedConnection(asyncio.Protocol):
         self.peer: Peer | None = None
         self.refusing = False
         self.timer: asyncio.TimerHandle | None = None
-        self.served = 0                 # requests answered on this connection
-        self.head_begun = False         # bytes came since the last answer (or the opening)
-        self.seen = b""                 # the last bytes of a refused connection's head
+        self.served = 0  # requests answered on this connection
+        self.head_begun = False  # bytes came since the last answer (or the opening)
+        self.seen = b""  # the last bytes of a refused connection's head
 
     # -- asyncio's Protocol interface ------------------------------------------------------------
 
@@ -109,7 +124,7 @@ class GuardedConnection(asyncio.Protocol):
             return
         guard.open.add(self)
         self.peer = peer_of(transport)
-        if self.peer is not None:          # else no request of it could stop the deadline
+        if self.peer is not None:  # else no request of it could stop the deadline
             guard.by_peer[self.peer] = self
             self._after(guard.header_timeout_s, self._head_too_slow)
         self.inner.connection_made(transport)
@@ -122,7 +137,7 @@ class GuardedConnection(asyncio.Protocol):
         window = self.seen + data
         if HEAD_END in window:
             self._refuse()
-        self.seen = window[-len(HEAD_END):]
+        self.seen = window[-len(HEAD_END) :]
 
     def eof_received(self) -> bool | None:
         if self.refusing:
@@ -161,7 +176,7 @@ class GuardedConnection(asyncio.Protocol):
     def _head_too_slow(self) -> None:
         self.timer = None
         if self.transport is not None and not self.transport.is_closing():
-            if self.head_begun or not self.served:          # not a keep-alive connection at rest
+            if self.head_begun or not self.served:  # not a keep-alive connection at rest
                 self.guard.counts["header_timeouts"] += 1
             self.transport.close()
 

@@ -62,16 +62,27 @@ def finished_badly(data: Any) -> str | None:
 class DecodeReply:
     """D's open reply (always streamed from D): read whole (``json``) or passed on (``events``)."""
 
-    def __init__(self, proxy: Router, reply, decode: Instance, transfer_id: str, stream: bool,
-                 p_task: asyncio.Future | None):
+    def __init__(
+        self,
+        proxy: Router,
+        reply,
+        decode: Instance,
+        transfer_id: str,
+        stream: bool,
+        p_task: asyncio.Future | None,
+    ):
         self.proxy, self.reply, self.decode = proxy, reply, decode
         self.transfer_id, self.stream, self.p_task = transfer_id, stream, p_task
         self._lines = reply.aiter_lines()
         self._first: list[str] = []
 
     def _failed(self, message: str, kind: str = "kv_transfer_failed") -> TransferFailed:
-        return TransferFailed(502, f"transfer {self.transfer_id}: decode {self.decode.name} {message}",
-                              kind, self.transfer_id)
+        return TransferFailed(
+            502,
+            f"transfer {self.transfer_id}: decode {self.decode.name} {message}",
+            kind,
+            self.transfer_id,
+        )
 
     async def prime(self) -> None:
         """Hold D's stream until its first line or P's failure, whichever comes first: a P
@@ -115,11 +126,15 @@ class DecodeReply:
                     head["usage"] = event["usage"]
                 for part in event.get("choices") or ():
                     if not choice:
-                        head.update({k: v for k, v in event.items() if k not in ("choices", "usage")})
+                        head.update(
+                            {k: v for k, v in event.items() if k not in ("choices", "usage")}
+                        )
                         choice = dict(part)
                     texts.append(part.get("text") or "")
                     tokens.extend(part.get("token_ids") or ())
-                    choice["finish_reason"] = part.get("finish_reason") or choice.get("finish_reason")
+                    choice["finish_reason"] = part.get("finish_reason") or choice.get(
+                        "finish_reason"
+                    )
                     if part.get("stop_reason") is not None:
                         choice["stop_reason"] = part["stop_reason"]
         except TransferFailed:
@@ -148,10 +163,14 @@ class DecodeReply:
                     raise self._failed(f"failed: {error.get('message', '')}{WHERE_TO_LOOK}")
                 bad = finished_badly(event)
                 if bad is not None:
-                    raise self._failed(f"ended the request with finish_reason {bad!r}{WHERE_TO_LOOK}")
+                    raise self._failed(
+                        f"ended the request with finish_reason {bad!r}{WHERE_TO_LOOK}"
+                    )
                 yield event
         except self.proxy.httpx.HTTPError as exc:
-            failure = self.proxy.call_error(exc, f"decode {self.decode.name}", self.transfer_id, True)
+            failure = self.proxy.call_error(
+                exc, f"decode {self.decode.name}", self.transfer_id, True
+            )
             if isinstance(failure, TransferFailed):
                 raise failure from None
             raise self._failed(f"broke off its stream: {failure}") from None
@@ -173,7 +192,7 @@ class DecodeReply:
             log.warning("proxy.transfer_failed", transfer=self.transfer_id, why=exc.message)
             yield ("data: " + json.dumps(exc.body()) + "\n\n").encode()
         except (asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"           # the client went away; D's request is closed
+            outcome = "cancelled"  # the client went away; D's request is closed
             raise
         finally:
             self.proxy.count(outcome)

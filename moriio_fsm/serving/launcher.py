@@ -22,7 +22,10 @@ from typing import Any
 from .instances import Instance, ProxyConfig
 from .vllm_server import ServerConfig, ServerError, VllmServer, stop_all, vllm_cpu_python
 
-CONNECTOR = {"kv_connector": "MoRIIOFSMConnector", "kv_connector_module_path": "moriio_fsm.vllm.connector"}
+CONNECTOR = {
+    "kv_connector": "MoRIIOFSMConnector",
+    "kv_connector_module_path": "moriio_fsm.vllm.connector",
+}
 FAILURE_POLICIES = ("fail", "recompute")
 
 
@@ -56,7 +59,7 @@ def free_ports(count: int) -> list[int]:
 def usable_cores() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))
-    except AttributeError:                       # not Linux
+    except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
 
 
@@ -65,14 +68,16 @@ class Member:
     """One instance of the deployment: its server and where its connector listens."""
 
     name: str
-    role: str                  # "prefill" | "decode"
+    role: str  # "prefill" | "decode"
     server: VllmServer
     notify_port: int
     handshake_port: int
     trace_file: Path
 
     def instance(self) -> Instance:
-        return Instance(self.name, self.server.url, "127.0.0.1", self.notify_port, self.handshake_port)
+        return Instance(
+            self.name, self.server.url, "127.0.0.1", self.notify_port, self.handshake_port
+        )
 
 
 @dataclass
@@ -96,8 +101,10 @@ class PdDeployment:
         if self.mode not in ("write", "read"):
             raise ValueError(f"mode: expected write or read, got {self.mode!r}")
         if self.failure_policy not in FAILURE_POLICIES:
-            raise ValueError(f"failure_policy: expected one of {', '.join(FAILURE_POLICIES)}, "
-                             f"got {self.failure_policy!r}")
+            raise ValueError(
+                f"failure_policy: expected one of {', '.join(FAILURE_POLICIES)}, "
+                f"got {self.failure_policy!r}"
+            )
         for count, what in ((self.prefills, "prefills"), (self.decodes, "decodes")):
             if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 8:
                 raise ValueError(f"{what}: expected 1 to 8 instances, got {count!r}")
@@ -118,25 +125,43 @@ class PdDeployment:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         (self.workdir / "traces").mkdir(parents=True, exist_ok=True)
         cores = usable_cores()
-        names = [(f"P{i}", "prefill") for i in range(self.prefills)] + \
-                [(f"D{i}", "decode") for i in range(self.decodes)]
+        names = [(f"P{i}", "prefill") for i in range(self.prefills)] + [
+            (f"D{i}", "decode") for i in range(self.decodes)
+        ]
         # P0, D0, P1, D1...: a P and a D never share a core while there are two.
         order = sorted(names, key=lambda n: (int(n[0][1:]), n[1] != "prefill"))
-        ports = free_ports(3 * len(order))        # one draw: no two servers share a port
+        ports = free_ports(3 * len(order))  # one draw: no two servers share a port
         try:
             for position, (name, role) in enumerate(order):
-                http, notify, handshake = ports[3 * position:3 * position + 3]
+                http, notify, handshake = ports[3 * position : 3 * position + 3]
                 trace = self.workdir / "traces" / f"{name}.jsonl"
-                trace.unlink(missing_ok=True)         # traces append: a new run starts afresh
-                extra = {"backend": "same_host", "read_mode": self.mode == "read",
-                         "host_ip": "127.0.0.1", "notify_port": notify, "handshake_port": handshake,
-                         "trace_file": str(trace), **self.connector_extra}
-                transfer = {**CONNECTOR, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-                            "engine_id": name, "kv_load_failure_policy": self.failure_policy,
-                            "kv_connector_extra_config": extra}
-                config = ServerConfig(name, self.model, http, cores[position % len(cores)], transfer,
-                                      block_size=self.block_size, kv_cache_bytes=self.kv_cache_bytes,
-                                      max_model_len=self.max_model_len)
+                trace.unlink(missing_ok=True)  # traces append: a new run starts afresh
+                extra = {
+                    "backend": "same_host",
+                    "read_mode": self.mode == "read",
+                    "host_ip": "127.0.0.1",
+                    "notify_port": notify,
+                    "handshake_port": handshake,
+                    "trace_file": str(trace),
+                    **self.connector_extra,
+                }
+                transfer = {
+                    **CONNECTOR,
+                    "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                    "engine_id": name,
+                    "kv_load_failure_policy": self.failure_policy,
+                    "kv_connector_extra_config": extra,
+                }
+                config = ServerConfig(
+                    name,
+                    self.model,
+                    http,
+                    cores[position % len(cores)],
+                    transfer,
+                    block_size=self.block_size,
+                    kv_cache_bytes=self.kv_cache_bytes,
+                    max_model_len=self.max_model_len,
+                )
                 server = VllmServer(config, self.workdir / "logs" / f"{name}.log", python=python)
                 self.members.append(Member(name, role, server, notify, handshake, trace))
             wait_all([m.server for m in self.members], timeout_s, show_progress)
@@ -163,14 +188,20 @@ class PdDeployment:
         for member in self.members:
             if member.name == name:
                 return member
-        raise KeyError(f"no instance {name!r} in this deployment ({', '.join(m.name for m in self.members)})")
+        raise KeyError(
+            f"no instance {name!r} in this deployment ({', '.join(m.name for m in self.members)})"
+        )
 
     def alive(self) -> list[Member]:
         return [m for m in self.members if m.server.process.poll() is None]
 
     def proxy_config(self, **options: Any) -> ProxyConfig:
-        return ProxyConfig(self.mode, [m.instance() for m in self.members if m.role == "prefill"],
-                           [m.instance() for m in self.members if m.role == "decode"], **options)
+        return ProxyConfig(
+            self.mode,
+            [m.instance() for m in self.members if m.role == "prefill"],
+            [m.instance() for m in self.members if m.role == "decode"],
+            **options,
+        )
 
 
 def wait_all(servers: list[VllmServer], timeout_s: float, show_progress: bool) -> None:
@@ -187,30 +218,46 @@ def wait_all(servers: list[VllmServer], timeout_s: float, show_progress: bool) -
         table = Table(show_header=False, box=None)
         for server in servers:
             name = server.config.name
-            state = (f"[green]ready[/] in {ready[name]:.0f}s" if name in ready
-                     else f"starting... {time.monotonic() - started:.0f}s")
+            state = (
+                f"[green]ready[/] in {ready[name]:.0f}s"
+                if name in ready
+                else f"starting... {time.monotonic() - started:.0f}s"
+            )
             table.add_row(f"{name}", f"{server.url}", f"core {server.config.core}", state)
         return table
 
-    with Live(view(), console=console, transient=False, refresh_per_second=2,
-              redirect_stdout=False, redirect_stderr=False) if show_progress else nullcontext() as live:
+    with (
+        Live(
+            view(),
+            console=console,
+            transient=False,
+            refresh_per_second=2,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        if show_progress
+        else nullcontext() as live
+    ):
         while len(ready) < len(servers):
             for server in servers:
                 if server.config.name in ready:
                     continue
                 if server.process.poll() is not None:
-                    raise ServerError(f"{server.config.name} (pid {server.pid}) exited with "
-                                      f"{server.process.returncode} before it was ready; its log "
-                                      f"{server.log_path} ends:\n{server.log_tail()}")
+                    raise ServerError(
+                        f"{server.config.name} (pid {server.pid}) exited with "
+                        f"{server.process.returncode} before it was ready; its log "
+                        f"{server.log_path} ends:\n{server.log_tail()}"
+                    )
                 if server.healthy():
                     ready[server.config.name] = time.monotonic() - started
             if time.monotonic() - started > timeout_s:
                 late = [s for s in servers if s.config.name not in ready]
-                raise ServerError(f"{', '.join(s.config.name for s in late)} not ready after "
-                                  f"{timeout_s:.0f}s; {late[0].log_path} ends:\n{late[0].log_tail()}")
+                raise ServerError(
+                    f"{', '.join(s.config.name for s in late)} not ready after "
+                    f"{timeout_s:.0f}s; {late[0].log_path} ends:\n{late[0].log_tail()}"
+                )
             if live is not None:
                 live.update(view())
             time.sleep(0.5)
     if show_progress and not console.is_terminal:
-        console.line()               # a file or pipe gets no newline after the last frame
-
+        console.line()  # a file or pipe gets no newline after the last frame

@@ -50,12 +50,27 @@ class Proxy:
         self.decode = Pool("decode", config.decodes)
         # cancelled: the client left before its answer (left_mid_body: while sending its body);
         # rejected: refused unserved (body_timeouts: its body took too long).
-        self.counts = {"requests": 0, "completed": 0, "failed": 0, "retried": 0, "rejected": 0,
-                       "cancelled": 0, "left_mid_body": 0, "body_timeouts": 0}
-        timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s,
-                                pool=config.connect_timeout_s)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
-            max_connections=config.upstream_connections, max_keepalive_connections=64))
+        self.counts = {
+            "requests": 0,
+            "completed": 0,
+            "failed": 0,
+            "retried": 0,
+            "rejected": 0,
+            "cancelled": 0,
+            "left_mid_body": 0,
+            "body_timeouts": 0,
+        }
+        timeout = httpx.Timeout(
+            config.request_timeout_s,
+            connect=config.connect_timeout_s,
+            pool=config.connect_timeout_s,
+        )
+        self.client = httpx.AsyncClient(
+            timeout=timeout,
+            limits=httpx.Limits(
+                max_connections=config.upstream_connections, max_keepalive_connections=64
+            ),
+        )
         # Probes have their own connections: a busy pool must not make instances look down.
         self.prober = httpx.AsyncClient(timeout=2.0)
         self.httpx = httpx
@@ -74,18 +89,30 @@ class Proxy:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """200 while one P and one D are up, else 503; the instances and the counts."""
-        body = {"mode": self.config.mode, "counts": dict(self.counts),
-                "prefill": [i.describe() for i in self.prefill.instances],
-                "decode": [i.describe() for i in self.decode.instances]}
-        ready = any(i.up for i in self.prefill.instances) and any(i.up for i in self.decode.instances)
+        body = {
+            "mode": self.config.mode,
+            "counts": dict(self.counts),
+            "prefill": [i.describe() for i in self.prefill.instances],
+            "decode": [i.describe() for i in self.decode.instances],
+        }
+        ready = any(i.up for i in self.prefill.instances) and any(
+            i.up for i in self.decode.instances
+        )
         return (200 if ready else 503), body
 
     async def probe_forever(self) -> None:
         """Bring instances marked down back once their ``/health`` answers."""
         while True:
             await asyncio.sleep(self.config.probe_interval_s)
-            down = [(pool, i) for pool in (self.prefill, self.decode) for i in pool.instances if not i.up]
-            results = await asyncio.gather(*(self._healthy(i) for _, i in down), return_exceptions=True)
+            down = [
+                (pool, i)
+                for pool in (self.prefill, self.decode)
+                for i in pool.instances
+                if not i.up
+            ]
+            results = await asyncio.gather(
+                *(self._healthy(i) for _, i in down), return_exceptions=True
+            )
             for (pool, instance), healthy in zip(down, results):
                 if healthy is True:
                     pool.mark_up(instance)
@@ -94,7 +121,7 @@ class Proxy:
         try:
             reply = await self.prober.get(f"{instance.url}/health")
             return reply.status_code == 200
-        except Exception:           # whatever went wrong, the instance stays down
+        except Exception:  # whatever went wrong, the instance stays down
             return False
 
     # -- errors of a call to an instance -----------------------------------------------------
@@ -104,30 +131,53 @@ class Proxy:
         died under it, is too slow, or the proxy itself is out of connections."""
         httpx = self.httpx
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return Unreachable(f"{type(exc).__name__}: {exc}") if sent else \
-                NeverSaw(who, f"{type(exc).__name__}: {exc}")
+            return (
+                Unreachable(f"{type(exc).__name__}: {exc}")
+                if sent
+                else NeverSaw(who, f"{type(exc).__name__}: {exc}")
+            )
         if isinstance(exc, httpx.PoolTimeout):
-            return TransferFailed(503, f"transfer {transfer_id}: the proxy has no free connection "
-                                       f"to {who} (upstream_connections "
-                                       f"{self.config.upstream_connections})",
-                                  "service_unavailable", transfer_id)
+            return TransferFailed(
+                503,
+                f"transfer {transfer_id}: the proxy has no free connection "
+                f"to {who} (upstream_connections "
+                f"{self.config.upstream_connections})",
+                "service_unavailable",
+                transfer_id,
+            )
         if isinstance(exc, httpx.TimeoutException):
-            return TransferFailed(504, f"transfer {transfer_id}: {who} sent nothing for "
-                                       f"{self.config.request_timeout_s:.0f}s", "timeout", transfer_id)
+            return TransferFailed(
+                504,
+                f"transfer {transfer_id}: {who} sent nothing for "
+                f"{self.config.request_timeout_s:.0f}s",
+                "timeout",
+                transfer_id,
+            )
         if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
             return Unreachable(f"{type(exc).__name__}: {exc}")
-        return TransferFailed(502, f"transfer {transfer_id}: {who} failed: {type(exc).__name__}: "
-                                   f"{exc}", "kv_transfer_failed", transfer_id)
+        return TransferFailed(
+            502,
+            f"transfer {transfer_id}: {who} failed: {type(exc).__name__}: {exc}",
+            "kv_transfer_failed",
+            transfer_id,
+        )
 
-    def _refused(self, instance: Instance, role: str, status: int, text: str,
-                 transfer_id: str) -> TransferFailed:
+    def _refused(
+        self, instance: Instance, role: str, status: int, text: str, transfer_id: str
+    ) -> TransferFailed:
         """An instance's non-200 answer: the client's mistake stays a 4xx, a failure a 502."""
-        message = f"transfer {transfer_id}: {role} {instance.name} ({instance.url}) answered " \
-                  f"{status}: {_short(text)}"
+        message = (
+            f"transfer {transfer_id}: {role} {instance.name} ({instance.url}) answered "
+            f"{status}: {_short(text)}"
+        )
         if status < 500:
             return TransferFailed(status, message, "invalid_request_error", transfer_id)
-        return TransferFailed(502, message + (WHERE_TO_LOOK if role == "decode" else ""),
-                              "kv_transfer_failed", transfer_id)
+        return TransferFailed(
+            502,
+            message + (WHERE_TO_LOOK if role == "decode" else ""),
+            "kv_transfer_failed",
+            transfer_id,
+        )
 
     # -- one completion ----------------------------------------------------------------------
 
@@ -147,33 +197,52 @@ class Proxy:
             if prefill is None or decode is None:
                 pool = self.prefill if prefill is None else self.decode
                 self.count("failed")
-                raise TransferFailed(503, f"no {pool.role} instance is available ({pool.unavailable()})"
-                                          + (f"; last attempt: {last_error}" if last_error else ""),
-                                     "service_unavailable")
+                raise TransferFailed(
+                    503,
+                    f"no {pool.role} instance is available ({pool.unavailable()})"
+                    + (f"; last attempt: {last_error}" if last_error else ""),
+                    "service_unavailable",
+                )
             transfer_id = f"tx-{uuid.uuid4().hex}"
             try:
                 return await self._attempt(body, transfer_id, prefill, decode)
             except NeverSaw as exc:
-                instance, pool = (prefill, self.prefill) if exc.role.startswith("prefill") \
+                instance, pool = (
+                    (prefill, self.prefill)
+                    if exc.role.startswith("prefill")
                     else (decode, self.decode)
+                )
                 tried[pool.role].add(instance.name)
                 pool.mark_down(instance, exc.why)
                 self.count("retried")
-                last_error = f"transfer {transfer_id}: {pool.role} {instance.name} unreachable ({exc.why})"
-                log.warning("proxy.retry", transfer=transfer_id, instance=instance.name, why=exc.why)
+                last_error = (
+                    f"transfer {transfer_id}: {pool.role} {instance.name} unreachable ({exc.why})"
+                )
+                log.warning(
+                    "proxy.retry", transfer=transfer_id, instance=instance.name, why=exc.why
+                )
             except TransferFailed as exc:
                 self.count("failed")
-                log.warning("proxy.transfer_failed", transfer=transfer_id, status=exc.status,
-                            why=exc.message)
+                log.warning(
+                    "proxy.transfer_failed",
+                    transfer=transfer_id,
+                    status=exc.status,
+                    why=exc.message,
+                )
                 raise
 
-    async def _attempt(self, body: dict, transfer_id: str, prefill: Instance,
-                       decode: Instance) -> DecodeReply:
+    async def _attempt(
+        self, body: dict, transfer_id: str, prefill: Instance, decode: Instance
+    ) -> DecodeReply:
         stream = bool(body.get("stream", False))
         p_body = dict(body, max_tokens=1, stream=self.config.mode == "write")
         for key in ("stream_options", "min_tokens"):
             p_body.pop(key, None)
-        params = {"do_remote_decode": True, "transfer_id": transfer_id, **self.config.extra_prefill_params}
+        params = {
+            "do_remote_decode": True,
+            "transfer_id": transfer_id,
+            **self.config.extra_prefill_params,
+        }
         if self.config.mode == "write":
             params.update(decode.peer_params())
         p_body["kv_transfer_params"] = params
@@ -182,8 +251,11 @@ class Proxy:
         if self.config.mode == "read":
             d_body["kv_transfer_params"] = await self._read_prefill(prefill, p_body, transfer_id)
             return await self._open_decode(decode, d_body, transfer_id, stream, None)
-        d_body["kv_transfer_params"] = {"do_remote_prefill": True, "transfer_id": transfer_id,
-                                        **prefill.peer_params()}
+        d_body["kv_transfer_params"] = {
+            "do_remote_prefill": True,
+            "transfer_id": transfer_id,
+            **prefill.peer_params(),
+        }
         # D is asked once P accepted its part, so that D never holds blocks against a P
         # that never got the request; then both run at once.
         p_reply = await self._open(prefill, who, p_body, transfer_id, "prefill")
@@ -193,18 +265,22 @@ class Proxy:
         try:
             return await self._open_decode(decode, d_body, transfer_id, stream, p_task)
         except BaseException:
-            p_task.cancel()                 # closing P's request makes vLLM abort it
+            p_task.cancel()  # closing P's request makes vLLM abort it
             raise
 
     def _forget(self, task: asyncio.Future) -> None:
         self._background.discard(task)
         if not task.cancelled():
-            task.exception()                # P failing after D answered changes nothing now
+            task.exception()  # P failing after D answered changes nothing now
 
     async def _open(self, instance: Instance, who: str, body: dict, transfer_id: str, role: str):
         """Send ``body`` streamed; the open reply once its status is 200."""
-        request = self.client.build_request("POST", f"{instance.url}/v1/completions", json=body,
-                                            headers={"X-Request-Id": transfer_id})
+        request = self.client.build_request(
+            "POST",
+            f"{instance.url}/v1/completions",
+            json=body,
+            headers={"X-Request-Id": transfer_id},
+        )
         try:
             reply = await self.client.send(request, stream=True)
         except self.httpx.HTTPError as exc:
@@ -229,22 +305,34 @@ class Proxy:
             error = self.call_error(exc, who, transfer_id, sent=True)
             if isinstance(error, Unreachable):
                 self.prefill.mark_down(prefill, str(error))
-                error = TransferFailed(502, f"transfer {transfer_id}: {who} died under the "
-                                            f"request ({error})", "kv_transfer_failed", transfer_id)
+                error = TransferFailed(
+                    502,
+                    f"transfer {transfer_id}: {who} died under the request ({error})",
+                    "kv_transfer_failed",
+                    transfer_id,
+                )
             raise error from None
         finally:
             await reply.aclose()
         try:
             data = json.loads(raw)
         except ValueError:
-            raise TransferFailed(502, f"transfer {transfer_id}: {who} answered something that is "
-                                      f"not JSON: {_short(raw.decode(errors='replace'))}",
-                                 "kv_transfer_failed", transfer_id) from None
+            raise TransferFailed(
+                502,
+                f"transfer {transfer_id}: {who} answered something that is "
+                f"not JSON: {_short(raw.decode(errors='replace'))}",
+                "kv_transfer_failed",
+                transfer_id,
+            ) from None
         params = data.get("kv_transfer_params") if isinstance(data, dict) else None
         if not isinstance(params, dict):
-            raise TransferFailed(502, f"transfer {transfer_id}: {who} returned no kv_transfer_params "
-                                      "(is its connector a kv_producer in READ mode?)",
-                                 "kv_transfer_failed", transfer_id)
+            raise TransferFailed(
+                502,
+                f"transfer {transfer_id}: {who} returned no kv_transfer_params "
+                "(is its connector a kv_producer in READ mode?)",
+                "kv_transfer_failed",
+                transfer_id,
+            )
         prefill.served += 1
         return params
 
@@ -256,9 +344,13 @@ class Proxy:
             async for line in reply.aiter_lines():
                 error = event_error(sse_event(line))
                 if error is not None:
-                    raise TransferFailed(502, f"transfer {transfer_id}: {who} failed: "
-                                              f"{_short(str(error.get('message')))}",
-                                         "kv_transfer_failed", transfer_id)
+                    raise TransferFailed(
+                        502,
+                        f"transfer {transfer_id}: {who} failed: "
+                        f"{_short(str(error.get('message')))}",
+                        "kv_transfer_failed",
+                        transfer_id,
+                    )
                 done = done or line.strip() == "data: [DONE]"
         except self.httpx.HTTPError as exc:
             failure = self.call_error(exc, who, transfer_id, sent=True)
@@ -271,14 +363,21 @@ class Proxy:
             raise Unreachable(f"{who}'s stream ended without [DONE]")
         instance.served += 1
 
-    async def _open_decode(self, decode: Instance, body: dict, transfer_id: str, stream: bool,
-                           p_task: asyncio.Future | None) -> DecodeReply:
+    async def _open_decode(
+        self,
+        decode: Instance,
+        body: dict,
+        transfer_id: str,
+        stream: bool,
+        p_task: asyncio.Future | None,
+    ) -> DecodeReply:
         """Send D its part; in WRITE mode watch P's part meanwhile, so that a P that fails
         before D said anything ends D's request instead of leaving D waiting for writes."""
-        if not stream:                      # D always streams: a cut answer then shows
+        if not stream:  # D always streams: a cut answer then shows
             body = dict(body, stream=True, stream_options={"include_usage": True})
-        send = asyncio.ensure_future(self._open(decode, f"decode {decode.name}", body,
-                                                transfer_id, "decode"))
+        send = asyncio.ensure_future(
+            self._open(decode, f"decode {decode.name}", body, transfer_id, "decode")
+        )
         try:
             if p_task is not None:
                 await asyncio.wait({send, p_task}, return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,6 @@ goes away ends its P and D requests (vLLM then aborts them). ``uvicorn_server`` 
 connection cap and the head deadline (``connections.py``).
 """
 
-
 import asyncio
 import json
 import math
@@ -41,15 +40,19 @@ async def _read_raw(request, limit: int) -> bytes:
 
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TransferFailed(413, f"the request body has {declared} bytes; at most {limit} are taken",
-                             "invalid_request_error")
+        raise TransferFailed(
+            413,
+            f"the request body has {declared} bytes; at most {limit} are taken",
+            "invalid_request_error",
+        )
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise TransferFailed(413, f"the request body is over {limit} bytes",
-                                     "invalid_request_error")
+                raise TransferFailed(
+                    413, f"the request body is over {limit} bytes", "invalid_request_error"
+                )
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientLeft() from None
@@ -63,13 +66,20 @@ async def read_body(request, limit: int, timeout_s: float) -> Any:
     try:
         raw = await asyncio.wait_for(_read_raw(request, limit), timeout_s)
     except TimeoutError:
-        raise BodyTooSlow(408, f"the request body did not arrive within {timeout_s:g}s "
-                               "(the proxy's body_timeout_s)", "timeout") from None
+        raise BodyTooSlow(
+            408,
+            f"the request body did not arrive within {timeout_s:g}s (the proxy's body_timeout_s)",
+            "timeout",
+        ) from None
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise TransferFailed(400, f"the request body is not JSON the proxy accepts: "
-                                  f"{type(exc).__name__}: {str(exc)[:200]}", "invalid_request_error") from None
+        raise TransferFailed(
+            400,
+            f"the request body is not JSON the proxy accepts: "
+            f"{type(exc).__name__}: {str(exc)[:200]}",
+            "invalid_request_error",
+        ) from None
 
 
 def build_app(config: ProxyConfig, guard: ConnectionGuard | None = None):
@@ -162,11 +172,12 @@ def _answer(proxy: Proxy, work: asyncio.Future):
         transfer_id, answer = work.result()
     except TransferFailed as exc:
         return _failure(exc)
-    except Exception as exc:            # a bug of ours must still answer JSON, and be seen
+    except Exception as exc:  # a bug of ours must still answer JSON, and be seen
         log.error("proxy.internal_error", error=f"{type(exc).__name__}: {exc}")
         proxy.count("failed")
-        return _failure(TransferFailed(500, f"the proxy failed: {type(exc).__name__}: {exc}",
-                                       "internal_error"))
+        return _failure(
+            TransferFailed(500, f"the proxy failed: {type(exc).__name__}: {exc}", "internal_error")
+        )
     headers = {"x-transfer-id": transfer_id}
     if isinstance(answer, dict):
         return JSONResponse(answer, headers=headers)
@@ -177,7 +188,7 @@ def _failure(exc: TransferFailed, close: bool = False):
     from fastapi.responses import JSONResponse
 
     headers = {"x-transfer-id": exc.transfer_id} if exc.transfer_id else {}
-    if close:                           # a body left unread: the connection cannot go on
+    if close:  # a body left unread: the connection cannot go on
         headers["connection"] = "close"
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
@@ -217,8 +228,13 @@ async def _models(proxy: Proxy):
             return JSONResponse(reply.json(), status_code=reply.status_code)
         except Exception as exc:
             proxy.decode.mark_down(decode, f"{type(exc).__name__}: {exc}")
-    return _failure(TransferFailed(503, f"no decode instance is available "
-                                        f"({proxy.decode.unavailable()})", "service_unavailable"))
+    return _failure(
+        TransferFailed(
+            503,
+            f"no decode instance is available ({proxy.decode.unavailable()})",
+            "service_unavailable",
+        )
+    )
 
 
 def uvicorn_server(config: ProxyConfig, host: str, port: int, log_level: str = "warning"):
@@ -230,13 +246,21 @@ def uvicorn_server(config: ProxyConfig, host: str, port: int, log_level: str = "
     # The guard finds a request's connection by its client address: take it from the
     # socket, never from X-Forwarded-For. The guard's head deadline closes idle
     # keep-alive connections, so uvicorn's own keep-alive timeout must not come first.
-    return uvicorn.Server(uvicorn.Config(
-        build_app(config, guard), host=host, port=port, log_level=log_level, lifespan="on",
-        # uvicorn's annotation asks for a protocol class for ``http``, but it only calls it (with
-        # keyword arguments) to make each connection's protocol: a factory serves as well.
-        http=guard.protocol_factory(AutoHTTPProtocol),  # type: ignore[arg-type]
-        proxy_headers=False,
-        timeout_keep_alive=math.ceil(config.header_timeout_s) + 1, timeout_graceful_shutdown=5))
+    return uvicorn.Server(
+        uvicorn.Config(
+            build_app(config, guard),
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            # uvicorn's annotation asks for a protocol class for ``http``, but it only calls it (with
+            # keyword arguments) to make each connection's protocol: a factory serves as well.
+            http=guard.protocol_factory(AutoHTTPProtocol),  # type: ignore[arg-type]
+            proxy_headers=False,
+            timeout_keep_alive=math.ceil(config.header_timeout_s) + 1,
+            timeout_graceful_shutdown=5,
+        )
+    )
 
 
 class ProxyServer:
@@ -257,8 +281,10 @@ class ProxyServer:
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise ProxyConfigError(f"the proxy could not listen on {self.url} (is the port "
-                                       "taken? uvicorn's log above says why)")
+                raise ProxyConfigError(
+                    f"the proxy could not listen on {self.url} (is the port "
+                    "taken? uvicorn's log above says why)"
+                )
             time.sleep(0.05)
         return self
 

@@ -17,11 +17,21 @@ from ..errors import MoriioFsmError
 
 #: The model's shape: 2 layers, 2 KV heads of 32 (GQA), a 1024-token vocabulary.
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 1024,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
     "eos_token_id": 2,
 }
 #: The weights' scale: that of a trained model, so every logit depends on the whole context.
@@ -36,12 +46,17 @@ def _stamp(shape: dict, seed: int, std: float) -> str:
     return json.dumps({"shape": shape, "seed": seed, "std": std}, sort_keys=True)
 
 
-def is_made(folder: str | Path, shape: dict = TINY_LLAMA, seed: int = 0, std: float = WEIGHT_STD) -> bool:
+def is_made(
+    folder: str | Path, shape: dict = TINY_LLAMA, seed: int = 0, std: float = WEIGHT_STD
+) -> bool:
     """Whether ``folder`` holds the weights of exactly this shape, seed and scale."""
     folder = Path(folder)
     stamp = folder / "moriio-fsm-model.json"
-    return (folder / "model.safetensors").is_file() and stamp.is_file() \
+    return (
+        (folder / "model.safetensors").is_file()
+        and stamp.is_file()
         and stamp.read_text() == _stamp(shape, seed, std)
+    )
 
 
 def make_llama(folder: str | Path, shape: dict, seed: int = 0, std: float = WEIGHT_STD) -> Path:
@@ -59,7 +74,13 @@ def make_llama(folder: str | Path, shape: dict, seed: int = 0, std: float = WEIG
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = LlamaConfig(**{k: v for k, v in shape.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    config = LlamaConfig(
+        **{
+            k: v
+            for k, v in shape.items()
+            if k not in ("architectures", "model_type", "torch_dtype")
+        }
+    )
     # transformers wraps PreTrainedModel.to in a decorator whose type loses the bound self.
     model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     with torch.no_grad():
@@ -81,8 +102,9 @@ def make_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
     return make_llama(folder, TINY_LLAMA, seed)
 
 
-def make_tiny_llama_with(python: str, folder: str | Path, seed: int = 0,
-                         timeout_s: float = 600.0) -> Path:
+def make_tiny_llama_with(
+    python: str, folder: str | Path, seed: int = 0, timeout_s: float = 600.0
+) -> Path:
     """The demo's model in ``folder``, made by ``python`` (``main`` below) unless already there.
 
     ``python`` is the vLLM CPU build's: it has torch and transformers, at the versions the
@@ -93,14 +115,17 @@ def make_tiny_llama_with(python: str, folder: str | Path, seed: int = 0,
         return folder
     command = [python, "-m", "moriio_fsm.serving.tiny_model", str(folder), "--seed", str(seed)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ModelError(f"could not make the model in {folder} with {python}: {exc}") from None
     if done.returncode != 0 or not is_made(folder, TINY_LLAMA, seed):
         tail = "\n".join((done.stderr or done.stdout).splitlines()[-15:])
-        raise ModelError(f"{python} could not make the model in {folder} (exit code "
-                         f"{done.returncode}); it said:\n{tail}")
+        raise ModelError(
+            f"{python} could not make the model in {folder} (exit code "
+            f"{done.returncode}); it said:\n{tail}"
+        )
     return folder
 
 
@@ -112,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m moriio_fsm.serving.tiny_model",
-                                     description="Write a tiny Llama with saved random weights.")
+    parser = argparse.ArgumentParser(
+        prog="python -m moriio_fsm.serving.tiny_model",
+        description="Write a tiny Llama with saved random weights.",
+    )
     parser.add_argument("folder", help="where config.json and model.safetensors go")
     parser.add_argument("--seed", type=int, default=0, help="the weights' seed (default 0)")
     args = parser.parse_args(argv)

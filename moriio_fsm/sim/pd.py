@@ -33,8 +33,13 @@ CONFIG = {
     "write_producer": {"defer_timeout_s": 6.0, "transfer_timeout_s": 3.0, "abandon_timeout_s": 1.0},
     "write_consumer": {"write_timeout_s": 12.0, "safety_timeout_s": 6.0},
     "read_producer": {"lease_s": 3.0, "max_hold_s": 30.0},
-    "read_consumer": {"setup_timeout_s": 3.0, "read_timeout_s": 1.0, "renew_interval_s": 0.5,
-                      "lease_margin_s": 0.6, "abandon_timeout_s": 0.3},
+    "read_consumer": {
+        "setup_timeout_s": 3.0,
+        "read_timeout_s": 1.0,
+        "renew_interval_s": 0.5,
+        "lease_margin_s": 0.6,
+        "abandon_timeout_s": 0.3,
+    },
 }
 LAYERS = 4
 
@@ -65,9 +70,14 @@ class Layout:
 class PD:
     """A world of P ranks and D ranks running transfers of both modes."""
 
-    def __init__(self, seed: int, layout: Layout, faults: Faults | None = None,
-                 specs: dict[str, str] | None = None,
-                 recorders: Callable[[str], Any] | None = None):
+    def __init__(
+        self,
+        seed: int,
+        layout: Layout,
+        faults: Faults | None = None,
+        specs: dict[str, str] | None = None,
+        recorders: Callable[[str], Any] | None = None,
+    ):
         self.world = World(seed, faults)
         self.specs = specs or {}
         # recorders(node name) -> the recorder of that node's tables (a TraceRecorder), or None
@@ -87,8 +97,12 @@ class PD:
         self.world.nodes[name] = node
         recorder = self.recorders(name) if self.recorders is not None else None
         for machine in machines:
-            table = build_table(self.specs.get(machine, machine), config=CONFIG[machine],
-                                check_invariants=machine not in self.specs, recorder=recorder)
+            table = build_table(
+                self.specs.get(machine, machine),
+                config=CONFIG[machine],
+                check_invariants=machine not in self.specs,
+                recorder=recorder,
+            )
             handlers = getattr(self, f"_{machine}_handlers")(node)
             node.add(machine, Driver(table, handlers, clock=lambda: self.world.now))
 
@@ -103,8 +117,12 @@ class PD:
 
         def post(e):
             source, target = blocks(e)
-            w.post(node, Op(node.name, e.transfer_id, e.layer, op, source, target),
-                   f"layer_{op}_completed", f"layer_{op}_failed")
+            w.post(
+                node,
+                Op(node.name, e.transfer_id, e.layer, op, source, target),
+                f"layer_{op}_completed",
+                f"layer_{op}_failed",
+            )
 
         def abandon(e):
             if w.tear_down(node, e.transfer_id, e.layers):
@@ -116,7 +134,7 @@ class PD:
     def _write_producer_handlers(self, node: Node) -> dict:
         w, p = self.world, int(node.name[1:])
 
-        def blocks(e):          # the source here, the target on the D rank written to
+        def blocks(e):  # the source here, the target on the D rank written to
             base = e.transfer_id.split(">")[0]
             return self._blocks(node.name, e.transfer_id), self._blocks(f"D{e.decode_rank}", base)
 
@@ -129,8 +147,9 @@ class PD:
         return {
             **self._operations(node, "write", blocks),
             "send_write_done": lambda e: verdict("write_done", e, {"num_writers": e.num_writers}),
-            "send_write_failed": lambda e: verdict("write_failed", e, {
-                "reason": e.reason, "writes_stopped": e.writes_stopped}),
+            "send_write_failed": lambda e: verdict(
+                "write_failed", e, {"reason": e.reason, "writes_stopped": e.writes_stopped}
+            ),
             **w.ledger.handlers(node.name, ("free_blocks", QUARANTINE)),
         }
 
@@ -143,10 +162,12 @@ class PD:
                 w.send(node.name, f"P{p}", kind, f"{e.transfer_id}>d{d}", data)
 
         return {
-            "send_remote_blocks": lambda e: to_writers("remote_blocks", e, {
-                "block_ids": e.block_ids, "decode_rank": d, "req_id": e.req_id}),
-            "send_release": lambda e: to_writers("release", e, {"consumer_tp_size": 1,
-                                                                "consumer_rank": d}),
+            "send_remote_blocks": lambda e: to_writers(
+                "remote_blocks", e, {"block_ids": e.block_ids, "decode_rank": d, "req_id": e.req_id}
+            ),
+            "send_release": lambda e: to_writers(
+                "release", e, {"consumer_tp_size": 1, "consumer_rank": d}
+            ),
             "hold_blocks": lambda e: None,
             **w.ledger.handlers(node.name, BLOCK_EFFECTS),
         }
@@ -158,18 +179,26 @@ class PD:
             # P's response reaches the proxy, which starts each D rank's reads.
             for d in self.layout.readers_of(p):
                 tid = f"{e.transfer_id}<p{p}"
-                w.at(0.01 + 0.02 * self.rng.random(),
-                     lambda d=d, tid=tid: w.nodes[f"D{d}"].dispatch(
-                         events.read_started(tid, w.now, LAYERS, [p, 7])))
-                w.at(0.05 + 0.05 * self.rng.random(),
-                     lambda d=d, tid=tid: w.nodes[f"D{d}"].dispatch(events.start_reads(tid, w.now)))
+                w.at(
+                    0.01 + 0.02 * self.rng.random(),
+                    lambda d=d, tid=tid: w.nodes[f"D{d}"].dispatch(
+                        events.read_started(tid, w.now, LAYERS, [p, 7])
+                    ),
+                )
+                w.at(
+                    0.05 + 0.05 * self.rng.random(),
+                    lambda d=d, tid=tid: w.nodes[f"D{d}"].dispatch(events.start_reads(tid, w.now)),
+                )
 
         return {
             "hold_for_reads": hold,
-            "send_lease_granted": lambda e: w.send(node.name, f"D{e.consumer_rank}", "lease_granted",
-                                                   f"{e.transfer_id}<p{p}", {
-                                                       "seq": e.seq, "lease_s": e.lease_s,
-                                                       "consumer_rank": e.consumer_rank}),
+            "send_lease_granted": lambda e: w.send(
+                node.name,
+                f"D{e.consumer_rank}",
+                "lease_granted",
+                f"{e.transfer_id}<p{p}",
+                {"seq": e.seq, "lease_s": e.lease_s, "consumer_rank": e.consumer_rank},
+            ),
             **w.ledger.handlers(node.name, ("free_blocks",)),
         }
 
@@ -181,13 +210,22 @@ class PD:
             return base, int(rank)
 
         def handshake(e):
-            kind = "handshake_failed" if self.rng.random() < w.faults.fail_handshake else "handshake_done"
+            kind = (
+                "handshake_failed"
+                if self.rng.random() < w.faults.fail_handshake
+                else "handshake_done"
+            )
             data = {"error": "refused"} if kind == "handshake_failed" else {}
-            w.at(w.latency * 2, lambda: node.dispatch(
-                events.handshake_failed(e.transfer_id, w.now, "refused") if data
-                else events.handshake_done(e.transfer_id, w.now)))
+            w.at(
+                w.latency * 2,
+                lambda: node.dispatch(
+                    events.handshake_failed(e.transfer_id, w.now, "refused")
+                    if data
+                    else events.handshake_done(e.transfer_id, w.now)
+                ),
+            )
 
-        def blocks(e):          # the source on the P rank read from, the target here
+        def blocks(e):  # the source on the P rank read from, the target here
             base, p = producer(e)
             return self._blocks(f"P{p}", base), self._blocks(node.name, e.transfer_id)
 
@@ -197,10 +235,18 @@ class PD:
 
         return {
             "request_handshake": handshake,
-            "send_heartbeat": lambda e: to_producer("heartbeat", e, {"consumer_rank": d, "seq": e.seq}),
+            "send_heartbeat": lambda e: to_producer(
+                "heartbeat", e, {"consumer_rank": d, "seq": e.seq}
+            ),
             **self._operations(node, "read", blocks),
-            "send_release": lambda e: to_producer("release", e, {
-                "consumer_tp_size": len(self.layout.readers_of(producer(e)[1])), "consumer_rank": d}),
+            "send_release": lambda e: to_producer(
+                "release",
+                e,
+                {
+                    "consumer_tp_size": len(self.layout.readers_of(producer(e)[1])),
+                    "consumer_rank": d,
+                },
+            ),
             "hold_blocks": lambda e: None,
             **w.ledger.handlers(node.name, BLOCK_EFFECTS),
         }
@@ -221,8 +267,11 @@ class PD:
             node = w.nodes[f"P{p}"]
             targets = [f"{tid}>d{d}" for d in layout.readers_of(p)]
             for target in targets:
-                node.dispatch(events.prefill_started(target, w.now, len(layout.writers_of(
-                    int(target.split(">d")[1])))))
+                node.dispatch(
+                    events.prefill_started(
+                        target, w.now, len(layout.writers_of(int(target.split(">d")[1])))
+                    )
+                )
             for layer in range(LAYERS):
                 self._later(0.002 * (layer + 1), node, targets, events.layer_scheduled, layer)
             self._later(0.002 * (LAYERS + 1), node, targets, events.seal)
@@ -241,11 +290,21 @@ class PD:
         if abort_d:
             for d in range(layout.d):
                 for p in layout.writers_of(d):
-                    self._later(0.05 + 0.2 * self.rng.random(), w.nodes[f"D{d}"], [f"{tid}<p{p}"],
-                                events.request_finished)
+                    self._later(
+                        0.05 + 0.2 * self.rng.random(),
+                        w.nodes[f"D{d}"],
+                        [f"{tid}<p{p}"],
+                        events.request_finished,
+                    )
 
-    def _later(self, delay: float, node: Node, transfers: list[str], make: Callable[..., Event],
-               *payload: Any) -> None:
+    def _later(
+        self,
+        delay: float,
+        node: Node,
+        transfers: list[str],
+        make: Callable[..., Event],
+        *payload: Any,
+    ) -> None:
         """In ``delay`` seconds, ``node`` takes ``make(transfer, now, *payload)`` for each of
         ``transfers`` (bound now: a caller's loop variables cannot change them later)."""
         world = self.world
@@ -272,9 +331,17 @@ class PD:
         return report
 
 
-def run(seed: int, layout: Layout, faults: Faults | None = None, *, transfers: int = 20,
-        deaths: int = 0, abort_rate: float = 0.1, specs: dict[str, str] | None = None,
-        recorders: Callable[[str], Any] | None = None) -> Report:
+def run(
+    seed: int,
+    layout: Layout,
+    faults: Faults | None = None,
+    *,
+    transfers: int = 20,
+    deaths: int = 0,
+    abort_rate: float = 0.1,
+    specs: dict[str, str] | None = None,
+    recorders: Callable[[str], Any] | None = None,
+) -> Report:
     """Start ``transfers`` WRITE and READ transfers at random times (some aborted on one
     side), kill ``deaths`` random nodes at random times, run until every timer could
     have fired, and report. ``specs`` replaces shipped specs by other files (machine name

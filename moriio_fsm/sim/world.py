@@ -27,11 +27,11 @@ from ..runtime.events import Event
 class Faults:
     """Probabilities of each fault, per message or per operation."""
 
-    lose: float = 0.0           # a message is lost
-    duplicate: float = 0.0      # a message arrives twice
-    late: float = 0.0           # a message arrives seconds late (so, reordered)
-    fail_op: float = 0.0        # an RDMA operation fails
-    hang_op: float = 0.0        # an RDMA operation never completes
+    lose: float = 0.0  # a message is lost
+    duplicate: float = 0.0  # a message arrives twice
+    late: float = 0.0  # a message arrives seconds late (so, reordered)
+    fail_op: float = 0.0  # an RDMA operation fails
+    hang_op: float = 0.0  # an RDMA operation never completes
     mute_teardown: float = 0.0  # a teardown is never confirmed
     fail_handshake: float = 0.0
 
@@ -43,11 +43,11 @@ class Op:
     node: str
     transfer_id: str
     layer: int
-    kind: str                   # "write" or "read"
+    kind: str  # "write" or "read"
     source: Blocks
     target: Blocks
-    state: str = "pending"      # pending | hung | done
-    entry: Operation | None = None      # its entry in the ledger, once posted
+    state: str = "pending"  # pending | hung | done
+    entry: Operation | None = None  # its entry in the ledger, once posted
 
 
 class World:
@@ -120,14 +120,14 @@ class World:
         entry = op.entry = self.ledger.post(what, op.source, op.target)
         roll = self.rng.random()
         if roll < self.faults.hang_op:
-            op.state = "hung"           # never completes and never moves a byte again
+            op.state = "hung"  # never completes and never moves a byte again
             self._settle(op)
             return
         failed = roll < self.faults.hang_op + self.faults.fail_op
 
         def complete() -> None:
             if op.state != "pending":
-                return                  # torn down, or its node died
+                return  # torn down, or its node died
             self.ledger.moved(entry)
             op.state = "done"
             self._settle(op)
@@ -142,8 +142,12 @@ class World:
         if self.rng.random() < self.faults.mute_teardown:
             return False
         for op in self.ops:
-            if op.node == node.name and op.transfer_id == transfer_id and op.layer in layers \
-                    and op.state in ("pending", "hung"):
+            if (
+                op.node == node.name
+                and op.transfer_id == transfer_id
+                and op.layer in layers
+                and op.state in ("pending", "hung")
+            ):
                 if op.state == "pending":
                     self._settle(op)
                 op.state = "done"
@@ -155,7 +159,7 @@ class World:
         self.log.append(f"{self.now:9.4f} {name} died")
         for op in self.ops:
             if op.node == name and op.state == "pending":
-                op.state = "done"       # its queue pair went with the process
+                op.state = "done"  # its queue pair went with the process
                 self._settle(op)
         self.ledger.bury(name)
 
@@ -172,7 +176,7 @@ class Node:
         self.name = name
         self.alive = True
         self.drivers: dict[str, Driver] = {}
-        self.route: dict[str, str] = {}          # event kind -> machine that takes it
+        self.route: dict[str, str] = {}  # event kind -> machine that takes it
         self.effects: list[Any] = []
 
     def add(self, machine: str, driver: Driver) -> None:
@@ -192,7 +196,10 @@ class Node:
         # A kind two machines of one node share (request_finished...) goes to the one
         # that knows the transfer.
         for machine, driver in self.drivers.items():
-            if driver.table.state_of(event.transfer_id) is not None and event.kind in driver.table.spec.events:
+            if (
+                driver.table.state_of(event.transfer_id) is not None
+                and event.kind in driver.table.spec.events
+            ):
                 return machine
         return self.route[event.kind]
 
@@ -201,13 +208,18 @@ class Node:
             return
         for machine, driver in self.drivers.items():
             for event, result in driver.advance(self.world.now):
-                self.world.log.append(f"{self.world.now:9.4f} {self.name} {machine}: fired {event!r}")
+                self.world.log.append(
+                    f"{self.world.now:9.4f} {self.name} {machine}: fired {event!r}"
+                )
                 self.effects.extend(result.effects)
 
     def live(self) -> dict[str, list[str]]:
         """Transfers not ended yet, per machine."""
-        return {machine: driver.table.live_ids() for machine, driver in self.drivers.items()
-                if driver.table.live_ids()}
+        return {
+            machine: driver.table.live_ids()
+            for machine, driver in self.drivers.items()
+            if driver.table.live_ids()
+        }
 
 
 @dataclass

@@ -12,6 +12,21 @@ from .recorder import TraceRecorder, trace_events
 from .replay import replay
 from .writer import TraceWriter, write_trace
 
-__all__ = ["FORMAT", "RAISED", "VERSION", "Gap", "Header", "Step", "TableInfo", "Trace",
-           "TraceError", "TraceRecorder", "TraceWriter", "iter_records", "read_trace",
-           "replay", "trace_events", "write_trace"]
+__all__ = [
+    "FORMAT",
+    "RAISED",
+    "VERSION",
+    "Gap",
+    "Header",
+    "Step",
+    "TableInfo",
+    "Trace",
+    "TraceError",
+    "TraceRecorder",
+    "TraceWriter",
+    "iter_records",
+    "read_trace",
+    "replay",
+    "trace_events",
+    "write_trace",
+]

@@ -19,8 +19,8 @@ from .facts import once_only_effects
 
 @dataclass(frozen=True)
 class Anomaly:
-    kind: str          # not_final, anomaly_state, rejected, raised, twice, unmatched, gap
-    where: str         # "side/table 'transfer'" or the side
+    kind: str  # not_final, anomaly_state, rejected, raised, twice, unmatched, gap
+    where: str  # "side/table 'transfer'" or the side
     message: str
     transfer: str = ""
     link: str = ""
@@ -32,10 +32,15 @@ class Anomaly:
 def find_anomalies(report) -> list[Anomaly]:
     found: list[Anomaly] = []
     for gap in report.gaps:
-        found.append(Anomaly("gap", gap.side or "(writer)",
-                             f"the trace writer dropped {gap.dropped} record(s) after seq "
-                             f"{gap.after_seq} ({gap.reason or 'no reason given'}); transfers "
-                             "active then may not replay exactly"))
+        found.append(
+            Anomaly(
+                "gap",
+                gap.side or "(writer)",
+                f"the trace writer dropped {gap.dropped} record(s) after seq "
+                f"{gap.after_seq} ({gap.reason or 'no reason given'}); transfers "
+                "active then may not replay exactly",
+            )
+        )
     by_link: dict[str, list] = {}
     for key, summary in report.transfers.items():
         if summary.partial:
@@ -58,15 +63,22 @@ def _of_transfer(report, key, summary) -> list[Anomaly]:
         found.append(Anomaly(kind, who, message, summary.transfer, summary.link))
 
     if key in report.live and report.until is None:
-        add("not_final", f"not final at the end of the trace: in {summary.state!r} for "
-                         f"{end - summary.since:.3f} s (age {end - summary.created:.3f} s), "
-                         f"last event {summary.last_event} at t={summary.last_t:.3f}")
+        add(
+            "not_final",
+            f"not final at the end of the trace: in {summary.state!r} for "
+            f"{end - summary.since:.3f} s (age {end - summary.created:.3f} s), "
+            f"last event {summary.last_event} at t={summary.last_t:.3f}",
+        )
     if summary.state in spec.anomaly_states and key not in report.live:
-        add("anomaly_state", f"ended in anomaly state {summary.state!r} at t={summary.since:.3f}: "
-                             f"{' '.join(spec.states[summary.state].doc.split())}")
+        add(
+            "anomaly_state",
+            f"ended in anomaly state {summary.state!r} at t={summary.since:.3f}: "
+            f"{' '.join(spec.states[summary.state].doc.split())}",
+        )
     if summary.rejected:
-        shown = ", ".join(f"{event} in {state!r} at t={t:.3f}" for t, event, state
-                          in summary.rejected[:3])
+        shown = ", ".join(
+            f"{event} in {state!r} at t={t:.3f}" for t, event, state in summary.rejected[:3]
+        )
         more = f" and {len(summary.rejected) - 3} more" if len(summary.rejected) > 3 else ""
         add("rejected", f"{len(summary.rejected)} event(s) rejected by the spec: {shown}{more}")
     for t, event, error in summary.raised:
@@ -74,14 +86,17 @@ def _of_transfer(report, key, summary) -> list[Anomaly]:
         add("raised", f"{kind} on {event} at t={t:.3f} (the step was rolled back): {error}")
     for effect, times in summary.once.items():
         if len(times) > 1:
-            add("twice", f"the once-only effect {effect} was emitted {len(times)} times (at t="
-                         f"{', '.join(f'{t:.3f}' for t in times)})")
+            add(
+                "twice",
+                f"the once-only effect {effect} was emitted {len(times)} times (at t="
+                f"{', '.join(f'{t:.3f}' for t in times)})",
+            )
     return found
 
 
 def _across_sides(link: str, group: list) -> list[Anomaly]:
     found = []
-    senders_of: dict[str, list] = {}       # peer event -> summaries whose spec sends it once
+    senders_of: dict[str, list] = {}  # peer event -> summaries whose spec sends it once
     for s in group:
         for kind in once_only_effects(s.spec):
             if kind.startswith("send_"):
@@ -93,14 +108,28 @@ def _across_sides(link: str, group: list) -> list[Anomaly]:
             if f"send_{event}" not in once:
                 continue
             if not any(a[0] == event for o in others for a in o.arrivals):
-                found.append(Anomaly("unmatched", s.who, f"sent {event} at t={t:.3f} but no other "
-                                     f"side's trace shows it arriving (request {link!r})",
-                                     s.transfer, link))
+                found.append(
+                    Anomaly(
+                        "unmatched",
+                        s.who,
+                        f"sent {event} at t={t:.3f} but no other "
+                        f"side's trace shows it arriving (request {link!r})",
+                        s.transfer,
+                        link,
+                    )
+                )
         for event, t, source in s.arrivals:
             senders = [o for o in senders_of.get(event, ()) if o.side != s.side]
             if senders and not any(e == event for o in senders for e, _ in o.sends):
-                found.append(Anomaly("unmatched", s.who, f"received {event} at t={t:.3f}"
-                                     f"{f' from {source}' if source else ''} but no other side's "
-                                     f"trace shows it being sent (request {link!r})",
-                                     s.transfer, link))
+                found.append(
+                    Anomaly(
+                        "unmatched",
+                        s.who,
+                        f"received {event} at t={t:.3f}"
+                        f"{f' from {source}' if source else ''} but no other side's "
+                        f"trace shows it being sent (request {link!r})",
+                        s.transfer,
+                        link,
+                    )
+                )
     return found

@@ -31,21 +31,21 @@ class Header(msgspec.Struct, tag="header", tag_field="type", omit_defaults=True)
 
     format: str
     version: int
-    writer: str = ""            # one id per writer instance (its parts share it)
-    part: int = 0               # rotation: 0 for the first file a writer opened, then 1, 2...
+    writer: str = ""  # one id per writer instance (its parts share it)
+    part: int = 0  # rotation: 0 for the first file a writer opened, then 1, 2...
     pid: int = 0
     host: str = ""
-    created: float = 0.0        # wall clock (seconds since the epoch) when the file was opened
+    created: float = 0.0  # wall clock (seconds since the epoch) when the file was opened
 
 
 class TableInfo(msgspec.Struct, tag="table", tag_field="type", omit_defaults=True):
     """What one traced table was built with, so a replay can build the same one."""
 
     side: str
-    table: str                  # the table's key within its side (its spec name, or name#2...)
-    spec: str                   # the spec's name
-    spec_path: str = ""         # the file it was loaded from
-    spec_sha256: str = ""       # digest of that file's bytes when recorded
+    table: str  # the table's key within its side (its spec name, or name#2...)
+    spec: str  # the spec's name
+    spec_path: str = ""  # the file it was loaded from
+    spec_sha256: str = ""  # digest of that file's bytes when recorded
     executor: str = "compiled"
     config: dict[str, Any] = {}
     options: dict[str, Any] = {}
@@ -69,7 +69,7 @@ class _StepFields(msgspec.Struct, omit_defaults=True):
     actions: list[str] | None = None
     effects: list[dict[str, Any]] = []
     error: str | None = None
-    link: str = ""              # the key both sides' transfers of one request share
+    link: str = ""  # the key both sides' transfers of one request share
     wall: float | None = None
 
     @property
@@ -131,5 +131,12 @@ def new_header(writer: str = "", part: int = 0) -> Header:
     import socket
     import time
 
-    return Header(FORMAT, VERSION, writer=writer, part=part, pid=os.getpid(),
-                  host=socket.gethostname(), created=time.time())
+    return Header(
+        FORMAT,
+        VERSION,
+        writer=writer,
+        part=part,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        created=time.time(),
+    )

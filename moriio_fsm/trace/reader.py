@@ -59,8 +59,10 @@ def _abbreviate(raw: bytes, limit: int = 80) -> str:
 
 
 _STEP_PREFIX = b'{"type":"step"'
-_TOO_DEEP = (f"the record is nested more than {MAX_NESTING} levels deep (objects and arrays "
-             "within each other); a trace record nests a few levels")
+_TOO_DEEP = (
+    f"the record is nested more than {MAX_NESTING} levels deep (objects and arrays "
+    "within each other); a trace record nests a few levels"
+)
 
 
 def _nesting(record: Record) -> int:
@@ -78,13 +80,18 @@ def _nesting(record: Record) -> int:
         else:
             continue
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, (dict, list, tuple)))
+        stack.extend(
+            (child, depth + 1) for child in children if isinstance(child, (dict, list, tuple))
+        )
     return deepest
 
 
-def iter_records(path: str | Path, *, containing: Iterable[str] | None = None,
-                 decoder: msgspec.json.Decoder = DECODER) -> Iterator[tuple[int, Record]]:
+def iter_records(
+    path: str | Path,
+    *,
+    containing: Iterable[str] | None = None,
+    decoder: msgspec.json.Decoder = DECODER,
+) -> Iterator[tuple[int, Record]]:
     """``(line number, record)`` for every line of the trace file ``path``, header first.
     ``containing``: skip, without decoding, step lines that hold none of these strings
     (a cheap filter for one transfer's records; every other line is read as usual).
@@ -109,30 +116,42 @@ def iter_records(path: str | Path, *, containing: Iterable[str] | None = None,
                 return
             number += 1
             if len(raw) > MAX_LINE_BYTES and raw[-1] != 10:
-                raise TraceError(path, number, f"the line is longer than {MAX_LINE_BYTES} bytes; "
-                                 "a trace line holds one record and is far shorter")
-            if (needles is not None and number > 1 and raw.startswith(_STEP_PREFIX)
-                    and raw[-1] == 10 and not any(n in raw for n in needles)):
+                raise TraceError(
+                    path,
+                    number,
+                    f"the line is longer than {MAX_LINE_BYTES} bytes; "
+                    "a trace line holds one record and is far shorter",
+                )
+            if (
+                needles is not None
+                and number > 1
+                and raw.startswith(_STEP_PREFIX)
+                and raw[-1] == 10
+                and not any(n in raw for n in needles)
+            ):
                 continue
             try:
                 try:
                     record = decode(raw)
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     if raw.isspace():
-                        continue                     # a blank line
-                    record = _decode(path, number, raw)      # raises, naming what is wrong
-            except RecursionError:                   # the decoder's own depth limit
+                        continue  # a blank line
+                    record = _decode(path, number, raw)  # raises, naming what is wrong
+            except RecursionError:  # the decoder's own depth limit
                 raise TraceError(path, number, _TOO_DEEP) from None
             # Every level of nesting opens a bracket, so a line with few brackets is
             # shallow; only one with many is measured (a cheap test on every line).
-            if (raw.count(b"{") + raw.count(b"[") > MAX_NESTING
-                    and _nesting(record) > MAX_NESTING):
+            if raw.count(b"{") + raw.count(b"[") > MAX_NESTING and _nesting(record) > MAX_NESTING:
                 raise TraceError(path, number, _TOO_DEEP)
             if number == 1:
                 _check_header(path, record, raw)
             elif record.__class__ is Header:
-                raise TraceError(path, number, "a second header line; a trace file has one, "
-                                 "on its first line (were two files concatenated?)")
+                raise TraceError(
+                    path,
+                    number,
+                    "a second header line; a trace file has one, "
+                    "on its first line (were two files concatenated?)",
+                )
             yield number, record
 
 
@@ -141,9 +160,13 @@ def _decode(path, number: int, raw: bytes) -> Record:
         return decode_line(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
         if number == 1:
-            raise TraceError(path, 1, f"not a {FORMAT} file: the first line must be its header "
-                             f"({{\"type\": \"header\", \"format\": \"{FORMAT}\", ...}}), "
-                             f"got {_abbreviate(raw)}") from None
+            raise TraceError(
+                path,
+                1,
+                f"not a {FORMAT} file: the first line must be its header "
+                f'({{"type": "header", "format": "{FORMAT}", ...}}), '
+                f"got {_abbreviate(raw)}",
+            ) from None
         return _decode_error(path, number, raw)
 
 
@@ -151,30 +174,46 @@ def _decode_error(path, number: int, raw: bytes) -> Record:
     try:
         return decode_line(raw)
     except msgspec.ValidationError as exc:
-        raise TraceError(path, number, f"not a valid trace record ({printable(exc)}): "
-                         f"{_abbreviate(raw)}") from None
+        raise TraceError(
+            path, number, f"not a valid trace record ({printable(exc)}): {_abbreviate(raw)}"
+        ) from None
     except msgspec.DecodeError as exc:
         if not raw.endswith(b"\n"):
-            raise TraceError(path, number, "the last record is cut off (the file ends in the "
-                             "middle of a line: the writer stopped mid-record)") from None
+            raise TraceError(
+                path,
+                number,
+                "the last record is cut off (the file ends in the "
+                "middle of a line: the writer stopped mid-record)",
+            ) from None
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:
-            raise TraceError(path, number, f"the line is not UTF-8 (byte {bad.start}); a trace "
-                             "is UTF-8 JSON Lines") from None
+            raise TraceError(
+                path,
+                number,
+                f"the line is not UTF-8 (byte {bad.start}); a trace is UTF-8 JSON Lines",
+            ) from None
         raise TraceError(path, number, f"not JSON ({printable(exc)}): {_abbreviate(raw)}") from None
 
 
 def _check_header(path, record: Record, raw: bytes) -> None:
     if not isinstance(record, Header) or record.format != FORMAT:
-        raise TraceError(path, 1, f"not a {FORMAT} file: the first line must be its header "
-                         f"({{\"type\": \"header\", \"format\": \"{FORMAT}\", ...}}), got "
-                         f"{_abbreviate(raw)}")
+        raise TraceError(
+            path,
+            1,
+            f"not a {FORMAT} file: the first line must be its header "
+            f'({{"type": "header", "format": "{FORMAT}", ...}}), got '
+            f"{_abbreviate(raw)}",
+        )
     if record.version != VERSION:
         newer = record.version > VERSION
-        raise TraceError(path, 1, f"trace format version {record.version} is "
-                         f"{'newer than' if newer else 'not'} the version this moriio-fsm reads "
-                         f"({VERSION}){'; upgrade moriio-fsm to read it' if newer else ''}")
+        raise TraceError(
+            path,
+            1,
+            f"trace format version {record.version} is "
+            f"{'newer than' if newer else 'not'} the version this moriio-fsm reads "
+            f"({VERSION}){'; upgrade moriio-fsm to read it' if newer else ''}",
+        )
 
 
 @dataclass

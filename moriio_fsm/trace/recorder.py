@@ -53,9 +53,16 @@ class TableMeta:
         self.side = recorder.side
         self.key = key
         self.spec = spec
-        self.info = TableInfo(recorder.side, key, spec.name, spec_path=str(spec.path),
-                              spec_sha256=_digest(spec.path), executor=table.executor,
-                              config=dict(machine.config), options=dict(table.options))
+        self.info = TableInfo(
+            recorder.side,
+            key,
+            spec.name,
+            spec_path=str(spec.path),
+            spec_sha256=_digest(spec.path),
+            executor=table.executor,
+            config=dict(machine.config),
+            options=dict(table.options),
+        )
         self._actions = {index: row.action_names for index, row in machine.rows_by_index().items()}
         self.link = recorder.link
         # Numbers, not the recorder: this object lives as long as the process.
@@ -85,7 +92,7 @@ class _Rings:
         self.all: deque = deque(maxlen=size)
         self.live: dict[str, deque] = {}
         self.ended: OrderedDict[str, deque] = OrderedDict()
-        self.troubled: set[str] = set()          # transfers with a step that raised
+        self.troubled: set[str] = set()  # transfers with a step that raised
 
 
 class TraceRecorder:
@@ -105,15 +112,27 @@ class TraceRecorder:
     it stands for the wall clock as it is.
     """
 
-    def __init__(self, side: str | None = None, *, ring: int = 4096, per_transfer: int = 256,
-                 transfers: int = 65536, ended: int = 64,
-                 file: str | Path | TraceWriter | None = None,
-                 dump: str | Path | TraceWriter | None = None,
-                 link: Callable[[str], str] | None = None,
-                 virtual_time: bool = False,
-                 processors: Iterable[Processor] = (), **writer_options: Any):
-        for name, value in (("ring", ring), ("per_transfer", per_transfer),
-                            ("transfers", transfers), ("ended", ended)):
+    def __init__(
+        self,
+        side: str | None = None,
+        *,
+        ring: int = 4096,
+        per_transfer: int = 256,
+        transfers: int = 65536,
+        ended: int = 64,
+        file: str | Path | TraceWriter | None = None,
+        dump: str | Path | TraceWriter | None = None,
+        link: Callable[[str], str] | None = None,
+        virtual_time: bool = False,
+        processors: Iterable[Processor] = (),
+        **writer_options: Any,
+    ):
+        for name, value in (
+            ("ring", ring),
+            ("per_transfer", per_transfer),
+            ("transfers", transfers),
+            ("ended", ended),
+        ):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.side = side or f"{socket.gethostname()}:{os.getpid()}"
@@ -169,7 +188,7 @@ class TraceRecorder:
             ring = live.get(tid)
             if ring is None:
                 if result is None or result.outcome is not _CREATED:
-                    ring = ended.get(tid)            # a late event for an ended transfer
+                    ring = ended.get(tid)  # a late event for an ended transfer
                     if ring is not None:
                         ring.append(raw)
                     return
@@ -188,6 +207,7 @@ class TraceRecorder:
         # Two variants, so the one without a file pays no test for it per step; the common
         # case (a live transfer's step that does not end it) is written out in both.
         if submit is None:
+
             def record(ev, before, result, rows, error=None) -> None:
                 if error is None:
                     raw: tuple = (next_seq(), ident(), index, ev, before, result, rows)
@@ -201,6 +221,7 @@ class TraceRecorder:
                     ring_append(raw)
                 keep(raw, ev.transfer_id, result)
         else:
+
             def record(ev, before, result, rows, error=None) -> None:
                 if error is None:
                     raw: tuple = (next_seq(), ident(), index, ev, before, result, rows)
@@ -260,8 +281,9 @@ class TraceRecorder:
         renderer = self._renderer()
         steps = [renderer.step(raw) for raw in self._raw(transfer_id)]
         used = {step.table for step in steps}
-        return write_trace(path, [*(i for i in self.tables() if i.table in used), *steps]) \
-            - len(used)
+        return write_trace(path, [*(i for i in self.tables() if i.table in used), *steps]) - len(
+            used
+        )
 
     def _renderer(self) -> StepRenderer:
         return StepRenderer(self._processors)
@@ -279,15 +301,25 @@ class TraceRecorder:
         with self._lock:
             kept = sum(len(rings.all) for rings in self._rings.values())
             live = sum(len(rings.live) for rings in self._rings.values())
-        return {"kept": kept, "live_transfers": live, "untracked": self.untracked,
-                "dumps": self.dumps,
-                "writer": None if self.writer is None else self.writer.stats(),
-                "dump_writer": None if self.dump_writer is None else self.dump_writer.stats()}
+        return {
+            "kept": kept,
+            "live_transfers": live,
+            "untracked": self.untracked,
+            "dumps": self.dumps,
+            "writer": None if self.writer is None else self.writer.stats(),
+            "dump_writer": None if self.dump_writer is None else self.dump_writer.stats(),
+        }
 
 
-def trace_events(spec: str, events: Iterable[Any], *, config: dict | None = None,
-                 executor: str = "compiled", side: str = "trace",
-                 **table_options: Any) -> tuple[list[TableInfo], list[Step]]:
+def trace_events(
+    spec: str,
+    events: Iterable[Any],
+    *,
+    config: dict | None = None,
+    executor: str = "compiled",
+    side: str = "trace",
+    **table_options: Any,
+) -> tuple[list[TableInfo], list[Step]]:
     """Dispatch ``events`` through a fresh table of ``spec`` (a shipped name or a spec
     file) and return its table line and one ``Step`` per dispatch, ready for
     ``write_trace(path, [*tables, *steps])``. A step that raises is recorded as such
@@ -295,10 +327,10 @@ def trace_events(spec: str, events: Iterable[Any], *, config: dict | None = None
     from ..machines import build_table
     from ..runtime.errors import InvariantViolation, TransitionError
 
-    recorder = TraceRecorder(side, ring=1 << 30, per_transfer=1, transfers=1, ended=1,
-                             virtual_time=True)
-    table = build_table(spec, executor=executor, config=config, recorder=recorder,
-                        **table_options)
+    recorder = TraceRecorder(
+        side, ring=1 << 30, per_transfer=1, transfers=1, ended=1, virtual_time=True
+    )
+    table = build_table(spec, executor=executor, config=config, recorder=recorder, **table_options)
     for event in events:
         try:
             table.dispatch(event)

@@ -44,6 +44,7 @@ def register_table(meta: Any) -> int:
 def meta_of(raw: tuple) -> Any:
     return TABLES[raw[META]]
 
+
 _PID = os.getpid()
 _OUTCOME_NAMES = tuple(o.value for o in Outcome)
 _thread_names: dict[int, str] = {}
@@ -55,7 +56,7 @@ def thread_name(ident: int) -> str:
     name = _thread_names.get(ident)
     if name is None:
         for thread in threading.enumerate():
-            if thread.ident is not None:            # always, for a thread that runs
+            if thread.ident is not None:  # always, for a thread that runs
                 _thread_names[thread.ident] = thread.name
         name = _thread_names.setdefault(ident, f"thread-{ident}")
     return name
@@ -104,17 +105,28 @@ def step_fields(_logger: Any, _name: str, event_dict: dict) -> dict:
     error = raw[ERROR] if len(raw) > ERROR else None
     tid = ev.transfer_id
     before = raw[BEFORE]
-    event_dict.update({
-        "type": "step", "seq": raw[SEQ], "side": meta.side, "table": meta.key,
-        "transfer": tid, "event": ev.kind, "t": ev.time,
-        "data": ev.data, "source": ev.source, "before": before,
-        "after": before if result is None else result.state,
-        "outcome": RAISED if result is None else _OUTCOME_NAMES[result.outcome.index],
-        "rows": rows, "actions": meta.actions_of(rows),
-        "effects": [] if result is None else [effect_dict(e, tid) for e in result.effects],
-        "wall": meta.wall_of(ev.time), "pid": _PID,
-        "thread": thread_name(raw[THREAD]),
-    })
+    event_dict.update(
+        {
+            "type": "step",
+            "seq": raw[SEQ],
+            "side": meta.side,
+            "table": meta.key,
+            "transfer": tid,
+            "event": ev.kind,
+            "t": ev.time,
+            "data": ev.data,
+            "source": ev.source,
+            "before": before,
+            "after": before if result is None else result.state,
+            "outcome": RAISED if result is None else _OUTCOME_NAMES[result.outcome.index],
+            "rows": rows,
+            "actions": meta.actions_of(rows),
+            "effects": [] if result is None else [effect_dict(e, tid) for e in result.effects],
+            "wall": meta.wall_of(ev.time),
+            "pid": _PID,
+            "thread": thread_name(raw[THREAD]),
+        }
+    )
     link = meta.link_of(tid)
     if link and link != tid:
         event_dict["link"] = link
@@ -131,8 +143,10 @@ class StepRenderer:
         encoder = msgspec.json.Encoder(enc_hook=repr)
         self._chain = [step_fields, *processors]
         # The serializer makes bytes, so the renderer returns bytes (typed str | bytes).
-        self._json = cast(Callable[..., bytes], structlog.processors.JSONRenderer(
-            serializer=lambda d, **_: encoder.encode(d)))
+        self._json = cast(
+            Callable[..., bytes],
+            structlog.processors.JSONRenderer(serializer=lambda d, **_: encoder.encode(d)),
+        )
 
     def fields(self, raw: tuple) -> dict:
         event_dict: dict = {"raw": raw}

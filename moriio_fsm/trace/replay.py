@@ -34,8 +34,17 @@ from .render import effect_dict, same_effect
 from .replay_lanes import EXECUTORS, Lane, ReplayError, check_table_line, new_lane
 from .replay_report import Divergence, ReplayReport, TransferSummary
 
-__all__ = ["EXECUTORS", "MAX_LIVE_TRANSFERS", "Divergence", "ReplayError", "ReplayReport",
-           "TransferSummary", "links_of", "order_files", "replay"]
+__all__ = [
+    "EXECUTORS",
+    "MAX_LIVE_TRANSFERS",
+    "Divergence",
+    "ReplayError",
+    "ReplayReport",
+    "TransferSummary",
+    "links_of",
+    "order_files",
+    "replay",
+]
 
 #: An outcome's trace name by ``Outcome.index`` (``.value`` is a slow enum property).
 _OUTCOME_NAMES = tuple(o.value for o in Outcome)
@@ -67,17 +76,25 @@ def links_of(paths: Iterable[str], transfer_id: str) -> set[str]:
     links = {transfer_id}
     for path in paths:
         for _, record in iter_records(path, containing=(transfer_id,)):
-            if isinstance(record, Step) and (record.transfer == transfer_id
-                                             or record.link == transfer_id):
+            if isinstance(record, Step) and (
+                record.transfer == transfer_id or record.link == transfer_id
+            ):
                 links.add(record.link_key)
     return links
 
 
-def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: int | None = None,
-           executor: str = "compiled", check_invariants: bool = False,
-           specs: dict[str, str] | None = None, collect: bool = False,
-           progress: Callable[[int], None] | None = None,
-           max_live: int = MAX_LIVE_TRANSFERS) -> ReplayReport:
+def replay(
+    paths: Iterable[str | Path],
+    *,
+    transfer: str | None = None,
+    until: int | None = None,
+    executor: str = "compiled",
+    check_invariants: bool = False,
+    specs: dict[str, str] | None = None,
+    collect: bool = False,
+    progress: Callable[[int], None] | None = None,
+    max_live: int = MAX_LIVE_TRANSFERS,
+) -> ReplayReport:
     """Replay trace files; see the module's theory of operation. ``transfer`` limits the
     replay to the transfers of that id's request (its link, on every side); ``until``
     stops each side after that seq; ``executor`` runs the fresh tables (``compiled`` or
@@ -86,9 +103,17 @@ def replay(paths: Iterable[str | Path], *, transfer: str | None = None, until: i
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
     files = order_files(paths)
-    run = _Run(ReplayReport(files=files, executor=executor, until=until),
-               links_of(files, transfer) if transfer is not None else None, until, executor,
-               check_invariants, dict(specs or {}), collect, progress, max_live)
+    run = _Run(
+        ReplayReport(files=files, executor=executor, until=until),
+        links_of(files, transfer) if transfer is not None else None,
+        until,
+        executor,
+        check_invariants,
+        dict(specs or {}),
+        collect,
+        progress,
+        max_live,
+    )
     for path in files:
         _replay_file(path, run)
     if progress is not None:
@@ -118,9 +143,15 @@ class _Run:
     def lane(self, side: str, table: str, path: str) -> Lane:
         lane = self.lanes.get((side, table))
         if lane is None:
-            lane = self.lanes[(side, table)] = new_lane(side, table, self.infos, self.executor,
-                                                        self.check_invariants, self.specs,
-                                                        self.report)
+            lane = self.lanes[(side, table)] = new_lane(
+                side,
+                table,
+                self.infos,
+                self.executor,
+                self.check_invariants,
+                self.specs,
+                self.report,
+            )
         lane.last_path = path
         return lane
 
@@ -131,8 +162,12 @@ class _Run:
             key = (record.side, record.table)
             known = self.infos.get(key)
             if known is not None and known != record and key in self.lanes:
-                raise TraceError(path, line, f"table {record.table!r} of side "
-                                 f"{record.side!r} is described differently from before")
+                raise TraceError(
+                    path,
+                    line,
+                    f"table {record.table!r} of side "
+                    f"{record.side!r} is described differently from before",
+                )
             check_table_line(path, line, record)
             self.infos[key] = record
         elif isinstance(record, Gap):
@@ -161,8 +196,13 @@ def _finish(run: _Run) -> None:
 def _replay_file(path: str, run: _Run) -> None:
     """The hot loop of a replay: one pass per step, what it touches held in locals; the
     common case (a step reproduced exactly) is tested inline (``_reproduced``)."""
-    report, wanted, until, progress, collect = (run.report, run.wanted, run.until,
-                                                run.progress, run.collect)
+    report, wanted, until, progress, collect = (
+        run.report,
+        run.wanted,
+        run.until,
+        run.progress,
+        run.collect,
+    )
     steps, compared = report.steps, report.compared
     lane = side = table_key = None
     checks = progress is not None or until is not None or wanted is not None
@@ -172,14 +212,14 @@ def _replay_file(path: str, run: _Run) -> None:
             continue
         steps += 1
         tid = step.transfer
-        if checks:                       # a progress bar or a filter: one test when neither
+        if checks:  # a progress bar or a filter: one test when neither
             if progress is not None and not steps & 0x3FFF:
                 progress(steps)
             if until is not None and step.seq > until:
                 continue
             if wanted is not None and tid not in wanted and step.link_key not in wanted:
                 continue
-        if step.side != side or step.table != table_key:     # steps come in runs per table
+        if step.side != side or step.table != table_key:  # steps come in runs per table
             side, table_key = step.side, step.table
             lane = run.lane(side, table_key, path)
             dispatch, probe, summaries = lane.table.dispatch, lane.probe, lane.summaries
@@ -198,16 +238,20 @@ def _replay_file(path: str, run: _Run) -> None:
         try:
             ev = builders[step.event](tid, step.t, step.data, step.source)
         except (KeyError, TypeError):
-            ev = lane.event_of(step, path, line)    # by keyword: names what does not fit
+            ev = lane.event_of(step, path, line)  # by keyword: names what does not fit
         error = None
         try:
             result = dispatch(ev)
         except (TransitionError, InvariantViolation) as exc:
-            result, error = None, exc    # rolled back; the probe still saw the state before
+            result, error = None, exc  # rolled back; the probe still saw the state before
         compared += 1
         if not compared & 0xFFF and len(lane.table) > run.max_live:
-            raise TraceError(path, line, f"more than {run.max_live} transfers are live at once; "
-                             "a trace this wide is refused (pass a smaller --transfer selection)")
+            raise TraceError(
+                path,
+                line,
+                f"more than {run.max_live} transfers are live at once; "
+                "a trace this wide is refused (pass a smaller --transfer selection)",
+            )
         # A malformed event is refused before any transfer is looked up, and not recorded.
         before, rows = (probe.before, probe.rows) if probe.ev is ev else (None, None)
         if result is not None and _reproduced(lane, step, result, before, rows):
@@ -220,16 +264,18 @@ def _replay_file(path: str, run: _Run) -> None:
 def _reproduced(lane: Lane, step: ReplayStep, result, before, rows) -> bool:
     """The common case, tested first: the same states, outcome, rows, actions and
     effects (actions through the lane's cache; a miss takes ``_difference``)."""
-    if not (before == step.before and result.state == step.after
-            and _OUTCOME_NAMES[result.outcome.index] == step.outcome
-            and (rows is None or step.rows is None or step.rows == rows)
-            and (rows is None or step.actions is None
-                 or step.actions == lane.actions_cache.get(rows))):
+    if not (
+        before == step.before
+        and result.state == step.after
+        and _OUTCOME_NAMES[result.outcome.index] == step.outcome
+        and (rows is None or step.rows is None or step.rows == rows)
+        and (rows is None or step.actions is None or step.actions == lane.actions_cache.get(rows))
+    ):
         return False
     recorded, produced = step.effects, result.effects
     if not recorded and not produced:
         return True
-    if len(produced) == 1 == len(recorded):     # one effect: same_effect, inline
+    if len(produced) == 1 == len(recorded):  # one effect: same_effect, inline
         effect = produced[0]
         fields = asdict(effect)
         if fields.pop("transfer_id") == step.transfer:
@@ -237,11 +283,13 @@ def _reproduced(lane: Lane, step: ReplayStep, result, before, rows) -> bool:
             if fields == recorded[0]:
                 return True
     return len(produced) == len(recorded) and all(
-        same_effect(r, e, step.transfer) for r, e in zip(recorded, produced))
+        same_effect(r, e, step.transfer) for r, e in zip(recorded, produced)
+    )
 
 
-def _diverged(report: ReplayReport, lane: Lane, path: str, line: int, step: ReplayStep,
-              replayed: tuple) -> None:
+def _diverged(
+    report: ReplayReport, lane: Lane, path: str, line: int, step: ReplayStep, replayed: tuple
+) -> None:
     """Record the transfer's first divergence (none when the slow comparison finds the
     step the same after all), with the transfer's earlier steps for the first one."""
     difference = _difference(lane, step, *replayed)
@@ -255,9 +303,13 @@ def _diverged(report: ReplayReport, lane: Lane, path: str, line: int, step: Repl
 
 
 def _out_of_order(path: str, line: int, step: ReplayStep, lane: Lane) -> TraceError:
-    return TraceError(path, line, f"seq {step.seq} of side {step.side!r} table {step.table!r} "
-                      f"does not follow seq {lane.last_seq} (in {lane.last_path}): the files "
-                      "overlap (a dump and the full trace of one process?) or are out of order")
+    return TraceError(
+        path,
+        line,
+        f"seq {step.seq} of side {step.side!r} table {step.table!r} "
+        f"does not follow seq {lane.last_seq} (in {lane.last_path}): the files "
+        "overlap (a dump and the full trace of one process?) or are out of order",
+    )
 
 
 def _difference(lane: Lane, step: ReplayStep, before, result, rows, error):
@@ -278,9 +330,14 @@ def _difference(lane: Lane, step: ReplayStep, before, result, rows, error):
     recorded = step.effects
     produced = () if result is None else result.effects
     if len(recorded) != len(produced) or not all(
-            same_effect(r, e, step.transfer) for r, e in zip(recorded, produced)):
+        same_effect(r, e, step.transfer) for r, e in zip(recorded, produced)
+    ):
         return "effects", recorded, [effect_dict(e, step.transfer) for e in produced]
-    if result is None and step.error is not None and not step.error.startswith(type(error).__name__):
+    if (
+        result is None
+        and step.error is not None
+        and not step.error.startswith(type(error).__name__)
+    ):
         return "error", step.error, f"{type(error).__name__}: {error}"
     return None
 
@@ -291,8 +348,14 @@ def _context(path: str, line: int, step: ReplayStep, keep: int = 5) -> list[str]
     for number, record in iter_records(path):
         if number >= line:
             break
-        if (isinstance(record, Step) and record.transfer == step.transfer
-                and record.side == step.side and record.table == step.table):
-            earlier.append(f"{path}:{number}: seq {record.seq} t={record.t:.6f} {record.event} "
-                           f"{record.outcome} {record.before} -> {record.after}")
+        if (
+            isinstance(record, Step)
+            and record.transfer == step.transfer
+            and record.side == step.side
+            and record.table == step.table
+        ):
+            earlier.append(
+                f"{path}:{number}: seq {record.seq} t={record.t:.6f} {record.event} "
+                f"{record.outcome} {record.before} -> {record.after}"
+            )
     return list(earlier)

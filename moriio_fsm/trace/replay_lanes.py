@@ -23,8 +23,15 @@ from .reader import TraceError
 from .replay_report import ReplayReport, TransferSummary
 from .table_options import replay_config, replay_options
 
-__all__ = ["EXECUTORS", "Lane", "ReplayError", "check_table_line", "event_builder", "new_lane",
-           "spec_source"]
+__all__ = [
+    "EXECUTORS",
+    "Lane",
+    "ReplayError",
+    "check_table_line",
+    "event_builder",
+    "new_lane",
+    "spec_source",
+]
 
 
 class ReplayError(TraceError):
@@ -51,14 +58,21 @@ class _Probe:
             probe.ev = ev
             probe.before = before
             probe.rows = rows
+
         return record
 
 
 class Lane:
     """One (side, table) of the trace and the fresh table its steps replay in."""
 
-    def __init__(self, info: TableInfo, executor: str, check_invariants: bool,
-                 specs: dict[str, str], notes: list[str]):
+    def __init__(
+        self,
+        info: TableInfo,
+        executor: str,
+        check_invariants: bool,
+        specs: dict[str, str],
+        notes: list[str],
+    ):
         from ..machines import build_table
 
         self.info = info
@@ -68,22 +82,30 @@ class Lane:
             options = replay_options(info.options)
             if check_invariants:
                 options["check_invariants"] = True
-            self.table = build_table(source, executor=executor, config=replay_config(info.config),
-                                     recorder=self.probe, **options)
+            self.table = build_table(
+                source,
+                executor=executor,
+                config=replay_config(info.config),
+                recorder=self.probe,
+                **options,
+            )
         except (SpecError, LookupError, ValueError, TypeError) as exc:
-            raise ReplayError(f"cannot build table {info.table!r} of side {info.side!r} (spec "
-                              f"{info.spec!r}) as the trace describes it: {exc}") from None
+            raise ReplayError(
+                f"cannot build table {info.table!r} of side {info.side!r} (spec "
+                f"{info.spec!r}) as the trace describes it: {exc}"
+            ) from None
         machine = self.table.machine
         self.spec = machine.spec
         self.events = machine.event_classes
         self.builders = {kind: event_builder(cls) for kind, cls in self.events.items()}
         self.actions = {i: row.action_names for i, row in machine.rows_by_index().items()}
-        self.actions_cache: dict[tuple, list[str]] = {}    # rows -> their actions
+        self.actions_cache: dict[tuple, list[str]] = {}  # rows -> their actions
         self.once = once_only_effects(self.spec)
         self.remote = remote_events(self.spec)
-        self.messages = {kind: message_event(kind) for kind in self.spec.emits
-                         if message_event(kind)}
-        self.noted = frozenset(self.once) | frozenset(self.messages)   # kinds the analysis needs
+        self.messages = {
+            kind: message_event(kind) for kind in self.spec.emits if message_event(kind)
+        }
+        self.noted = frozenset(self.once) | frozenset(self.messages)  # kinds the analysis needs
         self.last_seq = -1
         self.last_path, self.last_line = "", 0
         self.summaries: dict[str, TransferSummary] = {}
@@ -93,8 +115,9 @@ class Lane:
         found = self.actions_cache.get(rows)
         if found is None:
             actions = self.actions
-            found = self.actions_cache[rows] = [name for index in rows
-                                                for name in actions.get(index, ())]
+            found = self.actions_cache[rows] = [
+                name for index in rows for name in actions.get(index, ())
+            ]
         return found
 
     def summary_of(self, step: ReplayStep, report: ReplayReport, collect: bool) -> TransferSummary:
@@ -105,8 +128,9 @@ class Lane:
         summary = self.summaries.get(tid)
         if summary is None:
             info = self.info
-            summary = self.summaries[tid] = report.transfers[(info.side, info.table, tid)] = \
+            summary = self.summaries[tid] = report.transfers[(info.side, info.table, tid)] = (
                 TransferSummary(info.side, info.table, self.spec, tid, step.link_key, step.t)
+            )
             summary.created_wall = summary.since_wall = step.t if step.wall is None else step.wall
             summary.partial = step.before is not None
             if collect:
@@ -120,17 +144,25 @@ class Lane:
         event = step.event
         build = self.builders.get(event)
         if build is None:
-            raise TraceError(path, line, f"event {event!r} is not declared by spec "
-                             f"{self.spec.name!r} (table {self.info.table!r}); declared: "
-                             f"{', '.join(sorted(self.builders))}")
+            raise TraceError(
+                path,
+                line,
+                f"event {event!r} is not declared by spec "
+                f"{self.spec.name!r} (table {self.info.table!r}); declared: "
+                f"{', '.join(sorted(self.builders))}",
+            )
         try:
             return build(step.transfer, step.t, step.data, step.source)
         except (KeyError, TypeError):
             try:
                 return self.events[event](step.transfer, step.t, **step.data, source=step.source)
             except TypeError as exc:
-                raise TraceError(path, line, f"the payload of {event!r} does not fit its "
-                                 f"declaration in {self.spec.name!r}: {exc}") from None
+                raise TraceError(
+                    path,
+                    line,
+                    f"the payload of {event!r} does not fit its "
+                    f"declaration in {self.spec.name!r}: {exc}",
+                ) from None
 
 
 def event_builder(cls: type[Event]) -> Callable:
@@ -138,24 +170,35 @@ def event_builder(cls: type[Event]) -> Callable:
     by position (keywords cost twice as much, and a replay builds one event per step).
     ``data`` of another size or with other names raises (KeyError or TypeError); the
     caller then builds by keyword, which names what does not fit."""
-    fields = cls.__struct_fields__[2:-1]      # transfer_id, time, the payload..., source
+    fields = cls.__struct_fields__[2:-1]  # transfer_id, time, the payload..., source
     args = "".join(f"data[{name!r}], " for name in fields)
-    source = (f"def build(tid, t, data, source):\n"
-              f"    if len(data) != {len(fields)}:\n"
-              f"        raise TypeError('payload size')\n"
-              f"    return cls(tid, t, {args}source=source)\n")
+    source = (
+        f"def build(tid, t, data, source):\n"
+        f"    if len(data) != {len(fields)}:\n"
+        f"        raise TypeError('payload size')\n"
+        f"    return cls(tid, t, {args}source=source)\n"
+    )
     namespace = {"cls": cls}
     exec(compile(source, f"<moriio-fsm event builder {cls.kind}>", "exec"), namespace)  # noqa: S102
     return namespace["build"]
 
 
-def new_lane(side: str, table: str, infos: dict, executor: str, check_invariants: bool,
-             specs: dict, report: ReplayReport) -> Lane:
+def new_lane(
+    side: str,
+    table: str,
+    infos: dict,
+    executor: str,
+    check_invariants: bool,
+    specs: dict,
+    report: ReplayReport,
+) -> Lane:
     info = infos.get((side, table))
     if info is None:
         info = TableInfo(side, table, table.split("#")[0])
-        report.notes.append(f"no table line for {table!r} of side {side!r}: replaying it with "
-                            "its shipped spec and defaults")
+        report.notes.append(
+            f"no table line for {table!r} of side {side!r}: replaying it with "
+            "its shipped spec and defaults"
+        )
     if side not in report.sides:
         report.sides.append(side)
     return Lane(info, executor, check_invariants, specs, report.notes)
@@ -167,8 +210,7 @@ def check_table_line(path: str, line: int, info: TableInfo) -> None:
         replay_options(info.options)
         replay_config(info.config)
     except ValueError as exc:
-        raise TraceError(path, line, f"table {info.table!r} of side {info.side!r}: "
-                         f"{exc}") from None
+        raise TraceError(path, line, f"table {info.table!r} of side {info.side!r}: {exc}") from None
 
 
 def _sha(path: Path) -> str:
@@ -195,10 +237,14 @@ def spec_source(info: TableInfo, specs: dict[str, str], notes: list[str]) -> str
             return str(path)
     for path in candidates:
         if path.is_file():
-            notes.append(f"spec {info.spec!r} changed since the trace was recorded (digest "
-                         f"{info.spec_sha256[:12]}, now {_sha(path)[:12]}): replaying with {path}, "
-                         "so divergences may come from the change")
+            notes.append(
+                f"spec {info.spec!r} changed since the trace was recorded (digest "
+                f"{info.spec_sha256[:12]}, now {_sha(path)[:12]}): replaying with {path}, "
+                "so divergences may come from the change"
+            )
             return str(path)
-    raise ReplayError(f"the spec {info.spec!r} the trace was recorded with is not at "
-                      f"{info.spec_path or '(no path recorded)'} and is not a shipped spec; pass "
-                      f"--spec {info.spec}=PATH")
+    raise ReplayError(
+        f"the spec {info.spec!r} the trace was recorded with is not at "
+        f"{info.spec_path or '(no path recorded)'} and is not a shipped spec; pass "
+        f"--spec {info.spec}=PATH"
+    )

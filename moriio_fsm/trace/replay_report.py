@@ -29,41 +29,69 @@ class Divergence:
 
     def describe(self) -> str:
         s = self.step
-        return (f"{self.path}:{self.line}: side {s.side}, table {s.table}, seq {s.seq}, transfer "
-                f"{s.transfer!r}, event {s.event} at t={s.t:.6f}: recorded {self.what} "
-                f"{self.recorded!r}, the replay gives {self.replayed!r}")
+        return (
+            f"{self.path}:{self.line}: side {s.side}, table {s.table}, seq {s.seq}, transfer "
+            f"{s.transfer!r}, event {s.event} at t={s.t:.6f}: recorded {self.what} "
+            f"{self.recorded!r}, the replay gives {self.replayed!r}"
+        )
 
 
 class TransferSummary:
     """What the analysis needs of one transfer of one side, kept while replaying."""
 
-    __slots__ = ("side", "table", "spec", "transfer", "link", "created", "since", "since_wall",
-                 "created_wall", "last", "last_t",
-                 "last_event", "state", "rejected", "once", "sends", "arrivals", "raised",
-                 "partial", "steps", "lines")
+    __slots__ = (
+        "side",
+        "table",
+        "spec",
+        "transfer",
+        "link",
+        "created",
+        "since",
+        "since_wall",
+        "created_wall",
+        "last",
+        "last_t",
+        "last_event",
+        "state",
+        "rejected",
+        "once",
+        "sends",
+        "arrivals",
+        "raised",
+        "partial",
+        "steps",
+        "lines",
+    )
 
     def __init__(self, side: str, table: str, spec, transfer: str, link: str, t: float):
-        self.side, self.table, self.spec, self.transfer, self.link = side, table, spec, transfer, link
+        self.side, self.table, self.spec, self.transfer, self.link = (
+            side,
+            table,
+            spec,
+            transfer,
+            link,
+        )
         self.created = self.since = self.last_t = t
         self.created_wall = self.since_wall = t
-        self.last: ReplayStep | None = None                       # the transfer's latest step
+        self.last: ReplayStep | None = None  # the transfer's latest step
         self.last_event = ""
         self.state: str | None = None
         self.rejected: list[tuple[float, str, str | None]] = []
         self.once: dict[str, list[float]] = {}
-        self.sends: list[tuple[str, float]] = []            # (event the peer gets, t)
-        self.arrivals: list[tuple[str, float, str]] = []    # (event, t, source)
-        self.raised: list[tuple[float, str, str]] = []      # (t, event, error)
+        self.sends: list[tuple[str, float]] = []  # (event the peer gets, t)
+        self.arrivals: list[tuple[str, float, str]] = []  # (event, t, source)
+        self.raised: list[tuple[float, str, str]] = []  # (t, event, error)
         self.partial = False
-        self.steps: list[ReplayStep] | None = None                # collected (explain)
+        self.steps: list[ReplayStep] | None = None  # collected (explain)
         self.lines: list[tuple[str, int]] | None = None
 
     @property
     def who(self) -> str:
         return f"{printable(self.side)}/{printable(self.table)} {self.transfer!r}"
 
-    def note(self, step: ReplayStep, remote: frozenset, once: frozenset, messages: dict,
-             noted: frozenset) -> None:
+    def note(
+        self, step: ReplayStep, remote: frozenset, once: frozenset, messages: dict, noted: frozenset
+    ) -> None:
         """Take ``step`` into the summary: its state, refusals, errors, the peer's
         arrivals and the effects the analysis counts (``once``: once-only kinds;
         ``messages``: effect kind -> the event the peer gets; ``noted``: both)."""
@@ -85,7 +113,7 @@ class TransferSummary:
             # One row may emit several effects of a kind (one per layer): the once-only
             # rule and the messages count the steps that emitted a kind, not its instances.
             for kind in dict.fromkeys(effect.get("kind") for effect in effects):
-                if kind is None:                # a kind-less effect is no kind it counts
+                if kind is None:  # a kind-less effect is no kind it counts
                     continue
                 if kind in once:
                     self.once.setdefault(kind, []).append(step.t)
@@ -104,7 +132,7 @@ class ReplayReport:
     compared: int = 0
     divergences: list[Divergence] = field(default_factory=list)
     transfers: dict[tuple[str, str, str], TransferSummary] = field(default_factory=dict)
-    live: dict[tuple[str, str, str], Any] = field(default_factory=dict)   # final records
+    live: dict[tuple[str, str, str], Any] = field(default_factory=dict)  # final records
     anomalies: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)

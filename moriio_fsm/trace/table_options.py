@@ -26,10 +26,13 @@ MAX_PENDING_PER_TRANSFER = 1 << 16
 #: defaults are 64 and 4096.
 MAX_CONFIG_LIMIT = 1 << 16
 
-_MAXIMA = {"shards": MAX_SHARDS, "ended_capacity": MAX_ENDED_CAPACITY,
-           "pending_capacity": MAX_PENDING_CAPACITY,
-           "pending_per_transfer": MAX_PENDING_PER_TRANSFER,
-           "pending_per_source": MAX_PENDING_CAPACITY}
+_MAXIMA = {
+    "shards": MAX_SHARDS,
+    "ended_capacity": MAX_ENDED_CAPACITY,
+    "pending_capacity": MAX_PENDING_CAPACITY,
+    "pending_per_transfer": MAX_PENDING_PER_TRANSFER,
+    "pending_per_source": MAX_PENDING_CAPACITY,
+}
 _NOT_REPLAYED = frozenset({"timer_compaction_threshold"})
 _KNOWN = sorted({*_MAXIMA, *_NOT_REPLAYED, "pending_ttl_s", "check_invariants"})
 
@@ -51,27 +54,33 @@ def replay_options(options: dict[str, Any]) -> dict[str, Any]:
             _check_count(name, value)
         elif name == "check_invariants":
             if type(value) is not bool:
-                raise ValueError(f"table option 'check_invariants' must be true or false, "
-                                 f"got {_show(value)}")
+                raise ValueError(
+                    f"table option 'check_invariants' must be true or false, got {_show(value)}"
+                )
         elif name == "pending_ttl_s":
-            if (type(value) not in (int, float) or not math.isfinite(value) or value <= 0):
-                raise ValueError(f"table option 'pending_ttl_s' must be a positive, finite "
-                                 f"number of seconds, got {_show(value)}")
+            if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"table option 'pending_ttl_s' must be a positive, finite "
+                    f"number of seconds, got {_show(value)}"
+                )
         else:
-            raise ValueError(f"unknown table option {_show(name)}; a replay knows "
-                             f"{', '.join(_KNOWN)}")
+            raise ValueError(
+                f"unknown table option {_show(name)}; a replay knows {', '.join(_KNOWN)}"
+            )
         kept[name] = value
     return kept
 
 
 def _check_count(name: str, value: Any) -> None:
-    if name == "pending_per_source" and value is None:       # None: the table's default
+    if name == "pending_per_source" and value is None:  # None: the table's default
         return
     if type(value) is not int or value < 1:
         raise ValueError(f"table option {name!r} must be an integer >= 1, got {_show(value)}")
     if value > _MAXIMA[name]:
-        raise ValueError(f"table option {name!r} is {value}, more than a replay builds (at "
-                         f"most {_MAXIMA[name]}); a table that large is not replayed")
+        raise ValueError(
+            f"table option {name!r} is {value}, more than a replay builds (at "
+            f"most {_MAXIMA[name]}); a table that large is not replayed"
+        )
     if name == "shards" and value & (value - 1):
         raise ValueError(f"table option 'shards' must be a power of two, got {value}")
 
@@ -81,6 +90,8 @@ def replay_config(config: dict[str, Any]) -> dict[str, Any]:
     machine checks the rest: known keys, positive finite numbers)."""
     for key, value in config.items():
         if type(value) is int and value > MAX_CONFIG_LIMIT:
-            raise ValueError(f"config key {_show(key)} is {value}, more than a replay accepts "
-                             f"for a limit (at most {MAX_CONFIG_LIMIT})")
+            raise ValueError(
+                f"config key {_show(key)} is {value}, more than a replay accepts "
+                f"for a limit (at most {MAX_CONFIG_LIMIT})"
+            )
     return dict(config)

@@ -63,11 +63,21 @@ class TraceWriter:
     are structlog processors run on every step before it is rendered.
     """
 
-    def __init__(self, path: str | Path, *, max_bytes: int = 64 << 20, backups: int = 5,
-                 queue_limit: int = 65536, flush_interval: float = 0.05,
-                 processors: Iterable[Processor] = ()):
-        for name, value, low in (("max_bytes", max_bytes, 4096), ("backups", backups, 0),
-                                 ("queue_limit", queue_limit, 1)):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_bytes: int = 64 << 20,
+        backups: int = 5,
+        queue_limit: int = 65536,
+        flush_interval: float = 0.05,
+        processors: Iterable[Processor] = (),
+    ):
+        for name, value, low in (
+            ("max_bytes", max_bytes, 4096),
+            ("backups", backups, 0),
+            ("queue_limit", queue_limit, 1),
+        ):
             if type(value) is not int or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not (isinstance(flush_interval, (int, float)) and 0 < flush_interval <= 60):
@@ -75,12 +85,13 @@ class TraceWriter:
         self.path = Path(path)
         folder = self.path.parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ValueError(f"cannot write trace files to {self.path}: {folder} is not a "
-                             "writable folder")
+            raise ValueError(
+                f"cannot write trace files to {self.path}: {folder} is not a writable folder"
+            )
         self.max_bytes, self.backups = max_bytes, backups
         self.id = uuid.uuid4().hex[:12]
-        self.written = 0                 # step lines written
-        self.dropped = 0                 # records dropped (queue full or disk failure)
+        self.written = 0  # step lines written
+        self.dropped = 0  # records dropped (queue full or disk failure)
         self.write_errors = 0
         self.render_errors = 0
         self._queue: deque = deque()
@@ -92,14 +103,15 @@ class TraceWriter:
         self._reported_drops = 0
         self._last_seq = 0
         self._handle: BinaryIO | None = None
-        self._part_has_steps = False            # whether the open part holds a step line
+        self._part_has_steps = False  # whether the open part holds a step line
         self._bytes = 0
         self._part = 0
-        self._described: set[int] = set()       # ids of the table metas this part described
+        self._described: set[int] = set()  # ids of the table metas this part described
         self._wake = threading.Event()
         self._closing = False
-        self.thread = threading.Thread(target=self._run, name=f"moriio-fsm-trace-writer-{self.id}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"moriio-fsm-trace-writer-{self.id}", daemon=True
+        )
         self.thread.start()
         atexit.register(_close_if_alive, weakref.ref(self))
 
@@ -117,7 +129,7 @@ class TraceWriter:
         if room >= len(raws):
             self._queue.extend(raws)
             return
-        self._queue.extend(raws[:max(0, room)])
+        self._queue.extend(raws[: max(0, room)])
         self._drop(raws[max(0, room)], len(raws) - max(0, room))
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -140,9 +152,14 @@ class TraceWriter:
             self.thread.join(timeout)
 
     def stats(self) -> dict[str, Any]:
-        return {"written": self.written, "dropped": self.dropped, "queued": len(self._queue),
-                "write_errors": self.write_errors, "render_errors": self.render_errors,
-                "part": self._part}
+        return {
+            "written": self.written,
+            "dropped": self.dropped,
+            "queued": len(self._queue),
+            "write_errors": self.write_errors,
+            "render_errors": self.render_errors,
+            "part": self._part,
+        }
 
     # -- the writer's thread ---------------------------------------------------------------
 
@@ -175,11 +192,16 @@ class TraceWriter:
                 continue
             try:
                 line = self._renderer.line(item)
-            except Exception as exc:     # a user processor or an unrenderable value
+            except Exception as exc:  # a user processor or an unrenderable value
                 self.render_errors += 1
                 if self.render_errors <= 10:
-                    log.error("trace writer %s: cannot render step seq %s: %s: %s",
-                              self.path, item[SEQ], type(exc).__name__, exc)
+                    log.error(
+                        "trace writer %s: cannot render step seq %s: %s: %s",
+                        self.path,
+                        item[SEQ],
+                        type(exc).__name__,
+                        exc,
+                    )
                 continue
             lines.append((meta_of(item), line))
             self._last_seq = item[SEQ]
@@ -202,8 +224,16 @@ class TraceWriter:
                 with self._drop_lock:
                     missing = self.dropped - self._reported_drops
                     self._reported_drops = self.dropped
-                handle.write(encode_line(Gap(self._gap_side, missing, self._last_seq,
-                                             "the writer's queue was full or its disk failed")))
+                handle.write(
+                    encode_line(
+                        Gap(
+                            self._gap_side,
+                            missing,
+                            self._last_seq,
+                            "the writer's queue was full or its disk failed",
+                        )
+                    )
+                )
             for meta, line in lines:
                 if self._bytes + len(line) > self.max_bytes and self._part_has_steps:
                     handle = self._rotate()
@@ -228,8 +258,13 @@ class TraceWriter:
                     self._gap_side = lines[0][0].side
                 self.dropped += lost
             if self.write_errors <= 10 or self.write_errors % 1000 == 0:
-                log.error("trace writer %s: write failed (%d so far), %d record(s) dropped: %s",
-                          self.path, self.write_errors, lost, exc)
+                log.error(
+                    "trace writer %s: write failed (%d so far), %d record(s) dropped: %s",
+                    self.path,
+                    self.write_errors,
+                    lost,
+                    exc,
+                )
             self._close_file()
 
     def _ensure_open(self) -> BinaryIO:

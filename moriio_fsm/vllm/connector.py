@@ -36,7 +36,8 @@ def _sides(kv_role: str | None) -> tuple[str, ...]:
     if sides is None:
         raise ConnectorConfigError(
             f"kv_role {kv_role!r}: MoRIIOFSMConnector runs a prefill instance (kv_producer) or "
-            "a decode instance (kv_consumer); run P and D as separate instances")
+            "a decode instance (kv_consumer); run P and D as separate instances"
+        )
     return sides
 
 
@@ -55,9 +56,14 @@ def make_engine(settings: ConnectorSettings, host: str):
         return lambda key: NixlEngine(key, host, ucx=dict(settings.ucx))
     from ..engines.mori import MoriEngine
 
-    return lambda key: MoriEngine(key, host, backend=settings.backend, qp_per_transfer=settings.qp_per_transfer,
-                                  post_batch_size=settings.post_batch_size,
-                                  num_worker_threads=settings.num_workers)
+    return lambda key: MoriEngine(
+        key,
+        host,
+        backend=settings.backend,
+        qp_per_transfer=settings.qp_per_transfer,
+        post_batch_size=settings.post_batch_size,
+        num_worker_threads=settings.num_workers,
+    )
 
 
 class MoRIIOFSMConnector(KVConnectorBase_V1):
@@ -65,7 +71,7 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
-        share_handlers_of("vllm")        # the connector's warnings in the server's log
+        share_handlers_of("vllm")  # the connector's warnings in the server's log
         transfer = vllm_config.kv_transfer_config
         self.settings = ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
         sides = _sides(transfer.kv_role)
@@ -79,11 +85,19 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         block_size = int(vllm_config.cache_config.block_size)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerHalf(
-                self.settings, block_size=block_size, is_producer=sides == ("send",),
+                self.settings,
+                block_size=block_size,
+                is_producer=sides == ("send",),
                 is_consumer=sides == ("receive",),
-                own_address=PeerAddress(self.host, self.settings.notify_port,
-                                        self.settings.handshake_port, self.dp_rank,
-                                        self.tp_size, self.engine_id))
+                own_address=PeerAddress(
+                    self.host,
+                    self.settings.notify_port,
+                    self.settings.handshake_port,
+                    self.dp_rank,
+                    self.tp_size,
+                    self.engine_id,
+                ),
+            )
         else:
             self._worker = self._make_worker(vllm_config, kv_cache_config, sides, block_size)
 
@@ -93,19 +107,28 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         from .amx import request_amx_permission
         from .worker_half import WorkerHalf
 
-        request_amx_permission()        # before the first forward; harmless without AMX
+        request_amx_permission()  # before the first forward; harmless without AMX
         groups = kv_cache_config.kv_cache_groups
         if len(groups) != 1:
-            raise ConnectorConfigError(f"MoRIIOFSMConnector moves single-group KV caches; this "
-                                       f"model has {len(groups)} KV cache groups")
+            raise ConnectorConfigError(
+                f"MoRIIOFSMConnector moves single-group KV caches; this "
+                f"model has {len(groups)} KV cache groups"
+            )
         self._kv_spec = groups[0].kv_cache_spec
         try:
             tp_rank = int(get_tensor_model_parallel_rank())
-        except Exception:        # no distributed group (a test building the worker alone)
+        except Exception:  # no distributed group (a test building the worker alone)
             tp_rank = 0
-        return WorkerHalf(self.settings, engine_id=self.engine_id, sides=sides, tp_rank=tp_rank,
-                          tp_size=self.tp_size, dp_rank=self.dp_rank,
-                          make_engine=make_engine(self.settings, self.host), host=self.host)
+        return WorkerHalf(
+            self.settings,
+            engine_id=self.engine_id,
+            sides=sides,
+            tp_rank=tp_rank,
+            tp_size=self.tp_size,
+            dp_rank=self.dp_rank,
+            make_engine=make_engine(self.settings, self.host),
+            host=self.host,
+        )
 
     def _scheduler_half(self) -> SchedulerHalf:
         """vLLM calls the scheduler-side methods only on the connector it built as the scheduler."""
@@ -116,7 +139,9 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
     def _worker_half(self) -> WorkerHalf:
         """vLLM calls the worker-side methods only on the connectors it built in its workers."""
         if self._worker is None:
-            raise RuntimeError("MoRIIOFSMConnector: a worker-side call on the scheduler's connector")
+            raise RuntimeError(
+                "MoRIIOFSMConnector: a worker-side call on the scheduler's connector"
+            )
         return self._worker
 
     # -- scheduler side ------------------------------------------------------------------
@@ -141,7 +166,9 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches) -> None:
         backend = self._attention_backend(kv_caches)
         kv_format = LayerKVFormat.from_vllm(self._kv_spec, attention_backend=backend)
-        self._worker_half().register_kv_caches(kv_caches, kv_format, attention_backend=backend or "")
+        self._worker_half().register_kv_caches(
+            kv_caches, kv_format, attention_backend=backend or ""
+        )
 
     def _attention_backend(self, kv_caches) -> str | None:
         """The name of the backend that allocated the cache (it decides the layout)."""
@@ -159,10 +186,10 @@ class MoRIIOFSMConnector(KVConnectorBase_V1):
         self._worker_half().start_step(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
-        return None              # loads start from the step's metadata, asynchronously
+        return None  # loads start from the step's metadata, asynchronously
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None              # loads are asynchronous: a request runs once its KV landed
+        return None  # loads are asynchronous: a request runs once its KV landed
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         self._worker_half().save_layer(layer_name)

@@ -64,15 +64,18 @@ class HandlerContext:
     def peer_of(self, info: TransferInfo) -> PeerAddress:
         """The peer ``info`` names; ``LookupError`` when its request named none."""
         if info.peer is None:
-            raise LookupError(f"request {info.request_id!r}: the peer's address is unknown "
-                              "(kv_transfer_params named no remote host)")
+            raise LookupError(
+                f"request {info.request_id!r}: the peer's address is unknown "
+                "(kv_transfer_params named no remote host)"
+            )
         return info.peer
 
     def kv_cache(self) -> LocalKvCache:
         """The registered KV cache (vLLM registers it before any transfer starts)."""
         if self.cache is None:
-            raise RuntimeError("no KV cache is registered yet: vLLM registers it before the "
-                               "first transfer")
+            raise RuntimeError(
+                "no KV cache is registered yet: vLLM registers it before the first transfer"
+            )
         return self.cache
 
     def send_to_peer(self, info: TransferInfo, peer_rank: int, message: Any) -> None:

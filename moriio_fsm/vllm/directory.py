@@ -42,8 +42,10 @@ class TransferInfo:
         """P's blocks that go to D's ``remote_ids``: the prompt's tail, since D may hold a
         prefix of it already (prefix cache)."""
         if len(remote_ids) > len(self.block_ids):
-            raise ValueError(f"D offers {len(remote_ids)} blocks, P's prompt has {len(self.block_ids)}")
-        return self.block_ids[len(self.block_ids) - len(remote_ids):]
+            raise ValueError(
+                f"D offers {len(remote_ids)} blocks, P's prompt has {len(self.block_ids)}"
+            )
+        return self.block_ids[len(self.block_ids) - len(remote_ids) :]
 
     def session(self, engine, cache, layer: int):
         session = self.sessions.get(layer)

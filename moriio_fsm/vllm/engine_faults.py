@@ -25,18 +25,25 @@ def inject_faults(engine: TransferEngine, faults: Mapping[str, Any]) -> None:
         return
     rules = engine.faults
     if rules is None:
-        raise ConnectorConfigError(f"kv_connector_extra_config['fault_injection']: the "
-                                   f"{type(engine).__name__} injects no faults; use the "
-                                   "same_host backend")
-    for name, arm in (("fail_nth", rules.fail_nth), ("stall_nth", rules.stall_nth),
-                      ("drop_nth", rules.drop_nth)):
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config['fault_injection']: the "
+            f"{type(engine).__name__} injects no faults; use the "
+            "same_host backend"
+        )
+    for name, arm in (
+        ("fail_nth", rules.fail_nth),
+        ("stall_nth", rules.stall_nth),
+        ("drop_nth", rules.drop_nth),
+    ):
         if name in faults:
             arm(faults[name])
     if faults.get("drop_all"):
         rules.drop_when(lambda posted: True)
     if faults.get("fail_rate"):
-        rules.fail_when(_unlucky(faults["fail_rate"], faults.get("seed", 0)),
-                        message="injected failure (fault_injection.fail_rate)")
+        rules.fail_when(
+            _unlucky(faults["fail_rate"], faults.get("seed", 0)),
+            message="injected failure (fault_injection.fail_rate)",
+        )
     if faults.get("latency_s"):
         rules.set_latency(faults["latency_s"], seed=faults.get("seed", 0))
 
@@ -49,4 +56,5 @@ def _unlucky(rate: float, seed: int):
     def unlucky(posted) -> bool:
         with lock:
             return chance.random() < rate
+
     return unlucky

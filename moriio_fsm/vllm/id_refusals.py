@@ -25,7 +25,7 @@ class IdRefusals:
     def __init__(self, directory: TransferDirectory, tables: Mapping[str, TransferTable]):
         self._directory = directory
         self._tables = tables
-        self._refused: dict[str, str] = {}       # request id -> the transfer id it was refused
+        self._refused: dict[str, str] = {}  # request id -> the transfer id it was refused
 
     def may_start(self, side: str, request_id: str, transfer_id: str) -> bool:
         """Whether ``request_id`` may start ``transfer_id`` on ``side``; a refusal is logged
@@ -34,9 +34,13 @@ class IdRefusals:
         if holder is None:
             return True
         self.remember(request_id, transfer_id)
-        log.warning("vllm.transfer_id_in_use", transfer_id=transfer_id, request_id=request_id,
-                    held_by=holder, then="refused: a load fails (vLLM's load failure policy), "
-                                         "a send does not start")
+        log.warning(
+            "vllm.transfer_id_in_use",
+            transfer_id=transfer_id,
+            request_id=request_id,
+            held_by=holder,
+            then="refused: a load fails (vLLM's load failure policy), a send does not start",
+        )
         return False
 
     def remember(self, request_id: str, transfer_id: str) -> None:

@@ -32,9 +32,14 @@ _UNTAKEN = (Outcome.LATE, Outcome.BUFFERED, Outcome.DROPPED)
 class Inbound:
     """Turns each delivered message into an event for the machine of the side that takes it."""
 
-    def __init__(self, parts: HandlerContext, drivers: Mapping[str, Driver],
-                 dispatch: Callable[[str, object], list], reused_ids: ReusedIdReplies,
-                 prepare: Callable[[str, object], None]):
+    def __init__(
+        self,
+        parts: HandlerContext,
+        drivers: Mapping[str, Driver],
+        dispatch: Callable[[str, object], list],
+        reused_ids: ReusedIdReplies,
+        prepare: Callable[[str, object], None],
+    ):
         self._parts = parts
         self._drivers = drivers
         self._dispatch = dispatch
@@ -47,27 +52,32 @@ class Inbound:
         try:
             # Any: a declared event, whose payload fields (decode_rank...) are its spec's.
             event: Any = event_for(message, clock(), delivery.source)
-        except Exception as exc:                 # never let one message stop the listener
+        except Exception as exc:  # never let one message stop the listener
             log.warning("vllm.message_dropped", message=type(message).__name__, error=str(exc))
             return
         side = self._side_of(event.kind)
         if side is None:
-            log.debug("vllm.message_dropped", kind=event.kind, transfer_id=event.transfer_id,
-                      why="this rank runs no machine that takes it")
+            log.debug(
+                "vllm.message_dropped",
+                kind=event.kind,
+                transfer_id=event.transfer_id,
+                why="this rank runs no machine that takes it",
+            )
             return
         undo = self._note_reply_address(message, delivery)
         results = self._dispatch(side, event)
         outcome = results[0][1].outcome if results else None
         if undo is not None and outcome is not Outcome.APPLIED:
-            undo()                       # a heartbeat the machine did not take says nothing
+            undo()  # a heartbeat the machine did not take says nothing
         allocation = event.kind == "remote_blocks" and side == "send"
         if allocation and outcome in _UNTAKEN:
             self._reused_ids.unanswered_allocation(event.transfer_id, event.decode_rank)
         self._log_outcome(outcome, event, message, delivery)
         # Only an allocation the machine stored: a duplicate, or one an ending transfer
         # ignored, is posted to by nothing.
-        if allocation and any(done is event and result.outcome is Outcome.APPLIED
-                              for done, result in results or ()):
+        if allocation and any(
+            done is event and result.outcome is Outcome.APPLIED for done, result in results or ()
+        ):
             self._prepare(event.transfer_id, event.block_ids)
 
     def on_send_failure(self, failure: SendFailure) -> None:
@@ -76,20 +86,37 @@ class Inbound:
             return
         for side, driver in self._drivers.items():
             if driver.table.get(failure.transfer_id) is not None:
-                self._dispatch(side, events.notify_failed(failure.transfer_id, self._parts.clock(),
-                                                          f"{failure.kind}: {failure.reason}"))
+                self._dispatch(
+                    side,
+                    events.notify_failed(
+                        failure.transfer_id,
+                        self._parts.clock(),
+                        f"{failure.kind}: {failure.reason}",
+                    ),
+                )
                 return
 
     def _log_outcome(self, outcome, event, message, delivery: Delivery) -> None:
         now = self._parts.clock()
         if outcome is Outcome.FORGED and self._forged_log.allow(now):
-            log.warning("vllm.message_forged", kind=event.kind, transfer_id=event.transfer_id,
-                        sender=delivery.source,
-                        why="the transfer takes messages only from the peer its request named")
-        elif (outcome is Outcome.APPLIED and type(message) is WriteFailed
-              and self._parts.failure_log.allow(now)):
-            log.warning("vllm.peer_failed_transfer", transfer_id=event.transfer_id,
-                        reason=message.reason or "", writes_stopped=message.writes_stopped)
+            log.warning(
+                "vllm.message_forged",
+                kind=event.kind,
+                transfer_id=event.transfer_id,
+                sender=delivery.source,
+                why="the transfer takes messages only from the peer its request named",
+            )
+        elif (
+            outcome is Outcome.APPLIED
+            and type(message) is WriteFailed
+            and self._parts.failure_log.allow(now)
+        ):
+            log.warning(
+                "vllm.peer_failed_transfer",
+                transfer_id=event.transfer_id,
+                reason=message.reason or "",
+                writes_stopped=message.writes_stopped,
+            )
 
     def _side_of(self, kind: str) -> str | None:
         for side, driver in self._drivers.items():
@@ -100,13 +127,17 @@ class Inbound:
     def _note_reply_address(self, message, delivery: Delivery):
         """READ P: where a heartbeat's sender wants its lease grants, noted before the
         dispatch whose grant needs it; returns how to take the note back, or None."""
-        if (type(message) is not Heartbeat or message.reply_port is None
-                or not delivery.peer.address):
+        if (
+            type(message) is not Heartbeat
+            or message.reply_port is None
+            or not delivery.peer.address
+        ):
             return None
         info = self._parts.directory.get(message.transfer_id)
         rank = message.consumer_rank if message.consumer_rank is not None else 0
-        if info is None or (rank not in info.reply_to
-                            and len(info.reply_to) >= MAX_REPLY_ADDRESSES):
+        if info is None or (
+            rank not in info.reply_to and len(info.reply_to) >= MAX_REPLY_ADDRESSES
+        ):
             return None
         before = info.reply_to.get(rank)
         # Grants go back to the address the heartbeat came from, never to one it names.
@@ -117,4 +148,5 @@ class Inbound:
                 info.reply_to.pop(rank, None)
             else:
                 info.reply_to[rank] = before
+
         return undo

@@ -27,8 +27,13 @@ from ..layout import (
 class LocalKvCache:
     """Layer names in vLLM's order, their tensors, formats and registered memory."""
 
-    def __init__(self, kv_caches: Mapping[str, torch.Tensor], kv_format: LayerKVFormat,
-                 *, attention_backend: str = ""):
+    def __init__(
+        self,
+        kv_caches: Mapping[str, torch.Tensor],
+        kv_format: LayerKVFormat,
+        *,
+        attention_backend: str = "",
+    ):
         if not kv_caches:
             raise ValueError("register_kv_caches: vLLM passed no KV cache tensors")
         self.names: list[str] = list(kv_caches)
@@ -43,7 +48,9 @@ class LocalKvCache:
         self.summary = KVCacheSummary.of(first)
         for geometry in geometries[1:]:
             # One format for every layer: a peer checks it once, at the handshake.
-            check_compatible(self.summary, KVCacheSummary.of(geometry), layer_name=geometry.layer_name)
+            check_compatible(
+                self.summary, KVCacheSummary.of(geometry), layer_name=geometry.layer_name
+            )
         self.memory: dict[str, Any] = {}
         self._views: dict[str, torch.Tensor] = {}
         self._planners: dict[tuple, TransferPlanner] = {}
@@ -73,11 +80,17 @@ class LocalKvCache:
             num_blocks=self.num_blocks,
             block_len=first.piece_elements * first.element_size,
             attn_backend_name=self.attention_backend or "unknown",
-            kv_format=self.summary.to_wire())
+            kv_format=self.summary.to_wire(),
+        )
         return HandshakeReply(metadata, {n: (self.memory[n].pack(),) for n in self.names})
 
-    def plan(self, local_ids: tuple[int, ...], remote_ids: tuple[int, ...], remote_num_blocks: int,
-             layer: int) -> tuple[list[int], list[int], list[int]]:
+    def plan(
+        self,
+        local_ids: tuple[int, ...],
+        remote_ids: tuple[int, ...],
+        remote_num_blocks: int,
+        layer: int,
+    ) -> tuple[list[int], list[int], list[int]]:
         """The (local offsets, remote offsets, sizes) lists that move ``layer``'s blocks.
 
         Planners are cached by block lists (all layers of a transfer share one) and
@@ -90,6 +103,7 @@ class LocalKvCache:
             if planner is None:
                 if len(self._planners) >= 512:
                     self._planners.pop(next(iter(self._planners)))
-                planner = self._planners[key] = TransferPlanner(list(local_ids), list(remote_ids),
-                                                                remote_num_blocks)
+                planner = self._planners[key] = TransferPlanner(
+                    list(local_ids), list(remote_ids), remote_num_blocks
+                )
             return planner.plan(name, self.tensors[name], self.kv_format).lists

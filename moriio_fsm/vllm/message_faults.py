@@ -62,8 +62,9 @@ class MessageFaults:
             if late and len(self._due) < MAX_DELAYED:
                 self.counts["delayed"] += 1
                 delay = self.delay_s * (0.5 + self._chance.random())
-                heapq.heappush(self._due, (time.monotonic() + delay, next(self._order),
-                                           destination, message))
+                heapq.heappush(
+                    self._due, (time.monotonic() + delay, next(self._order), destination, message)
+                )
                 self._wake.notify()
                 late_sent = True
             else:
@@ -89,7 +90,7 @@ class MessageFaults:
                 self._lock.release()
                 try:
                     self._send(destination, message)
-                except Exception as exc:       # refused late (closed, full): a lost message
+                except Exception as exc:  # refused late (closed, full): a lost message
                     log.info("vllm.fault_delayed_not_sent", kind=message.kind, error=str(exc))
                 finally:
                     self._lock.acquire()

@@ -23,7 +23,7 @@ class SendStart:
     transfer_id: str
     block_ids: tuple[int, ...]
     peer: PeerAddress | None
-    prompt_digest: str = ""      # the prompt's fingerprint (``transfer_ids.prompt_digest``)
+    prompt_digest: str = ""  # the prompt's fingerprint (``transfer_ids.prompt_digest``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class ReceiveStart:
     block_ids: tuple[int, ...]
     peer: PeerAddress
     remote_block_ids: tuple[int, ...] = ()
-    prompt_digest: str = ""      # the prompt's fingerprint, sent to P with the block ids
+    prompt_digest: str = ""  # the prompt's fingerprint, sent to P with the block ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class RequestEnded:
 
     request_id: str
     transfer_id: str
-    side: str                    # "send" or "receive"
+    side: str  # "send" or "receive"
     awaits_report: bool
     aborted: bool
     block_ids: tuple[int, ...] = ()

@@ -20,12 +20,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 #: How an ended transfer is counted, by its final state (anomaly states: "anomaly").
-OUTCOME_OF_STATE = {"failed": "failed", "abandoned": "failed", "expired": "expired",
-                    "aborted": "aborted"}
+OUTCOME_OF_STATE = {
+    "failed": "failed",
+    "abandoned": "failed",
+    "expired": "expired",
+    "aborted": "aborted",
+}
 OUTCOMES = ("completed", "failed", "expired", "aborted", "anomaly")
-EVENT_OUTCOMES = ("late", "duplicate", "rejected", "dropped", "unknown", "buffered", "ignored",
-                  "forged")
-MAX_SAMPLES = 4096          # per interval and list: a busy interval keeps the first ones
+EVENT_OUTCOMES = (
+    "late",
+    "duplicate",
+    "rejected",
+    "dropped",
+    "unknown",
+    "buffered",
+    "ignored",
+    "forged",
+)
+MAX_SAMPLES = 4096  # per interval and list: a busy interval keeps the first ones
 TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 BYTE_BUCKETS = tuple(float(1 << p) for p in range(10, 34, 2))
 
@@ -41,8 +53,9 @@ class TransferMetrics:
     """Collects one interval of observations from dispatch results (thread-safe)."""
 
     def __init__(self, specs: dict[str, Any], max_live: int = 1 << 16):
-        self._anomaly = {side: {n for n, s in spec.states.items() if s.anomaly}
-                         for side, spec in specs.items()}
+        self._anomaly = {
+            side: {n for n, s in spec.states.items() if s.anomaly} for side, spec in specs.items()
+        }
         self._final = {side: set(spec.final_states) for side, spec in specs.items()}
         self._machine = {side: spec.name for side, spec in specs.items()}
         self._max_live = max_live
@@ -79,7 +92,11 @@ class TransferMetrics:
             if live.state in self._final[side]:
                 del self._live[tid]
                 state = live.state
-                kind = "anomaly" if state in self._anomaly[side] else OUTCOME_OF_STATE.get(state, "completed")
+                kind = (
+                    "anomaly"
+                    if state in self._anomaly[side]
+                    else OUTCOME_OF_STATE.get(state, "completed")
+                )
                 self._ended[kind] += 1
                 if kind == "completed" and len(self._transfer_time) < MAX_SAMPLES:
                     self._transfer_time.append(now - live.started)
@@ -96,18 +113,29 @@ class TransferMetrics:
     def snapshot(self) -> dict[str, Any]:
         """The interval's plain data (vLLM pickles it across processes); a new interval starts."""
         with self._lock:
-            data = {"transfers": dict(self._ended), "events": dict(self._events),
-                    "transfer_time_s": self._transfer_time, "bytes": self._bytes,
-                    "state_time_s": self._state_time,
-                    "rejected_messages": self._rejected_messages,
-                    "live": len(self._live)}
+            data = {
+                "transfers": dict(self._ended),
+                "events": dict(self._events),
+                "transfer_time_s": self._transfer_time,
+                "bytes": self._bytes,
+                "state_time_s": self._state_time,
+                "rejected_messages": self._rejected_messages,
+                "live": len(self._live),
+            }
             self._new_interval()
         return data
 
 
 def _empty() -> dict[str, Any]:
-    return {"transfers": {}, "events": {}, "transfer_time_s": [], "bytes": [],
-            "state_time_s": {}, "rejected_messages": 0, "live": 0}
+    return {
+        "transfers": {},
+        "events": {},
+        "transfer_time_s": [],
+        "bytes": [],
+        "state_time_s": {},
+        "rejected_messages": 0,
+        "live": 0,
+    }
 
 
 @dataclass
@@ -133,15 +161,18 @@ class FsmConnectorStats(KVConnectorStats):
         for state, samples in theirs.get("state_time_s", {}).items():
             states.setdefault(state, []).extend(samples)
         mine["state_time_s"] = states
-        mine["rejected_messages"] = mine.get("rejected_messages", 0) + theirs.get("rejected_messages", 0)
+        mine["rejected_messages"] = mine.get("rejected_messages", 0) + theirs.get(
+            "rejected_messages", 0
+        )
         mine["live"] = max(mine.get("live", 0), theirs.get("live", 0))
         return self
 
     def reduce(self) -> dict[str, int | float]:
         data = self.data
         times = sorted(data.get("transfer_time_s", []))
-        out: dict[str, int | float] = {f"transfers_{k}": data.get("transfers", {}).get(k, 0)
-                                       for k in OUTCOMES}
+        out: dict[str, int | float] = {
+            f"transfers_{k}": data.get("transfers", {}).get(k, 0) for k in OUTCOMES
+        }
         out.update({f"events_{k}": v for k, v in sorted(data.get("events", {}).items())})
         if times:
             out["transfer_time_p50_ms"] = round(1000 * times[len(times) // 2], 3)
@@ -153,8 +184,13 @@ class FsmConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         data = self.data
-        return not (data.get("transfers") or data.get("events") or data.get("bytes")
-                    or data.get("rejected_messages") or data.get("state_time_s"))
+        return not (
+            data.get("transfers")
+            or data.get("events")
+            or data.get("bytes")
+            or data.get("rejected_messages")
+            or data.get("state_time_s")
+        )
 
 
 class FsmPromMetrics(KVConnectorPromMetrics):
@@ -163,26 +199,39 @@ class FsmPromMetrics(KVConnectorPromMetrics):
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._transfers = self._counter_cls(
-            name="vllm:moriio_fsm_transfers", documentation="Transfers ended, by outcome.",
-            labelnames=labelnames + ["outcome"])
+            name="vllm:moriio_fsm_transfers",
+            documentation="Transfers ended, by outcome.",
+            labelnames=labelnames + ["outcome"],
+        )
         self._events = self._counter_cls(
-            name="vllm:moriio_fsm_events", documentation="Events that did not advance a "
+            name="vllm:moriio_fsm_events",
+            documentation="Events that did not advance a "
             "transfer, by outcome (late, duplicate, rejected, dropped, ...).",
-            labelnames=labelnames + ["outcome"])
+            labelnames=labelnames + ["outcome"],
+        )
         self._rejected = self._counter_cls(
             name="vllm:moriio_fsm_rejected_messages",
-            documentation="Control messages the listener refused.", labelnames=labelnames)
+            documentation="Control messages the listener refused.",
+            labelnames=labelnames,
+        )
         self._transfer_time = self._histogram_cls(
             name="vllm:moriio_fsm_transfer_time_seconds",
             documentation="Time from a transfer's start to its completion.",
-            buckets=list(TIME_BUCKETS), labelnames=labelnames)
+            buckets=list(TIME_BUCKETS),
+            labelnames=labelnames,
+        )
         self._bytes = self._histogram_cls(
-            name="vllm:moriio_fsm_transfer_bytes", documentation="Bytes posted per layer batch.",
-            buckets=list(BYTE_BUCKETS), labelnames=labelnames)
+            name="vllm:moriio_fsm_transfer_bytes",
+            documentation="Bytes posted per layer batch.",
+            buckets=list(BYTE_BUCKETS),
+            labelnames=labelnames,
+        )
         self._state_time = self._histogram_cls(
             name="vllm:moriio_fsm_state_time_seconds",
             documentation="Time transfers spent in each machine state.",
-            buckets=list(TIME_BUCKETS), labelnames=labelnames + ["state"])
+            buckets=list(TIME_BUCKETS),
+            labelnames=labelnames + ["state"],
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = list(self.per_engine_labelvalues.get(engine_idx, []))

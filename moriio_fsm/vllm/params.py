@@ -56,8 +56,10 @@ def _flag(params: Mapping[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise TransferParamsError(f"kv_transfer_params[{key!r}]: expected true or false, got "
-                                  f"{type(value).__name__} {value!r}")
+        raise TransferParamsError(
+            f"kv_transfer_params[{key!r}]: expected true or false, got "
+            f"{type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -68,8 +70,9 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, low: int, hig
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if type(value) is not int or not low <= value <= high:
-        raise TransferParamsError(f"kv_transfer_params[{key!r}]: expected an integer in "
-                                  f"[{low}, {high}], got {value!r}")
+        raise TransferParamsError(
+            f"kv_transfer_params[{key!r}]: expected an integer in [{low}, {high}], got {value!r}"
+        )
     return value
 
 
@@ -78,13 +81,20 @@ def _block_ids(params: Mapping[str, Any], key: str) -> tuple[int, ...]:
     # One list, or one list per KV cache group: a single-group model uses the first.
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
         if len(value) != 1:
-            raise TransferParamsError(f"kv_transfer_params[{key!r}]: {len(value)} KV cache "
-                                      "groups; this connector moves single-group models")
+            raise TransferParamsError(
+                f"kv_transfer_params[{key!r}]: {len(value)} KV cache "
+                "groups; this connector moves single-group models"
+            )
         value = value[0]
-    if not isinstance(value, (list, tuple)) or len(value) > MAX_BLOCKS or not all(
-            type(b) is int and 0 <= b < (1 << 31) for b in value):
-        raise TransferParamsError(f"kv_transfer_params[{key!r}]: expected a list of block ids "
-                                  f"(non-negative integers), got {_short(value)}")
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) > MAX_BLOCKS
+        or not all(type(b) is int and 0 <= b < (1 << 31) for b in value)
+    ):
+        raise TransferParamsError(
+            f"kv_transfer_params[{key!r}]: expected a list of block ids "
+            f"(non-negative integers), got {_short(value)}"
+        )
     return tuple(value)
 
 
@@ -98,43 +108,54 @@ def parse_transfer_params(params: Mapping[str, Any] | None) -> TransferParams | 
     if params is None:
         return None
     if not isinstance(params, Mapping):
-        raise TransferParamsError(f"kv_transfer_params: expected a mapping, got "
-                                  f"{type(params).__name__}")
+        raise TransferParamsError(
+            f"kv_transfer_params: expected a mapping, got {type(params).__name__}"
+        )
     decode = _flag(params, "do_remote_decode")
     prefill = _flag(params, "do_remote_prefill")
     if not decode and not prefill:
         return None
     if decode and prefill:
-        raise TransferParamsError("kv_transfer_params: do_remote_decode and do_remote_prefill "
-                                  "are both true; a request either sends or receives its KV")
+        raise TransferParamsError(
+            "kv_transfer_params: do_remote_decode and do_remote_prefill "
+            "are both true; a request either sends or receives its KV"
+        )
     transfer_id = params.get("transfer_id")
     if not isinstance(transfer_id, str) or not _TRANSFER_ID.match(transfer_id):
         raise TransferParamsError(
             "kv_transfer_params['transfer_id']: expected 1-200 characters of letters, digits "
-            f"and ._:@+=-, got {_short(transfer_id)}")
+            f"and ._:@+=-, got {_short(transfer_id)}"
+        )
     peer = None
     if params.get("remote_host") is not None:
         host = params["remote_host"]
         if not isinstance(host, str) or not host or len(host) > 253:
-            raise TransferParamsError(f"kv_transfer_params['remote_host']: expected a host "
-                                      f"name or address, got {_short(host)}")
+            raise TransferParamsError(
+                f"kv_transfer_params['remote_host']: expected a host "
+                f"name or address, got {_short(host)}"
+            )
         tp_size = params.get("remote_tp_size") or params.get("tp_size") or 1
         engine_id = params.get("remote_engine_id") or ""
         if not isinstance(engine_id, str):
-            raise TransferParamsError(f"kv_transfer_params['remote_engine_id']: expected a "
-                                      f"string, got {_short(engine_id)}")
+            raise TransferParamsError(
+                f"kv_transfer_params['remote_engine_id']: expected a "
+                f"string, got {_short(engine_id)}"
+            )
         peer = PeerAddress(
             host=host,
             notify_port=_int(params, "remote_notify_port", None, 1, 65535),
             handshake_port=_int(params, "remote_handshake_port", None, 1, 65535),
             dp_rank=_int(params, "remote_dp_rank", 0, 0, 4096),
             tp_size=_int({"remote_tp_size": tp_size}, "remote_tp_size", 1, 1, 4096),
-            engine_id=engine_id)
+            engine_id=engine_id,
+        )
     remote_blocks: tuple[int, ...] = ()
     if prefill and params.get("remote_block_ids") is not None:
         remote_blocks = _block_ids(params, "remote_block_ids")
     digest = params.get("prompt_digest") or ""
     if not isinstance(digest, str) or (digest and not _DIGEST.match(digest)):
-        raise TransferParamsError(f"kv_transfer_params['prompt_digest']: expected up to 64 "
-                                  f"lower-case hex digits, got {_short(digest)}")
+        raise TransferParamsError(
+            f"kv_transfer_params['prompt_digest']: expected up to 64 "
+            f"lower-case hex digits, got {_short(digest)}"
+        )
     return TransferParams(transfer_id, decode, prefill, peer, remote_blocks, digest)

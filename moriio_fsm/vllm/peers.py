@@ -45,21 +45,30 @@ class PeerLink:
         """
         remote = self.remote_memory.get(layer_name)
         if remote is None:
-            raise PeerMismatchError(f"peer {self.address[0]}:{self.address[1]} has no KV "
-                                    f"cache for layer {layer_name!r}")
+            raise PeerMismatchError(
+                f"peer {self.address[0]}:{self.address[1]} has no KV cache for layer {layer_name!r}"
+            )
         session = engine.create_session(local_memory, remote)
         if session is None:
-            raise PeerMismatchError(f"the engine refused a session to layer {layer_name!r} "
-                                    f"of peer {self.address[0]}:{self.address[1]}")
+            raise PeerMismatchError(
+                f"the engine refused a session to layer {layer_name!r} "
+                f"of peer {self.address[0]}:{self.address[1]}"
+            )
         return session
 
 
 class PeerLinks:
     """Handshakes with peers through ``request`` and the links they produce, by address."""
 
-    def __init__(self, request: Callable[[tuple[str, int]], concurrent.futures.Future],
-                 engine: Any, local: KVCacheSummary, layer_names: list[str], *,
-                 max_links: int = 1024):
+    def __init__(
+        self,
+        request: Callable[[tuple[str, int]], concurrent.futures.Future],
+        engine: Any,
+        local: KVCacheSummary,
+        layer_names: list[str],
+        *,
+        max_links: int = 1024,
+    ):
         self._request = request
         self._engine = engine
         self._local = local
@@ -77,19 +86,23 @@ class PeerLinks:
                 return future
             if len(self._links) >= self._max_links:
                 # Drop finished links first: a busy deployment meets new peers, not old ones.
-                for key in [k for k, f in self._links.items() if f.done()][: len(self._links) // 2 + 1]:
+                for key in [k for k, f in self._links.items() if f.done()][
+                    : len(self._links) // 2 + 1
+                ]:
                     del self._links[key]
             future = concurrent.futures.Future()
             self._links[address] = future
         try:
             reply = self._request(address)
-        except Exception as exc:                      # refused at once: untrusted, busy, closed
+        except Exception as exc:  # refused at once: untrusted, busy, closed
             self._fail(address, future, exc)
             return future
         reply.add_done_callback(lambda done: self._finish(address, future, done))
         return future
 
-    def _finish(self, address, future: concurrent.futures.Future, reply: concurrent.futures.Future) -> None:
+    def _finish(
+        self, address, future: concurrent.futures.Future, reply: concurrent.futures.Future
+    ) -> None:
         try:
             future.set_result(self._register(address, reply.result()))
         except Exception as exc:
@@ -108,8 +121,10 @@ class PeerLinks:
         meta = reply.metadata
         peer = f"peer {address[0]}:{address[1]} ({meta.engine_id})"
         if meta.kv_format is None:
-            raise PeerMismatchError(f"{peer} did not describe its KV cache in the handshake "
-                                    "(an older or foreign connector); refusing to exchange blocks")
+            raise PeerMismatchError(
+                f"{peer} did not describe its KV cache in the handshake "
+                "(an older or foreign connector); refusing to exchange blocks"
+            )
         try:
             check_compatible(self._local, KVCacheSummary.from_wire(meta.kv_format))
         except KVLayoutError as exc:
@@ -117,11 +132,15 @@ class PeerLinks:
         if set(reply.layer_memory) != self._layer_names:
             missing = sorted(self._layer_names - set(reply.layer_memory))[:3]
             extra = sorted(set(reply.layer_memory) - self._layer_names)[:3]
-            raise PeerMismatchError(f"{peer} has other KV cache layers: missing {missing}, "
-                                    f"extra {extra}; both instances must run the same model")
+            raise PeerMismatchError(
+                f"{peer} has other KV cache layers: missing {missing}, "
+                f"extra {extra}; both instances must run the same model"
+            )
         engine = self._engine
         engine.register_remote_engine(engine.unpack_engine_desc(meta.agent_metadata))
-        memory = {name: engine.unpack_memory_desc(descs[0]) for name, descs in reply.layer_memory.items()}
+        memory = {
+            name: engine.unpack_memory_desc(descs[0]) for name, descs in reply.layer_memory.items()
+        }
         # An engine that maps a peer's memory (shared pages) does it here, on the I/O thread,
         # rather than in the first transfer's post on the forward thread.
         for desc in memory.values():

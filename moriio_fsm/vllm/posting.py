@@ -22,7 +22,7 @@ log = get_logger("moriio_fsm.vllm")
 
 
 class _ThreadPosts(threading.local):
-    collected: list | None = None    # this thread's posts awaiting their flush, inside a block
+    collected: list | None = None  # this thread's posts awaiting their flush, inside a block
 
 
 class PostBatcher:
@@ -38,7 +38,7 @@ class PostBatcher:
         """Posts made on this thread until the block ends go to ``engine`` together."""
         local = self._posts
         if engine is None or local.collected is not None:
-            yield                        # no engine yet, or an outer block of this thread flushes
+            yield  # no engine yet, or an outer block of this thread flushes
             return
         local.collected = []
         try:
@@ -68,10 +68,10 @@ class PostBatcher:
         if event is None:
             try:
                 self._poller.submit(status, transfer_id, layer, op)
-            except RuntimeError:         # closing: nothing waits for this completion any more
+            except RuntimeError:  # closing: nothing waits for this completion any more
                 pass
             return
         try:
             self._deliver(event)
-        except Exception:               # the other layers' completions still go out
+        except Exception:  # the other layers' completions still go out
             log.exception("vllm.completion_failed", transfer_id=transfer_id, layer=layer)

@@ -36,7 +36,7 @@ class WritePreparation:
         if info is None or self._parts.cache is None or info.link is None or not remote_ids:
             return
         link = info.link
-        with self._lock:     # several threads may learn of one allocation: prepare once
+        with self._lock:  # several threads may learn of one allocation: prepare once
             if info.prepared_for == remote_ids:
                 return
             info.prepared_for = remote_ids
@@ -45,12 +45,17 @@ class WritePreparation:
             return
         self._prepared(transfer_id, info, link, remote_ids)
 
-    def _prepared(self, transfer_id: str, info: TransferInfo, link: Future[PeerLink],
-                  remote_ids: tuple[int, ...]) -> None:
+    def _prepared(
+        self,
+        transfer_id: str,
+        info: TransferInfo,
+        link: Future[PeerLink],
+        remote_ids: tuple[int, ...],
+    ) -> None:
         """Make every layer's plan and session for ``remote_ids`` once ``link`` is up, unless
         the transfer ended."""
         if self._closed() or self._parts.directory.get(transfer_id) is not info:
-            return                   # ended meanwhile: nothing will be posted
+            return  # ended meanwhile: nothing will be posted
         try:
             engine, cache = self._parts.engine, self._parts.kv_cache()
             if link.cancelled() or link.exception() is not None:

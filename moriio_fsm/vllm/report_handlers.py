@@ -15,8 +15,14 @@ log = get_logger("moriio_fsm.vllm")
 
 def _quarantine(side: str, what: str):
     def quarantine_blocks(effect) -> None:
-        log.error("vllm.blocks_quarantined", transfer_id=effect.transfer_id, side=side,
-                  reason=effect.reason, why=f"{what} may still touch them")
+        log.error(
+            "vllm.blocks_quarantined",
+            transfer_id=effect.transfer_id,
+            side=side,
+            reason=effect.reason,
+            why=f"{what} may still touch them",
+        )
+
     return quarantine_blocks
 
 
@@ -28,10 +34,14 @@ def decode_report_handlers(ctx: HandlerContext, op: str) -> dict:
         if info is not None:
             ctx.reports.received(info.request_id, info.block_ids if failed else ())
             if failed and ctx.failure_log.allow(ctx.clock()):
-                log.warning("vllm.load_failed", transfer_id=effect.transfer_id,
-                            request_id=info.request_id, reason=effect.reason,
-                            blocks=len(info.block_ids),
-                            then="vLLM's kv_load_failure_policy decides")
+                log.warning(
+                    "vllm.load_failed",
+                    transfer_id=effect.transfer_id,
+                    request_id=info.request_id,
+                    reason=effect.reason,
+                    blocks=len(info.block_ids),
+                    then="vLLM's kv_load_failure_policy decides",
+                )
 
     def free_blocks(effect) -> None:
         # vLLM waits for a report only while the load was pending; otherwise it freed them.
@@ -40,7 +50,7 @@ def decode_report_handlers(ctx: HandlerContext, op: str) -> dict:
             ctx.reports.received(info.request_id)
 
     return {
-        "hold_blocks": lambda effect: None,   # vLLM keeps a pending load's blocks itself
+        "hold_blocks": lambda effect: None,  # vLLM keeps a pending load's blocks itself
         "report_received": lambda effect: report(effect, False),
         "report_load_failure": lambda effect: report(effect, True),
         "free_blocks": free_blocks,

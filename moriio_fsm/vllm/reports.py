@@ -21,12 +21,12 @@ class VllmReports:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._awaiting_send: set[str] = set()     # P: vLLM keeps these blocks for us
-        self._awaiting_recv: set[str] = set()     # D: vLLM waits for these loads
+        self._awaiting_send: set[str] = set()  # P: vLLM keeps these blocks for us
+        self._awaiting_recv: set[str] = set()  # D: vLLM waits for these loads
         self._sending: set[str] = set()
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
-        self.refused = 0                          # reports vLLM did not wait for
+        self.refused = 0  # reports vLLM did not wait for
         # Called after a load ended: wakes the loop that may be waiting for a write to help
         # with (copy assist), so that the report reaches vLLM at once.
         self.on_load_ended = None
@@ -87,5 +87,7 @@ class VllmReports:
 
     def outstanding(self) -> dict[str, int]:
         with self._lock:
-            return {"awaiting_send": len(self._awaiting_send),
-                    "awaiting_recv": len(self._awaiting_recv)}
+            return {
+                "awaiting_send": len(self._awaiting_send),
+                "awaiting_recv": len(self._awaiting_recv),
+            }

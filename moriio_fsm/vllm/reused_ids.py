@@ -26,14 +26,18 @@ REASON = "transfer_id_used"
 class ReusedIdReplies:
     """Pairs refused transfer ids with the allocations D sent for them, and answers D."""
 
-    def __init__(self, send: Callable[[tuple[str, int], object], None], producer_rank: int,
-                 capacity: int = 4096):
+    def __init__(
+        self,
+        send: Callable[[tuple[str, int], object], None],
+        producer_rank: int,
+        capacity: int = 4096,
+    ):
         self._send = send
         self._rank = producer_rank
         self._capacity = capacity
         self._lock = threading.Lock()
         self._refused: OrderedDict[str, PeerAddress] = OrderedDict()
-        self._allocations: OrderedDict[str, int] = OrderedDict()     # transfer id -> D's TP rank
+        self._allocations: OrderedDict[str, int] = OrderedDict()  # transfer id -> D's TP rank
 
     def refused(self, transfer_id: str, peer: PeerAddress) -> None:
         """P's scheduler refused ``transfer_id`` (used before) for a request naming ``peer``."""
@@ -54,9 +58,10 @@ class ReusedIdReplies:
         self._answer(transfer_id, peer, max(decode_rank, 0))
 
     def _answer(self, transfer_id: str, peer: PeerAddress, decode_rank: int) -> None:
-        self._send(notify_endpoint(peer, decode_rank),
-                   WriteFailed(transfer_id, reason=REASON, writes_stopped=True,
-                               producer_rank=self._rank))
+        self._send(
+            notify_endpoint(peer, decode_rank),
+            WriteFailed(transfer_id, reason=REASON, writes_stopped=True, producer_rank=self._rank),
+        )
 
 
 def _keep(record: OrderedDict, key: str, value, capacity: int) -> None:

@@ -41,8 +41,15 @@ class _Sender:
 class SchedulerHalf:
     """``get_num_new_matched_tokens`` ... ``request_finished``, for one engine's scheduler."""
 
-    def __init__(self, settings: ConnectorSettings, *, block_size: int, is_producer: bool,
-                 is_consumer: bool, own_address: PeerAddress):
+    def __init__(
+        self,
+        settings: ConnectorSettings,
+        *,
+        block_size: int,
+        is_producer: bool,
+        is_consumer: bool,
+        own_address: PeerAddress,
+    ):
         self.settings = settings
         self.block_size = block_size
         self.is_producer = is_producer
@@ -51,10 +58,15 @@ class SchedulerHalf:
         self._senders: dict[str, _Sender] = {}
         self._receiving: dict[str, TransferParams] = {}
         self._ids = TransferIdLedger()
-        self._refused: set[str] = set()          # requests whose transfer id was taken
+        self._refused: set[str] = set()  # requests whose transfer id was taken
         self._step = StepMetadata()
-        self.counts = {"bad_params": 0, "sends_started": 0, "receives_started": 0,
-                       "requests_ended": 0, "transfer_ids_refused": 0}
+        self.counts = {
+            "bad_params": 0,
+            "sends_started": 0,
+            "receives_started": 0,
+            "requests_ended": 0,
+            "transfer_ids_refused": 0,
+        }
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -80,24 +92,39 @@ class SchedulerHalf:
             return True
         self._refused.add(req_id)
         self.counts["transfer_ids_refused"] += 1
-        log.warning("vllm.transfer_id_in_use", transfer_id=params.transfer_id, request_id=req_id,
-                    held_by=holder, then=("computing the prompt locally" if self.is_consumer
-                                          else "prefilling without sending its KV"))
-        if (self.is_producer and not self.settings.read_mode and params.peer is not None
-                and holder == USED_BEFORE):
+        log.warning(
+            "vllm.transfer_id_in_use",
+            transfer_id=params.transfer_id,
+            request_id=req_id,
+            held_by=holder,
+            then=(
+                "computing the prompt locally"
+                if self.is_consumer
+                else "prefilling without sending its KV"
+            ),
+        )
+        if (
+            self.is_producer
+            and not self.settings.read_mode
+            and params.peer is not None
+            and holder == USED_BEFORE
+        ):
             self._step.refused.append(RefusedSend(req_id, params.transfer_id, params.peer))
         return False
 
     # -- vLLM's scheduler-side hooks ---------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
         params = self._params(request)
         if params is None:
             return 0, False
         if params.do_remote_decode and self.is_producer:
             if request.request_id not in self._senders and self._claim(request, params):
                 self._senders[request.request_id] = _Sender(
-                    params, request.num_prompt_tokens, [], _digest(request))
+                    params, request.num_prompt_tokens, [], _digest(request)
+                )
             return 0, False
         if not (params.do_remote_prefill and self.is_consumer):
             return 0, False
@@ -105,26 +132,38 @@ class SchedulerHalf:
             return 0, False
         if params.peer is None:
             self.counts["bad_params"] += 1
-            log.warning("vllm.bad_transfer_params", request_id=request.request_id,
-                        error="do_remote_prefill without remote_host and ports",
-                        then="computing the prompt locally")
+            log.warning(
+                "vllm.bad_transfer_params",
+                request_id=request.request_id,
+                error="do_remote_prefill without remote_host and ports",
+                then="computing the prompt locally",
+            )
             return 0, False
         wanted = request.num_prompt_tokens - num_computed_tokens
         if self.settings.read_mode:
-            needed = self._prompt_blocks(request.num_prompt_tokens) - num_computed_tokens // self.block_size
+            needed = (
+                self._prompt_blocks(request.num_prompt_tokens)
+                - num_computed_tokens // self.block_size
+            )
             if len(params.remote_block_ids) < needed:
                 self.counts["bad_params"] += 1
-                log.warning("vllm.bad_transfer_params", request_id=request.request_id,
-                            error=f"remote_block_ids has {len(params.remote_block_ids)} blocks, "
-                                  f"the prompt needs {needed}",
-                            then="computing the prompt locally")
+                log.warning(
+                    "vllm.bad_transfer_params",
+                    request_id=request.request_id,
+                    error=f"remote_block_ids has {len(params.remote_block_ids)} blocks, "
+                    f"the prompt needs {needed}",
+                    then="computing the prompt locally",
+                )
                 return 0, False
             if params.prompt_digest and params.prompt_digest != _digest(request):
                 self.counts["bad_params"] += 1
-                log.warning("vllm.bad_transfer_params", request_id=request.request_id,
-                            transfer_id=params.transfer_id,
-                            error="remote_block_ids hold another prompt's KV (prompt_digest differs)",
-                            then="computing the prompt locally")
+                log.warning(
+                    "vllm.bad_transfer_params",
+                    request_id=request.request_id,
+                    transfer_id=params.transfer_id,
+                    error="remote_block_ids hold another prompt's KV (prompt_digest differs)",
+                    then="computing the prompt locally",
+                )
                 return 0, False
         # The load is asynchronous in both modes: the forward thread never waits for it.
         return max(wanted, 0), wanted > 0
@@ -133,8 +172,12 @@ class SchedulerHalf:
         if not self.is_consumer:
             return
         params = self._params(request)
-        if (params is None or not params.do_remote_prefill or params.peer is None
-                or request.request_id in self._refused):
+        if (
+            params is None
+            or not params.do_remote_prefill
+            or params.peer is None
+            or request.request_id in self._refused
+        ):
             return
         # Plan the load once: a second call (more blocks after the load) must not.
         request.kv_transfer_params["do_remote_prefill"] = False
@@ -145,11 +188,14 @@ class SchedulerHalf:
             ids = blocks.get_block_ids()[0]
             prompt = request.num_prompt_tokens
             first = (prompt - num_external_tokens) // self.block_size
-            local = tuple(ids[first:self._prompt_blocks(prompt)])
+            local = tuple(ids[first : self._prompt_blocks(prompt)])
             if self.settings.read_mode:
-                remote = params.remote_block_ids[-len(local):]
-        self._step.receives.append(ReceiveStart(request.request_id, params.transfer_id, local,
-                                                params.peer, remote, _digest(request)))
+                remote = params.remote_block_ids[-len(local) :]
+        self._step.receives.append(
+            ReceiveStart(
+                request.request_id, params.transfer_id, local, params.peer, remote, _digest(request)
+            )
+        )
         self.counts["receives_started"] += 1
 
     def build_connector_meta(self, scheduler_output: Any) -> StepMetadata:
@@ -166,7 +212,9 @@ class SchedulerHalf:
             sender = self._senders.get(new.req_id)
             if sender is not None and not sender.started:
                 sender.block_ids = list(new.block_ids[0])
-                self._maybe_start(new.req_id, sender, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+                self._maybe_start(
+                    new.req_id, sender, new.num_computed_tokens + scheduled.get(new.req_id, 0)
+                )
         cached = out.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", ()) or ()
         for index, req_id in enumerate(cached.req_ids):
@@ -179,22 +227,27 @@ class SchedulerHalf:
                     sender.block_ids = list(new_ids[0])
                 else:
                     sender.block_ids.extend(new_ids[0])
-            self._maybe_start(req_id, sender, cached.num_computed_tokens[index] + scheduled.get(req_id, 0))
+            self._maybe_start(
+                req_id, sender, cached.num_computed_tokens[index] + scheduled.get(req_id, 0)
+            )
 
     def _maybe_start(self, req_id: str, sender: _Sender, computed_after_step: int) -> None:
         if computed_after_step < sender.num_prompt_tokens:
             return
         sender.started = True
-        blocks = tuple(sender.block_ids[:self._prompt_blocks(sender.num_prompt_tokens)])
-        self._step.sends.append(SendStart(req_id, sender.params.transfer_id, blocks,
-                                          sender.params.peer, sender.prompt_digest))
+        blocks = tuple(sender.block_ids[: self._prompt_blocks(sender.num_prompt_tokens)])
+        self._step.sends.append(
+            SendStart(
+                req_id, sender.params.transfer_id, blocks, sender.params.peer, sender.prompt_digest
+            )
+        )
         self.counts["sends_started"] += 1
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
         if req_id in self._refused:
             self._refused.discard(req_id)
-            return False, None       # its transfer id was another request's: nothing to end
+            return False, None  # its transfer id was another request's: nothing to end
         sender = self._senders.pop(req_id, None)
         received = self._receiving.pop(req_id, None)
         status = getattr(request.status, "name", str(request.status))
@@ -206,41 +259,72 @@ class SchedulerHalf:
             # Never looked at by the scheduler: its id may be another request's by now.
             holder = self._ids.holder(params.transfer_id, req_id)
             if holder is not None:
-                log.warning("vllm.transfer_id_in_use", transfer_id=params.transfer_id,
-                            request_id=req_id, held_by=holder, then="ending the request alone")
+                log.warning(
+                    "vllm.transfer_id_in_use",
+                    transfer_id=params.transfer_id,
+                    request_id=req_id,
+                    held_by=holder,
+                    then="ending the request alone",
+                )
                 return False, None
         self._ids.finish(params.transfer_id, req_id)
         if params.do_remote_decode and self.is_producer:
-            if sender is None:       # ended before the scheduler ever looked at it
+            if sender is None:  # ended before the scheduler ever looked at it
                 sender = _Sender(params, request.num_prompt_tokens, [], _digest(request))
             return self._sender_finished(request, sender, block_ids, aborted)
-        if self.is_consumer and params.peer is not None and (
-                received is not None or params.do_remote_prefill):
+        if (
+            self.is_consumer
+            and params.peer is not None
+            and (received is not None or params.do_remote_prefill)
+        ):
             # D: the worker's machine decides what the end means (release P, keep the
             # blocks until P's verdict); vLLM itself keeps the blocks of a waiting load.
-            self._step.ended.append(RequestEnded(req_id, params.transfer_id, "receive",
-                                                 awaits_report=False, aborted=aborted,
-                                                 peer=params.peer))
+            self._step.ended.append(
+                RequestEnded(
+                    req_id,
+                    params.transfer_id,
+                    "receive",
+                    awaits_report=False,
+                    aborted=aborted,
+                    peer=params.peer,
+                )
+            )
             self.counts["requests_ended"] += 1
         return False, None
 
-    def _sender_finished(self, request: Any, sender: _Sender, block_ids: list[int],
-                         aborted: bool) -> tuple[bool, dict | None]:
+    def _sender_finished(
+        self, request: Any, sender: _Sender, block_ids: list[int], aborted: bool
+    ) -> tuple[bool, dict | None]:
         params = sender.params
         self.counts["requests_ended"] += 1
         if not self.settings.read_mode:
             # WRITE: once the prompt was scheduled a write from these blocks may be in
             # flight, so vLLM keeps them until the machine frees them.
             held = sender.started
-            self._step.ended.append(RequestEnded(request.request_id, params.transfer_id, "send",
-                                                 awaits_report=held, aborted=aborted or not held,
-                                                 peer=params.peer))
+            self._step.ended.append(
+                RequestEnded(
+                    request.request_id,
+                    params.transfer_id,
+                    "send",
+                    awaits_report=held,
+                    aborted=aborted or not held,
+                    peer=params.peer,
+                )
+            )
             return held, None
         if aborted or not block_ids:
-            return False, None       # D never learnt these blocks: nothing may read them
-        blocks = tuple(block_ids[:self._prompt_blocks(sender.num_prompt_tokens)])
-        self._step.ended.append(RequestEnded(request.request_id, params.transfer_id, "send",
-                                             awaits_report=True, aborted=False, block_ids=blocks))
+            return False, None  # D never learnt these blocks: nothing may read them
+        blocks = tuple(block_ids[: self._prompt_blocks(sender.num_prompt_tokens)])
+        self._step.ended.append(
+            RequestEnded(
+                request.request_id,
+                params.transfer_id,
+                "send",
+                awaits_report=True,
+                aborted=False,
+                block_ids=blocks,
+            )
+        )
         me = self.own_address
         return True, {
             "do_remote_prefill": True,

@@ -40,11 +40,14 @@ def _int(key: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value.strip())
     if type(value) is not int:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected an integer, "
-                                   f"got {type(value).__name__} {value!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected an integer, "
+            f"got {type(value).__name__} {value!r}"
+        )
     if not low <= value <= high:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: {value} is outside "
-                                   f"[{low}, {high}]")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: {value} is outside [{low}, {high}]"
+        )
     return value
 
 
@@ -55,11 +58,15 @@ def _seconds(key: str, value: Any) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a number of "
-                                   f"seconds, got {type(value).__name__} {value!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a number of "
+            f"seconds, got {type(value).__name__} {value!r}"
+        )
     if not math.isfinite(value) or value <= 0:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a positive, "
-                                   f"finite number of seconds, got {value!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a positive, "
+            f"finite number of seconds, got {value!r}"
+        )
     return float(value)
 
 
@@ -71,14 +78,18 @@ def _flag(key: str, value: Any) -> bool:
         return value.strip().lower() in ("true", "1")
     if type(value) is int and value in (0, 1):
         return bool(value)
-    raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected true or false, "
-                               f"got {type(value).__name__} {value!r}")
+    raise ConnectorConfigError(
+        f"kv_connector_extra_config[{key!r}]: expected true or false, "
+        f"got {type(value).__name__} {value!r}"
+    )
 
 
 def _text(key: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a string, "
-                                   f"got {type(value).__name__} {value!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a string, "
+            f"got {type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -90,19 +101,24 @@ def _text_list(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a list of "
-                                   f"strings, got {value!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a list of strings, got {value!r}"
+        )
     return tuple(value)
 
 
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str, Any], str]:
     """A parser for a name out of ``choices`` (case and surrounding spaces ignored)."""
+
     def parse(key: str, value: Any) -> str:
         name = _text(key, value).strip().lower()
         if name not in choices:
-            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown {what} "
-                                       f"{value!r}; expected one of {', '.join(choices)}")
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config[{key!r}]: unknown {what} "
+                f"{value!r}; expected one of {', '.join(choices)}"
+            )
         return name
+
     return parse
 
 
@@ -110,18 +126,23 @@ def _machine_overrides(key: str, value: Any) -> dict[str, dict[str, Any]]:
     from ..machines import MACHINE_MODULES, load_machine_spec, resolve_config
 
     if not isinstance(value, dict):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping "
-                                   f"of machine name to config, got {type(value).__name__}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a mapping "
+            f"of machine name to config, got {type(value).__name__}"
+        )
     checked = {}
     for name, overrides in value.items():
         if name not in MACHINE_MODULES:
-            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown machine "
-                                       f"{name!r}; expected one of {', '.join(MACHINE_MODULES)}")
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config[{key!r}]: unknown machine "
+                f"{name!r}; expected one of {', '.join(MACHINE_MODULES)}"
+            )
         try:
             resolve_config(load_machine_spec(name), overrides)
         except ValueError as exc:
-            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}][{name!r}]: {exc}") \
-                from None
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config[{key!r}][{name!r}]: {exc}"
+            ) from None
         checked[name] = dict(overrides)
     return checked
 
@@ -131,18 +152,26 @@ def _curve(key: str, value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     allowed = {"public_key", "secret_key", "authorized_client_keys", "server_keys"}
-    if not isinstance(value, dict) or not {"public_key", "secret_key"} <= set(value) \
-            or not set(value) <= allowed:
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping with "
-                                   "public_key and secret_key (Z85 strings), and optionally "
-                                   "authorized_client_keys (a list) and server_keys (host -> key)")
+    if (
+        not isinstance(value, dict)
+        or not {"public_key", "secret_key"} <= set(value)
+        or not set(value) <= allowed
+    ):
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a mapping with "
+            "public_key and secret_key (Z85 strings), and optionally "
+            "authorized_client_keys (a list) and server_keys (host -> key)"
+        )
     from ..adapters.zmq import CurveConfig
 
     options = dict(value)
     options["authorized_client_keys"] = frozenset(
-        k.encode() if isinstance(k, str) else k for k in options.get("authorized_client_keys", ()))
-    options["server_keys"] = {h: (k.encode() if isinstance(k, str) else k)
-                              for h, k in dict(options.get("server_keys", {})).items()}
+        k.encode() if isinstance(k, str) else k for k in options.get("authorized_client_keys", ())
+    )
+    options["server_keys"] = {
+        h: (k.encode() if isinstance(k, str) else k)
+        for h, k in dict(options.get("server_keys", {})).items()
+    }
     for name in ("public_key", "secret_key"):
         if isinstance(options[name], str):
             options[name] = options[name].encode()
@@ -163,33 +192,47 @@ def _ucx(key: str, value: Any) -> dict[str, str]:
         raise ConnectorConfigError(str(exc)) from None
 
 
-_FAULT_KEYS = {"fail_nth": "int", "stall_nth": "int", "drop_nth": "int", "drop_all": "bool",
-               "fail_rate": "rate", "latency_s": "seconds", "seed": "int",
-               # control messages (message_faults.py)
-               "message_loss_rate": "rate", "message_dup_rate": "rate",
-               "message_delay_rate": "rate", "message_delay_s": "seconds"}
+_FAULT_KEYS = {
+    "fail_nth": "int",
+    "stall_nth": "int",
+    "drop_nth": "int",
+    "drop_all": "bool",
+    "fail_rate": "rate",
+    "latency_s": "seconds",
+    "seed": "int",
+    # control messages (message_faults.py)
+    "message_loss_rate": "rate",
+    "message_dup_rate": "rate",
+    "message_delay_rate": "rate",
+    "message_delay_s": "seconds",
+}
 
 
 def _faults(key: str, value: Any) -> dict[str, Any]:
     """Faults the engine injects into this instance's transfers (testing, chaos runs)."""
     if not isinstance(value, dict):
-        raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: expected a mapping of "
-                                   f"{', '.join(_FAULT_KEYS)}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config[{key!r}]: expected a mapping of {', '.join(_FAULT_KEYS)}"
+        )
     checked: dict[str, Any] = {}
     for name, raw in value.items():
         kind = _FAULT_KEYS.get(name)
         where = f"{key}.{name}"
         if kind is None:
-            raise ConnectorConfigError(f"kv_connector_extra_config[{key!r}]: unknown fault {name!r}; "
-                                       f"expected one of {', '.join(_FAULT_KEYS)}")
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config[{key!r}]: unknown fault {name!r}; "
+                f"expected one of {', '.join(_FAULT_KEYS)}"
+            )
         if kind == "int":
             checked[name] = _int(where, raw, 0 if name == "seed" else 1, 1 << 31)
         elif kind == "bool":
             checked[name] = _flag(where, raw)
         elif kind == "rate":
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 1:
-                raise ConnectorConfigError(f"kv_connector_extra_config[{where!r}]: expected a "
-                                           f"probability in [0, 1], got {raw!r}")
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config[{where!r}]: expected a "
+                    f"probability in [0, 1], got {raw!r}"
+                )
             checked[name] = float(raw)
         else:
             checked[name] = 0.0 if raw == 0 else _seconds(where, raw)
@@ -236,11 +279,15 @@ def _check_copy_strategy(values: dict[str, Any]) -> None:
     if strategy == "auto":
         return
     if values["backend"] != "same_host":
-        raise ConnectorConfigError(f"kv_connector_extra_config['copy_strategy']: copy strategies apply to the "
-                                   f"same_host backend only; backend is {values['backend']!r}")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config['copy_strategy']: copy strategies apply to the "
+            f"same_host backend only; backend is {values['backend']!r}"
+        )
     if strategy != "kernel" and not values["share_pages"]:
-        raise ConnectorConfigError(f"kv_connector_extra_config['copy_strategy']: {strategy!r} copies into shared "
-                                   "pages, but share_pages is false; use 'kernel' or share the pages")
+        raise ConnectorConfigError(
+            f"kv_connector_extra_config['copy_strategy']: {strategy!r} copies into shared "
+            "pages, but share_pages is false; use 'kernel' or share the pages"
+        )
 
 
 @dataclass(frozen=True)
@@ -308,7 +355,8 @@ class ConnectorSettings:
         if unknown:
             raise ConnectorConfigError(
                 f"kv_connector_extra_config: unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"known keys: {', '.join(sorted(_KEYS))}")
+                f"known keys: {', '.join(sorted(_KEYS))}"
+            )
         values = {}
         for key, (parse, default) in _KEYS.items():
             raw = extra.get(key)
@@ -320,8 +368,10 @@ class ConnectorSettings:
                 values[key] = parse(key, raw)
         values["machine_config"] = MappingProxyType(values["machine_config"])
         if values["ucx"] and values["backend"] != "nixl":
-            raise ConnectorConfigError(f"kv_connector_extra_config['ucx']: UCX settings apply to the nixl "
-                                       f"backend only; backend is {values['backend']!r}")
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config['ucx']: UCX settings apply to the nixl "
+                f"backend only; backend is {values['backend']!r}"
+            )
         values["ucx"] = MappingProxyType(values["ucx"])
         _check_copy_strategy(values)
         settings = cls(**values)
@@ -339,19 +389,24 @@ class ConnectorSettings:
             resolve_config,
         )
 
-        configs = {name: resolve_config(load_machine_spec(name), self.machine_overrides(name))
-                   for name in MODE_MACHINES[self.mode]}
+        configs = {
+            name: resolve_config(load_machine_spec(name), self.machine_overrides(name))
+            for name in MODE_MACHINES[self.mode]
+        }
         try:
             check_config_bounds(configs)
         except ConfigBoundError as exc:
-            raise ConnectorConfigError("kv_connector_extra_config: " + "; ".join(
-                f"{broken}; {self._sources(broken)}" for broken in exc.broken)) from None
+            raise ConnectorConfigError(
+                "kv_connector_extra_config: "
+                + "; ".join(f"{broken}; {self._sources(broken)}" for broken in exc.broken)
+            ) from None
 
     def _sources(self, broken: BrokenBound) -> str:
         """Which keys of ``kv_connector_extra_config`` set the values of a broken bound."""
         keys = [(broken.machine, broken.key)] + [(ref.machine, ref.key) for ref, _ in broken.terms]
         return "in kv_connector_extra_config, " + ", ".join(
-            f"{machine}'s {key} is {self._source(machine, key)}" for machine, key in keys)
+            f"{machine}'s {key} is {self._source(machine, key)}" for machine, key in keys
+        )
 
     def _source(self, machine: str, key: str) -> str:
         override = f"machine_config[{machine!r}][{key!r}]"
@@ -382,18 +437,26 @@ class ConnectorSettings:
 
 #: The machines each mode runs, P's then D's; the bounds between their configs are checked
 #: at start.
-MODE_MACHINES = {"write": ("write_producer", "write_consumer"),
-                 "read": ("read_producer", "read_consumer")}
+MODE_MACHINES = {
+    "write": ("write_producer", "write_consumer"),
+    "read": ("read_producer", "read_consumer"),
+}
 
 #: Upstream's single knobs mapped onto the machines' config: machine -> config key -> (the
 #: key of ``kv_connector_extra_config`` it comes from, as messages name it, and its value).
 #: D's safety timeout is twice the transfer timeout plus 10 s: more than P's drain, a
 #: transfer timeout plus the abandon timeout (10 s by default), as its spec's bound requires.
 _UPSTREAM_KNOBS: dict[str, dict[str, tuple[str, Callable[[ConnectorSettings], float]]]] = {
-    "write_producer": {"defer_timeout_s": ("'defer_timeout'", lambda s: s.defer_timeout),
-                       "transfer_timeout_s": ("'transfer_timeout'", lambda s: s.transfer_timeout)},
-    "write_consumer": {"write_timeout_s": ("'recv_abort_timeout'", lambda s: s.recv_abort_timeout),
-                       "safety_timeout_s": ("2 * 'transfer_timeout' + 10",
-                                            lambda s: 2 * s.transfer_timeout + 10.0)},
+    "write_producer": {
+        "defer_timeout_s": ("'defer_timeout'", lambda s: s.defer_timeout),
+        "transfer_timeout_s": ("'transfer_timeout'", lambda s: s.transfer_timeout),
+    },
+    "write_consumer": {
+        "write_timeout_s": ("'recv_abort_timeout'", lambda s: s.recv_abort_timeout),
+        "safety_timeout_s": (
+            "2 * 'transfer_timeout' + 10",
+            lambda s: 2 * s.transfer_timeout + 10.0,
+        ),
+    },
     "read_producer": {"lease_s": ("'lease_s'", lambda s: s.lease_s)},
 }

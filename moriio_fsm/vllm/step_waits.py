@@ -16,8 +16,9 @@ from typing import Any
 from .reports import VllmReports
 
 
-def wait_between_steps(engine: Any, reports: VllmReports, *, idle_step: bool,
-                       writes_in: bool) -> None:
+def wait_between_steps(
+    engine: Any, reports: VllmReports, *, idle_step: bool, writes_in: bool
+) -> None:
     """Wait as this step allows: help writers on an idle step with a load pending
     (``writes_in``: peers write into this engine, WRITE mode), then let inline copies end."""
     if engine is None:

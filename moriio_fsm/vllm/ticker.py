@@ -20,8 +20,9 @@ log = get_logger("moriio_fsm.vllm")
 class Ticker:
     """Advances ``drivers`` on a daemon thread until ``stop``."""
 
-    def __init__(self, drivers: Mapping[str, Driver], settled: Callable[[str, list], None],
-                 interval_s: float):
+    def __init__(
+        self, drivers: Mapping[str, Driver], settled: Callable[[str, list], None], interval_s: float
+    ):
         self._drivers = drivers
         self._settled = settled
         self._interval = interval_s

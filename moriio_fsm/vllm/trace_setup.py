@@ -33,5 +33,6 @@ def make_recorder(settings: ConnectorSettings, engine_id: str, topology: Topolog
         return None
     from ..trace import TraceRecorder  # only where a rank records
 
-    return TraceRecorder(topology.label(engine_id), ring=max(settings.trace_ring_size, 1),
-                         file=file, dump=dump)
+    return TraceRecorder(
+        topology.label(engine_id), ring=max(settings.trace_ring_size, 1), file=file, dump=dump
+    )

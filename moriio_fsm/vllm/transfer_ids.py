@@ -23,8 +23,8 @@ class TransferIdLedger:
     """Claims of transfer ids by request ids, and the ids used lately."""
 
     def __init__(self, remember: int = REMEMBERED_IDS):
-        self._owner: dict[str, str] = {}        # transfer id -> the live request holding it
-        self._used: dict[int, None] = {}        # hashes of ids whose request finished, oldest first
+        self._owner: dict[str, str] = {}  # transfer id -> the live request holding it
+        self._used: dict[int, None] = {}  # hashes of ids whose request finished, oldest first
         self._remember = remember
 
     def claim(self, transfer_id: str, request_id: str) -> str | None:
@@ -69,5 +69,5 @@ def prompt_digest(token_ids: Sequence[int] | None) -> str:
     try:
         packed = array("q", token_ids).tobytes()
     except (OverflowError, TypeError):
-        return ""                 # not token ids this engine could have: nothing to compare
+        return ""  # not token ids this engine could have: nothing to compare
     return hashlib.blake2b(packed, digest_size=8).hexdigest()

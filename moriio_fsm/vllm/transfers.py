@@ -28,9 +28,16 @@ log = get_logger("moriio_fsm.vllm")
 class TransferStarts:
     """Starts and ends this rank's transfers as the scheduler's step metadata says."""
 
-    def __init__(self, parts: HandlerContext, tables: Mapping[str, TransferTable],
-                 dispatch: Callable[[str, object], list], *, read_mode: bool,
-                 binding: PeerBinding, prepare: Callable[[str, object], None]):
+    def __init__(
+        self,
+        parts: HandlerContext,
+        tables: Mapping[str, TransferTable],
+        dispatch: Callable[[str, object], list],
+        *,
+        read_mode: bool,
+        binding: PeerBinding,
+        prepare: Callable[[str, object], None],
+    ):
         self._parts = parts
         self._tables = tables
         self._dispatch = dispatch
@@ -43,7 +50,7 @@ class TransferStarts:
         """P: start the transfer ``send`` names; True when this forward's layers feed it."""
         tid, parts = send.transfer_id, self._parts
         if not self.refusals.may_start("send", send.request_id, tid):
-            return False         # P prefills without sending; its blocks go back when it ends
+            return False  # P prefills without sending; its blocks go back when it ends
         info = TransferInfo(send.request_id, send.block_ids, send.peer)
         if not parts.directory.add(tid, info):
             log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
@@ -51,11 +58,16 @@ class TransferStarts:
         if send.peer is not None:
             info.link = parts.link_for(info, parts.topology.first_peer_rank(send.peer))
         writers = parts.topology.writers_into_peer(send.peer)
-        created = events.prefill_started(tid, parts.clock(), writers, send.prompt_digest,
-                                         send.peer.dp_rank if send.peer else -1,
-                                         source=self._binding.source_for(send.peer))
+        created = events.prefill_started(
+            tid,
+            parts.clock(),
+            writers,
+            send.prompt_digest,
+            send.peer.dp_rank if send.peer else -1,
+            source=self._binding.source_for(send.peer),
+        )
         if not self._created("send", created, send.request_id):
-            return False         # as refused: no write will start; the blocks go back at the end
+            return False  # as refused: no write will start; the blocks go back at the end
         # D often allocates before P's scheduler starts the transfer (a proxy sends both at
         # once): the machine held remote_blocks until now, so prepare its writes here.
         # (The machine sets remote_block_ids before has_allocation, so this read needs no lock.)
@@ -68,23 +80,30 @@ class TransferStarts:
         """D: start the load ``receive`` names (READ: its reads; WRITE: tell P the blocks)."""
         tid, rid, parts = receive.transfer_id, receive.request_id, self._parts
         if self._read_mode and not receive.block_ids:
-            return               # nothing to read (a prefix hit, or bad params): no transfer
+            return  # nothing to read (a prefix hit, or bad params): no transfer
         if not self.refusals.may_start("receive", rid, tid):
             self._fail_load(rid, receive.block_ids)
             return
-        info = TransferInfo(rid, receive.block_ids, receive.peer, receive.remote_block_ids,
-                            prompt_digest=receive.prompt_digest)
+        info = TransferInfo(
+            rid,
+            receive.block_ids,
+            receive.peer,
+            receive.remote_block_ids,
+            prompt_digest=receive.prompt_digest,
+        )
         if not parts.directory.add(tid, info):
             log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
             self._fail_load(rid, receive.block_ids)
             return
         now, bound = parts.clock(), self._binding.source_for(receive.peer)
         if self._read_mode:
-            started = events.read_started(tid, now, len(parts.kv_cache().names),
-                                          list(receive.remote_block_ids), source=bound)
+            started = events.read_started(
+                tid, now, len(parts.kv_cache().names), list(receive.remote_block_ids), source=bound
+            )
         else:
-            started = events.receive_started(tid, now, len(parts.topology.peer_ranks(receive.peer)),
-                                             source=bound)
+            started = events.receive_started(
+                tid, now, len(parts.topology.peer_ranks(receive.peer)), source=bound
+            )
         if not self._created("receive", started, rid):
             self._fail_load(rid, receive.block_ids)
             return
@@ -93,8 +112,9 @@ class TransferStarts:
         if self._read_mode:
             self._dispatch("receive", events.start_reads(tid, now))
         elif receive.block_ids:
-            self._dispatch("receive",
-                           events.blocks_allocated(tid, now, list(receive.block_ids), rid))
+            self._dispatch(
+                "receive", events.blocks_allocated(tid, now, list(receive.block_ids), rid)
+            )
         else:
             self._dispatch("receive", events.request_finished(tid, now))
 
@@ -118,10 +138,15 @@ class TransferStarts:
             self._serve(ended)
         elif self._tables[side].get(tid) is not None:
             now = self._parts.clock()
-            self._dispatch(side, events.abort(tid, now) if side == "send" and ended.aborted
-                           else events.request_finished(tid, now))
-        elif (self._tables[side].state_of(tid) is None
-              and not (side == "receive" and self._read_mode)):
+            self._dispatch(
+                side,
+                events.abort(tid, now)
+                if side == "send" and ended.aborted
+                else events.request_finished(tid, now),
+            )
+        elif self._tables[side].state_of(tid) is None and not (
+            side == "receive" and self._read_mode
+        ):
             self._end_unstarted(ended)
         # Else it ended here already (its request's end is news to no one), or it is a READ
         # load that never started: D holds nothing of it, and P's lease frees P's side.
@@ -136,8 +161,9 @@ class TransferStarts:
             self._parts.reports.sent(ended.request_id)
             return
         self._parts.directory.add(tid, TransferInfo(ended.request_id, ended.block_ids, None))
-        self._dispatch("send", events.serve_started(tid, now, 1,
-                                                    source=self._binding.source_for(None)))
+        self._dispatch(
+            "send", events.serve_started(tid, now, 1, source=self._binding.source_for(None))
+        )
         self._dispatch("send", events.request_finished(tid, now))
 
     def _end_unstarted(self, ended: RequestEnded) -> None:
@@ -159,9 +185,13 @@ class TransferStarts:
             return True
         self._parts.directory.drop(event.transfer_id)
         self.refusals.remember(request_id, event.transfer_id)
-        log.warning("vllm.transfer_refused", transfer_id=event.transfer_id, request_id=request_id,
-                    why=f"the {self._tables[side].spec.name} machine refused its start "
-                        f"({event.kind} {event.data})")
+        log.warning(
+            "vllm.transfer_refused",
+            transfer_id=event.transfer_id,
+            request_id=request_id,
+            why=f"the {self._tables[side].spec.name} machine refused its start "
+            f"({event.kind} {event.data})",
+        )
         return False
 
     def _fail_load(self, request_id: str, block_ids) -> None:

@@ -45,8 +45,12 @@ from .trace_setup import make_recorder
 from .transfers import TransferStarts
 
 #: Which machine each side runs, by mode.
-MACHINES = {("write", "send"): "write_producer", ("write", "receive"): "write_consumer",
-            ("read", "send"): "read_producer", ("read", "receive"): "read_consumer"}
+MACHINES = {
+    ("write", "send"): "write_producer",
+    ("write", "receive"): "write_consumer",
+    ("read", "send"): "read_producer",
+    ("read", "receive"): "read_consumer",
+}
 
 
 def handlers_for(machine: str, ctx: HandlerContext) -> dict:
@@ -60,10 +64,20 @@ def handlers_for(machine: str, ctx: HandlerContext) -> dict:
 class WorkerHalf:
     """One rank's transfers: tables, drivers, transport, engine, poller, reports."""
 
-    def __init__(self, settings: ConnectorSettings, *, engine_id: str, sides: tuple[str, ...],
-                 tp_rank: int, tp_size: int, dp_rank: int,
-                 make_engine: Callable[[str], Any], host: str,
-                 clock: Callable[[], float] = time.monotonic, recorder: Any = None):
+    def __init__(
+        self,
+        settings: ConnectorSettings,
+        *,
+        engine_id: str,
+        sides: tuple[str, ...],
+        tp_rank: int,
+        tp_size: int,
+        dp_rank: int,
+        make_engine: Callable[[str], Any],
+        host: str,
+        clock: Callable[[], float] = time.monotonic,
+        recorder: Any = None,
+    ):
         self.settings = settings
         self.engine_id = engine_id
         self.topology = Topology(tp_rank, tp_size, dp_rank)
@@ -74,8 +88,8 @@ class WorkerHalf:
         self.directory = TransferDirectory()
         self.handshake_port: int | None = None
         self._closed = False
-        self._step_sends: list[str] = []          # P, WRITE: transfers saved by this forward
-        self._step_idle = False                    # this step runs no forward (StepMetadata.idle)
+        self._step_sends: list[str] = []  # P, WRITE: transfers saved by this forward
+        self._step_idle = False  # this step runs no forward (StepMetadata.idle)
         # P, WRITE: transfer -> bitmap of the layers this forward scheduled.
         self._saved_this_step: dict[str, int] = {}
         #: Rate-limits the warnings about failed transfers (a storm of them says so once a second).
@@ -91,48 +105,72 @@ class WorkerHalf:
         """The tables and drivers of ``sides``, the poller their completions come from, and
         the context their handlers use."""
         names = {side: MACHINES[(self.settings.mode, side)] for side in sides}
-        tables = {side: build_table(name, config=self.settings.machine_overrides(name),
-                                    recorder=self.recorder)
-                  for side, name in names.items()}
+        tables = {
+            side: build_table(
+                name, config=self.settings.machine_overrides(name), recorder=self.recorder
+            )
+            for side, name in names.items()
+        }
         self._finals = {side: frozenset(table.spec.final_states) for side, table in tables.items()}
         self.metrics = TransferMetrics({side: table.spec for side, table in tables.items()})
         self.poller = CompletionPoller(self._dispatch_adapter_event)
         self.posts = PostBatcher(self.poller, self._dispatch_adapter_event)
         self.context = HandlerContext(
-            directory=self.directory, reports=self.reports, metrics=self.metrics,
-            topology=self.topology, clock=self.clock, send=self.send, dispatch=self.dispatch,
-            completion_of=self.posts.completion_of, forget_completions=self.poller.forget,
-            reply_port=lambda: self.transport.notify_port, failure_log=self.failure_log)
-        self.drivers = {side: Driver(tables[side], handlers_for(name, self.context),
-                                     clock=self.clock)
-                        for side, name in names.items()}
+            directory=self.directory,
+            reports=self.reports,
+            metrics=self.metrics,
+            topology=self.topology,
+            clock=self.clock,
+            send=self.send,
+            dispatch=self.dispatch,
+            completion_of=self.posts.completion_of,
+            forget_completions=self.poller.forget,
+            reply_port=lambda: self.transport.notify_port,
+            failure_log=self.failure_log,
+        )
+        self.drivers = {
+            side: Driver(tables[side], handlers_for(name, self.context), clock=self.clock)
+            for side, name in names.items()
+        }
         self.preparation = WritePreparation(self.context, closed=lambda: self._closed)
 
     def _build_io(self, sides: tuple[str, ...]) -> None:
         """The transport and what listens to it, the transfers' starts and the timer thread."""
         settings, me = self.settings, self.topology
         self.reused_ids = ReusedIdReplies(self.send, me.tp_rank)
-        inbound = Inbound(self.context, self.drivers, self.dispatch, self.reused_ids,
-                          self.preparation.prepare)
-        config = TransportConfig(role=Role.PRODUCER if sides == ("send",) else Role.CONSUMER,
-                                 notify_base_port=settings.notify_port, dp_rank=me.dp_rank,
-                                 tp_rank=me.tp_rank, tp_size=me.tp_size,
-                                 bind_host=settings.host_ip or self.host,
-                                 trusted_peers=settings.trusted_peers, **self._curve())
+        inbound = Inbound(
+            self.context, self.drivers, self.dispatch, self.reused_ids, self.preparation.prepare
+        )
+        config = TransportConfig(
+            role=Role.PRODUCER if sides == ("send",) else Role.CONSUMER,
+            notify_base_port=settings.notify_port,
+            dp_rank=me.dp_rank,
+            tp_rank=me.tp_rank,
+            tp_size=me.tp_size,
+            bind_host=settings.host_ip or self.host,
+            trusted_peers=settings.trusted_peers,
+            **self._curve(),
+        )
         try:
-            self.transport = ZmqTransport(config, inbound.on_message,
-                                          on_send_failure=inbound.on_send_failure)
+            self.transport = ZmqTransport(
+                config, inbound.on_message, on_send_failure=inbound.on_send_failure
+            )
         except BaseException:
-            self.poller.close()          # nothing else started yet
+            self.poller.close()  # nothing else started yet
             raise
         faults = dict(settings.fault_injection)
-        self.message_faults = (MessageFaults(self.transport.send, faults)
-                               if wants_message_faults(faults) else None)
+        self.message_faults = (
+            MessageFaults(self.transport.send, faults) if wants_message_faults(faults) else None
+        )
         tables = {side: driver.table for side, driver in self.drivers.items()}
-        self.transfers = TransferStarts(self.context, tables, self.dispatch,
-                                        read_mode=settings.read_mode,
-                                        binding=PeerBinding(settings.bind_peers, self.transport),
-                                        prepare=self.preparation.prepare)
+        self.transfers = TransferStarts(
+            self.context,
+            tables,
+            self.dispatch,
+            read_mode=settings.read_mode,
+            binding=PeerBinding(settings.bind_peers, self.transport),
+            prepare=self.preparation.prepare,
+        )
         self._ticker = Ticker(self.drivers, self._settled, settings.tick_interval)
 
     def _curve(self) -> dict:
@@ -186,8 +224,9 @@ class WorkerHalf:
 
     # -- vLLM's worker hooks -------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches: dict, kv_format: LayerKVFormat,
-                           attention_backend: str = "") -> None:
+    def register_kv_caches(
+        self, kv_caches: dict, kv_format: LayerKVFormat, attention_backend: str = ""
+    ) -> None:
         ctx, settings = self.context, self.settings
         ctx.cache = cache = LocalKvCache(kv_caches, kv_format, attention_backend=attention_backend)
         ctx.engine = engine = self._make_engine(self.topology.label(self.engine_id))
@@ -195,12 +234,17 @@ class WorkerHalf:
             inject_faults(engine, settings.fault_injection)
         cache.register(engine)
         self.reports.on_load_ended = engine.interrupt_help
-        ctx.links = PeerLinks(lambda address: self.transport.request_handshake(address),
-                              engine, cache.summary, cache.names)
+        ctx.links = PeerLinks(
+            lambda address: self.transport.request_handshake(address),
+            engine,
+            cache.summary,
+            cache.names,
+        )
         self.handshake_port = self.transport.serve_handshake(
             cache.handshake_reply(engine, self.engine_id),
             port=self.topology.own_port(settings.handshake_port),
-            bind_host=settings.host_ip or self.host)
+            bind_host=settings.host_ip or self.host,
+        )
 
     def start_step(self, metadata: StepMetadata | None) -> None:
         """Apply one step's metadata: new transfers first, then ended requests."""
@@ -247,7 +291,7 @@ class WorkerHalf:
             return
         every = (1 << len(self.cache.names)) - 1
         now = self.clock()
-        with self.posts.together(self.engine):   # every layer not yet posted, in one go
+        with self.posts.together(self.engine):  # every layer not yet posted, in one go
             for tid in self._step_sends:
                 left = every & ~self._saved_this_step.get(tid, 0)
                 if left:
@@ -259,8 +303,12 @@ class WorkerHalf:
 
     def finished(self) -> tuple[set[str], set[str]]:
         """What finished since the last call, after this step's wait (``step_waits.py``)."""
-        wait_between_steps(self.engine, self.reports, idle_step=self._step_idle,
-                           writes_in=not self.settings.read_mode)
+        wait_between_steps(
+            self.engine,
+            self.reports,
+            idle_step=self._step_idle,
+            writes_in=not self.settings.read_mode,
+        )
         return self.reports.take()
 
     def load_errors(self) -> set[int]:

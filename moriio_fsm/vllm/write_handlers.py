@@ -23,11 +23,14 @@ def abandon(ctx: HandlerContext, transfer_id: str, layers, answer):
     quarantines the blocks.
     """
     info = ctx.directory.get(transfer_id)
-    sessions = [info.sessions[layer] for layer in layers
-                if info is not None and layer in info.sessions]
+    sessions = [
+        info.sessions[layer] for layer in layers if info is not None and layer in info.sessions
+    ]
     if not all(session.killable for session in sessions):
-        raise RuntimeError(f"the {type(ctx.engine).__name__} cannot stop an in-flight "
-                           "transfer; its blocks stay quarantined")
+        raise RuntimeError(
+            f"the {type(ctx.engine).__name__} cannot stop an in-flight "
+            "transfer; its blocks stay quarantined"
+        )
     for session in sessions:
         session.kill()
     ctx.forget_completions(transfer_id)
@@ -58,21 +61,24 @@ def producer_handlers(ctx: HandlerContext) -> dict:
     def post_write(effect):
         info = ctx.info(effect.transfer_id)
         if info.link is None:
-            raise LookupError(f"transfer {effect.transfer_id!r}: D's address is unknown "
-                              "(kv_transfer_params had no remote_host)")
+            raise LookupError(
+                f"transfer {effect.transfer_id!r}: D's address is unknown "
+                "(kv_transfer_params had no remote_host)"
+            )
         tid, layer, remote_ids = effect.transfer_id, effect.layer, effect.block_ids
 
         def when_linked(future) -> None:
             try:
                 completed = post_now(tid, layer, remote_ids, future.result())
             except Exception as exc:
-                completed = events.post_failed(tid, ctx.clock(), layer,
-                                               f"{type(exc).__name__}: {exc}")
+                completed = events.post_failed(
+                    tid, ctx.clock(), layer, f"{type(exc).__name__}: {exc}"
+                )
             if completed is not None:
                 ctx.dispatch("send", completed)
 
         if info.link.done():
-            return post_now(tid, layer, remote_ids, info.link.result())   # raising -> post_failed
+            return post_now(tid, layer, remote_ids, info.link.result())  # raising -> post_failed
         info.link.add_done_callback(when_linked)
         return None
 
@@ -85,13 +91,21 @@ def producer_handlers(ctx: HandlerContext) -> dict:
     rank = ctx.topology.tp_rank
     return {
         "post_write": post_write,
-        "abandon_writes": lambda effect: abandon(ctx, effect.transfer_id, effect.layers,
-                                                 events.writes_abandoned),
-        "send_write_done": lambda effect: to_d(effect, WriteDone(
-            effect.transfer_id, effect.num_writers, producer_rank=rank)),
-        "send_write_failed": lambda effect: to_d(effect, WriteFailed(
-            effect.transfer_id, reason=effect.reason[:64] or "failed",
-            writes_stopped=effect.writes_stopped, producer_rank=rank)),
+        "abandon_writes": lambda effect: abandon(
+            ctx, effect.transfer_id, effect.layers, events.writes_abandoned
+        ),
+        "send_write_done": lambda effect: to_d(
+            effect, WriteDone(effect.transfer_id, effect.num_writers, producer_rank=rank)
+        ),
+        "send_write_failed": lambda effect: to_d(
+            effect,
+            WriteFailed(
+                effect.transfer_id,
+                reason=effect.reason[:64] or "failed",
+                writes_stopped=effect.writes_stopped,
+                producer_rank=rank,
+            ),
+        ),
         **prefill_report_handlers(ctx, with_quarantine=True),
     }
 
@@ -103,16 +117,27 @@ def consumer_handlers(ctx: HandlerContext) -> dict:
     def send_remote_blocks(effect) -> None:
         info = ctx.info(effect.transfer_id)
         for rank in me.peer_ranks(ctx.peer_of(info)):
-            ctx.send_to_peer(info, rank, RemoteBlocks(
-                effect.transfer_id, effect.req_id or info.request_id, tuple(effect.block_ids),
-                decode_rank=me.tp_rank, prompt_digest=info.prompt_digest or None,
-                decode_dp_rank=me.dp_rank))
+            ctx.send_to_peer(
+                info,
+                rank,
+                RemoteBlocks(
+                    effect.transfer_id,
+                    effect.req_id or info.request_id,
+                    tuple(effect.block_ids),
+                    decode_rank=me.tp_rank,
+                    prompt_digest=info.prompt_digest or None,
+                    decode_dp_rank=me.dp_rank,
+                ),
+            )
 
     def send_release(effect) -> None:
         info = ctx.info(effect.transfer_id)
         for rank in me.peer_ranks(ctx.peer_of(info)):
-            ctx.send_to_peer(info, rank, Release(
-                effect.transfer_id, consumer_tp_size=me.tp_size, consumer_rank=me.tp_rank))
+            ctx.send_to_peer(
+                info,
+                rank,
+                Release(effect.transfer_id, consumer_tp_size=me.tp_size, consumer_rank=me.tp_rank),
+            )
 
     return {
         "send_remote_blocks": send_remote_blocks,

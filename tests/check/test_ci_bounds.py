@@ -20,12 +20,15 @@ PAIR = Bounds(layers=1, faults=1, tick_s="off")
 
 
 def explain(result) -> str:
-    return "\n".join([summary(result)] + [line for finding in result.findings.values()
-                                          for line in render_finding(finding)])
+    return "\n".join(
+        [summary(result)]
+        + [line for finding in result.findings.values() for line in render_finding(finding)]
+    )
 
 
-@pytest.mark.parametrize("name", ["write_producer", "write_consumer", "read_producer",
-                                  "read_consumer"])
+@pytest.mark.parametrize(
+    "name", ["write_producer", "write_consumer", "read_producer", "read_consumer"]
+)
 def test_every_rule_holds_for_the_spec(name):
     result = check_spec(name, SINGLE.with_(writers=WRITERS.get(name, SINGLE.writers)))
     assert result.complete and result.ok, explain(result)

@@ -35,7 +35,8 @@ def test_a_sound_spec_prints_its_counts_and_exits_0(capsys):
 
 
 def test_a_broken_spec_prints_a_counterexample_and_writes_a_trace_replay_accepts(
-        timerless, tmp_path, capsys):
+    timerless, tmp_path, capsys
+):
     out_dir = tmp_path / "out"
     assert main(["check", str(timerless), "--layers", "1", "--out", str(out_dir)]) == 1
     out = capsys.readouterr().out
@@ -47,13 +48,23 @@ def test_a_broken_spec_prints_a_counterexample_and_writes_a_trace_replay_accepts
     trace = read_trace(trace_path)
     assert [s.event for s in trace.steps][0] == "receive_started"
     report = replay([str(trace_path)])
-    assert not report.divergences                  # every recorded step comes out again
+    assert not report.divergences  # every recorded step comes out again
     assert any(a.kind == "not_final" for a in report.anomalies)
 
 
 def test_json_output_lists_each_finding_with_its_steps_and_trace(timerless, tmp_path, capsys):
-    code = main(["check", str(timerless), "read_producer", "--layers", "1", "--json",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "check",
+            str(timerless),
+            "read_producer",
+            "--layers",
+            "1",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 1
     results = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in results] == ["write_consumer", "read_producer"]
@@ -71,14 +82,26 @@ def test_pairs_are_named_pair_write_and_pair_read(capsys):
     assert capsys.readouterr().out.startswith("write pair (write_producer x write_consumer): ok")
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["check", "write_consumr"], "unknown SPEC 'write_consumr'"),
-    (["check", "read_producer", "--layers", "0"], "bound layers must be an integer in [1, 16], got 0"),
-    (["check", "read_producer", "--config", "read_producer.lease_s"], "--config takes MACHINE.KEY=VALUE"),
-    (["check", "read_producer", "--config", "read_producer.lease=3"], "unknown config key 'lease'"),
-    (["check", "read_producer", "--config", "read_producer.lease_s=-1"], "must be a positive"),
-    (["check", "read_producer", "--spec", "write_consumer=x.yaml"], "no pair checked here"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["check", "write_consumr"], "unknown SPEC 'write_consumr'"),
+        (
+            ["check", "read_producer", "--layers", "0"],
+            "bound layers must be an integer in [1, 16], got 0",
+        ),
+        (
+            ["check", "read_producer", "--config", "read_producer.lease_s"],
+            "--config takes MACHINE.KEY=VALUE",
+        ),
+        (
+            ["check", "read_producer", "--config", "read_producer.lease=3"],
+            "unknown config key 'lease'",
+        ),
+        (["check", "read_producer", "--config", "read_producer.lease_s=-1"], "must be a positive"),
+        (["check", "read_producer", "--spec", "write_consumer=x.yaml"], "no pair checked here"),
+    ],
+)
 def test_bad_usage_says_what_was_expected_and_exits_2(argv, says, capsys):
     assert main(argv) == 2
     assert says in capsys.readouterr().err
@@ -86,7 +109,9 @@ def test_bad_usage_says_what_was_expected_and_exits_2(argv, says, capsys):
 
 def test_a_spec_file_that_does_not_load_reports_file_and_line(tmp_path, capsys):
     path = tmp_path / "write_consumer.yaml"
-    path.write_text(spec_path("write_consumer").read_text().replace("dest: received,", "dest: recieved,"))
+    path.write_text(
+        spec_path("write_consumer").read_text().replace("dest: received,", "dest: recieved,")
+    )
     assert main(["check", str(path)]) == 2
     assert f"{path}:" in capsys.readouterr().err
 

@@ -49,12 +49,15 @@ def test_the_old_safety_timeout_planted_again_is_found(tmp_path):
     old_d = Machine(spec, load_bindings(spec).replaced(give_up_waiting), resolve_config(spec, None))
     result = check_pair("write", SMALL, machines={"write_consumer": old_d})
     assert {"freed_under_operation", "operation_on_freed_blocks"} <= set(result.findings)
-    steps = [s.event.kind for s in steps_of(result.findings["operation_on_freed_blocks"].path)
-             if isinstance(s, Dispatch)]
-    assert steps[-2:] == ["safety_timeout", "layer_scheduled"]      # P's first write, too late
+    steps = [
+        s.event.kind
+        for s in steps_of(result.findings["operation_on_freed_blocks"].path)
+        if isinstance(s, Dispatch)
+    ]
+    assert steps[-2:] == ["safety_timeout", "layer_scheduled"]  # P's first write, too late
 
 
-def can_read(tx, ev) -> bool:          # planted: D reads whatever its lease says
+def can_read(tx, ev) -> bool:  # planted: D reads whatever its lease says
     return tx.reads_wanted
 
 
@@ -63,16 +66,21 @@ def test_a_reader_that_ignores_its_lease_is_caught_reading_freed_blocks():
     config = resolve_config(spec, PAIR_CONFIGS["read"]["read_consumer"])
     reader = Machine(spec, load_bindings(spec).replaced(can_read), config)
     result = check_pair("read", SMALL, machines={"read_consumer": reader})
-    assert "P: free_blocks while a read from its blocks (layer(s) 0)" in \
-        result.findings["freed_under_operation"].message
-    assert "P: a read of layer 0 posted after the blocks went back" in \
-        result.findings["operation_on_freed_blocks"].message
+    assert (
+        "P: free_blocks while a read from its blocks (layer(s) 0)"
+        in result.findings["freed_under_operation"].message
+    )
+    assert (
+        "P: a read of layer 0 posted after the blocks went back"
+        in result.findings["operation_on_freed_blocks"].message
+    )
 
 
 def test_a_creating_step_that_raises_is_a_finding_and_ends_its_branch():
     """P's creating step breaking a rule ends the branch before D is created: the checker
     reports the step, with its path, instead of failing on the ended branch."""
-    def valid_writer_count(tx, ev) -> bool:      # planted: P's creating step raises
+
+    def valid_writer_count(tx, ev) -> bool:  # planted: P's creating step raises
         raise RuntimeError("planted")
 
     spec = load_spec(spec_path("write_producer"))
@@ -81,26 +89,33 @@ def test_a_creating_step_that_raises_is_a_finding_and_ends_its_branch():
     result = check_pair("write", SMALL, machines={"write_producer": broken})
     finding = result.findings["binding_raised"]
     assert "raised RuntimeError: planted" in finding.message
-    assert [s.event.kind for s in steps_of(finding.path) if isinstance(s, Dispatch)] == \
-        ["prefill_started"]
+    assert [s.event.kind for s in steps_of(finding.path) if isinstance(s, Dispatch)] == [
+        "prefill_started"
+    ]
 
 
 OLD_SAFETY_TIMEOUT = [
-    ("""      Nobody confirmed the writes stopped in time: keep the blocks out of circulation for
+    (
+        """      Nobody confirmed the writes stopped in time: keep the blocks out of circulation for
       good, and fail the load if the request still waits.
     writes: [blocks_quarantined, reported_failure]""",
-     """      Nobody confirmed the writes stopped in time; assume they did.
-    writes: [blocks_freed, reported_failure]"""),
-    ("""actions: [give_up_waiting],
+        """      Nobody confirmed the writes stopped in time; assume they did.
+    writes: [blocks_freed, reported_failure]""",
+    ),
+    (
+        """actions: [give_up_waiting],
      emits: [quarantine_blocks, report_load_failure]}""",
-     """actions: [give_up_waiting],
-     emits: [free_blocks, report_load_failure]}"""),
-    ("""  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers\"""",
-     """  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers or state == 'abandoned'\""""),
+        """actions: [give_up_waiting],
+     emits: [free_blocks, report_load_failure]}""",
+    ),
+    (
+        """  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers\"""",
+        """  blocks_freed_only_when_stopped: "blocks_freed == 0 or verdicts == num_writers or state == 'abandoned'\"""",
+    ),
 ]
 
 
-def give_up_waiting(tx, ev, out) -> None:      # the rule as it was
+def give_up_waiting(tx, ev, out) -> None:  # the rule as it was
     if tx.request_finished:
         tx.blocks_freed += 1
         out.append(emits.free_blocks(tx.transfer_id, reason="safety_timeout"))
@@ -112,7 +127,8 @@ def give_up_waiting(tx, ev, out) -> None:      # the rule as it was
 def test_blocks_quarantined_after_the_failed_load_gave_them_back_are_caught():
     """The pair judges a quarantine by the ledger's rule too: once D reported the load
     failed, vLLM owns the blocks again, and keeping them out of circulation is too late."""
-    def give_up_waiting(tx, ev, out) -> None:     # planted: fails the load, then quarantines
+
+    def give_up_waiting(tx, ev, out) -> None:  # planted: fails the load, then quarantines
         if not tx.request_finished:
             tx.reported_failure += 1
             out.append(emits.report_load_failure(tx.transfer_id, reason="safety_timeout"))
@@ -123,7 +139,11 @@ def test_blocks_quarantined_after_the_failed_load_gave_them_back_are_caught():
     late = Machine(spec, load_bindings(spec).replaced(give_up_waiting), resolve_config(spec, None))
     result = check_pair("write", SMALL, machines={"write_consumer": late})
     assert result.findings["blocks_leave_once"].message == (
-        "D: quarantine_blocks after the blocks had already left")
-    steps = [s.event.kind for s in steps_of(result.findings["blocks_leave_once"].path)
-             if isinstance(s, Dispatch)]
+        "D: quarantine_blocks after the blocks had already left"
+    )
+    steps = [
+        s.event.kind
+        for s in steps_of(result.findings["blocks_leave_once"].path)
+        if isinstance(s, Dispatch)
+    ]
     assert steps[-1] == "safety_timeout"

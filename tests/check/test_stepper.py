@@ -30,7 +30,7 @@ def walk(name: str, seed: int, steps: int = 60) -> None:
     for _ in range(steps):
         tx = table.get(TRANSFER_ID)
         if tx is None:
-            break                                   # ended: the table retired it
+            break  # ended: the table retired it
         assert stepper.key_of(tx) == key
         armed = [d for d in tx.deadlines if d is not None]
         if armed and rng.random() < 0.3:
@@ -40,8 +40,11 @@ def walk(name: str, seed: int, steps: int = 60) -> None:
             for ev, result in fired:
                 slot = timer_events.index(ev.kind)
                 replayed, key = stepper.run(stepper.load(key), stepper.timer_event(slot, ev.time))
-                assert (replayed.outcome, replayed.state, list(replayed.effects)) == \
-                    (result.outcome, result.state, list(result.effects))
+                assert (replayed.outcome, replayed.state, list(replayed.effects)) == (
+                    result.outcome,
+                    result.state,
+                    list(result.effects),
+                )
             continue
         concrete = rng.choice(alphabet.events)
         ev = concrete.build(TRANSFER_ID, now)
@@ -49,9 +52,12 @@ def walk(name: str, seed: int, steps: int = 60) -> None:
         snapshot = stepper.key_of(original)
         expected = table.dispatch(ev)
         got, key = stepper.run(original, ev)
-        assert stepper.key_of(original) == snapshot          # the copy took the step
-        assert (got.outcome, got.state, list(got.effects)) == \
-            (expected.outcome, expected.state, list(expected.effects)), concrete
+        assert stepper.key_of(original) == snapshot  # the copy took the step
+        assert (got.outcome, got.state, list(got.effects)) == (
+            expected.outcome,
+            expected.state,
+            list(expected.effects),
+        ), concrete
 
 
 @pytest.mark.parametrize("name", sorted(MACHINE_MODULES))
@@ -65,8 +71,9 @@ def test_keys_hold_lists_as_tuples_and_give_them_back_as_lists():
     stepper = Stepper(machine)
     _, key = stepper.create(Alphabet(machine.spec, Bounds()).creating[0].build(TRANSFER_ID, 0.0))
     alphabet = Alphabet(machine.spec, Bounds())
-    blocks = next(c for c in alphabet.events if c.kind == "remote_blocks"
-                  and dict(c.data)["decode_rank"] == 0)
+    blocks = next(
+        c for c in alphabet.events if c.kind == "remote_blocks" and dict(c.data)["decode_rank"] == 0
+    )
     _, key = stepper.run(stepper.load(key), blocks.build(TRANSFER_ID, 0.0))
     hash(key)
     assert stepper.context_of(key)["remote_block_ids"] == [7]

@@ -24,14 +24,25 @@ from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX
 
 # cross_memory_inline: the same-host engine copying on the posting thread (its default on one core);
 # cross_memory_shared: the same-host engine sharing registered pages, so that peers copy by memcpy.
-ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "cross_memory_shared", "nixl", "mori"]
+ENGINE_KINDS = [
+    "loopback",
+    "cross_memory",
+    "cross_memory_inline",
+    "cross_memory_shared",
+    "nixl",
+    "mori",
+]
 # The engines that take LoopbackFaults as engine.faults.
 FAULT_ENGINE_KINDS = ["loopback", "cross_memory", "cross_memory_inline", "cross_memory_shared"]
 ENGINE_THREAD_PREFIXES = ("loopback-", "cross-memory-", "nixl-")
 
 _REGION_MARK = "memfd:" + REGION_NAME_PREFIX
 # An adopted region's fd must close with its registration (its mapping is the tensor's memory).
-_ENGINE_HANDLE_MARKS = ("memfd:" + REGISTRY_NAME_PREFIX, "memfd:" + ADOPTED_NAME_PREFIX, "anon_inode:[pidfd]")
+_ENGINE_HANDLE_MARKS = (
+    "memfd:" + REGISTRY_NAME_PREFIX,
+    "memfd:" + ADOPTED_NAME_PREFIX,
+    "anon_inode:[pidfd]",
+)
 
 
 def open_fds(*marks: str) -> set[str]:
@@ -88,7 +99,9 @@ def no_leaked_threads_or_regions():
     check = RegionLeakCheck()
     handles_before = engine_handles()
     yield
-    leaked_threads = [t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREAD_PREFIXES)]
+    leaked_threads = [
+        t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREAD_PREFIXES)
+    ]
     assert not leaked_threads, f"engine threads still running after the test: {leaked_threads}"
     leaked = check.leaked()
     assert not leaked, f"the test left shared regions open or mapped: {leaked}"
@@ -159,7 +172,7 @@ def page_aligned_zeros(size: int) -> torch.Tensor:
     page = os.sysconf("SC_PAGE_SIZE")
     whole = torch.zeros(size + page, dtype=torch.uint8)
     skip = -whole.data_ptr() % page
-    return whole[skip:skip + size]
+    return whole[skip : skip + size]
 
 
 class Pair:
@@ -174,15 +187,17 @@ class Pair:
             self.producer.close()
             raise
         self.producer.register_remote_engine(
-            self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack()))
+            self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack())
+        )
         self.consumer.register_remote_engine(
-            self.consumer.unpack_engine_desc(self.producer.get_engine_desc().pack()))
+            self.consumer.unpack_engine_desc(self.producer.get_engine_desc().pack())
+        )
         generator = torch.Generator().manual_seed(size)
         self.source = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator)
         if kind == "loopback":
             self.target = self.consumer.allocate_shared_tensor(size)
         elif kind == "cross_memory_shared":
-            self.target = page_aligned_zeros(size)   # whole pages, which the engine shares
+            self.target = page_aligned_zeros(size)  # whole pages, which the engine shares
         else:
             self.target = torch.zeros(size, dtype=torch.uint8)
         self.source_mem = self.producer.register_torch_tensor(self.source)
@@ -197,7 +212,7 @@ class Pair:
             from moriio_fsm.engines import mori_standin
 
             if mori_standin.is_loaded():
-                mori_standin.drain()   # no stand-in transfer may touch the tensors once they go
+                mori_standin.drain()  # no stand-in transfer may touch the tensors once they go
         self.producer.close()
         self.consumer.close()
         # Tensors and sessions map the regions; the leak check runs while pytest

@@ -16,8 +16,12 @@ class JsonLinePeer:
     """``python SCRIPT ARGS...``; its first line is kept as ``hello``."""
 
     def __init__(self, script: str, *args: str):
-        self.process = subprocess.Popen([sys.executable, script, *args],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = self.process.pid
         self.hello = self.read()
 
@@ -25,7 +29,9 @@ class JsonLinePeer:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
         line = self.process.stdout.readline() if ready else ""
         if not line:
-            raise RuntimeError(f"peer process {self.pid} did not answer (exit code {self.process.poll()})")
+            raise RuntimeError(
+                f"peer process {self.pid} did not answer (exit code {self.process.poll()})"
+            )
         return json.loads(line)
 
     def ask(self, **command) -> dict:

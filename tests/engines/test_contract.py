@@ -27,8 +27,9 @@ def test_memory_descriptor_survives_packing_and_reports_region_size(pair):
 
 
 def test_batch_write_lands_every_range_and_returns_one_status(pair):
-    status = pair.session.batch_write([0, 100, 2000], [3000, 10, 500], [64, 200, 1000],
-                                      pair.session.allocate_transfer_uid())
+    status = pair.session.batch_write(
+        [0, 100, 2000], [3000, 10, 500], [64, 200, 1000], pair.session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS)
     assert status.succeeded() and not status.failed()
     assert status.code() == StatusCode.SUCCESS
@@ -37,14 +38,18 @@ def test_batch_write_lands_every_range_and_returns_one_status(pair):
     assert torch.equal(pair.target[500:1500], pair.source[2000:3000])
     untouched = torch.ones(pair.target.numel(), dtype=torch.bool)
     for start, size in ((3000, 64), (10, 200), (500, 1000)):
-        untouched[start:start + size] = False
+        untouched[start : start + size] = False
     assert int(pair.target[untouched].count_nonzero()) == 0
 
 
 def test_batch_read_pulls_remote_ranges_into_local_memory(pair):
-    pair.target[:] = torch.arange(pair.target.numel(), dtype=torch.int64).remainder(251).to(torch.uint8)
+    pair.target[:] = (
+        torch.arange(pair.target.numel(), dtype=torch.int64).remainder(251).to(torch.uint8)
+    )
     expected_head = pair.target[1024:1536].clone()
-    status = pair.session.batch_read([0, 512], [1024, 4000], [512, 96], pair.session.allocate_transfer_uid())
+    status = pair.session.batch_read(
+        [0, 512], [1024, 4000], [512, 96], pair.session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.succeeded()
     assert torch.equal(pair.source[0:512], expected_head)
     assert torch.equal(pair.source[512:608], pair.target[4000:4096])
@@ -61,8 +66,10 @@ def test_single_write_and_read(pair):
 
 
 def test_wait_all_and_wait_see_every_status_final(pair):
-    statuses = [pair.session.batch_write([i * 64], [i * 64], [64], pair.session.allocate_transfer_uid())
-                for i in range(16)]
+    statuses = [
+        pair.session.batch_write([i * 64], [i * 64], [64], pair.session.allocate_transfer_uid())
+        for i in range(16)
+    ]
     assert pair.producer.wait_all(statuses, WAIT_MS)
     assert all(s.wait() == StatusCode.SUCCESS for s in statuses)
     assert torch.equal(pair.target[:1024], pair.source[:1024])
@@ -88,7 +95,8 @@ def test_transfer_uids_are_distinct(pair):
     ],
 )
 def test_bad_argument_values_come_back_as_failed_status_and_move_nothing(
-        pair, local_offsets, remote_offsets, sizes, uid, named):
+    pair, local_offsets, remote_offsets, sizes, uid, named
+):
     status = pair.session.batch_write(local_offsets, remote_offsets, sizes, uid)
     assert status.failed() and not status.in_progress()
     assert status.code() == StatusCode.ERR_INVALID_ARGS

@@ -24,8 +24,12 @@ def test_batches_due_now_are_handed_out_in_order_at_most_most_at_a_time():
     batches = [posted(uid) for uid in range(1, 6)]
     for batch in batches:
         assert queue.put(batch, queue.number())
-    assert queue.take(0) == batches[:2] and queue.take(0) == batches[2:4] and queue.take(0) == batches[4:]
-    assert queue.take(0) == []                   # nothing left: the wait runs out
+    assert (
+        queue.take(0) == batches[:2]
+        and queue.take(0) == batches[2:4]
+        and queue.take(0) == batches[4:]
+    )
+    assert queue.take(0) == []  # nothing left: the wait runs out
 
 
 def test_a_stalled_batch_is_never_handed_out_and_a_held_one_only_once_released():
@@ -48,14 +52,25 @@ def test_a_delayed_batch_is_not_due_before_its_time():
 def test_close_hands_back_what_is_queued_stalled_held_or_delayed_and_refuses_more():
     queue, hold = PostQueue(), HeldTransfers()
     batches = [posted(uid) for uid in range(1, 5)]
-    verdicts = [FaultVerdict(), FaultVerdict(stall=True), FaultVerdict(hold=hold), FaultVerdict(delay_s=3600.0)]
+    verdicts = [
+        FaultVerdict(),
+        FaultVerdict(stall=True),
+        FaultVerdict(hold=hold),
+        FaultVerdict(delay_s=3600.0),
+    ]
     for batch, verdict in zip(batches, verdicts):
         assert queue.put(batch, queue.number(), verdict)
     abandoned = queue.close()
     assert sorted(batch.batch.transfer_uid for batch in abandoned) == [1, 2, 3, 4]
-    assert queue.close() is None                  # once
-    assert queue.number() is None and not queue.put(posted(9), 9) and not queue.put_due([(9, posted(9))])
-    assert hold.release() == 1 and queue.take(0) is None     # a release after close brings nothing back
+    assert queue.close() is None  # once
+    assert (
+        queue.number() is None
+        and not queue.put(posted(9), 9)
+        and not queue.put_due([(9, posted(9))])
+    )
+    assert (
+        hold.release() == 1 and queue.take(0) is None
+    )  # a release after close brings nothing back
 
 
 def test_a_closed_queue_wakes_its_taker():
@@ -84,11 +99,14 @@ def test_the_worker_loop_settles_each_status_with_its_label_and_stops_at_close()
     assert batches[1].status.message() == "batch_write uid 2: peer gone"
 
 
-@pytest.mark.parametrize("sizes, parts, slices", [
-    ([10, 10, 10, 10], 2, [(0, 2), (2, 4)]),
-    ([100, 1, 1, 1], 2, [(0, 1), (1, 4)]),
-    ([5], 2, [(0, 1)]),
-])
+@pytest.mark.parametrize(
+    "sizes, parts, slices",
+    [
+        ([10, 10, 10, 10], 2, [(0, 2), (2, 4)]),
+        ([100, 1, 1, 1], 2, [(0, 1), (1, 4)]),
+        ([5], 2, [(0, 1)]),
+    ],
+)
 def test_a_batch_is_cut_where_its_bytes_pass_each_equal_share(sizes, parts, slices):
     assert byte_slices(sizes, sum(sizes), parts) == slices
 
@@ -99,7 +117,7 @@ def test_a_failing_slice_is_raised_only_once_every_slice_has_ended():
     def copy_slice(a, b):
         if a == 0:
             raise OSError("the first slice failed")
-        release.wait(10)               # the helper's slice is still copying when the first fails
+        release.wait(10)  # the helper's slice is still copying when the first fails
         ended.append((a, b))
 
     try:
@@ -114,6 +132,8 @@ def test_a_failing_slice_is_raised_only_once_every_slice_has_ended():
 
 def test_a_batch_below_the_threshold_is_copied_by_the_caller_alone():
     helpers, threads = CopyHelpers(2, "test-split"), []
-    helpers.run(lambda a, b: threads.append((threading.current_thread(), a, b)), [8, 8], 16, min_bytes=17)
+    helpers.run(
+        lambda a, b: threads.append((threading.current_thread(), a, b)), [8, 8], 16, min_bytes=17
+    )
     assert threads == [(threading.current_thread(), 0, 2)]
     helpers.shutdown()

@@ -38,7 +38,11 @@ def test_a_successful_write_becomes_layer_write_completed(poller, delivered):
     poller.submit(succeeded(), "tx-1", 3, "write")
     event = delivered.get(timeout=WAIT_S)
     assert isinstance(event, Event)
-    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "layer_write_completed", {"layer": 3})
+    assert (event.transfer_id, event.kind, dict(event.data)) == (
+        "tx-1",
+        "layer_write_completed",
+        {"layer": 3},
+    )
 
 
 def test_a_failed_write_carries_its_code_and_message(poller, delivered):
@@ -192,14 +196,21 @@ def test_poller_with_a_loopback_engine_reports_each_layer(loopback_pair, deliver
     with CompletionPoller(delivered.put) as poller:
         for layer in range(4):
             status = loopback_pair.session.batch_write(
-                [layer * 512], [layer * 512], [512], loopback_pair.session.allocate_transfer_uid())
+                [layer * 512], [layer * 512], [512], loopback_pair.session.allocate_transfer_uid()
+            )
             poller.submit(status, "tx-engine", layer)
-        events = sorted((delivered.get(timeout=WAIT_S) for _ in range(4)), key=lambda e: e.data["layer"])
-    assert [e.kind for e in events] == ["layer_write_completed"] * 2 + ["layer_write_failed", "layer_write_completed"]
+        events = sorted(
+            (delivered.get(timeout=WAIT_S) for _ in range(4)), key=lambda e: e.data["layer"]
+        )
+    assert [e.kind for e in events] == ["layer_write_completed"] * 2 + [
+        "layer_write_failed",
+        "layer_write_completed",
+    ]
     assert events[2].data["code"] == StatusCode.ERR_RDMA_OP
 
 
 # -- waking on settle ------------------------------------------------------------------
+
 
 class PolledOnly:
     """A status with mori.io's query surface and no way to call back: it must be polled."""
@@ -229,12 +240,16 @@ def test_a_status_that_calls_back_is_delivered_without_polling(delivered):
         for n, each in enumerate(many):
             each.mark_in_progress()
             slow.submit(each, f"tx-many-{n}", 0)
-        threads = [threading.Thread(target=each.settle, args=(StatusCode.SUCCESS,)) for each in many]
+        threads = [
+            threading.Thread(target=each.settle, args=(StatusCode.SUCCESS,)) for each in many
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert {delivered.get(timeout=WAIT_S).transfer_id for _ in many} == {f"tx-many-{n}" for n in range(50)}
+        assert {delivered.get(timeout=WAIT_S).transfer_id for _ in many} == {
+            f"tx-many-{n}" for n in range(50)
+        }
 
 
 def test_a_status_without_call_backs_is_still_polled(delivered):
@@ -255,7 +270,7 @@ def test_a_settled_status_far_down_a_long_queue_is_still_found(delivered):
             poller.submit(status, f"tx-{n}", 0)
         statuses[37].settle(StatusCode.SUCCESS)
         assert delivered.get(timeout=WAIT_S).transfer_id == "tx-37"
-        assert delivered.empty()           # the other 39 are still in progress
+        assert delivered.empty()  # the other 39 are still in progress
 
 
 def test_event_if_final_answers_for_final_statuses_only(poller):
@@ -265,7 +280,7 @@ def test_event_if_final_answers_for_final_statuses_only(poller):
     running = LocalTransferStatus()
     running.mark_in_progress()
     assert poller.event_if_final(running, "tx-later", 0) is None
-    assert poller.pending == 0            # nothing was queued by asking
+    assert poller.pending == 0  # nothing was queued by asking
     with pytest.raises(ValueError, match="op must be one of"):
         poller.event_if_final(succeeded(), "tx", 0, "copy")
 
@@ -280,9 +295,9 @@ def test_when_final_calls_back_once_now_or_at_settle_and_survives_a_raising_call
     assert status.settle(StatusCode.SUCCESS)
     assert calls == ["first", "after the raising one"]
     assert "when_final callback raised" in caplog.text
-    assert not status.settle(StatusCode.ERR_RDMA_OP)       # settling again calls no one
+    assert not status.settle(StatusCode.ERR_RDMA_OP)  # settling again calls no one
     assert calls == ["first", "after the raising one"]
-    status.when_final(lambda: calls.append("late"))        # already final: at once
+    status.when_final(lambda: calls.append("late"))  # already final: at once
     assert calls[-1] == "late"
     with pytest.raises(TypeError, match="callback must be callable"):
         status.when_final("not callable")
@@ -314,8 +329,12 @@ class ClaimsAnything(LocalTransferStatus):
         return self.claim
 
 
-@pytest.mark.parametrize("claim", [float("nan"), float("inf"), float("-inf"), 1e300, -1e300, "yesterday", 5, None])
-def test_an_end_time_that_is_not_a_past_monotonic_reading_is_replaced_by_the_pollers_clock(poller, claim):
+@pytest.mark.parametrize(
+    "claim", [float("nan"), float("inf"), float("-inf"), 1e300, -1e300, "yesterday", 5, None]
+)
+def test_an_end_time_that_is_not_a_past_monotonic_reading_is_replaced_by_the_pollers_clock(
+    poller, claim
+):
     status = ClaimsAnything()
     status.claim = claim
     status.settle(StatusCode.SUCCESS)
@@ -331,7 +350,9 @@ def test_a_poller_on_another_clock_never_mixes_in_the_statuses_end_times(deliver
         assert poller.event_if_final(status, "tx-fake", 0).time == 77.0
 
 
-@pytest.mark.parametrize("ended_at", [float("nan"), float("inf"), float("-inf"), -1e300, "now", 3, 1e300])
+@pytest.mark.parametrize(
+    "ended_at", [float("nan"), float("inf"), float("-inf"), -1e300, "now", 3, 1e300]
+)
 def test_settle_refuses_an_end_time_that_is_not_a_past_monotonic_reading_and_stays_open(ended_at):
     status = LocalTransferStatus()
     status.mark_in_progress()

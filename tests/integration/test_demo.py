@@ -17,15 +17,21 @@ from moriio_fsm.serving.vllm_server import metric_value, vllm_cpu_python
 
 pytestmark = pytest.mark.integration
 
-REQUESTS = 9          # each kind, a concurrent group of three, the shared prefix twice
+REQUESTS = 9  # each kind, a concurrent group of three, the shared prefix twice
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     vllm_cpu_python()
-    first = demo.run(demo.DemoOptions(mode="write", requests=REQUESTS,
-                                      workdir=tmp_path_factory.mktemp("demo-write"),
-                                      show_progress=False), log=lambda text: None)
+    first = demo.run(
+        demo.DemoOptions(
+            mode="write",
+            requests=REQUESTS,
+            workdir=tmp_path_factory.mktemp("demo-write"),
+            show_progress=False,
+        ),
+        log=lambda text: None,
+    )
     return first
 
 
@@ -42,49 +48,63 @@ def group_alive(pgid: int) -> bool:
 
 
 def check_clean(result):
-    assert result.pids and not any(group_alive(pid) for pid in result.pids)   # all stopped
-    assert result.line == (f"requests={REQUESTS} identical={REQUESTS} mismatched=0 failed=0 "
-                           "leaked_blocks=0")
+    assert result.pids and not any(group_alive(pid) for pid in result.pids)  # all stopped
+    assert result.line == (
+        f"requests={REQUESTS} identical={REQUESTS} mismatched=0 failed=0 leaked_blocks=0"
+    )
     assert result.ok and result.replay_ok
-    assert {o.prompt.kind for o in result.outcomes} == {"short", "multi-block", "shared prefix",
-                                                        "concurrent"}
-    assert len(result.transfer_s) >= REQUESTS         # D's side of every transfer was traced
+    assert {o.prompt.kind for o in result.outcomes} == {
+        "short",
+        "multi-block",
+        "shared prefix",
+        "concurrent",
+    }
+    assert len(result.transfer_s) >= REQUESTS  # D's side of every transfer was traced
     for name, held in result.holdings.items():
         assert held["running"] == 0 and held["waiting"] == 0, name
 
 
 def test_write_mode_demo_is_token_identical_and_leaves_nothing(reference):
     check_clean(reference)
-    for name in ("P0", "D0"):            # every request went through a completed transfer
+    for name in ("P0", "D0"):  # every request went through a completed transfer
         metrics = reference.holdings[name]["metrics"]
-        assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == REQUESTS
+        assert (
+            metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="completed")
+            == REQUESTS
+        )
 
 
 def test_read_mode_demo_is_token_identical_and_leaves_nothing(reference, tmp_path):
-    result = demo.run(demo.DemoOptions(mode="read", requests=REQUESTS, workdir=tmp_path,
-                                       show_progress=False),
-                      log=lambda text: None, model=reference.model, expected=reference.expected)
+    result = demo.run(
+        demo.DemoOptions(mode="read", requests=REQUESTS, workdir=tmp_path, show_progress=False),
+        log=lambda text: None,
+        model=reference.model,
+        expected=reference.expected,
+    )
     check_clean(result)
 
 
 def test_under_faults_every_request_matches_or_fails_clearly_and_nothing_leaks(reference, tmp_path):
-    options = demo.DemoOptions(mode="write", requests=REQUESTS, faults=0.1, workdir=tmp_path,
-                               show_progress=False)
-    result = demo.run(options, log=lambda text: None, model=reference.model,
-                      expected=reference.expected)
+    options = demo.DemoOptions(
+        mode="write", requests=REQUESTS, faults=0.1, workdir=tmp_path, show_progress=False
+    )
+    result = demo.run(
+        options, log=lambda text: None, model=reference.model, expected=reference.expected
+    )
     assert result.killed == "P0"
     assert result.count("mismatched") == 0 and result.leaked_blocks == 0
     assert result.leftover_requests == 0
     assert result.count("identical") + result.count("failed") == REQUESTS
-    limit = 3 * 120.0        # a hang bound (the proxy's silence timeout, with retries), not a speed claim
+    limit = 3 * 120.0  # a hang bound (the proxy's silence timeout, with retries), not a speed claim
     for outcome in result.outcomes:
         if outcome.verdict == "failed":
-            assert "transfer tx-" in outcome.error or "no prefill instance" in outcome.error, outcome.error
+            assert "transfer tx-" in outcome.error or "no prefill instance" in outcome.error, (
+                outcome.error
+            )
         else:
             assert outcome.e2e_s < limit
-    assert "P0" not in result.holdings                # the killed one is not asked
+    assert "P0" not in result.holdings  # the killed one is not asked
     assert not any(group_alive(pid) for pid in result.pids)
     assert result.ok
     text = demo.render(result, options)
     assert text.splitlines()[-1] == result.line and "P0 killed mid-run" in text
-

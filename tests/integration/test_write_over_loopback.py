@@ -39,5 +39,7 @@ def test_a_write_that_never_reports_back_is_torn_down_and_d_is_told(example):
     outcome = example.run(stall_layer=1)
     assert isinstance(outcome["verdict"], WriteFailed)
     assert outcome["final_state"] == "failed" and outcome["freed"] is True
-    assert any(line.startswith("transfer_timeout") and "abandoning" in line for line in outcome["log"])
+    assert any(
+        line.startswith("transfer_timeout") and "abandoning" in line for line in outcome["log"]
+    )
     assert any(line.startswith("writes_abandoned") for line in outcome["log"])

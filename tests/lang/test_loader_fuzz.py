@@ -12,12 +12,17 @@ from moriio_fsm.lang.loader import parse_spec
 from moriio_fsm.lang.validate import validate_spec
 from moriio_fsm.machines import spec_path
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
-                    st.text(max_size=8))
-trees = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4),
-    st.dictionaries(st.one_of(st.text(max_size=8), st.integers(0, 3)), inner, max_size=4)),
-    max_leaves=20)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=8)
+)
+trees = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=8), st.integers(0, 3)), inner, max_size=4),
+    ),
+    max_leaves=20,
+)
 SHIPPED = yaml.safe_load(spec_path("write_producer").read_text())
 
 
@@ -46,8 +51,13 @@ def test_any_section_of_the_shipped_spec_replaced_by_junk_is_a_spec_error(sectio
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, len(SHIPPED["transitions"]) - 1), st.sampled_from(
-    ["event", "source", "dest", "guard", "actions", "emits", "outcome", "internal"]), trees)
+@given(
+    st.integers(0, len(SHIPPED["transitions"]) - 1),
+    st.sampled_from(
+        ["event", "source", "dest", "guard", "actions", "emits", "outcome", "internal"]
+    ),
+    trees,
+)
 def test_any_transition_field_replaced_by_junk_is_a_spec_error(index, field, junk):
     document = dict(SHIPPED)
     rows = [dict(row) for row in SHIPPED["transitions"]]
@@ -57,8 +67,12 @@ def test_any_transition_field_replaced_by_junk_is_a_spec_error(index, field, jun
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(["states", "events", "guards", "actions", "emits", "timers", "context",
-                        "config"]), st.data())
+@given(
+    st.sampled_from(
+        ["states", "events", "guards", "actions", "emits", "timers", "context", "config"]
+    ),
+    st.data(),
+)
 def test_any_declaration_replaced_by_junk_is_a_spec_error(section, data):
     entries = dict(SHIPPED[section])
     name = data.draw(st.sampled_from(sorted(entries)))

@@ -26,7 +26,9 @@ from moriio_fsm.lang.validate import validate_spec
 
 def _sibling(name: str):
     """Import a test module of this folder by path (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"tests_lang_{name}", Path(__file__).with_name(f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        f"tests_lang_{name}", Path(__file__).with_name(f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -34,8 +36,14 @@ def _sibling(name: str):
 
 # VALID, the small sound spec, and the helpers that break it and find the problem.
 _errors = _sibling("test_loader_errors")
-VALID, edit, find, line_of, only, problems = (_errors.VALID, _errors.edit, _errors.find,
-                                             _errors.line_of, _errors.only, _errors.problems)
+VALID, edit, find, line_of, only, problems = (
+    _errors.VALID,
+    _errors.edit,
+    _errors.find,
+    _errors.line_of,
+    _errors.only,
+    _errors.problems,
+)
 
 
 def spec_file(tmp_path: Path, data: bytes) -> Path:
@@ -54,12 +62,17 @@ def load_problems(path: Path) -> list[Problem]:
 
 # -- the file itself ------------------------------------------------------------------------
 
+
 def test_a_file_that_is_not_utf8_is_a_spec_error_at_the_bad_byte(tmp_path):
-    text = edit("  waiting: {doc: Waiting for the peer.}", "  waiting: {doc: Waiting for the p\xe9er.}")
+    text = edit(
+        "  waiting: {doc: Waiting for the peer.}", "  waiting: {doc: Waiting for the p\xe9er.}"
+    )
     path = spec_file(tmp_path, text.encode("latin-1"))
     (p,) = load_problems(path)
     assert p.line == line_of(text, "waiting: {doc")
-    assert "not UTF-8" in p.message and "0xe9" in p.message and "save the spec as UTF-8" in p.message
+    assert (
+        "not UTF-8" in p.message and "0xe9" in p.message and "save the spec as UTF-8" in p.message
+    )
 
 
 def test_a_file_over_the_size_limit_is_refused_before_parsing(tmp_path):
@@ -79,6 +92,7 @@ def test_parse_spec_refuses_oversized_text_too():
 
 # -- YAML features a spec does not need -----------------------------------------------------
 
+
 def billion_laughs() -> str:
     """~1.5 KB of YAML whose aliases expand to 9**9 strings."""
     lines = ['bomb0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -93,11 +107,23 @@ def test_an_alias_bomb_is_refused_at_its_first_anchor(tmp_path):
     bomb = billion_laughs()
     assert len(bomb) < 1600
     # The bomb sits where the loader would quote the value back in a message.
-    text = edit(T1_SOURCE, "source: *a8, dest: waiting", edit("transitions:\n", "laughs:\n" + "".join(
-        "  " + line + "\n" for line in bomb.splitlines()) + "transitions:\n"))
+    text = edit(
+        T1_SOURCE,
+        "source: *a8, dest: waiting",
+        edit(
+            "transitions:\n",
+            "laughs:\n"
+            + "".join("  " + line + "\n" for line in bomb.splitlines())
+            + "transitions:\n",
+        ),
+    )
     found = problems(tmp_path, text)
-    only(found, line_of(text, "bomb0:"), "anchors (&name) and aliases (*name) are not allowed",
-         "write the value out")
+    only(
+        found,
+        line_of(text, "bomb0:"),
+        "anchors (&name) and aliases (*name) are not allowed",
+        "write the value out",
+    )
 
 
 T1_SOURCE = "source: idle, dest: waiting"
@@ -109,8 +135,7 @@ def test_a_single_alias_is_refused_too(tmp_path):
     only(problems(tmp_path, text), line_of(text, "&d"), "anchors (&name) and aliases (*name)")
 
 
-@pytest.mark.parametrize("opening, closing", [("[", "]"), ("{a: ", "}")],
-                         ids=["lists", "mappings"])
+@pytest.mark.parametrize("opening, closing", [("[", "]"), ("{a: ", "}")], ids=["lists", "mappings"])
 def test_nesting_20000_levels_deep_is_refused(tmp_path, opening, closing):
     depth = 20_000
     text = VALID + "summary: " + opening * depth + "1" + closing * depth + "\n"
@@ -127,18 +152,42 @@ def test_nesting_within_the_limit_is_an_ordinary_type_problem(tmp_path):
 BIG = "9" * 400
 
 
-@pytest.mark.parametrize("old, new, marker, words", [
-    ("wait_s: {default: 5.0,", f"wait_s: {{default: {BIG},", "wait_s:",
-     ("config key 'wait_s'", "below 2**63")),
-    ("count: {type: int, initial: 0}", f"count: {{type: int, initial: {BIG}}}", "count: {type",
-     ("context field 'count'", "below 2**63")),
-    ("bits: {type: bitmap, initial: 0}", f"bits: {{type: bitmap, initial: -{BIG}}}", "bits: {type",
-     ("context field 'bits'", "below 2**63")),
-    ("payload: {value: int}", f"payload: {{value: {{type: int, default: {BIG}}}}}", "reply: {origin",
-     ("payload field 'value'", "below 2**63")),
-    ('"count == popcount(bits)"', f'"count == {BIG}"', "count_matches",
-     ("invariant 'count_matches'", "below 2**63")),
-], ids=["config", "context", "bitmap", "payload", "invariant"])
+@pytest.mark.parametrize(
+    "old, new, marker, words",
+    [
+        (
+            "wait_s: {default: 5.0,",
+            f"wait_s: {{default: {BIG},",
+            "wait_s:",
+            ("config key 'wait_s'", "below 2**63"),
+        ),
+        (
+            "count: {type: int, initial: 0}",
+            f"count: {{type: int, initial: {BIG}}}",
+            "count: {type",
+            ("context field 'count'", "below 2**63"),
+        ),
+        (
+            "bits: {type: bitmap, initial: 0}",
+            f"bits: {{type: bitmap, initial: -{BIG}}}",
+            "bits: {type",
+            ("context field 'bits'", "below 2**63"),
+        ),
+        (
+            "payload: {value: int}",
+            f"payload: {{value: {{type: int, default: {BIG}}}}}",
+            "reply: {origin",
+            ("payload field 'value'", "below 2**63"),
+        ),
+        (
+            '"count == popcount(bits)"',
+            f'"count == {BIG}"',
+            "count_matches",
+            ("invariant 'count_matches'", "below 2**63"),
+        ),
+    ],
+    ids=["config", "context", "bitmap", "payload", "invariant"],
+)
 def test_a_400_digit_integer_is_refused(tmp_path, old, new, marker, words):
     text = edit(old, new)
     only(problems(tmp_path, text), line_of(text, marker), BIG[:20], *words)
@@ -152,8 +201,10 @@ def test_an_integer_longer_than_python_converts_is_a_spec_error(tmp_path):
 
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1.0e+400"])
 def test_context_float_initial_must_be_finite(tmp_path, value):
-    text = edit("  count: {type: int, initial: 0}\n",
-                f"  count: {{type: int, initial: 0}}\n  ratio: {{type: float, initial: {value}}}\n")
+    text = edit(
+        "  count: {type: int, initial: 0}\n",
+        f"  count: {{type: int, initial: 0}}\n  ratio: {{type: float, initial: {value}}}\n",
+    )
     only(problems(tmp_path, text), line_of(text, "ratio:"), "context field 'ratio'", "finite")
 
 
@@ -164,19 +215,29 @@ def test_config_default_just_below_the_bound_is_accepted(tmp_path):
 
 # -- invariants: size, depth and types --------------------------------------------------------
 
+
 @pytest.mark.timeout(60)
 def test_an_invariant_of_100000_terms_is_refused(tmp_path):
     expr = " + ".join(["count"] * 100_000) + " >= 0"
     text = edit('"count == popcount(bits)"', f'"{expr}"')
-    only(problems(tmp_path, text), line_of(text, "count_matches"),
-         "invariant 'count_matches'", "characters long", "at most 1000")
+    only(
+        problems(tmp_path, text),
+        line_of(text, "count_matches"),
+        "invariant 'count_matches'",
+        "characters long",
+        "at most 1000",
+    )
 
 
 def test_an_invariant_nested_too_deeply_is_refused(tmp_path):
     expr = "~" * 400 + "count == 0"
     text = edit('"count == popcount(bits)"', f'"{expr}"')
-    only(problems(tmp_path, text), line_of(text, "count_matches"),
-         "invariant 'count_matches'", "nested deeper than 32")
+    only(
+        problems(tmp_path, text),
+        line_of(text, "count_matches"),
+        "invariant 'count_matches'",
+        "nested deeper than 32",
+    )
 
 
 def test_an_invariant_with_too_many_terms_is_refused(tmp_path):
@@ -184,46 +245,65 @@ def test_an_invariant_with_too_many_terms_is_refused(tmp_path):
     expr = "count" + " <count" * 140
     assert len(expr) < 1000
     text = edit('"count == popcount(bits)"', f'"{expr}"')
-    only(problems(tmp_path, text), line_of(text, "count_matches"),
-         "invariant 'count_matches'", "more than 256 parts")
+    only(
+        problems(tmp_path, text),
+        line_of(text, "count_matches"),
+        "invariant 'count_matches'",
+        "more than 256 parts",
+    )
 
 
 def with_name_field(expr: str) -> str:
-    text = edit("  count: {type: int, initial: 0}\n",
-                '  count: {type: int, initial: 0}\n  end_reason: {type: str, initial: ""}\n'
-                "  ids: {type: object, initial: null}\n")
+    text = edit(
+        "  count: {type: int, initial: 0}\n",
+        '  count: {type: int, initial: 0}\n  end_reason: {type: str, initial: ""}\n'
+        "  ids: {type: object, initial: null}\n",
+    )
     return edit('"count == popcount(bits)"', f'"{expr}"', text)
 
 
-@pytest.mark.parametrize("expr, words", [
-    ("popcount(end_reason) == 0", ("popcount(end_reason)", "int, bitmap or bool",
-                                   "end_reason is a str")),
-    ("len(count) == 0", ("len(count)", "str or object", "count is an int")),
-    ("abs(end_reason) < 1", ("abs(end_reason)", "int or float", "a str")),
-    ("popcount(ids) == 0", ("popcount(ids)", "ids is an object")),
-    ("count + end_reason == 0", ("count + end_reason", "int and str")),
-    ("bits & 1.5 == 0", ("bits & 1.5", "int, bitmap or bool", "float")),
-    ("end_reason < 3", ("end_reason < 3", "str and int")),
-    ("end_reason == 0", ("end_reason == 0", "str and int", "never equal")),
-    ("count is 0", ("count is 0", "only with None")),
-    ("ids + 1 == 0", ("ids + 1", "object")),
-    ("popcount(count, bits) == 0", ("popcount", "exactly one argument")),
-    ("-end_reason == 0", ("-end_reason", "a str")),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "expr, words",
+    [
+        (
+            "popcount(end_reason) == 0",
+            ("popcount(end_reason)", "int, bitmap or bool", "end_reason is a str"),
+        ),
+        ("len(count) == 0", ("len(count)", "str or object", "count is an int")),
+        ("abs(end_reason) < 1", ("abs(end_reason)", "int or float", "a str")),
+        ("popcount(ids) == 0", ("popcount(ids)", "ids is an object")),
+        ("count + end_reason == 0", ("count + end_reason", "int and str")),
+        ("bits & 1.5 == 0", ("bits & 1.5", "int, bitmap or bool", "float")),
+        ("end_reason < 3", ("end_reason < 3", "str and int")),
+        ("end_reason == 0", ("end_reason == 0", "str and int", "never equal")),
+        ("count is 0", ("count is 0", "only with None")),
+        ("ids + 1 == 0", ("ids + 1", "object")),
+        ("popcount(count, bits) == 0", ("popcount", "exactly one argument")),
+        ("-end_reason == 0", ("-end_reason", "a str")),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_an_invariant_calling_or_combining_the_wrong_types(tmp_path, expr, words):
     text = with_name_field(expr)
-    only(problems(tmp_path, text), line_of(text, "count_matches"), "invariant 'count_matches'",
-         *words)
+    only(
+        problems(tmp_path, text),
+        line_of(text, "count_matches"),
+        "invariant 'count_matches'",
+        *words,
+    )
 
 
-@pytest.mark.parametrize("expr", [
-    "popcount(bits) == count and popcount(ready) <= 1",
-    "len(end_reason) == 0 or len(ids) > 0",
-    "abs(count) >= 0 and ids is not None or end_reason != ''",
-    "(1 if ready else 0) + count * 2 - 1 >= -1",
-    "state == 'done' or state != 'failed'",
-    "bits & ~bits == 0 and (bits >> 1) | (1 << 3) >= 0",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "popcount(bits) == count and popcount(ready) <= 1",
+        "len(end_reason) == 0 or len(ids) > 0",
+        "abs(count) >= 0 and ids is not None or end_reason != ''",
+        "(1 if ready else 0) + count * 2 - 1 >= -1",
+        "state == 'done' or state != 'failed'",
+        "bits & ~bits == 0 and (bits >> 1) | (1 << 3) >= 0",
+    ],
+)
 def test_well_typed_invariants_pass(tmp_path, expr):
     assert problems(tmp_path, with_name_field(expr)) == []
 
@@ -239,19 +319,29 @@ RESERVED = ["__eventless__", "__init__"]
 
 
 @pytest.mark.parametrize("name", RESERVED)
-@pytest.mark.parametrize("what, old, new", [
-    ("state", "  waiting: {doc: Waiting for the peer.}\n",
-     "  waiting: {doc: Waiting for the peer.}\n  NAME: {doc: Bad.}\n"),
-    ("event", "  go: {origin: local}\n", "  go: {origin: local}\n  NAME: {origin: local}\n"),
-    ("guard", "guards:\n", "guards:\n  NAME: Bad.\n"),
-    ("action", "actions:\n", "actions:\n  NAME: Bad.\n"),
-    ("emit", "emits:\n", "emits:\n  NAME: {doc: Bad.}\n"),
-    ("timer", "timers:\n", "timers:\n  NAME: {states: [waiting], duration: wait_s, event: timeout}\n"),
-    ("context field", "context:\n", "context:\n  NAME: {type: int, initial: 0}\n"),
-    ("config key", "config:\n", "config:\n  NAME: {default: 1}\n"),
-    ("payload field", "payload: {value: int}", "payload: {value: int, NAME: int}"),
-    ("emit field", "fields: {count: int}", "fields: {count: int, NAME: int}"),
-])
+@pytest.mark.parametrize(
+    "what, old, new",
+    [
+        (
+            "state",
+            "  waiting: {doc: Waiting for the peer.}\n",
+            "  waiting: {doc: Waiting for the peer.}\n  NAME: {doc: Bad.}\n",
+        ),
+        ("event", "  go: {origin: local}\n", "  go: {origin: local}\n  NAME: {origin: local}\n"),
+        ("guard", "guards:\n", "guards:\n  NAME: Bad.\n"),
+        ("action", "actions:\n", "actions:\n  NAME: Bad.\n"),
+        ("emit", "emits:\n", "emits:\n  NAME: {doc: Bad.}\n"),
+        (
+            "timer",
+            "timers:\n",
+            "timers:\n  NAME: {states: [waiting], duration: wait_s, event: timeout}\n",
+        ),
+        ("context field", "context:\n", "context:\n  NAME: {type: int, initial: 0}\n"),
+        ("config key", "config:\n", "config:\n  NAME: {default: 1}\n"),
+        ("payload field", "payload: {value: int}", "payload: {value: int, NAME: int}"),
+        ("emit field", "fields: {count: int}", "fields: {count: int, NAME: int}"),
+    ],
+)
 def test_names_the_runtime_reserves_are_refused(tmp_path, name, what, old, new):
     text = edit(old, new.replace("NAME", name))
     found = problems(tmp_path, text)
@@ -260,6 +350,7 @@ def test_names_the_runtime_reserves_are_refused(tmp_path, name, what, old, new):
 
 
 # -- big tables: the validator's work grows linearly ------------------------------------------
+
 
 class _Budget(Exception):
     pass
@@ -295,12 +386,14 @@ transitions:
   - {event: create, source: s0, internal: true}
 """
 
-READS_PER_ROW = 50          # a linear validator needs under 20; a quadratic one, n
+READS_PER_ROW = 50  # a linear validator needs under 20; a quadratic one, n
 
 
 def validate_counted(spec) -> list[Problem]:
-    rows = tuple(CountingRow(**{f.name: getattr(t, f.name) for f in dataclasses.fields(t)})
-                 for t in spec.transitions)
+    rows = tuple(
+        CountingRow(**{f.name: getattr(t, f.name) for f in dataclasses.fields(t)})
+        for t in spec.transitions
+    )
     spec = dataclasses.replace(spec, transitions=rows)
     _work.update(reads=0, budget=READS_PER_ROW * len(rows))
     try:
@@ -333,17 +426,22 @@ def test_20000_unguarded_rows_for_one_trigger_give_one_problem_each():
     rows += [row(2 + i, "reply", "s0") for i in range(n)]
     found = validate_counted(dataclasses.replace(base, transitions=tuple(rows)))
     assert len(found) == n - 1
-    assert all("transitions #2 and #" in p.message and "the first has no guard" in p.message
-               for p in found)
+    assert all(
+        "transitions #2 and #" in p.message and "the first has no guard" in p.message for p in found
+    )
 
 
 def chain(n: int) -> str:
     """A spec whose states s0..s{n} are joined by unguarded eventless rows."""
     states = "".join(f"  s{i}: {{}}\n" for i in range(n)) + f"  s{n}: {{final: true}}\n"
     rows = "".join(f"  - {{source: s{i}, dest: s{i + 1}}}\n" for i in range(n))
-    return ("name: chain\ninitial: s0\nstates:\n" + states
-            + "events:\n  create: {origin: local, creates: true}\n"
-            + "transitions:\n  - {event: create, source: s0, internal: true}\n" + rows)
+    return (
+        "name: chain\ninitial: s0\nstates:\n"
+        + states
+        + "events:\n  create: {origin: local, creates: true}\n"
+        + "transitions:\n  - {event: create, source: s0, internal: true}\n"
+        + rows
+    )
 
 
 @pytest.mark.timeout(120)

@@ -20,16 +20,24 @@ from moriio_fsm.layout import (
 )
 
 
-def cpu_summary(num_blocks=8, dtype=torch.bfloat16, heads=2, block_size=32, head_size=16, scheduler_block=None):
+def cpu_summary(
+    num_blocks=8, dtype=torch.bfloat16, heads=2, block_size=32, head_size=16, scheduler_block=None
+):
     cache = torch.empty(num_blocks, heads, block_size, 2 * head_size, dtype=dtype)
-    kv_format = LayerKVFormat(block_size=scheduler_block or block_size, num_kv_heads=heads, head_size=head_size,
-                              attention_backend=CPU_ATTN)
+    kv_format = LayerKVFormat(
+        block_size=scheduler_block or block_size,
+        num_kv_heads=heads,
+        head_size=head_size,
+        attention_backend=CPU_ATTN,
+    )
     return KVCacheSummary.of(describe_layer("layers.0", cache, kv_format))
 
 
 def separated_summary(heads=2, block_size=32, head_size=16):
     cache = torch.empty(2, 8, block_size, heads, head_size, dtype=torch.bfloat16)
-    return KVCacheSummary.of(describe_layer("layers.0", cache, LayerKVFormat(block_size, heads, head_size)))
+    return KVCacheSummary.of(
+        describe_layer("layers.0", cache, LayerKVFormat(block_size, heads, head_size))
+    )
 
 
 def test_peers_with_equal_geometry_and_different_block_counts_are_compatible():
@@ -38,12 +46,26 @@ def test_peers_with_equal_geometry_and_different_block_counts_are_compatible():
 
 def test_the_summary_reads_heads_and_head_size_off_the_tensor():
     summary = cpu_summary(heads=4, block_size=64, head_size=32)
-    assert (summary.layout, summary.axis_order, summary.num_kv_heads, summary.head_size) == ("cpu_attn", "HND", 4, 32)
+    assert (summary.layout, summary.axis_order, summary.num_kv_heads, summary.head_size) == (
+        "cpu_attn",
+        "HND",
+        4,
+        32,
+    )
     assert (summary.block_size, summary.kernel_block_size, summary.dtype) == (64, 64, "bfloat16")
     hnd = torch.empty(2, 8, 4, 32, 16, dtype=torch.float16)
-    gpu = KVCacheSummary.of(describe_layer("l", hnd, LayerKVFormat(32, num_kv_heads=4, head_size=16)))
-    assert (gpu.layout, gpu.axis_order, gpu.num_kv_heads, gpu.head_size) == ("separated", "HND", 4, 16)
-    mla = KVCacheSummary.of(describe_layer("l", torch.empty(8, 32, 576), LayerKVFormat(32, use_mla=True)))
+    gpu = KVCacheSummary.of(
+        describe_layer("l", hnd, LayerKVFormat(32, num_kv_heads=4, head_size=16))
+    )
+    assert (gpu.layout, gpu.axis_order, gpu.num_kv_heads, gpu.head_size) == (
+        "separated",
+        "HND",
+        4,
+        16,
+    )
+    mla = KVCacheSummary.of(
+        describe_layer("l", torch.empty(8, 32, 576), LayerKVFormat(32, use_mla=True))
+    )
     assert mla.num_kv_heads is None and mla.head_size == 576 and "num_kv_heads" not in mla.to_wire()
 
 
@@ -55,7 +77,10 @@ def test_the_summary_reads_heads_and_head_size_off_the_tensor():
         (cpu_summary(heads=4), "num_kv_heads: local 2, remote 4"),
         (cpu_summary(head_size=32), "head_size: local 16, remote 32"),
         (separated_summary(), "layout: local cpu_attn, remote separated"),
-        (cpu_summary(block_size=32, num_blocks=16, scheduler_block=64), "block_size: local 32, remote 64"),
+        (
+            cpu_summary(block_size=32, num_blocks=16, scheduler_block=64),
+            "block_size: local 32, remote 64",
+        ),
     ],
 )
 def test_each_difference_is_refused_naming_both_sides(remote, named):
@@ -65,17 +90,27 @@ def test_each_difference_is_refused_naming_both_sides(remote, named):
 
 def test_every_difference_is_named_at_once_with_the_layer():
     with pytest.raises(KVIncompatibleError) as refused:
-        check_compatible(cpu_summary(), cpu_summary(dtype=torch.float32, heads=1, head_size=64), layer_name="layers.7")
+        check_compatible(
+            cpu_summary(),
+            cpu_summary(dtype=torch.float32, heads=1, head_size=64),
+            layer_name="layers.7",
+        )
     message = str(refused.value)
     assert message.startswith("layer 'layers.7': the peers' KV caches differ")
-    for named in ("dtype: local bfloat16, remote float32", "num_kv_heads: local 2, remote 1",
-                  "head_size: local 16, remote 64"):
+    for named in (
+        "dtype: local bfloat16, remote float32",
+        "num_kv_heads: local 2, remote 1",
+        "head_size: local 16, remote 64",
+    ):
         assert named in message
 
 
 def test_kernel_block_size_differs_even_when_scheduler_blocks_match():
     with pytest.raises(KVIncompatibleError, match="kernel_block_size: local 64, remote 32"):
-        check_compatible(cpu_summary(block_size=64), cpu_summary(block_size=32, num_blocks=16, scheduler_block=64))
+        check_compatible(
+            cpu_summary(block_size=64),
+            cpu_summary(block_size=32, num_blocks=16, scheduler_block=64),
+        )
 
 
 def test_only_summaries_are_compared():
@@ -91,10 +126,19 @@ def test_a_summary_survives_the_handshake_wire_map():
         encode_handshake_reply,
     )
 
-    for summary in (cpu_summary(), separated_summary(),
-                    KVCacheSummary.of(describe_layer("l", torch.empty(4, 16, 64), LayerKVFormat(16, use_mla=True)))):
-        meta = AgentMetadata("P", b"desc", (4096,), 16, 512, "CPU_ATTN", kv_format=summary.to_wire())
-        decoded = decode_handshake_reply(*encode_handshake_reply(HandshakeReply(meta, {"layers.0": (b"m",)})))
+    for summary in (
+        cpu_summary(),
+        separated_summary(),
+        KVCacheSummary.of(
+            describe_layer("l", torch.empty(4, 16, 64), LayerKVFormat(16, use_mla=True))
+        ),
+    ):
+        meta = AgentMetadata(
+            "P", b"desc", (4096,), 16, 512, "CPU_ATTN", kv_format=summary.to_wire()
+        )
+        decoded = decode_handshake_reply(
+            *encode_handshake_reply(HandshakeReply(meta, {"layers.0": (b"m",)}))
+        )
         assert KVCacheSummary.from_wire(decoded.metadata.kv_format) == summary
 
 

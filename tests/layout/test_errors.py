@@ -55,7 +55,10 @@ def test_both_leading_axes_two_is_ambiguous_without_kv_axis():
     message = refusal(torch.empty(2, 2, 8, 2, 4), SPEC)
     assert "ambiguous" in message and "kv_axis=0" in message and "kv_axis=1" in message
     # ...and the hint resolves it either way
-    assert describe_layer("l", torch.empty(2, 2, 8, 2, 4), LayerKVFormat(8, 2, 4, kv_axis=1)).kv_axis == 1
+    assert (
+        describe_layer("l", torch.empty(2, 2, 8, 2, 4), LayerKVFormat(8, 2, 4, kv_axis=1)).kv_axis
+        == 1
+    )
 
 
 def test_kv_axis_hint_that_does_not_have_size_two():
@@ -131,20 +134,25 @@ def test_overlapping_blocks():
 
 @pytest.mark.parametrize(
     "shape, kv_format",
-    [((2, 4, 0, 2, 3), LayerKVFormat(4)),
-     ((2, 4, 2, 0, 3), LayerKVFormat(4)),
-     ((2, 4, 4, 2, 0), LayerKVFormat(4, num_kv_heads=2)),
-     ((4, 2, 0, 2, 3), LayerKVFormat(4, num_kv_heads=2)),
-     ((4, 0, 3), LayerKVFormat(4, use_mla=True)),
-     ((4, 4, 0), LayerKVFormat(4, use_mla=True))],
+    [
+        ((2, 4, 0, 2, 3), LayerKVFormat(4)),
+        ((2, 4, 2, 0, 3), LayerKVFormat(4)),
+        ((2, 4, 4, 2, 0), LayerKVFormat(4, num_kv_heads=2)),
+        ((4, 2, 0, 2, 3), LayerKVFormat(4, num_kv_heads=2)),
+        ((4, 0, 3), LayerKVFormat(4, use_mla=True)),
+        ((4, 4, 0), LayerKVFormat(4, use_mla=True)),
+    ],
 )
 def test_empty_token_head_or_latent_axes_are_refused(shape, kv_format):
     assert "empty" in refusal(torch.empty(shape), kv_format)
 
 
 def test_a_cache_without_blocks_is_described_and_plans_nothing():
-    for shape, kv_format in [((2, 0, 4, 2, 3), LayerKVFormat(4, 2)), ((0, 2, 4, 2, 3), LayerKVFormat(4, 2)),
-                        ((0, 4, 3), LayerKVFormat(4, use_mla=True))]:
+    for shape, kv_format in [
+        ((2, 0, 4, 2, 3), LayerKVFormat(4, 2)),
+        ((0, 2, 4, 2, 3), LayerKVFormat(4, 2)),
+        ((0, 4, 3), LayerKVFormat(4, use_mla=True)),
+    ]:
         assert describe_layer("l", torch.empty(shape), kv_format).num_blocks == 0
         assert len(plan_layer("l", torch.empty(shape), kv_format, [], [], remote_num_blocks=0)) == 0
 
@@ -155,38 +163,56 @@ def test_unequal_block_lists_name_layer_shape_and_counts():
         plan_layer("model.layers.2.attn", tensor, SPEC, [0, 1, 2], [3, 4], remote_num_blocks=8)
     message = str(caught.value)
     assert "'model.layers.2.attn'" in message and "(2, 6, 8, 2, 4)" in message
-    assert "3 local block ids but 2 remote block ids" in message and "expected one remote block id per local" in message
+    assert (
+        "3 local block ids but 2 remote block ids" in message
+        and "expected one remote block id per local" in message
+    )
 
 
 @pytest.mark.parametrize(
     "local_ids, remote_ids, phrase",
-    [([6], [0], "local block id 6 outside the local cache's 6 blocks"),
-     ([-1], [0], "local block id -1"),
-     ([0], [8], "remote block id 8 outside the remote cache's 8 blocks")],
+    [
+        ([6], [0], "local block id 6 outside the local cache's 6 blocks"),
+        ([-1], [0], "local block id -1"),
+        ([0], [8], "remote block id 8 outside the remote cache's 8 blocks"),
+    ],
 )
 def test_block_ids_out_of_range(local_ids, remote_ids, phrase):
     with pytest.raises(KVLayoutError) as caught:
-        plan_layer("layers.1", torch.empty(2, 6, 8, 2, 4), SPEC, local_ids, remote_ids, remote_num_blocks=8)
+        plan_layer(
+            "layers.1", torch.empty(2, 6, 8, 2, 4), SPEC, local_ids, remote_ids, remote_num_blocks=8
+        )
     assert phrase in str(caught.value) and "'layers.1'" in str(caught.value)
 
 
 def id_refusal(local_ids, remote_ids, remote_num_blocks=8, layer="layers.3"):
     with pytest.raises(KVLayoutError) as caught:
-        plan_layer(layer, torch.empty(2, 6, 8, 2, 4), SPEC, local_ids, remote_ids, remote_num_blocks=remote_num_blocks)
+        plan_layer(
+            layer,
+            torch.empty(2, 6, 8, 2, 4),
+            SPEC,
+            local_ids,
+            remote_ids,
+            remote_num_blocks=remote_num_blocks,
+        )
     message = str(caught.value)
-    assert repr(layer) in message and "(2, 6, 8, 2, 4)" in message and "expected" in message, message
+    assert repr(layer) in message and "(2, 6, 8, 2, 4)" in message and "expected" in message, (
+        message
+    )
     return message
 
 
 @pytest.mark.parametrize(
     "local_ids, phrases",
-    [([1.7, 3.2], ["local block ids containing 1.7 (float)", "integer"]),
-     ([1, 2.0], ["containing 2.0 (float)"]),
-     ([True, False], ["containing True (bool)"]),
-     (torch.tensor([1.0, 3.0]), ["local block ids of dtype torch.float32", "integer dtype"]),
-     (torch.tensor([True, False]), ["local block ids of dtype torch.bool"]),
-     ([2**70, 0], [f"containing {2**70}, which does not fit in int64", "in [0, 6)"]),
-     (["1", "2"], ["containing '1' (str)"])],
+    [
+        ([1.7, 3.2], ["local block ids containing 1.7 (float)", "integer"]),
+        ([1, 2.0], ["containing 2.0 (float)"]),
+        ([True, False], ["containing True (bool)"]),
+        (torch.tensor([1.0, 3.0]), ["local block ids of dtype torch.float32", "integer dtype"]),
+        (torch.tensor([True, False]), ["local block ids of dtype torch.bool"]),
+        ([2**70, 0], [f"containing {2**70}, which does not fit in int64", "in [0, 6)"]),
+        (["1", "2"], ["containing '1' (str)"]),
+    ],
 )
 def test_non_integer_block_ids_are_refused_not_truncated(local_ids, phrases):
     message = id_refusal(local_ids, [0, 1])
@@ -195,11 +221,20 @@ def test_non_integer_block_ids_are_refused_not_truncated(local_ids, phrases):
 
 
 def test_non_integer_remote_ids_are_refused_too():
-    assert "remote block ids of dtype torch.float64" in id_refusal([0, 1], torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert "remote block ids of dtype torch.float64" in id_refusal(
+        [0, 1], torch.tensor([0.0, 1.0], dtype=torch.float64)
+    )
 
 
-@pytest.mark.parametrize("count, phrase", [(16.5, "16.5 (float)"), (True, "True (bool)"), ("16", "'16' (str)"),
-                                          (2**62, "beyond the int64 offsets")])
+@pytest.mark.parametrize(
+    "count, phrase",
+    [
+        (16.5, "16.5 (float)"),
+        (True, "True (bool)"),
+        ("16", "'16' (str)"),
+        (2**62, "beyond the int64 offsets"),
+    ],
+)
 def test_non_integer_or_huge_remote_block_counts_are_refused(count, phrase):
     message = id_refusal([0], [0], remote_num_blocks=count)
     assert "remote_num_blocks" in message and phrase in message, message
@@ -209,25 +244,31 @@ def test_integer_like_ids_and_counts_are_accepted():
     numpy = pytest.importorskip("numpy")
     tensor = torch.empty(2, 6, 8, 2, 4)
     expected = plan_layer("l", tensor, SPEC, [1, 3], [0, 2], 4).lists
-    for local, remote, count in [(torch.tensor([1, 3], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.uint8), 4),
-                                 (numpy.array([1, 3]), [numpy.int64(0), numpy.int32(2)], numpy.int64(4)),
-                                 ([], [], 4)]:
+    for local, remote, count in [
+        (torch.tensor([1, 3], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.uint8), 4),
+        (numpy.array([1, 3]), [numpy.int64(0), numpy.int32(2)], numpy.int64(4)),
+        ([], [], 4),
+    ]:
         plan = plan_layer("l", tensor, SPEC, local, remote, count)
         assert plan.lists == (expected if len(local) else ([], [], []))
 
 
 def test_planner_refuses_bad_ids_and_counts_for_each_layer():
-    cases = [(([0.5], [0], 4), "local block ids containing 0.5 (float)"),
-             (([0], [torch.tensor(True)], 4), "remote block ids containing tensor(True) (Tensor)"),
-             (([[0], [1.5]], [[0], [1]], 4), "local block ids containing 1.5 (float)"),
-             (([0], [0], 4.0), "remote_num_blocks=4.0 (float)")]
+    cases = [
+        (([0.5], [0], 4), "local block ids containing 0.5 (float)"),
+        (([0], [torch.tensor(True)], 4), "remote block ids containing tensor(True) (Tensor)"),
+        (([[0], [1.5]], [[0], [1]], 4), "local block ids containing 1.5 (float)"),
+        (([0], [0], 4.0), "remote_num_blocks=4.0 (float)"),
+    ]
     for args, phrase in cases:
         planner = TransferPlanner(*args)
         for layer in ("layers.0", "layers.1"):
             with pytest.raises(KVLayoutError) as caught:
                 planner.plan(layer, torch.empty(2, 6, 8, 2, 4), SPEC, group=len(args[0]) - 1)
             message = str(caught.value)
-            assert f"'{layer}'" in message and "(2, 6, 8, 2, 4)" in message and "expected" in message
+            assert (
+                f"'{layer}'" in message and "(2, 6, 8, 2, 4)" in message and "expected" in message
+            )
             assert phrase in message, message
 
 
@@ -254,10 +295,12 @@ def test_planner_refuses_mismatched_group_counts_and_unknown_groups():
 
 @pytest.mark.parametrize(
     "fields, phrase",
-    [(dict(block_size=0), "block_size must be a positive int"),
-     (dict(block_size=8, num_kv_heads=0), "num_kv_heads must be a positive int"),
-     (dict(block_size=8, head_size=-3), "head_size must be a positive int"),
-     (dict(block_size=8, kv_axis=2), "kv_axis must be 0, 1 or None")],
+    [
+        (dict(block_size=0), "block_size must be a positive int"),
+        (dict(block_size=8, num_kv_heads=0), "num_kv_heads must be a positive int"),
+        (dict(block_size=8, head_size=-3), "head_size must be a positive int"),
+        (dict(block_size=8, kv_axis=2), "kv_axis must be 0, 1 or None"),
+    ],
 )
 def test_spec_fields_out_of_range(fields, phrase):
     with pytest.raises(ValueError, match=phrase):
@@ -273,8 +316,10 @@ def test_byte_view_refuses_a_tensor_of_another_geometry():
 
 def test_registration_regions_name_a_layer_without_spec():
     with pytest.raises(KeyError, match="'layers.1' has a KV cache tensor but no LayerKVFormat"):
-        registration_regions({"layers.0": torch.empty(2, 6, 8, 2, 4), "layers.1": torch.empty(2, 6, 8, 2, 4)},
-                             {"layers.0": SPEC})
+        registration_regions(
+            {"layers.0": torch.empty(2, 6, 8, 2, 4), "layers.1": torch.empty(2, 6, 8, 2, 4)},
+            {"layers.0": SPEC},
+        )
 
 
 @settings(max_examples=120, deadline=None)
@@ -301,13 +346,19 @@ def test_property_any_shape_is_planned_exactly_or_refused_with_layer_and_shape(
     try:
         geometry = describe_layer("layers.x", tensor, kv_format)
     except KVLayoutError as error:
-        assert "'layers.x'" in str(error) and str(tuple(shape)) in str(error) and "expected" in str(error)
+        assert (
+            "'layers.x'" in str(error)
+            and str(tuple(shape)) in str(error)
+            and "expected" in str(error)
+        )
         return
     # Accepted: every physical block's K (or latent) piece must sit where torch's own
     # indexing puts it.
     physical = range(geometry.num_physical_blocks)
     ids = list(range(geometry.num_blocks))
-    offsets = plan_layer("layers.x", tensor, kv_format, ids, ids, geometry.num_blocks, merge=False).local_offsets.tolist()
+    offsets = plan_layer(
+        "layers.x", tensor, kv_format, ids, ids, geometry.num_blocks, merge=False
+    ).local_offsets.tolist()
     if geometry.layout is KVLayout.INTERLEAVED:
         k_offsets = offsets[0::2]
     else:

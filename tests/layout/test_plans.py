@@ -42,7 +42,9 @@ ARRANGEMENTS = [
 ]
 
 
-def build_cache(arrangement, num_blocks, dtype, *, block_size=8, kernel_ratio=1, heads=2, head_size=4, latent=6):
+def build_cache(
+    arrangement, num_blocks, dtype, *, block_size=8, kernel_ratio=1, heads=2, head_size=4, latent=6
+):
     """A layer cache of ``num_blocks`` scheduler blocks and the format describing it."""
     tokens = block_size // kernel_ratio
     physical = num_blocks * kernel_ratio
@@ -65,7 +67,9 @@ def build_cache(arrangement, num_blocks, dtype, *, block_size=8, kernel_ratio=1,
     kv_axis = 1 if arrangement.startswith("interleaved") else 0
     # Two physical blocks make [2, 2, ...]: only the format can say which axis is K/V.
     hint = kv_axis if tensor.shape[0] == tensor.shape[1] == 2 else None
-    return tensor, LayerKVFormat(block_size=block_size, num_kv_heads=heads, head_size=head_size, kv_axis=hint)
+    return tensor, LayerKVFormat(
+        block_size=block_size, num_kv_heads=heads, head_size=head_size, kv_axis=hint
+    )
 
 
 def pieces(tensor, arrangement, physical_block):
@@ -125,13 +129,19 @@ def apply_plan(plan, source, source_spec, target, target_spec):
     target_bytes = registration_region("target", target, target_spec).byte_view(target)
     for local, remote, size in zip(*plan.lists):
         assert 0 <= local and local + size <= source_bytes.numel(), "range leaves the source region"
-        assert 0 <= remote and remote + size <= target_bytes.numel(), "range leaves the target region"
+        assert 0 <= remote and remote + size <= target_bytes.numel(), (
+            "range leaves the target region"
+        )
         target_bytes[remote : remote + size] = source_bytes[local : local + size]
 
 
 def block_data(tensor, arrangement, block, kernel_ratio):
     span = slice(block * kernel_ratio, (block + 1) * kernel_ratio)
-    data = tensor[span] if arrangement in ("mla",) or arrangement.startswith("interleaved") else tensor[:, span]
+    data = (
+        tensor[span]
+        if arrangement in ("mla",) or arrangement.startswith("interleaved")
+        else tensor[:, span]
+    )
     # Compare bit patterns: 8-bit float types lack some comparison kernels on the CPU.
     return data.view(torch.uint8) if data.element_size() == 1 else data
 
@@ -146,7 +156,9 @@ def random_mapping(rng, local_blocks, remote_blocks, count):
 def test_reference_worked_example_separated_bf16():
     tensor = torch.empty(2, 8, 4, 2, 3, dtype=torch.bfloat16)
     kv_format = LayerKVFormat(block_size=4, num_kv_heads=2, head_size=3)
-    plan = plan_layer("layers.0", tensor, kv_format, [1, 3], [4, 5], remote_num_blocks=16, merge=False)
+    plan = plan_layer(
+        "layers.0", tensor, kv_format, [1, 3], [4, 5], remote_num_blocks=16, merge=False
+    )
     assert plan.lists == ([48, 144, 432, 528], [192, 240, 960, 1008], [48, 48, 48, 48])
 
 
@@ -167,7 +179,9 @@ def test_interleaved_blocks_merge_k_and_v_into_one_range_per_block():
 
 
 def test_interleaved_kernel_blocks_form_one_chunk_per_scheduler_block():
-    tensor, kv_format = build_cache("interleaved_hnd", 4, torch.float16, block_size=8, kernel_ratio=4)
+    tensor, kv_format = build_cache(
+        "interleaved_hnd", 4, torch.float16, block_size=8, kernel_ratio=4
+    )
     plan = plan_layer("layers.0", tensor, kv_format, [2, 0], [1, 3], remote_num_blocks=6)
     chunk = 4 * tensor.stride(0) * tensor.element_size()
     assert plan.lists == ([2 * chunk, 0], [chunk, 3 * chunk], [chunk, chunk])
@@ -183,12 +197,17 @@ def test_a_transfer_without_blocks_moves_nothing():
 @pytest.mark.parametrize("kernel_ratio", [1, 4])
 def test_detected_family_follows_the_strides(arrangement, kernel_ratio):
     # three heads: never equal to a kernel block size, so the axis order is observable
-    tensor, kv_format = build_cache(arrangement, 5, torch.float16, kernel_ratio=kernel_ratio, heads=3)
+    tensor, kv_format = build_cache(
+        arrangement, 5, torch.float16, kernel_ratio=kernel_ratio, heads=3
+    )
     geometry = describe_layer("layers.3", tensor, kv_format)
     expected = {
         "mla": KVLayout.MLA,
         "separated_on_interleaved_storage": KVLayout.INTERLEAVED,
-    }.get(arrangement, KVLayout.INTERLEAVED if arrangement.startswith("interleaved") else KVLayout.SEPARATED)
+    }.get(
+        arrangement,
+        KVLayout.INTERLEAVED if arrangement.startswith("interleaved") else KVLayout.SEPARATED,
+    )
     assert geometry.layout is expected
     assert geometry.kernel_blocks_per_block == kernel_ratio
     assert geometry.num_blocks == 5
@@ -207,8 +226,12 @@ def test_every_offset_matches_the_tensor(arrangement, dtype, kernel_ratio):
     local, kv_format = build_cache(arrangement, 9, dtype, kernel_ratio=kernel_ratio)
     remote, _ = build_cache(arrangement, 13, dtype, kernel_ratio=kernel_ratio)
     local_ids, remote_ids = random_mapping(rng, 9, 13, 6)
-    plan = plan_layer("layers.7", local, kv_format, local_ids, remote_ids, remote_num_blocks=13, merge=False)
-    assert plan_ranges(plan) == oracle_ranges(local, remote, arrangement, local_ids, remote_ids, kernel_ratio)
+    plan = plan_layer(
+        "layers.7", local, kv_format, local_ids, remote_ids, remote_num_blocks=13, merge=False
+    )
+    assert plan_ranges(plan) == oracle_ranges(
+        local, remote, arrangement, local_ids, remote_ids, kernel_ratio
+    )
 
 
 # --- copy across caches of different size -----------------------------------------
@@ -232,11 +255,15 @@ def test_copy_moves_every_mapped_block_of_a_mixed_model():
     planner = TransferPlanner(local_ids, remote_ids, remote_num_blocks=decode_blocks)
     for index, (name, arrangement, ratio, dtype) in enumerate(MIXED_MODEL):
         prefill, kv_format = build_cache(arrangement, prefill_blocks, dtype, kernel_ratio=ratio)
-        decode, decode_kv_format = build_cache(arrangement, decode_blocks, dtype, kernel_ratio=ratio)
+        decode, decode_kv_format = build_cache(
+            arrangement, decode_blocks, dtype, kernel_ratio=ratio
+        )
         fill(prefill, seed=index)
         fill(decode, seed=100 + index)
         decode_before = decode.clone()
-        apply_plan(planner.plan(name, prefill, kv_format), prefill, kv_format, decode, decode_kv_format)
+        apply_plan(
+            planner.plan(name, prefill, kv_format), prefill, kv_format, decode, decode_kv_format
+        )
         for local_block, remote_block in zip(local_ids, remote_ids):
             assert torch.equal(
                 block_data(decode, arrangement, remote_block, ratio),
@@ -273,7 +300,10 @@ def test_groups_with_equal_geometry_use_their_own_block_ids():
 
 def test_planner_keeps_at_most_max_plans_and_recomputes_evicted_ones():
     planner = TransferPlanner([0, 1], [1, 0], remote_num_blocks=3, max_plans=2)
-    caches = [build_cache("separated_nhd", 3, dtype) for dtype in (torch.float16, torch.float32, torch.bfloat16)]
+    caches = [
+        build_cache("separated_nhd", 3, dtype)
+        for dtype in (torch.float16, torch.float32, torch.bfloat16)
+    ]
     for index, (tensor, kv_format) in enumerate(caches):
         planner.plan(f"layers.{index}", tensor, kv_format)
     again = planner.plan("layers.0", *caches[0])
@@ -293,7 +323,10 @@ def test_remote_extent_matches_a_peer_cache_of_that_size():
     for arrangement in ARRANGEMENTS:
         local, kv_format = build_cache(arrangement, 5, torch.float16, kernel_ratio=2)
         remote, remote_kv_format = build_cache(arrangement, 9, torch.float16, kernel_ratio=2)
-        assert describe_layer("l", local, kv_format).extent_bytes(9) == registration_region("r", remote, remote_kv_format).size_bytes
+        assert (
+            describe_layer("l", local, kv_format).extent_bytes(9)
+            == registration_region("r", remote, remote_kv_format).size_bytes
+        )
 
 
 # --- properties -------------------------------------------------------------------
@@ -332,22 +365,32 @@ def test_property_plans_match_oracle_merge_losslessly_and_copy_exactly(scenario)
     local, kv_format = build_cache(arrangement, local_blocks, dtype, **shape)
     remote, remote_kv_format = build_cache(arrangement, remote_blocks, dtype, **shape)
 
-    unmerged = plan_layer("layers.9", local, kv_format, local_ids, remote_ids, remote_blocks, merge=False)
+    unmerged = plan_layer(
+        "layers.9", local, kv_format, local_ids, remote_ids, remote_blocks, merge=False
+    )
     merged = plan_layer("layers.9", local, kv_format, local_ids, remote_ids, remote_blocks)
-    assert plan_ranges(unmerged) == oracle_ranges(local, remote, arrangement, local_ids, remote_ids, ratio)
+    assert plan_ranges(unmerged) == oracle_ranges(
+        local, remote, arrangement, local_ids, remote_ids, ratio
+    )
 
     # Merging moves exactly the same byte pairs, and leaves no mergeable neighbours.
     for merged_column, unmerged_column in zip(expand(merged), expand(unmerged)):
         assert torch.equal(merged_column, unmerged_column)
-    ends = merged.local_offsets[:-1] + merged.sizes[:-1], merged.remote_offsets[:-1] + merged.sizes[:-1]
-    assert not bool(((merged.local_offsets[1:] == ends[0]) & (merged.remote_offsets[1:] == ends[1])).any())
+    ends = (
+        merged.local_offsets[:-1] + merged.sizes[:-1],
+        merged.remote_offsets[:-1] + merged.sizes[:-1],
+    )
+    assert not bool(
+        ((merged.local_offsets[1:] == ends[0]) & (merged.remote_offsets[1:] == ends[1])).any()
+    )
 
     fill(local, seed=1)
     fill(remote, seed=2)
     apply_plan(merged, local, kv_format, remote, remote_kv_format)
     for local_block, remote_block in zip(local_ids, remote_ids):
         assert torch.equal(
-            block_data(remote, arrangement, remote_block, ratio), block_data(local, arrangement, local_block, ratio)
+            block_data(remote, arrangement, remote_block, ratio),
+            block_data(local, arrangement, local_block, ratio),
         )
 
 
@@ -362,9 +405,10 @@ def test_planner_keeps_its_own_copy_of_the_block_ids():
     planner.plan("layers.0.attn", dense, dense_spec)
     local[:] = torch.tensor([0, 0, 0])  # the caller reuses its buffer for the next request
     remote[:] = torch.tensor([3, 3, 3])
-    assert planner.plan("layers.0.indexer", index, index_spec).lists == plan_layer(
-        "x", index, index_spec, [1, 2, 5], [0, 1, 2], 4
-    ).lists
+    assert (
+        planner.plan("layers.0.indexer", index, index_spec).lists
+        == plan_layer("x", index, index_spec, [1, 2, 5], [0, 1, 2], 4).lists
+    )
 
 
 def test_shared_plans_cannot_be_changed_through_their_lists_or_tensors():

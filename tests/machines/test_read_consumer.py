@@ -57,10 +57,10 @@ def test_no_read_is_posted_under_a_lease_too_short_for_it(side):
     d = ready(side, lease_s=20.0, read_timeout_s=30.0)
     r = d.send("start_reads")
     assert r.state == "ready" and not d.kinds("post_read")
-    d.advance(5.0)                                       # renewal tick: heartbeat 2
+    d.advance(5.0)  # renewal tick: heartbeat 2
     [beat] = d.kinds("send_heartbeat")[1:]
     assert beat.seq == 2
-    r = d.send("lease_granted", seq=2, lease_s=60.0)     # a longer lease arrives
+    r = d.send("lease_granted", seq=2, lease_s=60.0)  # a longer lease arrives
     assert r.state == "reading" and len(d.kinds("post_read")) == 3
 
 
@@ -81,11 +81,12 @@ def test_the_lease_is_renewed_while_reads_run(side):
 
 
 def test_reads_are_torn_down_before_an_unrenewed_lease_can_run_out(side):
-    d = reading(side, layers=6, lease_s=30.0, renew_interval_s=5.0, lease_margin_s=5.0,
-                read_timeout_s=12.0)
+    d = reading(
+        side, layers=6, lease_s=30.0, renew_interval_s=5.0, lease_margin_s=5.0, read_timeout_s=12.0
+    )
     lease_until = d.record.lease_until
     layer = 0
-    while d.state == "reading":                          # P stopped answering heartbeats...
+    while d.state == "reading":  # P stopped answering heartbeats...
         d.advance(5.0)
         if d.state == "reading":
             d.send("layer_read_completed", layer=layer)  # ...while the reads still progress
@@ -102,7 +103,7 @@ def test_reads_are_torn_down_before_an_unrenewed_lease_can_run_out(side):
 
 def test_a_teardown_nobody_confirms_quarantines_ds_blocks(side):
     d = reading(side, read_timeout_s=10.0, abandon_timeout_s=2.0)
-    d.advance(10.5)                                      # no progress at all
+    d.advance(10.5)  # no progress at all
     assert d.state == "abandoning"
     d.advance(2.5)
     assert d.state == "quarantined"

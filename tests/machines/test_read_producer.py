@@ -37,9 +37,14 @@ def test_heartbeats_renew_the_lease_and_are_answered(side):
     p.advance(8.0)
     r = p.send("heartbeat", consumer_rank=0, seq=3)
     [grant] = r.effects
-    assert (grant.kind, grant.consumer_rank, grant.seq, grant.lease_s) == ("send_lease_granted", 0, 3, 10.0)
+    assert (grant.kind, grant.consumer_rank, grant.seq, grant.lease_s) == (
+        "send_lease_granted",
+        0,
+        3,
+        10.0,
+    )
     p.advance(8.0)
-    assert p.state == "leased"                       # renewed at t~8: due at ~18
+    assert p.state == "leased"  # renewed at t~8: due at ~18
     p.advance(3.0)
     assert p.state == "expired"
     [freed] = p.kinds("free_blocks")
@@ -56,7 +61,7 @@ def test_a_lease_grant_never_promises_more_than_the_hold_has_left(side):
     assert grant.lease_s == pytest.approx(25.0 - p.now + p.record.held_at, abs=1e-6)
     assert grant.lease_s < 10.0
     p.advance(grant.lease_s + 0.01)
-    assert p.state == "expired"                      # exactly when P said it would
+    assert p.state == "expired"  # exactly when P said it would
 
 
 def test_an_early_release_never_frees_the_blocks_of_a_running_request(side):
@@ -64,7 +69,7 @@ def test_an_early_release_never_frees_the_blocks_of_a_running_request(side):
     p.send("serve_started", consumer_tp_size=1)
     r = p.send("release", consumer_rank=0)
     assert r.state == "prefilling" and not p.kinds()
-    r = p.send("request_finished")                   # every D rank already released
+    r = p.send("request_finished")  # every D rank already released
     assert r.state == "released" and p.kinds() == []  # nothing held: vLLM frees them
 
 
@@ -97,13 +102,13 @@ def test_a_release_for_a_transfer_p_does_not_know_is_counted(side):
     other = side("read_producer")
     other.table = p.table
     other.tid = "tx-2"
-    other.send("serve_started", consumer_tp_size=1)       # creating tx-2 ages tx-1's fact...
-    assert p.table.stats()["outcomes"]["buffered"] == 1    # ...which is held, never applied
+    other.send("serve_started", consumer_tp_size=1)  # creating tx-2 ages tx-1's fact...
+    assert p.table.stats()["outcomes"]["buffered"] == 1  # ...which is held, never applied
 
 
 def test_more_releases_than_consumers_are_ignored(side):
     p = leased(side, consumers=1)
-    p.send("release")                                       # unranked: counted
+    p.send("release")  # unranked: counted
     assert p.state == "released"
 
 
@@ -116,5 +121,5 @@ def test_a_bad_consumer_count_creates_nothing(side, count):
 def test_a_hold_that_failed_ends_the_lease_at_once(side):
     p = leased(side)
     assert p.send("hold_failed", error="connector gone").state == "expired"
-    assert not p.kinds("free_blocks")                        # vLLM freed them itself
+    assert not p.kinds("free_blocks")  # vLLM freed them itself
     assert p.send("heartbeat", seq=1).outcome is Outcome.LATE  # no grant: D will not read

@@ -54,8 +54,8 @@ def test_a_failed_writer_makes_d_release_the_others_and_wait_until_they_stopped(
     r = d.send("write_failed", producer_rank=0, reason="failed", writes_stopped=True)
     assert r.state == "stopping"
     assert d.kinds() == ["send_remote_blocks", "send_release"]
-    assert not d.kinds("report_load_failure")          # writer 1 may still be writing
-    r = d.send("write_done", producer_rank=1)           # it finished before it saw the release
+    assert not d.kinds("report_load_failure")  # writer 1 may still be writing
+    r = d.send("write_done", producer_rank=1)  # it finished before it saw the release
     assert r.state == "failed"
     [failure] = d.kinds("report_load_failure")
     assert failure.reason == "failed"
@@ -74,9 +74,9 @@ def test_d_never_waits_forever_when_p_goes_silent(side):
     d = started(side, writers=1, write_timeout_s=10.0, safety_timeout_s=5.0)
     d.advance(9.0)
     assert d.state == "waiting"
-    d.advance(2.0)                                      # D's own timeout
+    d.advance(2.0)  # D's own timeout
     assert d.state == "stopping" and len(d.kinds("send_release")) == 1
-    d.advance(6.0)                                      # nobody confirmed: quarantine
+    d.advance(6.0)  # nobody confirmed: quarantine
     assert d.state == "abandoned"
     [failure] = d.kinds("report_load_failure")
     assert failure.reason == "safety_timeout"
@@ -86,7 +86,7 @@ def test_d_never_waits_forever_when_p_goes_silent(side):
 def test_a_safety_timeout_keeps_the_blocks_out_of_circulation_rather_than_free_them(side):
     """Silence proves nothing: P may never have heard the release and write later."""
     d = started(side, writers=1, safety_timeout_s=5.0)
-    d.send("request_finished")                          # blocks held, release sent
+    d.send("request_finished")  # blocks held, release sent
     d.advance(6.0)
     assert d.state == "abandoned"
     assert len(d.kinds("quarantine_blocks")) == 1
@@ -153,7 +153,7 @@ def test_holding_the_blocks_failed_quarantines_them(side):
     assert r.state == "quarantined" and d.kinds("quarantine_blocks")
 
 
-@pytest.mark.parametrize("rank", [-2, 64, 2 ** 70])
+@pytest.mark.parametrize("rank", [-2, 64, 2**70])
 def test_a_verdict_with_an_impossible_rank_is_ignored(side, rank):
     d = started(side, writers=1)
     r = d.send("write_done", producer_rank=rank)

@@ -74,7 +74,7 @@ def test_allocation_before_scheduling_runs_the_clean_path():
     assert last.state == "completed"
     [done] = p.kinds("send_write_done")
     assert done.data["num_writers"] == 2 and done.data["decode_rank"] == 1
-    assert not p.kinds("free_blocks")          # vLLM has not finished the request yet
+    assert not p.kinds("free_blocks")  # vLLM has not finished the request yet
     p.send("request_finished")
     assert p.state == "released"
     assert len(p.kinds("free_blocks")) == 1 and not p.kinds("send_write_failed")
@@ -86,8 +86,11 @@ def test_allocation_during_scheduling_posts_waiting_layers_at_once():
     p.schedule([0, 1, 2])
     assert not p.kinds("post_write")
     r = p.send("remote_blocks", **BLOCKS)
-    assert [(e.kind, e.layer) for e in r.effects] == [("post_write", 0), ("post_write", 1),
-                                                      ("post_write", 2)]
+    assert [(e.kind, e.layer) for e in r.effects] == [
+        ("post_write", 0),
+        ("post_write", 1),
+        ("post_write", 2),
+    ]
     assert all(e.block_ids == BLOCKS["block_ids"] and e.decode_rank == 1 for e in r.effects)
     p.schedule([3])
     assert p.posted_layers() == [0, 1, 2, 3]
@@ -167,7 +170,7 @@ def test_completions_before_seal_finish_on_seal():
 def test_completion_for_a_layer_never_posted_is_rejected_not_counted():
     p = Producer()
     p.create()
-    p.schedule([0])                 # scheduled, but no allocation, so never posted
+    p.schedule([0])  # scheduled, but no allocation, so never posted
     r = p.send("layer_write_completed", layer=0)
     assert r.outcome is Outcome.REJECTED
     assert p.table.get(p.tid).settled == 0
@@ -215,7 +218,7 @@ def test_d_hears_of_a_failure_before_the_local_request_finishes():
     r = p.send("layer_write_failed", layer=0, code=13)
     assert r.state == "closing"
     assert [e.kind for e in r.effects] == ["send_write_failed"]
-    assert not p.kinds("free_blocks")           # vLLM still owns the blocks
+    assert not p.kinds("free_blocks")  # vLLM still owns the blocks
     p.send("request_finished")
     assert p.state == "failed" and len(p.kinds("free_blocks")) == 1
 
@@ -273,7 +276,7 @@ def test_abort_at_any_time_hands_blocks_back_exactly_once(stage):
     assert p.state == stage
     p.send("abort")
     if p.state == "draining":
-        assert not p.kinds("free_blocks")    # writes still in flight: blocks stay
+        assert not p.kinds("free_blocks")  # writes still in flight: blocks stay
         p.complete([0, 1])
     assert p.state in {"aborted", "released", "failed"}
     assert len(p.kinds("free_blocks")) == 1
@@ -305,9 +308,13 @@ def test_a_request_that_finished_without_any_layer_fails_the_transfer():
     assert r.effects[0].data == {"reason": "failed", "decode_rank": 1, "writes_stopped": True}
 
 
-@pytest.mark.parametrize("kind, end, reason", [("finished_before_start", "failed", "failed"),
-                                               ("aborted_before_start", "aborted", "aborted")])
-def test_a_request_that_ended_before_its_transfer_started_ends_it_in_the_creating_step(kind, end, reason):
+@pytest.mark.parametrize(
+    "kind, end, reason",
+    [("finished_before_start", "failed", "failed"), ("aborted_before_start", "aborted", "aborted")],
+)
+def test_a_request_that_ended_before_its_transfer_started_ends_it_in_the_creating_step(
+    kind, end, reason
+):
     """The transfer starts only to end: D hears write_failed (its writes never started) and
     the blocks go back, in the step that creates it; the request's end repeated is late."""
     p = Producer()
@@ -352,12 +359,12 @@ def test_transfer_timeout_tears_stalled_writes_down_and_frees_only_after_teardow
     p.send("seal")
     p.complete([0])
     p.send("request_finished")
-    p.advance(3.5)                               # layers 1 and 2 never report back
+    p.advance(3.5)  # layers 1 and 2 never report back
     assert p.state == "abandoning"
     [abandon] = p.kinds("abandon_writes")
     assert abandon.layers == (1, 2)
     assert not p.kinds("send_write_failed") and not p.kinds("free_blocks")
-    r = p.send("writes_abandoned")               # the adapter tore the writes down
+    r = p.send("writes_abandoned")  # the adapter tore the writes down
     assert [e.kind for e in r.effects] == ["send_write_failed", "free_blocks"]
     assert r.effects[0].writes_stopped is True
     assert p.state == "failed"
@@ -374,13 +381,13 @@ def test_a_teardown_nobody_confirms_ends_quarantined_and_keeps_the_blocks():
     p.advance(3.5)
     assert p.state == "abandoning"
     p.advance(1.0)
-    assert p.state == "abandoning"               # the adapter still has time to answer
+    assert p.state == "abandoning"  # the adapter still has time to answer
     p.advance(1.5)
     assert p.state == "quarantined"
     [told] = p.kinds("send_write_failed")
-    assert told.writes_stopped is False          # D must keep its blocks out of use too
+    assert told.writes_stopped is False  # D must keep its blocks out of use too
     assert [e.kind for e in p.kinds("quarantine_blocks")] == ["quarantine_blocks"]
-    assert not p.kinds("free_blocks")            # the blocks never go back
+    assert not p.kinds("free_blocks")  # the blocks never go back
     stats = p.table.stats()
     assert stats["anomalies"] == 1 and stats["ended"] == {"quarantined": 1}
     assert p.send("writes_abandoned").outcome is Outcome.LATE
@@ -419,7 +426,7 @@ def test_a_post_whose_handler_failed_settles_its_layer_as_failed():
     p.send("remote_blocks", **BLOCKS)
     p.schedule([0, 1])
     r = p.send("post_failed", layer=1, error="engine refused")
-    assert r.state == "draining"                 # layer 0 may still be writing
+    assert r.state == "draining"  # layer 0 may still be writing
     assert p.table.get(p.tid).failed == 0b10
     r = p.send("layer_write_completed", layer=0)
     assert r.state == "closing"
@@ -445,11 +452,11 @@ def test_allocation_after_an_ignored_transfer_timeout_rearms_the_deadline():
     p.create()
     p.schedule([0])
     p.send("seal")
-    fired = p.advance(4.0)                       # no allocation yet: the defer timer governs
+    fired = p.advance(4.0)  # no allocation yet: the defer timer governs
     assert [(ev.kind, r.outcome) for ev, r in fired] == [("transfer_timeout", Outcome.IGNORED)]
-    p.send("remote_blocks", **BLOCKS)            # layer 0 is posted now...
+    p.send("remote_blocks", **BLOCKS)  # layer 0 is posted now...
     p.send("request_finished")
-    p.advance(4.0)                               # ...and stalls: the re-armed deadline fires
+    p.advance(4.0)  # ...and stalls: the re-armed deadline fires
     assert p.state == "abandoning"
     assert p.kinds("abandon_writes")
 
@@ -459,7 +466,7 @@ def test_a_stall_before_seal_still_times_out():
     p.create()
     p.send("remote_blocks", **BLOCKS)
     p.schedule([0, 1])
-    p.advance(4.0)                               # seal never came and nothing completed
+    p.advance(4.0)  # seal never came and nothing completed
     assert p.state == "abandoning"
     assert p.table.get(p.tid).end_reason == "failed"
 
@@ -471,8 +478,8 @@ def test_progress_pushes_the_transfer_deadline_back():
     p.schedule([0, 1, 2])
     p.send("seal")
     p.advance(2.0)
-    p.complete([0])                              # progress at t~2: deadline moves to ~5
-    p.advance(2.0)                               # t~4: the first deadline passed, stale
+    p.complete([0])  # progress at t~2: deadline moves to ~5
+    p.advance(2.0)  # t~4: the first deadline passed, stale
     assert p.state == "sealed"
     p.complete([1])
     p.advance(2.0)
@@ -481,8 +488,18 @@ def test_progress_pushes_the_transfer_deadline_back():
     assert p.state == "abandoning"
 
 
-@pytest.mark.parametrize("bad", [{"layer": -1}, {"layer": 4096}, {"layer": "3"}, {"layer": None},
-                                 {"layer": 2.0}, {"layer": True}, {"layer": 2 ** 80}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"layer": -1},
+        {"layer": 4096},
+        {"layer": "3"},
+        {"layer": None},
+        {"layer": 2.0},
+        {"layer": True},
+        {"layer": 2**80},
+    ],
+)
 def test_bad_layer_payloads_are_rejected_not_crashes(bad):
     p = Producer()
     p.create()
@@ -497,7 +514,7 @@ def test_create_refuses_a_bad_writer_count(bad):
     r = p.create(num_writers=bad)
     assert r.outcome is Outcome.REJECTED and r.state is None
     assert p.state is None and len(p.table) == 0
-    assert p.table.next_deadline() is None       # nothing was armed for it
+    assert p.table.next_deadline() is None  # nothing was armed for it
 
 
 def test_an_event_missing_a_declared_payload_field_cannot_be_built():
@@ -507,10 +524,15 @@ def test_an_event_missing_a_declared_payload_field_cannot_be_built():
         make_event("layer_scheduled", "tx-1", 0.0, {"layer": 1, "colour": "red"})
 
 
-@pytest.mark.parametrize("bad", [{"block_ids": None, "decode_rank": 0},
-                                 {"block_ids": [1], "decode_rank": "0"},
-                                 {"block_ids": "1,2", "decode_rank": 0},
-                                 {"block_ids": [1], "decode_rank": True}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"block_ids": None, "decode_rank": 0},
+        {"block_ids": [1], "decode_rank": "0"},
+        {"block_ids": "1,2", "decode_rank": 0},
+        {"block_ids": [1], "decode_rank": True},
+    ],
+)
 def test_malformed_peer_messages_are_rejected_before_and_after_creation(bad):
     p = Producer()
     assert p.send("remote_blocks", **bad).outcome is Outcome.REJECTED
@@ -526,14 +548,20 @@ def test_events_after_the_end_are_late_and_never_revive_the_transfer():
     p.send("release")
     p.send("request_finished")
     assert p.state == "released"
-    for kind, data in (("remote_blocks", BLOCKS), ("layer_write_completed", {"layer": 0}),
-                       ("prefill_started", {"num_writers": 1}), ("release", {}), ("abort", {})):
+    for kind, data in (
+        ("remote_blocks", BLOCKS),
+        ("layer_write_completed", {"layer": 0}),
+        ("prefill_started", {"num_writers": 1}),
+        ("release", {}),
+        ("abort", {}),
+    ):
         assert p.send(kind, **data).outcome is Outcome.LATE
     assert len(p.table) == 0
     assert len(p.kinds("free_blocks")) == 1
 
 
 # -- a forward's layers in one step (layers_scheduled, a bitmap) -----------------------------
+
 
 def test_a_forwards_layers_in_one_step_post_each_once_and_complete_as_layer_by_layer_would():
     p = Producer()
@@ -556,8 +584,8 @@ def test_a_forwards_layers_in_one_step_post_each_once_and_complete_as_layer_by_l
 def test_layers_scheduled_before_the_allocation_wait_for_it_and_mix_with_single_layers():
     p = Producer()
     p.create()
-    p.schedule([1])                                   # one layer during the forward
-    r = p.send("layers_scheduled", layers=0b1011)     # the rest at its end, layer 1 again
+    p.schedule([1])  # one layer during the forward
+    r = p.send("layers_scheduled", layers=0b1011)  # the rest at its end, layer 1 again
     assert r.outcome is Outcome.APPLIED and r.effects == ()
     assert p.table.get(p.tid).scheduled == 0b1011
     posted = p.send("remote_blocks", **BLOCKS)
@@ -586,7 +614,9 @@ def test_layers_scheduled_after_seal_or_the_end_changes_nothing():
     assert p.posted_layers() == [0, 1]
 
 
-@pytest.mark.parametrize("bad", [0, -1, -(1 << 70), 1 << 4096, (1 << 4096) | 1, "3", None, 2.0, True, [1, 2]])
+@pytest.mark.parametrize(
+    "bad", [0, -1, -(1 << 70), 1 << 4096, (1 << 4096) | 1, "3", None, 2.0, True, [1, 2]]
+)
 def test_bad_layer_sets_are_rejected_not_crashes(bad):
     p = Producer()
     p.create()

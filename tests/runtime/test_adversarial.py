@@ -29,7 +29,9 @@ LIMIT = 7
 
 def machine_with(*replacements, config=None) -> Machine:
     """The write producer with some bindings replaced by same-named functions."""
-    return Machine(BASE.spec, write_producer.bindings.replaced(*replacements), config or BASE.config)
+    return Machine(
+        BASE.spec, write_producer.bindings.replaced(*replacements), config or BASE.config
+    )
 
 
 def both(machine, evs, **options):
@@ -56,6 +58,7 @@ def started(tid="t"):
 
 # -- effects never leak ----------------------------------------------------------------
 
+
 def count_notify_failure(tx, ev, out):
     tx.notify_failures += 1
     out.extend([effect_class("free_blocks")(tx.transfer_id, reason="x")])
@@ -75,28 +78,41 @@ def test_an_effect_slipped_into_a_row_without_emits_is_refused_and_leaks_nowhere
 
 # -- inlined means the same as called ----------------------------------------------------
 
-out = 7          # a module global named like a step's own local
+out = 7  # a module global named like a step's own local
 
 
 def layer_is_new(tx, ev):
     layer = ev.layer
-    return type(layer) is int and 0 <= layer < tx.max_layers and not (tx.scheduled >> layer) & 1 and out == 7
+    return (
+        type(layer) is int
+        and 0 <= layer < tx.max_layers
+        and not (tx.scheduled >> layer) & 1
+        and out == 7
+    )
 
 
 def layer_already_scheduled(tx, ev):
     layer = ev.layer
-    return type(layer) is int and 0 <= layer < tx.max_layers and (tx.scheduled >> layer) & 1 == 1 and layer < LIMIT
+    return (
+        type(layer) is int
+        and 0 <= layer < tx.max_layers
+        and (tx.scheduled >> layer) & 1 == 1
+        and layer < LIMIT
+    )
 
 
 def test_globals_named_like_step_locals_or_changed_later_mean_the_same_inlined():
     global LIMIT
     machine = machine_with(layer_is_new, layer_already_scheduled)
-    evs = [events.prefill_started("t", 0.0, 1), events.layer_scheduled("t", 0.1, 3),
-           events.layer_scheduled("t", 0.2, 3)]
+    evs = [
+        events.prefill_started("t", 0.0, 1),
+        events.layer_scheduled("t", 0.1, 3),
+        events.layer_scheduled("t", 0.2, 3),
+    ]
     compiled, reference = both(machine, evs)
     assert compiled == reference
     assert compiled[2][1] is Outcome.DUPLICATE
-    LIMIT = 2                                     # a global the binding reads, changed live
+    LIMIT = 2  # a global the binding reads, changed live
     try:
         compiled, reference = both(machine, evs)
         assert compiled == reference and compiled[2][1] is Outcome.REJECTED
@@ -110,21 +126,32 @@ def finished_after_abort(tx, ev):
 
 
 def test_eventless_guards_run_in_order_as_they_would_when_called():
-    evs = started() + [events.layer_scheduled("t", 0.2, 0), events.layer_write_failed("t", 0.3, 0, 1),
-                       events.request_finished("t", 0.4)]
+    evs = started() + [
+        events.layer_scheduled("t", 0.2, 0),
+        events.layer_write_failed("t", 0.3, 0, 1),
+        events.request_finished("t", 0.4),
+    ]
     compiled, reference = both(machine_with(finished_after_abort), evs)
     assert compiled == reference and compiled[-2][2] == "failed"
 
 
 def tell_write_failed(tx, ev, out):
     tx.write_failed_sent += 1
-    out.append(emits.send_write_failed(tx.transfer_id, reason=f"{tx.end_reason} in {tx.state}",
-                                       decode_rank=tx.decode_rank, writes_stopped=True))
+    out.append(
+        emits.send_write_failed(
+            tx.transfer_id,
+            reason=f"{tx.end_reason} in {tx.state}",
+            decode_rank=tx.decode_rank,
+            writes_stopped=True,
+        )
+    )
 
 
 def test_actions_see_the_source_state_in_both_executors():
-    compiled, reference = both(machine_with(tell_write_failed),
-                               [events.prefill_started("t", 0.0, 1), events.release("t", 0.1)])
+    compiled, reference = both(
+        machine_with(tell_write_failed),
+        [events.prefill_started("t", 0.0, 1), events.release("t", 0.1)],
+    )
     assert compiled == reference
     assert compiled[1][3][0].reason == "released in draining"
 
@@ -168,6 +195,7 @@ transitions:
 
     def bump(tx, ev, out):
         tx.n += 1
+
     bindings.action(bump)
     machine = Machine(spec, bindings, spec.default_config())
     table = TransferTable(machine)
@@ -177,14 +205,15 @@ transitions:
 
 # -- clocks and ids ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stamp", [1j, Decimal(1), 10 ** 400, True])
+
+@pytest.mark.parametrize("stamp", [1j, Decimal(1), 10**400, True])
 def test_a_time_that_is_not_a_float_or_int_clock_reading_is_rejected(stamp):
     table = build_table("write_producer")
     assert table.dispatch(events.prefill_started("a", stamp, 1)).outcome is Outcome.REJECTED
     assert table.dispatch(events.prefill_started("b", 0.0, 1)).outcome is Outcome.CREATED
     assert table.advance(100.0) != [] and table.audit() == []
     with pytest.raises(ValueError):
-        table.advance(10 ** 400)
+        table.advance(10**400)
 
 
 @pytest.mark.parametrize("tid", [True, 1, 1.0, b"tx"])
@@ -203,6 +232,7 @@ def test_an_event_stamped_earlier_never_leaves_a_deadline_before_its_heap_entry(
 
 
 # -- one broken transfer never costs the others ---------------------------------------------
+
 
 def end_expired(tx, ev, out):
     if tx.transfer_id == "B":
@@ -278,11 +308,14 @@ def test_a_recorder_that_dispatches_is_refused_not_a_deadlock():
 
 # -- the early-fact buffer cannot be gamed ---------------------------------------------------
 
+
 def test_one_host_posing_as_many_peers_cannot_push_out_a_real_peers_fact():
     table = build_table("write_producer", pending_capacity=64)
     table.dispatch(events.remote_blocks("X", 0.0, [1], 0, source="10.0.0.2#aa"))
     for i in range(1000):
-        table.dispatch(events.remote_blocks(f"junk{i}", 0.001 * i, [0], 0, source=f"10.0.0.9#{i:04x}"))
+        table.dispatch(
+            events.remote_blocks(f"junk{i}", 0.001 * i, [0], 0, source=f"10.0.0.9#{i:04x}")
+        )
     table.dispatch(events.prefill_started("X", 1.0, 1))
     assert table.get("X").has_allocation
 

@@ -34,14 +34,20 @@ def snapshot(table, tid):
     return tx.state, tx.context(), list(tx.deadlines)
 
 
-def post_layer(tx, ev, out):                    # writes posted, then fails mid-way
+def post_layer(tx, ev, out):  # writes posted, then fails mid-way
     tx.posted |= 1 << ev.layer
-    out.append(emits.post_write(tx.transfer_id, layer=ev.layer, block_ids=tx.remote_block_ids,
-                                decode_rank=tx.decode_rank))
+    out.append(
+        emits.post_write(
+            tx.transfer_id,
+            layer=ev.layer,
+            block_ids=tx.remote_block_ids,
+            decode_rank=tx.decode_rank,
+        )
+    )
     raise KeyError("engine handle missing")
 
 
-def tell_write_done(tx, ev, out):               # fails after counting the verdict
+def tell_write_done(tx, ev, out):  # fails after counting the verdict
     tx.write_done_sent += 1
     if tx.write_done_sent > 1:
         out.append(emits.send_write_done(tx.transfer_id, num_writers=1, decode_rank=0))
@@ -62,8 +68,8 @@ def test_an_action_that_raises_mid_step_leaves_the_transfer_untouched(executor, 
     stats_before = table.stats()["outcomes"]
     with pytest.raises(TransitionError) as info:
         table.dispatch(events.layer_scheduled("tx-1", 1.0, 2))
-    assert snapshot(table, "tx-1") == before                 # scheduled, posted: as they were
-    assert table.stats()["outcomes"] == stats_before          # the failed step is not counted
+    assert snapshot(table, "tx-1") == before  # scheduled, posted: as they were
+    assert table.stats()["outcomes"] == stats_before  # the failed step is not counted
     message = str(info.value)
     assert "'tx-1'" in message and "layer_scheduled" in message and "KeyError" in message
     assert info.value.transfer_id == "tx-1" and info.value.event == "layer_scheduled"
@@ -83,7 +89,7 @@ def test_an_eventless_follow_up_that_raises_rolls_the_whole_step_back(executor):
     table.dispatch(events.seal("tx-1", 0.2))
     before = snapshot(table, "tx-1")
     with pytest.raises(TransitionError, match="RuntimeError: encoder broke"):
-        table.dispatch(events.layer_write_completed("tx-1", 0.3, 0))   # sealed -> completed
+        table.dispatch(events.layer_write_completed("tx-1", 0.3, 0))  # sealed -> completed
     state, context, deadlines = snapshot(table, "tx-1")
     assert (state, context, deadlines) == before
     assert context["settled"] == 0 and context["write_done_sent"] == 0
@@ -126,19 +132,19 @@ def test_a_failing_timer_step_keeps_its_timer_and_holds_up_no_other():
     table.dispatch(events.prefill_started("tx-2", 1.0, 1))
     with pytest.raises(TimerStepsFailed) as info:
         table.advance(61.0)
-    assert [ev.transfer_id for ev, _ in info.value.fired] == ["tx-2"]     # it fired anyway
+    assert [ev.transfer_id for ev, _ in info.value.fired] == ["tx-2"]  # it fired anyway
     assert table.state_of("tx-2") == "closing"
     assert [e.transfer_id for e in info.value.errors] == ["tx-1"]
     tx = table.get("tx-1")
     assert tx.end_reason == "" and tx.state == "allocated"
-    assert tx.deadlines[0] == 121.0                       # retried one duration later
+    assert tx.deadlines[0] == 121.0  # retried one duration later
     assert table.audit() == []
-    assert table.advance(100.0) == []                     # not retried in a hot loop
+    assert table.advance(100.0) == []  # not retried in a hot loop
 
 
 def test_check_mode_rolls_back_a_step_that_breaks_an_invariant():
     def tell_write_done(tx, ev, out):
-        tx.write_done_sent += 2                              # "sent twice"
+        tx.write_done_sent += 2  # "sent twice"
         out.append(emits.send_write_done(tx.transfer_id, num_writers=1, decode_rank=0))
 
     table = TransferTable(machine_with(tell_write_done), check_invariants=True)
@@ -147,7 +153,9 @@ def test_check_mode_rolls_back_a_step_that_breaks_an_invariant():
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     table.dispatch(events.seal("tx-1", 0.2))
     before = snapshot(table, "tx-1")
-    with pytest.raises(InvariantViolation, match=r"write_done_at_most_once.*'tx-1'.*layer_write_completed"):
+    with pytest.raises(
+        InvariantViolation, match=r"write_done_at_most_once.*'tx-1'.*layer_write_completed"
+    ):
         table.dispatch(events.layer_write_completed("tx-1", 0.3, 0))
     assert snapshot(table, "tx-1") == before
 
@@ -214,22 +222,33 @@ def test_generated_steps_show_their_source_in_tracebacks():
     text = "".join(traceback.format_exception(info.value.__cause__))
     assert "step_allocated__layer_scheduled" in text
     # The generated line itself: the inlined body of post_layer, with its origin.
-    assert 'raise KeyError(\'engine handle missing\')  # action post_layer' in text
+    assert "raise KeyError('engine handle missing')  # action post_layer" in text
 
 
 def test_check_mode_runs_the_production_code_plus_its_proofs():
     production = build_table("write_producer").generated.source.splitlines()
     checked = build_table("write_producer", check_invariants=True).generated.source.splitlines()
-    proofs = [line for line in checked if "verify(" in line or "before = tx.context()" in line
-              or line.strip() == "out = NO_EFFECTS" or "undeclared_read(" in line
-              or (line.strip().startswith("if may_fire_") and line.strip().endswith("(tx, ev):"))]
+    proofs = [
+        line
+        for line in checked
+        if "verify(" in line
+        or "before = tx.context()" in line
+        or line.strip() == "out = NO_EFFECTS"
+        or "undeclared_read(" in line
+        or (line.strip().startswith("if may_fire_") and line.strip().endswith("(tx, ev):"))
+    ]
     assert proofs
     assert [line for line in checked if line not in proofs] == production
 
 
 def test_guards_and_actions_are_inlined_where_exact():
     generated = build_table("write_producer").generated
-    assert {"new_layer_allocation_known", "schedule_layer", "post_layer",
-            "count_completion", "all_writes_succeeded"} <= generated.inlined_bindings
+    assert {
+        "new_layer_allocation_known",
+        "schedule_layer",
+        "post_layer",
+        "count_completion",
+        "all_writes_succeeded",
+    } <= generated.inlined_bindings
     assert "def step_scheduling__layer_scheduled(shard, tx, ev):" in generated.source
     assert "# action post_layer" in generated.source

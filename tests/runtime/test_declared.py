@@ -23,9 +23,14 @@ def test_an_event_class_has_the_declared_payload_in_order_and_source_by_keyword(
     ev = events.remote_blocks("tx-1", 1.5, [3, 4], 1, source="10.0.0.2#ab")
     assert isinstance(ev, Event) and ev.kind == "remote_blocks"
     assert (ev.block_ids, ev.decode_rank, ev.req_id, ev.source) == ([3, 4], 1, "", "10.0.0.2#ab")
-    assert ev.data == {"block_ids": [3, 4], "decode_rank": 1, "req_id": "", "prompt_digest": "",
-                             "decode_dp_rank": -1}
-    assert events.release("tx-1", 0.0).consumer_tp_size == 1        # the declared default
+    assert ev.data == {
+        "block_ids": [3, 4],
+        "decode_rank": 1,
+        "req_id": "",
+        "prompt_digest": "",
+        "decode_dp_rank": -1,
+    }
+    assert events.release("tx-1", 0.0).consumer_tp_size == 1  # the declared default
     with pytest.raises(TypeError):
         events.remote_blocks("tx-1", 0.0, [3], 1, "req", "digest", 0, "extra")
 
@@ -36,7 +41,7 @@ def test_an_effect_class_has_exactly_the_declared_fields():
     assert effect.data == {"layer": 2, "block_ids": [9], "decode_rank": 0}
     assert effect == effect_class("post_write")("tx-1", 2, [9], 0)
     with pytest.raises(TypeError):
-        emits.post_write("tx-1", layer=2, block_ids=[9])                 # decode_rank missing
+        emits.post_write("tx-1", layer=2, block_ids=[9])  # decode_rank missing
 
 
 def test_events_and_effects_serialize_and_compare_by_value():
@@ -53,8 +58,11 @@ def test_an_unknown_kind_names_the_known_ones():
 
 
 def test_a_second_spec_declaring_a_kind_with_other_fields_is_refused():
-    text = spec_path("write_producer").read_text().replace(
-        "payload: {layer: int}\n", "payload: {layer: str}\n", 1)
+    text = (
+        spec_path("write_producer")
+        .read_text()
+        .replace("payload: {layer: int}\n", "payload: {layer: str}\n", 1)
+    )
     copy = parse_spec(text, "other.yaml")
     with pytest.raises(SpecError) as info:
         register_spec(copy)

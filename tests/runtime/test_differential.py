@@ -17,25 +17,44 @@ from moriio_fsm.runtime.events import Event, Outcome
 from moriio_fsm.runtime.table import TransferTable
 
 IDS = ("tx-a", "tx-b", "tx-c")
-CONFIG = {"defer_timeout_s": 5.0, "transfer_timeout_s": 2.0, "abandon_timeout_s": 1.0,
-          "max_layers": 6}
+CONFIG = {
+    "defer_timeout_s": 5.0,
+    "transfer_timeout_s": 2.0,
+    "abandon_timeout_s": 1.0,
+    "max_layers": 6,
+}
 MACHINE = build_machine("write_producer", config=CONFIG)
-RUNS = {"production": ("compiled", False), "checked": ("compiled", True),
-        "transitions": ("transitions", True)}
+RUNS = {
+    "production": ("compiled", False),
+    "checked": ("compiled", True),
+    "transitions": ("transitions", True),
+}
 FINAL = {"released", "failed", "aborted", "expired", "quarantined"}
 
-layer = st.one_of(st.integers(-1, 6), st.just("1"), st.none(), st.just(2 ** 80), st.just(True))
+layer = st.one_of(st.integers(-1, 6), st.just("1"), st.none(), st.just(2**80), st.just(True))
 text = st.sampled_from(["", "boom"])
 event_step = st.one_of(
-    st.tuples(st.just("prefill_started"), st.fixed_dictionaries({"num_writers": st.integers(0, 3)})),
-    st.tuples(st.just("remote_blocks"), st.fixed_dictionaries(
-        {"block_ids": st.lists(st.integers(0, 9), max_size=3), "decode_rank": st.integers(0, 1)})),
-    st.tuples(st.just("remote_blocks"), st.fixed_dictionaries(     # ill-typed: rejected
-        {"block_ids": st.sampled_from([None, "1,2", 7]), "decode_rank": st.just(0)})),
+    st.tuples(
+        st.just("prefill_started"), st.fixed_dictionaries({"num_writers": st.integers(0, 3)})
+    ),
+    st.tuples(
+        st.just("remote_blocks"),
+        st.fixed_dictionaries(
+            {"block_ids": st.lists(st.integers(0, 9), max_size=3), "decode_rank": st.integers(0, 1)}
+        ),
+    ),
+    st.tuples(
+        st.just("remote_blocks"),
+        st.fixed_dictionaries(  # ill-typed: rejected
+            {"block_ids": st.sampled_from([None, "1,2", 7]), "decode_rank": st.just(0)}
+        ),
+    ),
     st.tuples(st.just("layer_scheduled"), st.fixed_dictionaries({"layer": layer})),
     st.tuples(st.just("seal"), st.just({})),
     st.tuples(st.just("layer_write_completed"), st.fixed_dictionaries({"layer": layer})),
-    st.tuples(st.just("layer_write_failed"), st.fixed_dictionaries({"layer": layer, "code": st.just(13)})),
+    st.tuples(
+        st.just("layer_write_failed"), st.fixed_dictionaries({"layer": layer, "code": st.just(13)})
+    ),
     st.tuples(st.just("post_failed"), st.fixed_dictionaries({"layer": layer, "error": text})),
     st.tuples(st.just("request_finished"), st.just({})),
     st.tuples(st.just("abort"), st.just({})),
@@ -43,8 +62,10 @@ event_step = st.one_of(
     st.tuples(st.just("writes_abandoned"), st.just({})),
     st.tuples(st.just("abandon_failed"), st.fixed_dictionaries({"error": text})),
     st.tuples(st.just("notify_failed"), st.fixed_dictionaries({"error": text})),
-    st.tuples(st.sampled_from(["defer_timeout", "transfer_timeout", "abandon_timeout"]), st.just({})),
-    st.tuples(st.just(""), st.just({})),                      # a plain Event: no kind at all
+    st.tuples(
+        st.sampled_from(["defer_timeout", "transfer_timeout", "abandon_timeout"]), st.just({})
+    ),
+    st.tuples(st.just(""), st.just({})),  # a plain Event: no kind at all
 )
 step = st.one_of(
     st.tuples(st.just("event"), st.sampled_from(IDS), event_step, st.floats(0.0, 0.5)),
@@ -66,7 +87,10 @@ class EffectOracle:
         posted = self.posted.setdefault(tid, set())
         settled = self.settled.setdefault(tid, set())
         if result.outcome is Outcome.APPLIED and ev.kind in (
-                "layer_write_completed", "layer_write_failed", "post_failed"):
+            "layer_write_completed",
+            "layer_write_failed",
+            "post_failed",
+        ):
             assert ev.layer in posted, "a completion was counted for an unposted layer"
             settled.add(ev.layer)
         if result.outcome is Outcome.APPLIED and ev.kind == "writes_abandoned":
@@ -80,7 +104,9 @@ class EffectOracle:
                 assert len(self.verdicts[tid]) == 1, f"{tid}: D got two verdicts"
                 stopped = effect.kind == "send_write_done" or effect.writes_stopped
                 # A verdict that says the writes stopped lets D reuse its blocks.
-                assert not stopped or posted <= settled, f"{tid}: {effect.kind} with writes in flight"
+                assert not stopped or posted <= settled, (
+                    f"{tid}: {effect.kind} with writes in flight"
+                )
                 if not stopped:
                     assert not posted <= settled and result.state == "quarantined"
                 if effect.kind == "send_write_done":
@@ -90,16 +116,25 @@ class EffectOracle:
                 assert self.blocks_left[tid] == 1, f"{tid}: blocks handed back twice"
                 if effect.kind == "free_blocks":
                     assert posted <= settled, f"{tid}: blocks freed with writes in flight"
-        if result.state in FINAL and result.outcome is not Outcome.LATE and result.state != "released":
+        if (
+            result.state in FINAL
+            and result.outcome is not Outcome.LATE
+            and result.state != "released"
+        ):
             [verdict] = self.verdicts.get(tid, [None])
-            assert verdict is not None and verdict.kind == "send_write_failed", \
+            assert verdict is not None and verdict.kind == "send_write_failed", (
                 f"{tid}: ended {result.state} without telling D"
+            )
         if self.blocks_left.get(tid) and not any(
-                e.kind in ("free_blocks", "quarantine_blocks") for e in result.effects):
+            e.kind in ("free_blocks", "quarantine_blocks") for e in result.effects
+        ):
             # After the blocks left nothing may act on the transfer again.
-            assert result.outcome in (Outcome.LATE, Outcome.BUFFERED, Outcome.DROPPED,
-                                      Outcome.REJECTED), \
-                f"{tid}: {ev.kind} acted on a transfer whose blocks were handed back"
+            assert result.outcome in (
+                Outcome.LATE,
+                Outcome.BUFFERED,
+                Outcome.DROPPED,
+                Outcome.REJECTED,
+            ), f"{tid}: {ev.kind} acted on a transfer whose blocks were handed back"
 
 
 def build(kind: str, tid: str, now: float, data: dict) -> Event:
@@ -108,8 +143,9 @@ def build(kind: str, tid: str, now: float, data: dict) -> Event:
 
 def run(name: str, steps) -> tuple[list, TransferTable]:
     executor, checked = RUNS[name]
-    table = TransferTable(MACHINE, executor=executor, check_invariants=checked,
-                          pending_capacity=16, ended_capacity=64)
+    table = TransferTable(
+        MACHINE, executor=executor, check_invariants=checked, pending_capacity=16, ended_capacity=64
+    )
     oracle = EffectOracle()
     now = 0.0
     trace = []
@@ -165,9 +201,20 @@ def test_production_and_check_mode_agree_on_a_long_random_run():
     import random
 
     rng = random.Random(7)
-    kinds = ["layer_scheduled", "layer_write_completed", "layer_write_failed", "seal",
-             "remote_blocks", "request_finished", "release", "abort", "prefill_started", "post_failed",
-             "writes_abandoned", "notify_failed"]
+    kinds = [
+        "layer_scheduled",
+        "layer_write_completed",
+        "layer_write_failed",
+        "seal",
+        "remote_blocks",
+        "request_finished",
+        "release",
+        "abort",
+        "prefill_started",
+        "post_failed",
+        "writes_abandoned",
+        "notify_failed",
+    ]
     fast = build_table("write_producer", config=CONFIG)
     checked = build_table("write_producer", config=CONFIG, check_invariants=True)
     assert fast.generated.source.count("verify(") == 0 < checked.generated.source.count("verify(")
@@ -175,10 +222,18 @@ def test_production_and_check_mode_agree_on_a_long_random_run():
     for _ in range(20000):
         now += rng.random() * 0.05
         kind = rng.choice(kinds)
-        data = {"layer": rng.randrange(6), "code": 13, "num_writers": 1, "error": "",
-                "block_ids": [1, 2], "decode_rank": 0}
+        data = {
+            "layer": rng.randrange(6),
+            "code": 13,
+            "num_writers": 1,
+            "error": "",
+            "block_ids": [1, 2],
+            "decode_rank": 0,
+        }
         fields = MACHINE.spec.events[kind].payload
-        ev = make_event(kind, f"tx-{rng.randrange(40)}", now, {k: data[k] for k in fields if k in data})
+        ev = make_event(
+            kind, f"tx-{rng.randrange(40)}", now, {k: data[k] for k in fields if k in data}
+        )
         assert fast.dispatch(ev) == checked.dispatch(ev)
         if rng.random() < 0.02:
             assert fast.advance(now) == checked.advance(now)

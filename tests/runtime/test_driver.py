@@ -16,8 +16,14 @@ from moriio_fsm.machines import build_table
 from moriio_fsm.runtime.declared import events
 from moriio_fsm.runtime.driver import Driver, DriverError
 
-KINDS = ("post_write", "abandon_writes", "send_write_done", "send_write_failed",
-         "free_blocks", "quarantine_blocks")
+KINDS = (
+    "post_write",
+    "abandon_writes",
+    "send_write_done",
+    "send_write_failed",
+    "free_blocks",
+    "quarantine_blocks",
+)
 
 
 def recording(log: list):
@@ -69,7 +75,9 @@ def test_handlers_run_with_no_lock_held_and_may_dispatch_into_the_same_table():
 
     def post_write(effect):
         # A synchronous engine: the write lands before the post call returns.
-        holder["driver"].dispatch(events.layer_write_completed(effect.transfer_id, 0.3, effect.layer))
+        holder["driver"].dispatch(
+            events.layer_write_completed(effect.transfer_id, 0.3, effect.layer)
+        )
 
     handlers["post_write"] = post_write
     driver = holder["driver"] = Driver(build_table("write_producer"), handlers)
@@ -91,7 +99,7 @@ def test_events_a_handler_returns_are_dispatched_after_the_pending_effects():
     handlers["abandon_writes"] = lambda effect: [events.writes_abandoned(effect.transfer_id, 40.0)]
     driver = Driver(build_table("write_producer"), handlers)
     started(driver)
-    steps = driver.advance(31.0)                          # the writes stalled: torn down
+    steps = driver.advance(31.0)  # the writes stalled: torn down
     kinds = [ev.kind for ev, _ in steps]
     assert kinds == ["transfer_timeout", "writes_abandoned"]
     assert driver.table.state_of("tx-1") == "closing"

@@ -28,13 +28,15 @@ def test_a_real_peers_early_allocation_survives_a_flood_of_junk_ids_from_a_stran
     flood = 200_000
     for i in range(flood // 2):
         t.dispatch(events.release(f"junk-{i}", 0.0, source="10.0.0.66#01"))
-    assert t.dispatch(events.remote_blocks("tx-real", 0.0, *BLOCKS, source="10.0.0.7#02")).outcome \
+    assert (
+        t.dispatch(events.remote_blocks("tx-real", 0.0, *BLOCKS, source="10.0.0.7#02")).outcome
         is Outcome.BUFFERED
+    )
     for i in range(flood // 2, flood):
         t.dispatch(events.release(f"junk-{i}", 0.0, source="10.0.0.66#01"))
     created = t.dispatch(events.prefill_started("tx-real", 1.0, 1))
     assert created.outcome is Outcome.CREATED
-    assert t.get("tx-real").has_allocation                # D's answer was not lost
+    assert t.get("tx-real").has_allocation  # D's answer was not lost
     assert t.stats()["pending_events"] <= 256
 
 
@@ -76,7 +78,7 @@ def test_a_fact_held_then_applied_is_counted_once():
     t.dispatch(events.prefill_started("tx-1", 1.0, 1))
     outcomes = t.stats()["outcomes"]
     assert outcomes["buffered"] == 1 and outcomes["applied"] == 1 and outcomes["created"] == 1
-    assert sum(outcomes.values()) == 3                     # three events were dispatched
+    assert sum(outcomes.values()) == 3  # three events were dispatched
 
 
 def test_a_held_fact_older_than_its_ttl_is_dropped_not_applied():

@@ -42,9 +42,15 @@ def assert_one_line_per_line(source: str) -> None:
 
 # -- a hostile spec path, through the loader --------------------------------------------
 
-HOSTILE_FOLDERS = ["evil\nHIJACKED = True\n#", "evil\rHIJACKED = True", "sep\u2028HIJACKED = 1",
-                   "para\u2029nel\x85vt\x0bff\x0c", 'quote"\'"""\'\'\'', "hash # \\ back\\slash",
-                   "esc\x1b[2J"]
+HOSTILE_FOLDERS = [
+    "evil\nHIJACKED = True\n#",
+    "evil\rHIJACKED = True",
+    "sep\u2028HIJACKED = 1",
+    "para\u2029nel\x85vt\x0bff\x0c",
+    "quote\"'\"\"\"'''",
+    "hash # \\ back\\slash",
+    "esc\x1b[2J",
+]
 
 
 @pytest.mark.parametrize("folder", HOSTILE_FOLDERS, ids=range(len(HOSTILE_FOLDERS)))
@@ -124,24 +130,46 @@ HOSTILE_NAMES = {
 def renamed(spec, names: dict[str, str], path: str):
     """``spec`` with every state, event, guard, action and timer name (and its own name
     and path) replaced as ``names`` says; a name not in ``names`` stays."""
+
     def n(name):
         return None if name is None else names.get(name, name)
 
     def keyed(section):
         return {n(key): dataclasses.replace(value, name=n(key)) for key, value in section.items()}
 
-    rows = tuple(dataclasses.replace(row, event=n(row.event), sources=tuple(map(n, row.sources)),
-                                     dest=n(row.dest), guard=n(row.guard),
-                                     actions=tuple(map(n, row.actions)))
-                 for row in spec.transitions)
-    timers = {n(key): dataclasses.replace(timer, name=n(key), states=tuple(map(n, timer.states)),
-                                          event=n(timer.event),
-                                          restart_on=tuple(map(n, timer.restart_on)))
-              for key, timer in spec.timers.items()}
-    return dataclasses.replace(spec, name=n(spec.name), path=path, initial=n(spec.initial),
-                               states=keyed(spec.states), events=keyed(spec.events),
-                               guards=keyed(spec.guards), actions=keyed(spec.actions),
-                               transitions=rows, timers=timers)
+    rows = tuple(
+        dataclasses.replace(
+            row,
+            event=n(row.event),
+            sources=tuple(map(n, row.sources)),
+            dest=n(row.dest),
+            guard=n(row.guard),
+            actions=tuple(map(n, row.actions)),
+        )
+        for row in spec.transitions
+    )
+    timers = {
+        n(key): dataclasses.replace(
+            timer,
+            name=n(key),
+            states=tuple(map(n, timer.states)),
+            event=n(timer.event),
+            restart_on=tuple(map(n, timer.restart_on)),
+        )
+        for key, timer in spec.timers.items()
+    }
+    return dataclasses.replace(
+        spec,
+        name=n(spec.name),
+        path=path,
+        initial=n(spec.initial),
+        states=keyed(spec.states),
+        events=keyed(spec.events),
+        guards=keyed(spec.guards),
+        actions=keyed(spec.actions),
+        transitions=rows,
+        timers=timers,
+    )
 
 
 def bindings_for(spec_name: str, names: dict[str, str]) -> Bindings:
@@ -173,24 +201,40 @@ def run(table: TransferTable, names: dict[str, str]) -> list[tuple]:
 
     def kind(name):
         return events[names.get(name, name)]
-    script = [kind("esc_begin")("x", 0.0), kind("esc_go")("x", 1.0, size=1),
-              kind("esc_go")("x", 2.0, size=2), kind("esc_go")("x", 3.0, size=3),
-              kind("esc_end")("x", 4.0), kind("esc_begin")("y", 5.0),
-              kind("esc_go")("y", 6.0, size=1)]
-    seen = [(r.outcome, plain.get(r.state, r.state), r.effects)
-            for r in map(table.dispatch, script)]
-    seen.append(tuple((tid, plain.get(state, state)) for tid, state in
-                      ((tid, table.state_of(tid)) for tid in ("x", "y"))))
-    fired = table.advance(100.0)                  # y's timer: its tick ends it
-    seen.append([(plain.get(ev.kind, ev.kind), ev.transfer_id, r.outcome,
-                  plain.get(r.state, r.state)) for ev, r in fired])
+
+    script = [
+        kind("esc_begin")("x", 0.0),
+        kind("esc_go")("x", 1.0, size=1),
+        kind("esc_go")("x", 2.0, size=2),
+        kind("esc_go")("x", 3.0, size=3),
+        kind("esc_end")("x", 4.0),
+        kind("esc_begin")("y", 5.0),
+        kind("esc_go")("y", 6.0, size=1),
+    ]
+    seen = [
+        (r.outcome, plain.get(r.state, r.state), r.effects) for r in map(table.dispatch, script)
+    ]
+    seen.append(
+        tuple(
+            (tid, plain.get(state, state))
+            for tid, state in ((tid, table.state_of(tid)) for tid in ("x", "y"))
+        )
+    )
+    fired = table.advance(100.0)  # y's timer: its tick ends it
+    seen.append(
+        [
+            (plain.get(ev.kind, ev.kind), ev.transfer_id, r.outcome, plain.get(r.state, r.state))
+            for ev, r in fired
+        ]
+    )
     return seen
 
 
 @pytest.mark.parametrize("mode", ["plain", "check", "trace"])
 def test_hostile_names_become_no_code_and_change_no_step(mode):
-    options = {"check": {"check_invariants": True},
-               "trace": {"recorder": TraceRecorder("P0")}}.get(mode, {})
+    options = {"check": {"check_invariants": True}, "trace": {"recorder": TraceRecorder("P0")}}.get(
+        mode, {}
+    )
     plain = TransferTable(machine_named({}, "escaping.yaml"), **options)
     options = {**options, **({"recorder": TraceRecorder("P1")} if mode == "trace" else {})}
     hostile = TransferTable(machine_named(HOSTILE_NAMES, 'C:\\x\n"""\u2028.yaml'), **options)
@@ -246,9 +290,12 @@ def test_names_python_folds_together_stay_apart():
 
 
 def test_a_field_name_that_cannot_be_an_attribute_is_refused_by_name():
-    spec = parse_spec(PLAIN.replace("payload: {size: int}", "payload: {class: int}")
-                      .replace("escaping_plain", "escaping_keyword")
-                      .replace("esc_go", "esc_go_kw"), "keyword.yaml")
+    spec = parse_spec(
+        PLAIN.replace("payload: {size: int}", "payload: {class: int}")
+        .replace("escaping_plain", "escaping_keyword")
+        .replace("esc_go", "esc_go_kw"),
+        "keyword.yaml",
+    )
     machine = Machine(spec, bindings_for(spec.name, {}), spec.default_config())
     with pytest.raises(ValueError, match="field name 'class'"):
         TransferTable(machine)

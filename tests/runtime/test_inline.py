@@ -14,6 +14,7 @@ def _names():
     def bind(obj, name):
         bound[name] = obj
         return name
+
     return bound, bind
 
 
@@ -47,7 +48,9 @@ def test_a_plain_guard_is_rewritten_with_parameters_locals_globals_and_config():
     bound, bind = _names()
     inlined = inline_guard(plain_guard, bind, {"max_layers": 64}, {})
     assert inlined.lines == ["_value_plain_guard = ev.layer"]
-    assert inlined.test.startswith("(type(_value_plain_guard) is int and _value_plain_guard < 64 and")
+    assert inlined.test.startswith(
+        "(type(_value_plain_guard) is int and _value_plain_guard < 64 and"
+    )
     # A plain value global is read live off its module; the module is bound once.
     assert "_value_plain_guard < _M_" in inlined.test and ".LIMIT" in inlined.test
     assert any(name.startswith("_M_") for name in bound)
@@ -64,7 +67,10 @@ def test_event_fields_read_up_front_replace_attribute_reads():
 def test_a_plain_action_keeps_its_statements():
     _, bind = _names()
     inlined = inline_action(plain_action, bind, {}, {})
-    assert inlined.lines[:2] == ["_bit_plain_action = 1 << ev.layer", "tx.scheduled |= _bit_plain_action"]
+    assert inlined.lines[:2] == [
+        "_bit_plain_action = 1 << ev.layer",
+        "tx.scheduled |= _bit_plain_action",
+    ]
     assert inlined.lines[2].startswith("for _x_plain_action in range(2):")
 
 
@@ -82,6 +88,7 @@ def names_an_exception(record, event, out):
 
 def imports_something(record, event, out):
     import math
+
     record.scheduled = math.floor(1.5)
 
 
@@ -91,12 +98,20 @@ def reads_its_frame(record, event, out):
 
 def test_bindings_that_cannot_be_inlined_exactly_are_called_instead():
     _, bind = _names()
-    for fn in (early_return, with_comprehension, with_default, rebinds_a_parameter,
-               names_an_exception, imports_something, reads_its_frame):
+    for fn in (
+        early_return,
+        with_comprehension,
+        with_default,
+        rebinds_a_parameter,
+        names_an_exception,
+        imports_something,
+        reads_its_frame,
+    ):
         assert inline_action(fn, bind, {}, {}) is None, fn.__name__
 
     def closure(record, event):
         return event.layer == LIMIT + captured
+
     captured = 1
     assert inline_guard(closure, bind, {}, {}) is None
 

@@ -57,7 +57,7 @@ def test_an_ill_formed_event_is_a_counted_rejection(table, make):
 
 
 class _UnhashableKind(Event):
-    kind = ["layer_scheduled"]          # a kind no dict can look up
+    kind = ["layer_scheduled"]  # a kind no dict can look up
 
 
 class _StepLog:
@@ -75,8 +75,11 @@ def test_every_dispatch_variant_rejects_an_ill_formed_event_alike(shards, record
     # event it cannot look up with the transfer's state, and records nothing of it.
     results_seen: list[str] = []
     steps_seen = _StepLog()
-    recorder = {"none": None, "steps": steps_seen,
-                "results": lambda ev, result: results_seen.append(ev.kind)}[recording]
+    recorder = {
+        "none": None,
+        "steps": steps_seen,
+        "results": lambda ev, result: results_seen.append(ev.kind),
+    }[recording]
     table = build_table("write_producer", shards=shards, recorder=recorder)
     table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     result = table.dispatch(_UnhashableKind("tx-1", 0.1))

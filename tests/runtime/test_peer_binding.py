@@ -31,7 +31,9 @@ def tables(machine):
 
 
 def start_producer(table, source=D_HOST, at=1.0):
-    return table.dispatch(make_event("prefill_started", "tx-1", at, {"num_writers": 1}, source=source))
+    return table.dispatch(
+        make_event("prefill_started", "tx-1", at, {"num_writers": 1}, source=source)
+    )
 
 
 @pytest.mark.parametrize("table", list(tables(PRODUCER)), ids=["compiled", "transitions", "traced"])
@@ -54,13 +56,16 @@ def test_a_forged_fact_held_before_the_transfer_existed_is_refused_when_it_is_cr
     assert created.outcome is Outcome.CREATED and created.effects == ()
     assert not table.get("tx-1").has_allocation
     assert table.stats()["outcomes"]["forged"] == 1
-    assert table.stats()["outcomes"]["buffered"] == 0     # the held fact left the buffer
+    assert table.stats()["outcomes"]["buffered"] == 0  # the held fact left the buffer
 
 
 def test_the_real_peers_held_fact_is_still_applied_at_creation_beside_a_forged_one():
     table = TransferTable(PRODUCER)
-    table.dispatch(make_event("remote_blocks", "tx-1", 0.4, {"block_ids": [9], "decode_rank": 0},
-                              source=f"{OTHER}#aa"))
+    table.dispatch(
+        make_event(
+            "remote_blocks", "tx-1", 0.4, {"block_ids": [9], "decode_rank": 0}, source=f"{OTHER}#aa"
+        )
+    )
     table.dispatch(make_event("remote_blocks", "tx-1", 0.5, BLOCKS, source=f"{D_HOST}#bb"))
     start_producer(table)
     assert table.get("tx-1").remote_block_ids == [1, 2]
@@ -69,37 +74,48 @@ def test_the_real_peers_held_fact_is_still_applied_at_creation_beside_a_forged_o
 def test_a_transfer_may_be_bound_to_several_addresses_of_one_peer():
     table = TransferTable(PRODUCER)
     start_producer(table, source=f"{D_HOST},2001:db8::2")
-    assert table.dispatch(make_event("remote_blocks", "tx-1", 2.0, BLOCKS,
-                                     source="2001:db8::2#cc")).outcome is Outcome.APPLIED
+    assert (
+        table.dispatch(
+            make_event("remote_blocks", "tx-1", 2.0, BLOCKS, source="2001:db8::2#cc")
+        ).outcome
+        is Outcome.APPLIED
+    )
 
 
 def test_a_curve_key_is_part_of_the_sender():
     table = TransferTable(PRODUCER)
     start_producer(table, source=f"{D_HOST}/{'ab' * 32}")
-    other_key = table.dispatch(make_event("remote_blocks", "tx-1", 2.0, BLOCKS,
-                                          source=f"{D_HOST}/{'cd' * 32}#01"))
+    other_key = table.dispatch(
+        make_event("remote_blocks", "tx-1", 2.0, BLOCKS, source=f"{D_HOST}/{'cd' * 32}#01")
+    )
     no_key = table.dispatch(make_event("remote_blocks", "tx-1", 2.1, BLOCKS, source=f"{D_HOST}#01"))
     assert other_key.outcome is no_key.outcome is Outcome.FORGED
-    right = table.dispatch(make_event("remote_blocks", "tx-1", 2.2, BLOCKS,
-                                      source=f"{D_HOST}/{'ab' * 32}#01"))
+    right = table.dispatch(
+        make_event("remote_blocks", "tx-1", 2.2, BLOCKS, source=f"{D_HOST}/{'ab' * 32}#01")
+    )
     assert right.outcome is Outcome.APPLIED
 
 
 def test_bound_to_the_first_sender_the_transfer_keeps_that_one():
     table = serving_table()
-    first = table.dispatch(make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1},
-                                      source=f"{D_HOST}#01"))
+    first = table.dispatch(
+        make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1}, source=f"{D_HOST}#01")
+    )
     assert first.outcome is Outcome.APPLIED
     later = table.dispatch(make_event("release", "tx-1", 3.0, source=f"{OTHER}#02"))
     assert later.outcome is Outcome.FORGED
-    assert table.dispatch(make_event("release", "tx-1", 3.1, source=f"{D_HOST}#03")).outcome \
+    assert (
+        table.dispatch(make_event("release", "tx-1", 3.1, source=f"{D_HOST}#03")).outcome
         is not Outcome.FORGED
+    )
 
 
 def serving_table():
     """P in READ mode holding its blocks for a D it has not heard from yet."""
     table = TransferTable(build_machine("read_producer"))
-    table.dispatch(make_event("serve_started", "tx-1", 1.0, {"consumer_tp_size": 1}, source=FIRST_SENDER))
+    table.dispatch(
+        make_event("serve_started", "tx-1", 1.0, {"consumer_tp_size": 1}, source=FIRST_SENDER)
+    )
     table.dispatch(make_event("request_finished", "tx-1", 1.1))
     return table
 
@@ -107,8 +123,12 @@ def serving_table():
 def test_an_unbound_transfer_takes_any_sender_as_before():
     table = TransferTable(PRODUCER)
     start_producer(table, source="")
-    assert table.dispatch(make_event("remote_blocks", "tx-1", 2.0, BLOCKS,
-                                     source=f"{OTHER}#aa")).outcome is Outcome.APPLIED
+    assert (
+        table.dispatch(
+            make_event("remote_blocks", "tx-1", 2.0, BLOCKS, source=f"{OTHER}#aa")
+        ).outcome
+        is Outcome.APPLIED
+    )
 
 
 @pytest.mark.parametrize("source", [None, 7, b"198.18.0.2", ("198.18.0.2",)])
@@ -128,29 +148,38 @@ def test_a_peer_fact_whose_source_is_not_text_is_rejected_not_raised(source):
 
 def test_a_forged_verdict_cannot_end_a_waiting_load_on_d():
     table = TransferTable(CONSUMER)
-    table.dispatch(make_event("receive_started", "tx-1", 1.0, {"num_writers": 1}, source="127.0.0.1"))
+    table.dispatch(
+        make_event("receive_started", "tx-1", 1.0, {"num_writers": 1}, source="127.0.0.1")
+    )
     table.dispatch(make_event("blocks_allocated", "tx-1", 1.1, {"block_ids": [4], "req_id": "d-1"}))
     waiting = table.state_of("tx-1")
-    for kind, data in (("write_done", {"num_writers": 1}),
-                       ("write_failed", {"reason": "x", "writes_stopped": False})):
+    for kind, data in (
+        ("write_done", {"num_writers": 1}),
+        ("write_failed", {"reason": "x", "writes_stopped": False}),
+    ):
         result = table.dispatch(make_event(kind, "tx-1", 2.0, data, source="127.0.0.2#01"))
         assert result.outcome is Outcome.FORGED and result.effects == ()
     assert table.state_of("tx-1") == waiting
-    done = table.dispatch(make_event("write_done", "tx-1", 3.0, {"num_writers": 1},
-                                     source="127.0.0.1#02"))
+    done = table.dispatch(
+        make_event("write_done", "tx-1", 3.0, {"num_writers": 1}, source="127.0.0.1#02")
+    )
     assert "report_received" in [e.kind for e in done.effects]
 
 
 def test_a_fact_the_spec_does_not_take_binds_no_one_to_a_first_sender_transfer():
     table = serving_table()
-    junk = table.dispatch(make_event("heartbeat", "tx-1", 1.5, {"consumer_rank": 0, "seq": -5},
-                                     source=f"{OTHER}#01"))
+    junk = table.dispatch(
+        make_event("heartbeat", "tx-1", 1.5, {"consumer_rank": 0, "seq": -5}, source=f"{OTHER}#01")
+    )
     assert junk.outcome is not Outcome.APPLIED
-    real = table.dispatch(make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1},
-                                     source=f"{D_HOST}#02"))
+    real = table.dispatch(
+        make_event("heartbeat", "tx-1", 2.0, {"consumer_rank": 0, "seq": 1}, source=f"{D_HOST}#02")
+    )
     assert real.outcome is Outcome.APPLIED
-    assert table.dispatch(make_event("release", "tx-1", 3.0, source=f"{OTHER}#03")).outcome \
+    assert (
+        table.dispatch(make_event("release", "tx-1", 3.0, source=f"{OTHER}#03")).outcome
         is Outcome.FORGED
+    )
 
 
 def test_a_forged_fact_held_before_creation_is_logged_with_its_sender(caplog):
@@ -163,11 +192,20 @@ def test_a_forged_fact_held_before_creation_is_logged_with_its_sender(caplog):
 
 def test_an_allocation_from_another_d_engine_is_not_this_transfers_but_its_own_still_is():
     table = TransferTable(PRODUCER)
-    table.dispatch(make_event("prefill_started", "tx-1", 1.0, {"num_writers": 1, "decode_dp_rank": 0},
-                              source=D_HOST))
-    other = table.dispatch(make_event("remote_blocks", "tx-1", 2.0, {**BLOCKS, "decode_dp_rank": 1},
-                                      source=f"{D_HOST}#01"))
+    table.dispatch(
+        make_event(
+            "prefill_started", "tx-1", 1.0, {"num_writers": 1, "decode_dp_rank": 0}, source=D_HOST
+        )
+    )
+    other = table.dispatch(
+        make_event(
+            "remote_blocks", "tx-1", 2.0, {**BLOCKS, "decode_dp_rank": 1}, source=f"{D_HOST}#01"
+        )
+    )
     assert other.outcome is Outcome.IGNORED and not table.get("tx-1").has_allocation
-    own = table.dispatch(make_event("remote_blocks", "tx-1", 2.1, {**BLOCKS, "decode_dp_rank": 0},
-                                    source=f"{D_HOST}#02"))
+    own = table.dispatch(
+        make_event(
+            "remote_blocks", "tx-1", 2.1, {**BLOCKS, "decode_dp_rank": 0}, source=f"{D_HOST}#02"
+        )
+    )
     assert own.outcome is Outcome.APPLIED and table.get("tx-1").has_allocation

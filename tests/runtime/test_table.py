@@ -27,7 +27,7 @@ def test_a_peer_message_never_creates_a_transfer_but_waits_for_the_local_side():
     assert len(table) == 0 and table.stats()["pending_events"] == 1
     created = table.dispatch(make_event("prefill_started", "tx-1", 2.0, {"num_writers": 1}))
     assert created.outcome is Outcome.CREATED
-    assert table.get("tx-1").has_allocation          # the held fact was applied
+    assert table.get("tx-1").has_allocation  # the held fact was applied
     assert table.stats()["pending_events"] == 0
     posted = table.dispatch(make_event("layer_scheduled", "tx-1", 2.1, {"layer": 0}))
     assert [e.kind for e in posted.effects] == ["post_write"]
@@ -108,14 +108,14 @@ def test_events_the_spec_does_not_handle_in_a_state_are_rejected():
     table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
     result = table.dispatch(make_event("writes_abandoned", "tx-1", 0.0))
     assert result.outcome is Outcome.REJECTED and result.state == "allocated"
-    kindless = table.dispatch(Event("tx-1", 0.0))       # a plain Event names no kind
+    kindless = table.dispatch(Event("tx-1", 0.0))  # a plain Event names no kind
     assert kindless.outcome is Outcome.REJECTED and kindless.state == "allocated"
 
 
 def test_stale_timer_events_are_ignored():
     table = new_table()
     table.dispatch(make_event("prefill_started", "tx-1", 0.0, {"num_writers": 1}))
-    early = table.dispatch(make_event("defer_timeout", "tx-1", 1.0))   # deadline is 60 s
+    early = table.dispatch(make_event("defer_timeout", "tx-1", 1.0))  # deadline is 60 s
     assert early.outcome is Outcome.IGNORED and early.state == "allocated"
     assert table.next_deadline() == 60.0
 
@@ -133,8 +133,9 @@ def test_timer_heap_stays_proportional_to_live_transfers():
 
 @pytest.mark.parametrize("checked", [False, True])
 def test_concurrent_dispatch_and_timers_from_many_threads_keep_every_promise(checked):
-    table = build_table("write_producer", check_invariants=checked,
-                        config={"transfer_timeout_s": 1000.0})
+    table = build_table(
+        "write_producer", check_invariants=checked, config={"transfer_timeout_s": 1000.0}
+    )
     transfers = [f"tx-{i}" for i in range(40)]
     layers = 16
     effects: list = []
@@ -159,7 +160,9 @@ def test_concurrent_dispatch_and_timers_from_many_threads_keep_every_promise(che
     def poller(part):
         for tid in transfers[part::4]:
             for layer in range(layers):
-                record(table.dispatch(make_event("layer_write_completed", tid, 0.3, {"layer": layer})))
+                record(
+                    table.dispatch(make_event("layer_write_completed", tid, 0.3, {"layer": layer}))
+                )
             record(table.dispatch(make_event("request_finished", tid, 0.4)))
 
     def ticker():

@@ -23,14 +23,14 @@ MACHINE = build_machine("write_producer")
 def test_creating_transfers_while_every_push_compacts_the_heap_loses_no_deadline():
     table = TransferTable(MACHINE, timer_compaction_threshold=1)
     for i in range(300):
-        table._heap._compact_at = 0              # the creation's own push compacts the heap
+        table._heap._compact_at = 0  # the creation's own push compacts the heap
         table.dispatch(events.prefill_started(f"tx-{i}", 0.0, 1))
-        if i % 3 == 0:                            # some end at once: their entries go stale
+        if i % 3 == 0:  # some end at once: their entries go stale
             table.dispatch(events.release(f"tx-{i}", 0.0))
             table.dispatch(events.request_finished(f"tx-{i}", 0.0))
     assert table._heap.compactions >= 300
     assert table.audit() == []
-    fired = table.advance(61.0)                   # D answered nobody: every defer timer fires
+    fired = table.advance(61.0)  # D answered nobody: every defer timer fires
     expired = {ev.transfer_id for ev, result in fired if ev.kind == "defer_timeout"}
     assert expired == {f"tx-{i}" for i in range(300) if i % 3}
     assert all(table.state_of(tid) == "closing" for tid in expired)
@@ -90,9 +90,13 @@ def test_an_event_stamped_with_a_non_finite_time_is_rejected_and_fires_nothing(s
     table = build_table("write_producer", check_invariants=True)
     table.dispatch(events.prefill_started("tx-1", 0.0, 1))
     before = table.get("tx-1").deadlines[:]
-    for event in (events.defer_timeout("tx-1", stamp), events.layer_scheduled("tx-1", stamp, 0),
-                  events.remote_blocks("tx-1", stamp, [1], 0), events.prefill_started("tx-2", stamp, 1),
-                  events.release("tx-3", stamp)):
+    for event in (
+        events.defer_timeout("tx-1", stamp),
+        events.layer_scheduled("tx-1", stamp, 0),
+        events.remote_blocks("tx-1", stamp, [1], 0),
+        events.prefill_started("tx-2", stamp, 1),
+        events.release("tx-3", stamp),
+    ):
         result = table.dispatch(event)
         assert result.outcome is Outcome.REJECTED, event
     assert table.get("tx-1").deadlines == before and table.get("tx-1").scheduled == 0

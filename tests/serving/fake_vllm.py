@@ -5,7 +5,6 @@ It speaks just enough of ``/v1/completions`` and ``/health`` to show what the pr
 forwards; the real engines are tested in tests/integration.
 """
 
-
 import asyncio
 import json
 import threading
@@ -32,10 +31,10 @@ class FakeVllm:
         self.received: list[dict] = []
         self.status = 200
         self.delay_s = 0.0
-        self.error_event = False       # stream: an error event instead of the tokens
-        self.error_delay_s = 0.0       # ... sent after this long
-        self.cut_stream = False        # stream: end without [DONE]
-        self.text = "t"                # each token's text
+        self.error_event = False  # stream: an error event instead of the tokens
+        self.error_delay_s = 0.0  # ... sent after this long
+        self.cut_stream = False  # stream: end without [DONE]
+        self.text = "t"  # each token's text
         self.reply_params: dict | None = {"remote_engine_id": name, "remote_block_ids": [4]}
         self.disconnected = 0
         app = FastAPI()
@@ -57,14 +56,22 @@ class FakeVllm:
                     await asyncio.sleep(0.02)
                     waited += 0.02
             if self.status != 200:
-                return JSONResponse({"error": {"message": f"{name} says no"}}, status_code=self.status)
+                return JSONResponse(
+                    {"error": {"message": f"{name} says no"}}, status_code=self.status
+                )
             if body.get("stream"):
                 return StreamingResponse(self._events(), media_type="text/event-stream")
-            return JSONResponse({"choices": [{"token_ids": self.tokens, "finish_reason": "length"}],
-                                 "kv_transfer_params": self.reply_params, "server": name})
+            return JSONResponse(
+                {
+                    "choices": [{"token_ids": self.tokens, "finish_reason": "length"}],
+                    "kv_transfer_params": self.reply_params,
+                    "server": name,
+                }
+            )
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
@@ -76,18 +83,31 @@ class FakeVllm:
     async def _events(self):
         if self.error_event:
             await asyncio.sleep(self.error_delay_s)
-            yield "data: " + json.dumps({"error": {"message": "Internal server error", "code": 500}}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps({"error": {"message": "Internal server error", "code": 500}})
+                + "\n\n"
+            )
             return
         for i, token in enumerate(self.tokens):
             last = i == len(self.tokens) - 1
-            choice = {"index": 0, "text": self.text, "token_ids": [token],
-                      "finish_reason": "length" if last else None}
+            choice = {
+                "index": 0,
+                "text": self.text,
+                "token_ids": [token],
+                "finish_reason": "length" if last else None,
+            }
             yield "data: " + json.dumps({"id": "cmpl-1", "choices": [choice]}) + "\n\n"
             await asyncio.sleep(0.01)
         if self.cut_stream:
             return
-        yield "data: " + json.dumps({"id": "cmpl-1", "choices": [],
-                                     "usage": {"completion_tokens": len(self.tokens)}}) + "\n\n"
+        yield (
+            "data: "
+            + json.dumps(
+                {"id": "cmpl-1", "choices": [], "usage": {"completion_tokens": len(self.tokens)}}
+            )
+            + "\n\n"
+        )
         yield "data: [DONE]\n\n"
 
     @property

@@ -17,14 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_child_dies_when_its_launcher_is_killed_outright():
-    code = ("import subprocess, sys, time; from moriio_fsm.serving import vllm_server as v; "
-            "c = subprocess.Popen(['sleep', '60'], preexec_fn=v._die_with_parent, "
-            "start_new_session=True); print(c.pid, flush=True); time.sleep(60)")
-    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                cwd=ROOT)
+    code = (
+        "import subprocess, sys, time; from moriio_fsm.serving import vllm_server as v; "
+        "c = subprocess.Popen(['sleep', '60'], preexec_fn=v._die_with_parent, "
+        "start_new_session=True); print(c.pid, flush=True); time.sleep(60)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     child = int(launcher.stdout.readline())
     try:
-        launcher.kill()                  # SIGKILL: no finally block of the launcher runs
+        launcher.kill()  # SIGKILL: no finally block of the launcher runs
         launcher.wait(10)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -32,7 +35,7 @@ def test_a_child_dies_when_its_launcher_is_killed_outright():
                 state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except FileNotFoundError:
                 break
-            if state == "Z":             # dead, waiting to be reaped by init
+            if state == "Z":  # dead, waiting to be reaped by init
                 break
             time.sleep(0.05)
         else:
@@ -50,13 +53,16 @@ def test_ports_are_distinct_and_below_the_ephemeral_range():
     assert all(PORT_RANGE[0] <= p < PORT_RANGE[1] for p in ports)
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"mode": "push"}, "mode"),
-    ({"failure_policy": "retry"}, "failure_policy"),
-    ({"prefills": 0}, "prefills"),
-    ({"decodes": 9}, "decodes"),
-    ({"prefills": True}, "prefills"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"mode": "push"}, "mode"),
+        ({"failure_policy": "retry"}, "failure_policy"),
+        ({"prefills": 0}, "prefills"),
+        ({"decodes": 9}, "decodes"),
+        ({"prefills": True}, "prefills"),
+    ],
+)
 def test_bad_deployments_are_refused_naming_the_setting(tmp_path, kwargs, expected):
     settings = {"model": "m", "mode": "write", "workdir": tmp_path, **kwargs}
     with pytest.raises(ValueError, match=expected):

@@ -46,8 +46,9 @@ def traced_pd(folder: Path, layout: Layout, seed: int = 3, drop=None):
     holder = {}
 
     def recorder_for(node: str):
-        recorders[node] = TraceRecorder(node, file=folder / f"{node}.jsonl", link=link,
-                                        virtual_time=True)
+        recorders[node] = TraceRecorder(
+            node, file=folder / f"{node}.jsonl", link=link, virtual_time=True
+        )
         return recorders[node]
 
     pd = holder["pd"] = PD(seed, layout, recorders=recorder_for)
@@ -57,6 +58,7 @@ def traced_pd(folder: Path, layout: Layout, seed: int = 3, drop=None):
         def lossy(sender, receiver, kind, tid, data):
             if not drop(sender, receiver, kind):
                 send(sender, receiver, kind, tid, data)
+
         pd.world.send = lossy
     return pd, recorders
 
@@ -69,8 +71,14 @@ def close_all(recorders) -> list[Path]:
 
 @pytest.fixture
 def stuck_trace(tmp_path) -> list[Path]:
-    pd, recorders = traced_pd(tmp_path, Layout(p=2, d=1), seed=7, drop=lambda s, r, kind: (
-        (r, kind) == ("P1", "remote_blocks") or (s, kind) == ("P1", "write_failed")))
+    pd, recorders = traced_pd(
+        tmp_path,
+        Layout(p=2, d=1),
+        seed=7,
+        drop=lambda s, r, kind: (
+            (r, kind) == ("P1", "remote_blocks") or (s, kind) == ("P1", "write_failed")
+        ),
+    )
     pd.start_write("tx-0")
     pd.world.run(until=8.0, tick=0.05)
     return close_all(recorders)

@@ -22,7 +22,7 @@ def _check_structure(data: dict) -> dict:
         if event["ph"] == "b":
             stack.append((event["name"], event["ts"]))
         elif event["ph"] == "e":
-            name, started = stack.pop()             # every "e" closes the innermost "b"
+            name, started = stack.pop()  # every "e" closes the innermost "b"
             assert name == event["name"] and event["ts"] >= started
         else:
             assert stack, f"an instant outside its transfer's span: {event}"
@@ -35,13 +35,15 @@ def test_the_export_is_structurally_valid_and_closes_every_span(stuck_trace, tmp
     assert main(["export-trace", *map(str, stuck_trace), "-o", str(out)]) == 0
     data = json.loads(out.read_text())
     tracks = _check_structure(data)
-    assert len(tracks) == 3                          # one async track per transfer
+    assert len(tracks) == 3  # one async track per transfer
     sides = {e["args"]["name"] for e in data["traceEvents"] if e["ph"] == "M"}
     assert sides == {"D0", "P0", "P1"}
     # D's transfer never ended: its spans are closed at the end of the trace, and say so.
     closing = [e for e in data["traceEvents"] if e["ph"] == "e" and e.get("args")]
     assert closing and closing[-1]["args"]["note"] == "still live when the trace ends"
-    states = [e["name"] for e in data["traceEvents"] if e["ph"] == "b" and e["cat"] == "P1/write_producer"]
+    states = [
+        e["name"] for e in data["traceEvents"] if e["ph"] == "b" and e["cat"] == "P1/write_producer"
+    ]
     assert states == ["tx-0>d0", "allocated", "scheduling", "sealed", "expired"]
 
 

@@ -21,8 +21,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "diagrams"
 STALE = "out of date: run `moriio-fsm diagram --docs docs/diagrams` and commit the result"
 #: The widest a docs picture may be, in pixels: it must read at README width.
 README_WIDTH = 1000
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="Graphviz's dot is not installed")
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz's dot is not installed"
+)
 
 
 def png_chunks(data: bytes) -> list[tuple[bytes, bytes, int]]:
@@ -30,9 +31,9 @@ def png_chunks(data: bytes) -> list[tuple[bytes, bytes, int]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     chunks, at = [], 8
     while at < len(data):
-        (length,) = struct.unpack(">I", data[at:at + 4])
-        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
-        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
         chunks.append((kind, body, crc))
         at += 12 + length
     return chunks
@@ -45,6 +46,7 @@ def png_width(data: bytes) -> int:
 
 
 # -- the docs ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(MACHINE_MODULES))
 def test_the_diagrams_in_docs_are_those_of_the_specs(name):
@@ -77,6 +79,7 @@ def test_the_machines_page_shows_the_write_producers_mermaid_diagram():
 
 
 # -- what is drawn -------------------------------------------------------------------------
+
 
 def drawn_rows(spec, pic):
     """(source, dest, trigger) of every row the picture shows; dest None: in the box."""
@@ -151,8 +154,10 @@ def test_edges_carry_event_guard_and_effects_and_ends_are_marked(capsys):
 def test_a_trace_counts_transfers_per_edge_and_marks_stuck_states(stuck_trace, capsys):
     assert main(["diagram", "write_consumer", *[f"--trace={p}" for p in stuck_trace]]) == 0
     out = capsys.readouterr().out
-    assert ("awaiting_allocation --> waiting: blocks_allocated [has_blocks] / send_remote_blocks x1"
-            in out)
+    assert (
+        "awaiting_allocation --> waiting: blocks_allocated [has_blocks] / send_remote_blocks x1"
+        in out
+    )
     assert 'state "waiting (1 stuck)" as waiting' in out and "class waiting s_stuck" in out
     assert main(["diagram", "write_producer", *[f"--trace={p}" for p in stuck_trace]]) == 0
     out = capsys.readouterr().out
@@ -169,16 +174,22 @@ def test_the_overview_shows_each_machine_and_the_messages_it_gets():
         assert f'subgraph "cluster_{name}"' in source
         for state in spec.states:
             assert f'"{name}.{state}" [label=<{state}>' in source
-    for heard in ("from D: remote_blocks, release", "from P: write_done, write_failed",
-                  "from D: heartbeat, release", "from P: lease_granted"):
+    for heard in (
+        "from D: remote_blocks, release",
+        "from P: write_done, write_failed",
+        "from D: heartbeat, release",
+        "from P: lease_granted",
+    ):
         assert heard in source
 
 
 # -- formats and bad input -----------------------------------------------------------------
 
+
 @needs_dot
-@pytest.mark.parametrize("fmt, magic",
-                         [("svg", b"<?xml"), ("png", b"\x89PNG"), ("dot", b"digraph")])
+@pytest.mark.parametrize(
+    "fmt, magic", [("svg", b"<?xml"), ("png", b"\x89PNG"), ("dot", b"digraph")]
+)
 def test_graphviz_formats_render(tmp_path, fmt, magic):
     out = tmp_path / f"d.{fmt}"
     assert main(["diagram", "read_consumer", "-o", str(out)]) == 0

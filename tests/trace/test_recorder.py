@@ -16,14 +16,21 @@ def test_each_dispatch_is_recorded_with_state_before_rows_actions_and_effects():
     table = build_table("write_producer", recorder=recorder)
     _lifecycle(table, "tx-1", layers=1)
     steps = recorder.records("tx-1")
-    assert [s.event for s in steps] == ["prefill_started", "remote_blocks", "layer_scheduled",
-                                        "seal", "layer_write_completed", "request_finished"]
+    assert [s.event for s in steps] == [
+        "prefill_started",
+        "remote_blocks",
+        "layer_scheduled",
+        "seal",
+        "layer_write_completed",
+        "request_finished",
+    ]
     assert [s.seq for s in steps] == sorted(s.seq for s in steps)
     first, scheduled, last_write = steps[0], steps[2], steps[4]
     assert (first.before, first.after, first.outcome) == (None, "allocated", "created")
     assert first.actions == ["init_transfer"]
-    assert scheduled.effects == [{"kind": "post_write", "layer": 0, "block_ids": [1, 2],
-                                  "decode_rank": 0}]
+    assert scheduled.effects == [
+        {"kind": "post_write", "layer": 0, "block_ids": [1, 2], "decode_rank": 0}
+    ]
     # The last completion runs its own row and the eventless one that tells D write_done.
     assert last_write.actions == ["count_completion", "tell_write_done"]
     assert [e["kind"] for e in last_write.effects] == ["send_write_done"]
@@ -39,7 +46,7 @@ def test_rings_stay_bounded_globally_and_per_transfer():
     assert len(recorder.records()) == 50
     assert [s.event for s in recorder.records("tx-19")][-1] == "request_finished"
     assert len(recorder.records("tx-19")) == 5
-    assert recorder.records("tx-0") == []                # ended long ago: not kept
+    assert recorder.records("tx-0") == []  # ended long ago: not kept
     assert recorder.stats()["live_transfers"] == 0
 
 
@@ -61,7 +68,7 @@ def test_threads_racing_on_one_recorder_lose_and_reorder_nothing(tmp_path):
         try:
             for i in range(40):
                 _lifecycle(tables[n % 2], f"tx-{n}-{i}", layers=4)
-        except Exception as exc:          # noqa: BLE001 - reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
@@ -97,6 +104,7 @@ def test_a_step_recorder_that_raises_never_costs_the_step():
         def bind_table(self, table):
             def record(ev, before, result, rows, error=None):
                 raise RuntimeError("disk on fire")
+
             return record
 
     table = build_table("write_producer", recorder=Broken())
@@ -111,7 +119,7 @@ def test_timer_firings_are_recorded_and_replay(tmp_path):
     table.dispatch(events.prefill_started("tx-1", 0.0, num_writers=1))
     table.dispatch(events.layer_scheduled("tx-1", 0.1, 0))
     table.dispatch(events.seal("tx-1", 0.2))
-    table.advance(120.0)                 # D's allocation never came: the defer timer fires
+    table.advance(120.0)  # D's allocation never came: the defer timer fires
     recorder.close()
     last = recorder.records("tx-1")[-1]
     assert (last.event, last.before, last.after) == ("defer_timeout", "sealed", "closing")

@@ -44,10 +44,10 @@ def test_rotation_keeps_backups_and_every_part_reads_alone(tmp_path):
     parts = sorted(tmp_path.iterdir())
     assert [p.name for p in parts] == ["t.jsonl", "t.jsonl.1", "t.jsonl.2"]
     for part in parts:
-        assert part.stat().st_size <= 8192 + 2048        # one line may cross the mark
+        assert part.stat().st_size <= 8192 + 2048  # one line may cross the mark
         records = [r for _, r in iter_records(part)]
         assert isinstance(records[0], Header)
-        assert records[1].__class__.__name__ == "TableInfo"    # each part describes its table
+        assert records[1].__class__.__name__ == "TableInfo"  # each part describes its table
     headers = [next(iter(iter_records(p)))[1] for p in parts]
     assert sorted(h.part for h in headers) == sorted({h.part for h in headers})
     report = replay(parts)
@@ -57,7 +57,7 @@ def test_rotation_keeps_backups_and_every_part_reads_alone(tmp_path):
 
 
 def test_a_failing_disk_never_reaches_the_dispatching_thread(tmp_path):
-    writer = TraceWriter("/dev/full", flush_interval=0.01)    # every write: no space left
+    writer = TraceWriter("/dev/full", flush_interval=0.01)  # every write: no space left
     recorder = TraceRecorder("P0", file=writer)
     table = build_table("write_producer", recorder=recorder)
     for i in range(20):
@@ -75,7 +75,7 @@ def test_a_flood_beyond_the_queue_is_dropped_counted_and_marked_as_a_gap(tmp_pat
     writer = TraceWriter(path, queue_limit=30, flush_interval=0.01)
     drain = writer._drain
 
-    def held_drain():                      # the disk is slow: nothing drains until the gate
+    def held_drain():  # the disk is slow: nothing drains until the gate
         gate.wait(30)
         drain()
 
@@ -83,7 +83,7 @@ def test_a_flood_beyond_the_queue_is_dropped_counted_and_marked_as_a_gap(tmp_pat
     recorder = TraceRecorder("P0", file=writer)
     table = build_table("write_producer", recorder=recorder)
     for i in range(10):
-        _lifecycle(table, f"tx-{i}")       # 120 steps into a queue of 30
+        _lifecycle(table, f"tx-{i}")  # 120 steps into a queue of 30
     assert len(writer._queue) <= 30 and writer.dropped == 90
     gate.set()
     writer.close()
@@ -101,8 +101,12 @@ def test_dump_on_anomaly_keeps_only_the_transfers_that_ended_badly(demo_trace, t
     run_demo(recorder=recorder)
     recorder.close()
     dumped = {s.transfer for s in read_trace(dump).steps}
-    assert dumped == {"tx-demo-failed_write", "tx-demo-defer_timeout", "tx-demo-stalled_write",
-                      "tx-demo-unconfirmed_teardown"}
+    assert dumped == {
+        "tx-demo-failed_write",
+        "tx-demo-defer_timeout",
+        "tx-demo-stalled_write",
+        "tx-demo-unconfirmed_teardown",
+    }
     report = replay([dump])
     assert not report.divergences
     assert [a.kind for a in report.anomalies] == ["anomaly_state"]

@@ -53,7 +53,7 @@ def page_aligned_full(shape: tuple[int, ...], value: float) -> torch.Tensor:
     count = math.prod(shape)
     whole = torch.full((count + page // 4,), value)
     skip = (-whole.data_ptr() % page) // 4
-    return whole[skip:skip + count].view(shape)
+    return whole[skip : skip + count].view(shape)
 
 
 def free_port() -> int:
@@ -65,11 +65,24 @@ def free_port() -> int:
 def model_dir(root) -> str:
     path = root / "tiny-llama"
     path.mkdir(exist_ok=True)
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
-        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": HEADS,
-        "head_dim": HEAD_SIZE, "num_hidden_layers": len(LAYERS), "vocab_size": 1000,
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float32"}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": HEADS,
+                "head_dim": HEAD_SIZE,
+                "num_hidden_layers": len(LAYERS),
+                "vocab_size": 1000,
+                "max_position_embeddings": 2048,
+                "rms_norm_eps": 1e-5,
+                "torch_dtype": "float32",
+            }
+        )
+    )
     return str(path)
 
 
@@ -92,34 +105,66 @@ class Instance:
     def __post_init__(self):
         self.notify_port = free_port()
         self.handshake_port = free_port()
-        extra = {"backend": "same_host", "read_mode": self.read_mode,
-                 "notify_port": self.notify_port, "handshake_port": self.handshake_port,
-                 "host_ip": "127.0.0.1", "tick_interval": 0.005, **self.extra}
+        extra = {
+            "backend": "same_host",
+            "read_mode": self.read_mode,
+            "notify_port": self.notify_port,
+            "handshake_port": self.handshake_port,
+            "host_ip": "127.0.0.1",
+            "tick_interval": 0.005,
+            **self.extra,
+        }
         config = VllmConfig(
-            model_config=ModelConfig(model=self.model, skip_tokenizer_init=True,
-                                     max_model_len=1024, dtype="float32", seed=0),
-            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=self.prefix_caching),
-            scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64,
-                                             max_model_len=1024, is_encoder_decoder=False,
-                                             enable_chunked_prefill=True),
+            model_config=ModelConfig(
+                model=self.model,
+                skip_tokenizer_init=True,
+                max_model_len=1024,
+                dtype="float32",
+                seed=0,
+            ),
+            cache_config=CacheConfig(
+                block_size=BLOCK_SIZE, enable_prefix_caching=self.prefix_caching
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=16,
+                max_num_batched_tokens=64,
+                max_model_len=1024,
+                is_encoder_decoder=False,
+                enable_chunked_prefill=True,
+            ),
             kv_transfer_config=KVTransferConfig(
-                kv_connector="MoRIIOFSMConnector", kv_connector_module_path="moriio_fsm.vllm.connector",
-                kv_role=self.kv_role, engine_id=self.name, kv_connector_extra_config=extra),
-            device_config=DeviceConfig("cpu"))
+                kv_connector="MoRIIOFSMConnector",
+                kv_connector_module_path="moriio_fsm.vllm.connector",
+                kv_role=self.kv_role,
+                engine_id=self.name,
+                kv_connector_extra_config=extra,
+            ),
+            device_config=DeviceConfig("cpu"),
+        )
         config.cache_config.num_gpu_blocks = NUM_BLOCKS
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE,
-                                 dtype=torch.float32)
-        self.kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-                                             kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        spec = FullAttentionSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32
+        )
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=NUM_BLOCKS,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
+        )
         self.config = config
-        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=self.kv_cache_config,
-                                   log_stats=True, structured_output_manager=StructuredOutputManager(config),
-                                   block_size=BLOCK_SIZE)
+        self.scheduler = Scheduler(
+            vllm_config=config,
+            kv_cache_config=self.kv_cache_config,
+            log_stats=True,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=BLOCK_SIZE,
+        )
         self.worker = MoRIIOFSMConnector(config, KVConnectorRole.WORKER, self.kv_cache_config)
         # vLLM's separated K/V layout [2, num_blocks, block_size, heads, head_size], on whole
         # pages as a large allocation of vLLM's is, so the same-host engine shares them.
-        self.kv = {name: page_aligned_full((2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE), -1.0)
-                   for name in LAYERS}
+        self.kv = {
+            name: page_aligned_full((2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE), -1.0)
+            for name in LAYERS
+        }
         self.worker.register_kv_caches(self.kv)
         init_none_hash(lambda value: repr(value).encode())
         self._hasher = get_request_block_hasher(BLOCK_SIZE, lambda v: repr(v).encode("utf-8"))
@@ -132,9 +177,14 @@ class Instance:
 
     # -- requests ----------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, params: dict | None) -> Request:
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                  extra_args={"kv_transfer_params": params} if params else None)
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, params: dict | None
+    ) -> Request:
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_args={"kv_transfer_params": params} if params else None,
+        )
         request = Request(request_id, list(prompt), sampling, None, block_hasher=self._hasher)
         self.scheduler.add_request(request)
         return request
@@ -189,10 +239,13 @@ class Instance:
         self.load_errors |= errors
         req_ids = list(out.num_scheduled_tokens)
         output = ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[sampled.get(r, []) for r in req_ids],
-            kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                                  invalid_block_ids=errors))
+            kv_connector_output=KVConnectorOutput(
+                finished_sending=sending, finished_recving=recving, invalid_block_ids=errors
+            ),
+        )
         engine_outputs = self.scheduler.update_from_output(out, output)
         for outputs in engine_outputs.values():
             for item in outputs.outputs:
@@ -205,10 +258,13 @@ class Instance:
         """vLLM's "scheduler empty": no request, every block free, every ref count 0."""
         manager = self.scheduler.kv_cache_manager
         pool = manager.block_pool
-        return (not self.scheduler.requests and not self.scheduler.running
-                and len(self.scheduler.waiting) == 0
-                and pool.get_num_free_blocks() == NUM_BLOCKS - 1
-                and all(block.ref_cnt == 0 for block in pool.blocks[1:]))
+        return (
+            not self.scheduler.requests
+            and not self.scheduler.running
+            and len(self.scheduler.waiting) == 0
+            and pool.get_num_free_blocks() == NUM_BLOCKS - 1
+            and all(block.ref_cnt == 0 for block in pool.blocks[1:])
+        )
 
     def close(self) -> None:
         self.worker.shutdown()
@@ -242,10 +298,20 @@ def capture_wire(instance: Instance) -> list:
 
 def write_pair_params(tid: str, producer: Instance, consumer: Instance) -> tuple[dict, dict]:
     """What a proxy gives P and D in WRITE mode: each the other's address."""
-    to_p = {"do_remote_decode": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-            "remote_notify_port": consumer.notify_port, "remote_handshake_port": consumer.handshake_port}
-    to_d = {"do_remote_prefill": True, "transfer_id": tid, "remote_host": "127.0.0.1",
-            "remote_notify_port": producer.notify_port, "remote_handshake_port": producer.handshake_port}
+    to_p = {
+        "do_remote_decode": True,
+        "transfer_id": tid,
+        "remote_host": "127.0.0.1",
+        "remote_notify_port": consumer.notify_port,
+        "remote_handshake_port": consumer.handshake_port,
+    }
+    to_d = {
+        "do_remote_prefill": True,
+        "transfer_id": tid,
+        "remote_host": "127.0.0.1",
+        "remote_notify_port": producer.notify_port,
+        "remote_handshake_port": producer.handshake_port,
+    }
     return to_p, to_d
 
 

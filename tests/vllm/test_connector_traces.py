@@ -17,13 +17,22 @@ pytestmark = pytest.mark.integration
 
 
 def traced(make_instance, tmp_path, name, role, **extra):
-    return make_instance(name, role, extra={"trace_file": str(tmp_path / "{engine_id}.jsonl"),
-                                            "trace_dump_file": str(tmp_path / "{engine_id}-dump.jsonl"),
-                                            **extra})
+    return make_instance(
+        name,
+        role,
+        extra={
+            "trace_file": str(tmp_path / "{engine_id}.jsonl"),
+            "trace_dump_file": str(tmp_path / "{engine_id}-dump.jsonl"),
+            **extra,
+        },
+    )
 
 
 def test_both_sides_traces_replay_cleanly_and_explain_the_transfer(make_instance, tmp_path, capsys):
-    P, D = traced(make_instance, tmp_path, "P", "kv_producer"), traced(make_instance, tmp_path, "D", "kv_consumer")
+    P, D = (
+        traced(make_instance, tmp_path, "P", "kv_producer"),
+        traced(make_instance, tmp_path, "D", "kv_consumer"),
+    )
     to_p, to_d = write_pair_params("tx-t1", P, D)
     P.add("p-1", PROMPT_FOR_METRICS, 1, to_p)
     D.add("d-1", PROMPT_FOR_METRICS, 3, to_d)
@@ -32,8 +41,13 @@ def test_both_sides_traces_replay_cleanly_and_explain_the_transfer(make_instance
     D.close()
     files = [str(tmp_path / "P.jsonl"), str(tmp_path / "D.jsonl")]
     kinds = {step.event for f in files for step in read_trace(f).steps}
-    assert {"prefill_started", "remote_blocks", "layer_write_completed", "write_done",
-            "blocks_allocated"} <= kinds
+    assert {
+        "prefill_started",
+        "remote_blocks",
+        "layer_write_completed",
+        "write_done",
+        "blocks_allocated",
+    } <= kinds
     report = replay(files)
     assert report.ok, report
     assert cli(["replay", *files]) == 0
@@ -44,14 +58,30 @@ def test_both_sides_traces_replay_cleanly_and_explain_the_transfer(make_instance
 
 
 def test_a_transfer_that_fails_is_dumped(make_instance, tmp_path):
-    D = traced(make_instance, tmp_path, "D", "kv_consumer", machine_config={
-        "write_consumer": {"write_timeout_s": 0.3, "safety_timeout_s": 0.6},
-        # P's drain, which D's safety timeout must outlast, as short (D runs no P here)
-        "write_producer": {"transfer_timeout_s": 0.2, "abandon_timeout_s": 0.2}})
+    D = traced(
+        make_instance,
+        tmp_path,
+        "D",
+        "kv_consumer",
+        machine_config={
+            "write_consumer": {"write_timeout_s": 0.3, "safety_timeout_s": 0.6},
+            # P's drain, which D's safety timeout must outlast, as short (D runs no P here)
+            "write_producer": {"transfer_timeout_s": 0.2, "abandon_timeout_s": 0.2},
+        },
+    )
     D.scheduler.recompute_kv_load_failures = True
-    D.add("d-1", PROMPT_FOR_METRICS, 2, {"do_remote_prefill": True, "transfer_id": "tx-t2",
-                                         "remote_host": "127.0.0.1", "remote_notify_port": 9,
-                                         "remote_handshake_port": 9})
+    D.add(
+        "d-1",
+        PROMPT_FOR_METRICS,
+        2,
+        {
+            "do_remote_prefill": True,
+            "transfer_id": "tx-t2",
+            "remote_host": "127.0.0.1",
+            "remote_notify_port": 9,
+            "remote_handshake_port": 9,
+        },
+    )
     assert run_until([D], lambda: len(D.outputs.get("d-1", [])) >= 2 and D.empty(), 20)
     D.close()
     dumped = read_trace(str(tmp_path / "D-dump.jsonl")).steps

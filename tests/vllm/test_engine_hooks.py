@@ -16,24 +16,38 @@ from moriio_fsm.vllm.write_handlers import abandon
 class UnstoppableSession(TransferSession):
     """A session of an engine whose bytes move where it cannot stop them (as mori.io's and NIXL's)."""
 
-    def allocate_transfer_uid(self): return 1
-    def batch_write(self, *args): return failed_status(13, "unused")
-    def batch_read(self, *args): return failed_status(13, "unused")
-    def alive(self): return True
+    def allocate_transfer_uid(self):
+        return 1
+
+    def batch_write(self, *args):
+        return failed_status(13, "unused")
+
+    def batch_read(self, *args):
+        return failed_status(13, "unused")
+
+    def alive(self):
+        return True
 
 
 def worker_with(sessions: dict, engine) -> SimpleNamespace:
     """The parts of a handler context that abandoning uses."""
     info = SimpleNamespace(sessions=sessions)
     forgotten = []
-    return SimpleNamespace(directory=SimpleNamespace(get=lambda tid: info), engine=engine,
-                           forget_completions=forgotten.append, clock=lambda: 1.0, forgotten=forgotten)
+    return SimpleNamespace(
+        directory=SimpleNamespace(get=lambda tid: info),
+        engine=engine,
+        forget_completions=forgotten.append,
+        clock=lambda: 1.0,
+        forgotten=forgotten,
+    )
 
 
 def test_abandoning_writes_an_engine_cannot_stop_raises_and_forgets_nothing():
     engine = SimpleNamespace()
     worker = worker_with({0: UnstoppableSession(), 1: UnstoppableSession()}, engine)
-    with pytest.raises(RuntimeError, match="cannot stop an in-flight transfer; its blocks stay quarantined"):
+    with pytest.raises(
+        RuntimeError, match="cannot stop an in-flight transfer; its blocks stay quarantined"
+    ):
         abandon(worker, "tx-1", [0, 1], lambda tid, now: ("abandoned", tid, now))
     assert worker.forgotten == []
 
@@ -56,9 +70,13 @@ def test_fault_injection_on_an_engine_without_fault_rules_is_refused_naming_the_
     class NoFaults:
         faults = None
 
-    with pytest.raises(ConnectorConfigError, match="NoFaults injects no faults; use the same_host backend"):
+    with pytest.raises(
+        ConnectorConfigError, match="NoFaults injects no faults; use the same_host backend"
+    ):
         inject_faults(NoFaults(), {"fail_nth": 2})
-    inject_faults(NoFaults(), {"message_loss_rate": 0.5})        # control-message faults need no engine rules
+    inject_faults(
+        NoFaults(), {"message_loss_rate": 0.5}
+    )  # control-message faults need no engine rules
 
 
 def test_fault_injection_arms_the_engines_rules():

@@ -17,14 +17,29 @@ LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 
 
 def producer(posting: str) -> WorkerHalf:
-    settings = ConnectorSettings.from_extra_config({
-        "backend": "same_host", "notify_port": free_port(), "handshake_port": free_port(),
-        "host_ip": "127.0.0.1", "write_posting": posting})
-    worker = WorkerHalf(settings, engine_id="P", sides=("send",), tp_rank=0, tp_size=1, dp_rank=0,
-                        host="127.0.0.1", make_engine=lambda key: CrossMemoryEngine(key, "127.0.0.1"))
+    settings = ConnectorSettings.from_extra_config(
+        {
+            "backend": "same_host",
+            "notify_port": free_port(),
+            "handshake_port": free_port(),
+            "host_ip": "127.0.0.1",
+            "write_posting": posting,
+        }
+    )
+    worker = WorkerHalf(
+        settings,
+        engine_id="P",
+        sides=("send",),
+        tp_rank=0,
+        tp_size=1,
+        dp_rank=0,
+        host="127.0.0.1",
+        make_engine=lambda key: CrossMemoryEngine(key, "127.0.0.1"),
+    )
     kv_format = LayerKVFormat(16, 2, 8, attention_backend=CPU_ATTN)
-    worker.register_kv_caches({name: torch.zeros(6, 2, 16, 16) for name in LAYERS}, kv_format,
-                              attention_backend=CPU_ATTN)
+    worker.register_kv_caches(
+        {name: torch.zeros(6, 2, 16, 16) for name in LAYERS}, kv_format, attention_backend=CPU_ATTN
+    )
     return worker
 
 
@@ -48,12 +63,18 @@ def test_after_the_forward_each_transfer_gets_its_layers_in_one_step():
     worker = producer("after_forward")
     try:
         seen = scheduling_steps(worker)
-        worker.start_step(StepMetadata(sends=[SendStart("p-1", "tx-a", (1, 2), None),
-                                              SendStart("p-2", "tx-b", (3,), None)]))
+        worker.start_step(
+            StepMetadata(
+                sends=[SendStart("p-1", "tx-a", (1, 2), None), SendStart("p-2", "tx-b", (3,), None)]
+            )
+        )
         for name in LAYERS:
-            worker.save_layer(name)          # after_forward: nothing goes during the forward
+            worker.save_layer(name)  # after_forward: nothing goes during the forward
         worker.finish_saves()
-        assert seen == [("tx-a", "layers_scheduled", (0, 1, 2, 3)), ("tx-b", "layers_scheduled", (0, 1, 2, 3))]
+        assert seen == [
+            ("tx-a", "layers_scheduled", (0, 1, 2, 3)),
+            ("tx-b", "layers_scheduled", (0, 1, 2, 3)),
+        ]
         for tid in ("tx-a", "tx-b"):
             record = worker.drivers["send"].table.get(tid)
             assert record.scheduled == 0b1111 and record.writes_expected == 4
@@ -68,11 +89,14 @@ def test_layers_saved_during_the_forward_are_not_scheduled_again_at_its_end():
         worker.start_step(StepMetadata(sends=[SendStart("p-1", "tx-a", (1, 2), None)]))
         worker.save_layer(LAYERS[0])
         worker.save_layer(LAYERS[2])
-        worker.save_layer(LAYERS[2])         # a layer saved twice is scheduled once
+        worker.save_layer(LAYERS[2])  # a layer saved twice is scheduled once
         worker.save_layer("model.layers.9.not_a_cache")
         worker.finish_saves()
-        assert seen == [("tx-a", "layer_scheduled", (0,)), ("tx-a", "layer_scheduled", (2,)),
-                        ("tx-a", "layers_scheduled", (1, 3))]
+        assert seen == [
+            ("tx-a", "layer_scheduled", (0,)),
+            ("tx-a", "layer_scheduled", (2,)),
+            ("tx-a", "layers_scheduled", (1, 3)),
+        ]
         assert worker.drivers["send"].table.get("tx-a").writes_expected == 4
         # The next forward starts afresh: nothing of this one is remembered as saved.
         worker.start_step(StepMetadata())

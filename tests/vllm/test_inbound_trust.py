@@ -63,13 +63,15 @@ def wait_for(condition, steps=(), timeout_s=5.0) -> bool:
     return run_until(list(steps), condition, timeout_s)
 
 
-def test_forged_verdicts_to_a_waiting_d_change_nothing_and_the_real_p_still_completes(make_instance):
+def test_forged_verdicts_to_a_waiting_d_change_nothing_and_the_real_p_still_completes(
+    make_instance,
+):
     expected = reference(make_instance)
     P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
     to_p, to_d = write_pair_params("tx-forge", P, D)
     D.add("d-1", PROMPT, TOKENS, to_d)
     for _ in range(3):
-        D.step()                                   # D allocated and waits for P
+        D.step()  # D allocated and waits for P
     forger = Forger(D.notify_port)
     try:
         forger.send(WriteDone("tx-forge", 1))
@@ -81,15 +83,18 @@ def test_forged_verdicts_to_a_waiting_d_change_nothing_and_the_real_p_still_comp
         assert "d-1" in D.scheduler.requests and D.outputs.get("d-1", []) == []
     finally:
         forger.close()
-    P.add("p-1", PROMPT, 1, to_p)                  # the real P now writes and says so
-    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS
-                     and P.empty() and D.empty())
+    P.add("p-1", PROMPT, 1, to_p)  # the real P now writes and says so
+    assert run_until(
+        [P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and P.empty() and D.empty()
+    )
     assert D.outputs["d-1"] == expected
     assert D.reported_recving == ["d-1"]
     assert D.worker._worker.metrics.snapshot()["events"].get("forged") == 2
 
 
-def test_forged_allocation_and_release_sent_to_p_before_and_after_it_starts_change_nothing(make_instance):
+def test_forged_allocation_and_release_sent_to_p_before_and_after_it_starts_change_nothing(
+    make_instance,
+):
     expected = reference(make_instance)
     P, D = make_instance("P", "kv_producer"), make_instance("D", "kv_consumer")
     p_wire = capture_wire(P)
@@ -108,29 +113,36 @@ def test_forged_allocation_and_release_sent_to_p_before_and_after_it_starts_chan
     finally:
         forger.close()
     D.add("d-1", PROMPT, TOKENS, to_d)
-    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS
-                     and P.empty() and D.empty())
+    assert run_until(
+        [P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and P.empty() and D.empty()
+    )
     assert D.outputs["d-1"] == expected
     assert [type(m) for _, m in p_wire] == [WriteDone]
 
 
-def test_read_mode_p_keeps_its_blocks_for_the_d_reading_them_despite_a_forged_release(make_instance):
+def test_read_mode_p_keeps_its_blocks_for_the_d_reading_them_despite_a_forged_release(
+    make_instance,
+):
     expected = reference(make_instance)
     P = make_instance("P", "kv_producer", True)
-    D = make_instance("D", "kv_consumer", True,
-                      extra={"machine_config": {"read_consumer": {"read_timeout_s": 1.0}}})
+    D = make_instance(
+        "D",
+        "kv_consumer",
+        True,
+        extra={"machine_config": {"read_consumer": {"read_timeout_s": 1.0}}},
+    )
     D.scheduler.recompute_kv_load_failures = True
     p_wire = capture_wire(P)
     P.add("p-1", PROMPT, 1, {"do_remote_decode": True, "transfer_id": "tx-forge-r"})
     assert run_until([P], lambda: "p-1" in P.params_out)
-    D.worker._worker.engine.faults.stall_nth(1)    # D's first read hangs a while: P must hold
+    D.worker._worker.engine.faults.stall_nth(1)  # D's first read hangs a while: P must hold
     D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])
     # D spoke first (its heartbeat) and reads under the lease P granted it.
     assert run_until([P, D], lambda: any(type(m) is LeaseGranted for _, m in p_wire))
     grants_to = dict(P.worker._worker.directory.get("tx-forge-r").reply_to)
     forger = Forger(P.notify_port)
     try:
-        forger.send(Heartbeat("tx-forge-r", 9, 0, reply_port=9))     # "send my grants to me"
+        forger.send(Heartbeat("tx-forge-r", 9, 0, reply_port=9))  # "send my grants to me"
         forger.send(Release("tx-forge-r", consumer_tp_size=1))
         assert wait_for(lambda: forged_count(P, "send") == 2, [P])
         assert "p-1" in P.scheduler.requests and P.reported_sending == []
@@ -138,8 +150,9 @@ def test_read_mode_p_keeps_its_blocks_for_the_d_reading_them_despite_a_forged_re
     finally:
         forger.close()
     # The stalled read times out; D recomputes and releases P itself.
-    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS
-                     and P.empty() and D.empty(), 20)
+    assert run_until(
+        [P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and P.empty() and D.empty(), 20
+    )
     assert D.outputs["d-1"] == expected and P.reported_sending == ["p-1"]
 
 
@@ -154,25 +167,31 @@ def test_with_binding_off_any_sender_is_believed_as_before(make_instance):
     forger = Forger(D.notify_port)
     try:
         forger.send(WriteFailed("tx-open", reason="believed", writes_stopped=True))
-        assert run_until([D], lambda: D.load_errors != set(), 5)   # the documented trade-off
+        assert run_until([D], lambda: D.load_errors != set(), 5)  # the documented trade-off
     finally:
         forger.close()
 
 
-def test_read_mode_a_release_forged_before_d_speaks_costs_d_its_load_never_its_answer(make_instance):
+def test_read_mode_a_release_forged_before_d_speaks_costs_d_its_load_never_its_answer(
+    make_instance,
+):
     """P in READ mode learns its D from D's first message: a forger who speaks first can end
     the transfer, but D reads only under a lease from P, so it computes the prompt itself."""
     expected = reference(make_instance)
     P = make_instance("P", "kv_producer", True)
-    D = make_instance("D", "kv_consumer", True,
-                      extra={"machine_config": {"read_consumer": {"setup_timeout_s": 0.5}}})
+    D = make_instance(
+        "D",
+        "kv_consumer",
+        True,
+        extra={"machine_config": {"read_consumer": {"setup_timeout_s": 0.5}}},
+    )
     D.scheduler.recompute_kv_load_failures = True
     P.add("p-1", PROMPT, 1, {"do_remote_decode": True, "transfer_id": "tx-first"})
     assert run_until([P], lambda: "p-1" in P.params_out)
     forger = Forger(P.notify_port)
     try:
         forger.send(Release("tx-first", consumer_tp_size=1))
-        assert run_until([P], lambda: P.empty(), 5)           # P believed the first speaker
+        assert run_until([P], lambda: P.empty(), 5)  # P believed the first speaker
     finally:
         forger.close()
     D.add("d-1", PROMPT, TOKENS, P.params_out["p-1"])

@@ -22,6 +22,7 @@ def run(faults, count=2000):
     def send(destination, msg):
         with lock:
             sent.append(msg.transfer_id)
+
     wrapper = MessageFaults(send, faults)
     try:
         for i in range(count):
@@ -36,22 +37,26 @@ def run(faults, count=2000):
 
 
 def test_rates_lose_duplicate_and_delay_about_as_asked_and_repeatably():
-    faults = {"message_loss_rate": 0.1, "message_dup_rate": 0.1, "message_delay_rate": 0.1,
-              "message_delay_s": 0.01, "seed": 3}
+    faults = {
+        "message_loss_rate": 0.1,
+        "message_dup_rate": 0.1,
+        "message_delay_rate": 0.1,
+        "message_delay_s": 0.01,
+        "seed": 3,
+    }
     counts, sent = run(faults)
     assert 100 < counts["lost"] < 320 and 100 < counts["duplicated"] < 320
     assert 100 < counts["delayed"] < 320
-    assert len(sent) == 2000 - counts["lost"] + counts["duplicated"]   # every kept one arrives
+    assert len(sent) == 2000 - counts["lost"] + counts["duplicated"]  # every kept one arrives
     again, sent_again = run(faults)
-    assert again == counts and sorted(sent_again) == sorted(sent)    # seeded
+    assert again == counts and sorted(sent_again) == sorted(sent)  # seeded
 
 
 def test_no_rates_means_no_wrapper_and_delays_are_bounded():
     assert not wants_message_faults({"fail_rate": 0.5})
     assert wants_message_faults({"message_loss_rate": 0.01})
-    counts, sent = run({"message_delay_rate": 1.0, "message_delay_s": 30.0},
-                       count=MAX_DELAYED + 50)
-    assert counts["delayed"] == MAX_DELAYED        # the rest went at once, nothing piled up
+    counts, sent = run({"message_delay_rate": 1.0, "message_delay_s": 30.0}, count=MAX_DELAYED + 50)
+    assert counts["delayed"] == MAX_DELAYED  # the rest went at once, nothing piled up
     assert len(sent) >= 50
 
 
@@ -62,6 +67,7 @@ def test_a_delayed_send_that_raises_does_not_kill_the_timer_thread():
         calls.append(msg.transfer_id)
         if msg.transfer_id == "tx-0":
             raise RuntimeError("peer gone")
+
     wrapper = MessageFaults(send, {"message_delay_rate": 1.0, "message_delay_s": 0.01})
     try:
         wrapper.send(None, message(0))

@@ -39,7 +39,7 @@ def test_stats_count_the_transfer_and_survive_vllms_round_trip(make_instance):
         assert isinstance(stats, FsmConnectorStats)
         assert stats.data["transfers"] == {"completed": 1}
         assert len(stats.data["transfer_time_s"]) == 1 and stats.data["transfer_time_s"][0] > 0
-    assert sum(p_stats.data["bytes"]) > 0                      # P posted the writes
+    assert sum(p_stats.data["bytes"]) > 0  # P posted the writes
     assert any(k.startswith("write_consumer.waiting") for k in d_stats.data["state_time_s"])
     # Only the data dict crosses processes; vLLM rebuilds the object from it.
     rebuilt = MoRIIOFSMConnector.build_kv_connector_stats(pickle.loads(pickle.dumps(p_stats.data)))
@@ -56,15 +56,24 @@ def test_prometheus_metrics_are_named_the_vllm_way(make_instance):
     P, D = one_transfer(make_instance)
     registry = CollectorRegistry()
     kinds = {cls: functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)}
-    prom = MoRIIOFSMConnector.build_prom_metrics(D.config, kinds, ["model_name", "engine"],
-                                                 {0: ["tiny", "0"]})
+    prom = MoRIIOFSMConnector.build_prom_metrics(
+        D.config, kinds, ["model_name", "engine"], {0: ["tiny", "0"]}
+    )
     prom.observe(D.worker.get_kv_connector_stats().data, 0)
     labels = {"model_name": "tiny", "engine": "0"}
-    assert registry.get_sample_value("vllm:moriio_fsm_transfers_total",
-                                     {**labels, "outcome": "completed"}) == 1
+    assert (
+        registry.get_sample_value(
+            "vllm:moriio_fsm_transfers_total", {**labels, "outcome": "completed"}
+        )
+        == 1
+    )
     assert registry.get_sample_value("vllm:moriio_fsm_transfer_time_seconds_count", labels) == 1
-    states = {s.labels["state"] for m in registry.collect() for s in m.samples
-              if m.name == "vllm:moriio_fsm_state_time_seconds" and "state" in s.labels}
+    states = {
+        s.labels["state"]
+        for m in registry.collect()
+        for s in m.samples
+        if m.name == "vllm:moriio_fsm_state_time_seconds" and "state" in s.labels
+    }
     assert "write_consumer.waiting" in states
 
 
@@ -73,7 +82,7 @@ def test_shutdown_stops_every_thread_and_frees_every_port(make_instance):
     ports = [P.notify_port, P.handshake_port, D.notify_port, D.handshake_port]
     P.close()
     D.close()
-    P.close()                                                   # idempotent
+    P.close()  # idempotent
     names = [t.name for t in threading.enumerate() if t.is_alive()]
     assert not [n for n in names if n.startswith(("moriio", "cross-memory"))], names
     for port in ports:
@@ -95,7 +104,7 @@ def test_the_connectors_warnings_go_where_vllms_own_records_go(make_instance):
     served = logging.StreamHandler(stream)
     vllm_logger, ours = logging.getLogger("vllm"), logging.getLogger("moriio_fsm")
     kept = (list(ours.handlers), ours.level, ours.propagate)
-    vllm_logger.addHandler(served)               # what vLLM's logging set-up does in a server
+    vllm_logger.addHandler(served)  # what vLLM's logging set-up does in a server
     try:
         make_instance("D", "kv_consumer")
         from moriio_fsm.logs import get_logger
@@ -103,7 +112,7 @@ def test_the_connectors_warnings_go_where_vllms_own_records_go(make_instance):
         get_logger("moriio_fsm.vllm").warning("vllm.transfer_id_in_use", transfer_id="tx-1")
         assert "vllm.transfer_id_in_use transfer_id='tx-1'" in stream.getvalue()
         get_logger("moriio_fsm.vllm").debug("vllm.message_dropped")
-        assert "message_dropped" not in stream.getvalue()     # vLLM's level holds
+        assert "message_dropped" not in stream.getvalue()  # vLLM's level holds
     finally:
         vllm_logger.removeHandler(served)
         ours.handlers[:], ours.level, ours.propagate = kept

@@ -20,14 +20,22 @@ from harness import free_port
 pytestmark = pytest.mark.integration
 
 PEER = os.path.join(os.path.dirname(__file__), "worker_peer.py")
-LAYOUTS = ["separated_nhd", "separated_hnd", "interleaved_nhd", "interleaved_hnd", "mla", "cpu_attn"]
+LAYOUTS = [
+    "separated_nhd",
+    "separated_hnd",
+    "interleaved_nhd",
+    "interleaved_hnd",
+    "mla",
+    "cpu_attn",
+]
 P_BLOCKS, D_BLOCKS = [1, 3, 4, 7], [9, 2, 10, 5]
 
 
 class Peer:
     def __init__(self):
-        self.process = subprocess.Popen([sys.executable, PEER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.read() == {"ready": True}
 
     def read(self):
@@ -71,26 +79,52 @@ def test_every_block_lands_in_the_other_process(peers, layout, mode):
     prefill, decode = peers
     name = f"{layout}-{mode}"
     p_ports, d_ports = (free_port(), free_port()), (free_port(), free_port())
-    prefill.ask(op="open", name=name, side="send", mode=mode, layout=layout,
-                notify=p_ports[0], handshake=p_ports[1])
-    decode.ask(op="open", name=name, side="receive", mode=mode, layout=layout,
-               notify=d_ports[0], handshake=d_ports[1])
+    prefill.ask(
+        op="open",
+        name=name,
+        side="send",
+        mode=mode,
+        layout=layout,
+        notify=p_ports[0],
+        handshake=p_ports[1],
+    )
+    decode.ask(
+        op="open",
+        name=name,
+        side="receive",
+        mode=mode,
+        layout=layout,
+        notify=d_ports[0],
+        handshake=d_ports[1],
+    )
     tid = f"tx-{name}"
     try:
         if mode == "write":
-            decode.ask(op="receive", name=name, req="d-1", tid=tid, blocks=D_BLOCKS, peer=address(p_ports))
-            prefill.ask(op="send", name=name, req="p-1", tid=tid, blocks=P_BLOCKS, peer=address(d_ports))
+            decode.ask(
+                op="receive", name=name, req="d-1", tid=tid, blocks=D_BLOCKS, peer=address(p_ports)
+            )
+            prefill.ask(
+                op="send", name=name, req="p-1", tid=tid, blocks=P_BLOCKS, peer=address(d_ports)
+            )
             prefill.ask(op="end", name=name, req="p-1", tid=tid, awaits=True, peer=address(d_ports))
         else:
             prefill.ask(op="end", name=name, req="p-1", tid=tid, awaits=True, blocks=P_BLOCKS)
-            decode.ask(op="receive", name=name, req="d-1", tid=tid, blocks=D_BLOCKS,
-                       peer=address(p_ports), remote_blocks=P_BLOCKS)
+            decode.ask(
+                op="receive",
+                name=name,
+                req="d-1",
+                tid=tid,
+                blocks=D_BLOCKS,
+                peer=address(p_ports),
+                remote_blocks=P_BLOCKS,
+            )
         d_told = decode.ask(op="poll", name=name, wait_s=15)
         p_told = prefill.ask(op="poll", name=name, wait_s=15)
         assert d_told == {"sending": [], "recving": ["d-1"], "load_errors": []}
         assert p_told == {"sending": ["p-1"], "recving": [], "load_errors": []}
-        assert decode.ask(op="digest", name=name, blocks=D_BLOCKS) == \
-            prefill.ask(op="digest", name=name, blocks=P_BLOCKS)
+        assert decode.ask(op="digest", name=name, blocks=D_BLOCKS) == prefill.ask(
+            op="digest", name=name, blocks=P_BLOCKS
+        )
         # No byte landed outside D's blocks.
         assert decode.ask(op="pristine", name=name, blocks=D_BLOCKS) == {"pristine": True}
         # Reported once: nothing more arrives.

@@ -34,8 +34,10 @@ LAYOUTS = {
     "interleaved_nhd": ((NUM_BLOCKS, 2, BLOCK, HEADS, HEAD), LayerKVFormat(BLOCK, HEADS, HEAD)),
     "interleaved_hnd": ((NUM_BLOCKS, 2, HEADS, BLOCK, HEAD), LayerKVFormat(BLOCK, HEADS, HEAD)),
     "mla": ((NUM_BLOCKS, BLOCK, 24), LayerKVFormat(BLOCK, use_mla=True)),
-    "cpu_attn": ((NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD),
-                 LayerKVFormat(BLOCK, HEADS, HEAD, attention_backend=CPU_ATTN)),
+    "cpu_attn": (
+        (NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD),
+        LayerKVFormat(BLOCK, HEADS, HEAD, attention_backend=CPU_ATTN),
+    ),
 }
 
 
@@ -45,39 +47,82 @@ def block_view(tensor: torch.Tensor, layout: str, block: int) -> torch.Tensor:
 
 def open_worker(side: str, mode: str, layout: str, notify: int, handshake: int):
     shape, kv_format = LAYOUTS[layout]
-    settings = ConnectorSettings.from_extra_config({
-        "backend": "same_host", "read_mode": mode == "read", "notify_port": notify,
-        "handshake_port": handshake, "host_ip": "127.0.0.1", "tick_interval": 0.005})
+    settings = ConnectorSettings.from_extra_config(
+        {
+            "backend": "same_host",
+            "read_mode": mode == "read",
+            "notify_port": notify,
+            "handshake_port": handshake,
+            "host_ip": "127.0.0.1",
+            "tick_interval": 0.005,
+        }
+    )
     if side == "send":
         generator = torch.Generator().manual_seed(7)
-        caches = {name: torch.randn(shape, generator=generator, dtype=torch.float32) for name in LAYERS}
+        caches = {
+            name: torch.randn(shape, generator=generator, dtype=torch.float32) for name in LAYERS
+        }
     else:
         caches = {name: torch.full(shape, -1.0) for name in LAYERS}
-    worker = WorkerHalf(settings, engine_id=f"{side}-{layout}-{mode}", sides=(side,), tp_rank=0,
-                        tp_size=1, dp_rank=0, host="127.0.0.1",
-                        make_engine=lambda key: CrossMemoryEngine(key, "127.0.0.1"))
-    worker.register_kv_caches(caches, kv_format, attention_backend=kv_format.attention_backend or "")
+    worker = WorkerHalf(
+        settings,
+        engine_id=f"{side}-{layout}-{mode}",
+        sides=(side,),
+        tp_rank=0,
+        tp_size=1,
+        dp_rank=0,
+        host="127.0.0.1",
+        make_engine=lambda key: CrossMemoryEngine(key, "127.0.0.1"),
+    )
+    worker.register_kv_caches(
+        caches, kv_format, attention_backend=kv_format.attention_backend or ""
+    )
     return worker, caches, layout, side
 
 
 def handle(workers: dict, command: dict) -> dict:
     op = command["op"]
     if op == "open":
-        workers[command["name"]] = open_worker(command["side"], command["mode"], command["layout"],
-                                               command["notify"], command["handshake"])
+        workers[command["name"]] = open_worker(
+            command["side"],
+            command["mode"],
+            command["layout"],
+            command["notify"],
+            command["handshake"],
+        )
         return {"ok": op}
     worker, caches, layout, side = workers[command["name"]]
     peer = PeerAddress(**command["peer"]) if command.get("peer") else None
     blocks = tuple(command.get("blocks", ()))
     if op == "send":
-        worker.start_step(StepMetadata(sends=[SendStart(command["req"], command["tid"], blocks, peer)]))
+        worker.start_step(
+            StepMetadata(sends=[SendStart(command["req"], command["tid"], blocks, peer)])
+        )
         worker.finish_saves()
     elif op == "receive":
-        worker.start_step(StepMetadata(receives=[ReceiveStart(
-            command["req"], command["tid"], blocks, peer, tuple(command.get("remote_blocks", ())))]))
+        worker.start_step(
+            StepMetadata(
+                receives=[
+                    ReceiveStart(
+                        command["req"],
+                        command["tid"],
+                        blocks,
+                        peer,
+                        tuple(command.get("remote_blocks", ())),
+                    )
+                ]
+            )
+        )
     elif op == "end":
-        worker.start_step(StepMetadata(ended=[RequestEnded(
-            command["req"], command["tid"], side, command["awaits"], False, blocks, peer)]))
+        worker.start_step(
+            StepMetadata(
+                ended=[
+                    RequestEnded(
+                        command["req"], command["tid"], side, command["awaits"], False, blocks, peer
+                    )
+                ]
+            )
+        )
     elif op == "poll":
         deadline = time.monotonic() + command.get("wait_s", 0.0)
         sending, recving = set(), set()
@@ -88,19 +133,30 @@ def handle(workers: dict, command: dict) -> dict:
             if sending or recving or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
-        return {"sending": sorted(sending), "recving": sorted(recving),
-                "load_errors": sorted(worker.load_errors())}
+        return {
+            "sending": sorted(sending),
+            "recving": sorted(recving),
+            "load_errors": sorted(worker.load_errors()),
+        }
     elif op == "digest":
         digest = hashlib.sha256()
         for name in LAYERS:
             for block in blocks:
-                digest.update(block_view(caches[name], layout, block).contiguous().numpy().tobytes())
+                digest.update(
+                    block_view(caches[name], layout, block).contiguous().numpy().tobytes()
+                )
         return {"digest": digest.hexdigest()}
     elif op == "pristine":
         # True when every block not listed still holds this process's initial -1s.
         listed = set(blocks)
-        return {"pristine": all(bool((block_view(caches[name], layout, b) == -1).all())
-                                for name in LAYERS for b in range(NUM_BLOCKS) if b not in listed)}
+        return {
+            "pristine": all(
+                bool((block_view(caches[name], layout, b) == -1).all())
+                for name in LAYERS
+                for b in range(NUM_BLOCKS)
+                if b not in listed
+            )
+        }
     elif op == "close":
         worker.close()
         del workers[command["name"]]
@@ -116,7 +172,7 @@ def main() -> None:
             break
         try:
             reply = handle(workers, command)
-        except Exception as exc:      # the test sees the error instead of a hang
+        except Exception as exc:  # the test sees the error instead of a hang
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(reply), flush=True)
     for worker, *_ in workers.values():

@@ -12,7 +12,9 @@ import importlib.util
 import os
 import sys
 
-_WANTED = {name.strip() for name in os.environ.get("BENCH_WORKAROUNDS", "").split(",") if name.strip()}
+_WANTED = {
+    name.strip() for name in os.environ.get("BENCH_WORKAROUNDS", "").split(",") if name.strip()
+}
 _LOG = os.environ.get("BENCH_WORKAROUND_LOG")
 
 
@@ -74,8 +76,11 @@ if "amx" in _WANTED:
         if _libc.syscall(158, 0x1023, 18) == 0:
             _note("amx", "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) granted")
         else:
-            _note("amx", f"not needed here: arch_prctl(ARCH_REQ_XCOMP_PERM) refused ({os.strerror(ctypes.get_errno())}): "
-                         "this CPU has no AMX")
+            _note(
+                "amx",
+                f"not needed here: arch_prctl(ARCH_REQ_XCOMP_PERM) refused ({os.strerror(ctypes.get_errno())}): "
+                "this CPU has no AMX",
+            )
     except OSError:
         pass
 
@@ -83,6 +88,7 @@ if "amx" in _WANTED:
 # -- NIXL: its worker pins the compute thread to the last core of the NUMA node (D's core
 # here), so P would compute on D's core: report no NUMA topology instead.
 if "nixl_no_numa_pin" in _WANTED:
+
     def _no_numa(module):
         platform = getattr(module, "CpuPlatform", None)
         if platform is not None:
@@ -95,6 +101,7 @@ if "nixl_no_numa_pin" in _WANTED:
 # -- NIXL: the Python agent starts a progress thread that spins a whole core (of two);
 # vLLM polls its transfers every step anyway, so create agents without it.
 if "nixl_no_progress_thread" in _WANTED:
+
     def _no_progress_thread(module):
         config = getattr(module, "nixl_agent_config", None)
         if config is None or getattr(config, "_bench_patched", False):
@@ -107,7 +114,10 @@ if "nixl_no_progress_thread" in _WANTED:
 
         config.__init__ = __init__
         config._bench_patched = True
-        _note("nixl_no_progress_thread", f"{module.__name__}.nixl_agent_config(enable_prog_thread=False)")
+        _note(
+            "nixl_no_progress_thread",
+            f"{module.__name__}.nixl_agent_config(enable_prog_thread=False)",
+        )
 
     for _name in ("nixl_cu12._api", "nixl_cu13._api", "nixl._api"):
         _after_import(_name, _no_progress_thread)
@@ -118,6 +128,7 @@ _MOONCAKE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_conn
 # -- Mooncake: its worker asks torch.accelerator for the current device, which raises on a
 # CPU-only torch; during its constructor the answer is device 0.
 if "mooncake_device_index" in _WANTED:
+
     def _device_zero(module):
         worker = getattr(module, "MooncakeConnectorWorker", None)
         if worker is None:
@@ -135,12 +146,16 @@ if "mooncake_device_index" in _WANTED:
                 torch.accelerator.current_device_index = real_index
 
         worker.__init__ = __init__
-        _note("mooncake_device_index", "torch.accelerator.current_device_index() -> 0 in MooncakeConnectorWorker()")
+        _note(
+            "mooncake_device_index",
+            "torch.accelerator.current_device_index() -> 0 in MooncakeConnectorWorker()",
+        )
 
     _after_import(_MOONCAKE, _device_zero)
 
 # -- Mooncake: its bootstrap server listens on 0.0.0.0; make it listen on loopback only.
 if "mooncake_bootstrap_loopback" in _WANTED:
+
     def _loopback(module):
         server = getattr(module, "MooncakeBootstrapServer", None)
         if server is None:
@@ -159,6 +174,7 @@ if "mooncake_bootstrap_loopback" in _WANTED:
 # -- Measurement, not a fix: Mooncake exposes no Prometheus metrics, so time each of its
 # synchronous batch writes (what its own stats time) into $BENCH_MOONCAKE_TIMES (JSONL).
 if "mooncake_time_writes" in _WANTED and os.environ.get("BENCH_MOONCAKE_TIMES"):
+
     def _time_writes(module):
         worker = getattr(module, "MooncakeConnectorWorker", None)
         if worker is None:
@@ -173,12 +189,24 @@ if "mooncake_time_writes" in _WANTED and os.environ.get("BENCH_MOONCAKE_TIMES"):
             result = real_send(self, remote_session, src_ptrs, dst_ptrs, lengths)
             end = time.monotonic()
             with open(os.environ["BENCH_MOONCAKE_TIMES"], "a") as handle:
-                handle.write(json.dumps({"start": start, "end": end, "bytes": int(sum(lengths)),
-                                         "descs": len(src_ptrs), "ret": result}) + "\n")
+                handle.write(
+                    json.dumps(
+                        {
+                            "start": start,
+                            "end": end,
+                            "bytes": int(sum(lengths)),
+                            "descs": len(src_ptrs),
+                            "ret": result,
+                        }
+                    )
+                    + "\n"
+                )
             return result
 
         worker._send_blocks = _send_blocks
-        _note("mooncake_time_writes", "times MooncakeConnectorWorker._send_blocks (measurement only)")
+        _note(
+            "mooncake_time_writes", "times MooncakeConnectorWorker._send_blocks (measurement only)"
+        )
 
     _after_import(_MOONCAKE, _time_writes)
 

@@ -9,33 +9,51 @@ from __future__ import annotations
 
 from .errors import WireDecodeError, WireEncodeError
 from .handshake_codec import (
-                              HANDSHAKE_REQUEST,
-                              AgentMetadata,
-                              HandshakeReply,
-                              decode_handshake_reply,
-                              decode_handshake_request,
-                              encode_handshake_reply,
+    HANDSHAKE_REQUEST,
+    AgentMetadata,
+    HandshakeReply,
+    decode_handshake_reply,
+    decode_handshake_request,
+    encode_handshake_reply,
 )
 from .messages import (
-                              Heartbeat,
-                              LeaseGranted,
-                              NotifyMessage,
-                              Release,
-                              RemoteBlocks,
-                              Role,
-                              WireForm,
-                              WriteDone,
-                              WriteFailed,
+    Heartbeat,
+    LeaseGranted,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    Role,
+    WireForm,
+    WriteDone,
+    WriteFailed,
 )
 from .notify_decoder import decode_notify
 from .notify_encoder import encode_notify
 from .wire_limits import DEFAULT_LIMITS, WireLimits
 
-__all__ = ["AgentMetadata", "DEFAULT_LIMITS", "HANDSHAKE_REQUEST", "HandshakeReply", "Heartbeat",
-           "LeaseGranted", "NotifyMessage", "Release", "RemoteBlocks", "Role", "WireDecodeError",
-           "WireEncodeError", "WireForm", "WireLimits", "WriteDone", "WriteFailed",
-           "decode_handshake_reply", "decode_handshake_request", "decode_notify",
-           "encode_handshake_reply", "encode_notify"]
+__all__ = [
+    "AgentMetadata",
+    "DEFAULT_LIMITS",
+    "HANDSHAKE_REQUEST",
+    "HandshakeReply",
+    "Heartbeat",
+    "LeaseGranted",
+    "NotifyMessage",
+    "Release",
+    "RemoteBlocks",
+    "Role",
+    "WireDecodeError",
+    "WireEncodeError",
+    "WireForm",
+    "WireLimits",
+    "WriteDone",
+    "WriteFailed",
+    "decode_handshake_reply",
+    "decode_handshake_request",
+    "decode_notify",
+    "encode_handshake_reply",
+    "encode_notify",
+]
 
 # The wire forms, as upstream peers write them.
 #

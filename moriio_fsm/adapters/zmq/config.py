@@ -60,18 +60,34 @@ class TransportConfig:
         if not isinstance(self.role, Role):
             raise ValueError(f"role: expected Role.PRODUCER or Role.CONSUMER, got {self.role!r}")
         if self.notify_base_port != 0:
-            listener_port(self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
-        for name in ("max_peers", "send_hwm", "recv_hwm", "max_batch", "max_queued_sends",
-                     "max_queued_commands", "max_pending_handshakes"):
+            listener_port(
+                self.notify_base_port,
+                dp_rank=self.dp_rank,
+                tp_rank=self.tp_rank,
+                tp_size=self.tp_size,
+            )
+        for name in (
+            "max_peers",
+            "send_hwm",
+            "recv_hwm",
+            "max_batch",
+            "max_queued_sends",
+            "max_queued_commands",
+            "max_pending_handshakes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not self.send_timeout_s > 0:
             raise ValueError(f"send_timeout_s: must be > 0, got {self.send_timeout_s}")
         if isinstance(self.trusted_peers, str):
-            raise ValueError("trusted_peers: expected a sequence of hosts/CIDRs, got a single string")
+            raise ValueError(
+                "trusted_peers: expected a sequence of hosts/CIDRs, got a single string"
+            )
 
     @property
     def notify_port(self) -> int:
         if self.notify_base_port == 0:
             return 0
-        return listener_port(self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        return listener_port(
+            self.notify_base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size
+        )

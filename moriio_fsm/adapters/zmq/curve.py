@@ -62,11 +62,15 @@ class CurveConfig:
             try:
                 canonical = str(canonical_host(host))
             except ValueError as exc:
-                raise ValueError(f"server_keys[{host!r}]: expected an IP address or host name ({exc})") from None
+                raise ValueError(
+                    f"server_keys[{host!r}]: expected an IP address or host name ({exc})"
+                ) from None
             checked = _z85_key(key, f"server_keys[{host!r}]")
             if servers.get(canonical, checked) != checked:
-                raise ValueError(f"server_keys[{host!r}]: another entry names the same host {canonical!r} "
-                                 "with a different key")
+                raise ValueError(
+                    f"server_keys[{host!r}]: another entry names the same host {canonical!r} "
+                    "with a different key"
+                )
             servers[canonical] = checked
         object.__setattr__(self, "server_keys", MappingProxyType(servers))
 
@@ -93,4 +97,3 @@ class CurveConfig:
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key_for(host))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
-

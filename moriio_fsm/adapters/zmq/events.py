@@ -34,15 +34,24 @@ def _rank(value: int | None) -> int:
 
 
 def _remote_blocks(message: RemoteBlocks, now: float, source: str) -> Event:
-    return events.remote_blocks(message.transfer_id, now, message.block_ids, message.decode_rank,
-                                message.req_id, message.prompt_digest or "",
-                                _rank(message.decode_dp_rank), source=source)
+    return events.remote_blocks(
+        message.transfer_id,
+        now,
+        message.block_ids,
+        message.decode_rank,
+        message.req_id,
+        message.prompt_digest or "",
+        _rank(message.decode_dp_rank),
+        source=source,
+    )
 
 
 def _write_done(message: WriteDone, now: float, source: str) -> Event:
     # Absent on the wire means the one writer upstream assumes.
     writers = 1 if message.num_writers is None else message.num_writers
-    return events.write_done(message.transfer_id, now, writers, _rank(message.producer_rank), source=source)
+    return events.write_done(
+        message.transfer_id, now, writers, _rank(message.producer_rank), source=source
+    )
 
 
 def _write_failed(message: WriteFailed, now: float, source: str) -> Event:
@@ -50,8 +59,14 @@ def _write_failed(message: WriteFailed, now: float, source: str) -> Event:
     # write_failed only once no write of its could still land (this project's P before
     # the field existed; upstream's P only on a defer timeout, before any write was posted).
     stopped = True if message.writes_stopped is None else message.writes_stopped
-    return events.write_failed(message.transfer_id, now, message.reason or "", stopped,
-                               _rank(message.producer_rank), source=source)
+    return events.write_failed(
+        message.transfer_id,
+        now,
+        message.reason or "",
+        stopped,
+        _rank(message.producer_rank),
+        source=source,
+    )
 
 
 def _release(message: Release, now: float, source: str) -> Event:
@@ -63,12 +78,20 @@ def _release(message: Release, now: float, source: str) -> Event:
 
 
 def _heartbeat(message: Heartbeat, now: float, source: str) -> Event:
-    return events.heartbeat(message.transfer_id, now, _rank(message.consumer_rank), message.seq, source=source)
+    return events.heartbeat(
+        message.transfer_id, now, _rank(message.consumer_rank), message.seq, source=source
+    )
 
 
 def _lease_granted(message: LeaseGranted, now: float, source: str) -> Event:
-    return events.lease_granted(message.transfer_id, now, message.seq, message.lease_s,
-                                _rank(message.consumer_rank), source=source)
+    return events.lease_granted(
+        message.transfer_id,
+        now,
+        message.seq,
+        message.lease_s,
+        _rank(message.consumer_rank),
+        source=source,
+    )
 
 
 _BUILDERS: dict[type, Callable[..., Event]] = {

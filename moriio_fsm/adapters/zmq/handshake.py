@@ -39,8 +39,9 @@ class _Pending:
 class HandshakeRequests:
     """Handshakes this transport started, one DEALER socket each until it ends."""
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: TransportCounts) -> None:
+    def __init__(
+        self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig, counts: TransportCounts
+    ) -> None:
         self._ctx = ctx
         self._poller = poller
         self._config = config
@@ -53,7 +54,9 @@ class HandshakeRequests:
     def __contains__(self, sock: object) -> bool:
         return sock in self._pending
 
-    def start(self, host: str, port: int, future: concurrent.futures.Future, deadline: float) -> None:
+    def start(
+        self, host: str, port: int, future: concurrent.futures.Future, deadline: float
+    ) -> None:
         """Send the request to ``host:port``; ``future`` gets the ``HandshakeReply`` or the failure."""
         if not future.set_running_or_notify_cancel():
             return
@@ -72,8 +75,11 @@ class HandshakeRequests:
             if sock is not None:
                 sock.close(linger=0)
             self._counts.handshake_failed += 1
-            future.set_exception(HandshakeFailedError(
-                f"could not start a handshake with {host}:{port}: {type(exc).__name__}: {exc}"))
+            future.set_exception(
+                HandshakeFailedError(
+                    f"could not start a handshake with {host}:{port}: {type(exc).__name__}: {exc}"
+                )
+            )
             return
         self._pending[sock] = _Pending(future, host, port, deadline)
         self._poller.register(sock, zmq.POLLIN)
@@ -87,15 +93,23 @@ class HandshakeRequests:
             except zmq.Again:
                 return
             if len(parts) != 2 or parts[0] != b"":
-                self.fail(sock, HandshakeFailedError(
-                    f"bad handshake reply from {pending.host}:{pending.port}: expected [b'', payload]"))
+                self.fail(
+                    sock,
+                    HandshakeFailedError(
+                        f"bad handshake reply from {pending.host}:{pending.port}: expected [b'', payload]"
+                    ),
+                )
                 return
             pending.frames.append(parts[1])
         try:
             reply = decode_handshake_reply(*pending.frames, limits=self._config.limits)
         except WireDecodeError as exc:
-            self.fail(sock, HandshakeFailedError(
-                f"bad handshake reply from {pending.host}:{pending.port}: {exc}"))
+            self.fail(
+                sock,
+                HandshakeFailedError(
+                    f"bad handshake reply from {pending.host}:{pending.port}: {exc}"
+                ),
+            )
             return
         self._finish(sock, reply)
 
@@ -108,8 +122,12 @@ class HandshakeRequests:
         """Fail every handshake whose deadline has passed."""
         for sock, pending in list(self._pending.items()):
             if pending.deadline <= now:
-                self.fail(sock, HandshakeFailedError(
-                    f"no handshake reply from {pending.host}:{pending.port} in time"))
+                self.fail(
+                    sock,
+                    HandshakeFailedError(
+                        f"no handshake reply from {pending.host}:{pending.port} in time"
+                    ),
+                )
 
     def close(self) -> None:
         for sock in list(self._pending):
@@ -131,8 +149,14 @@ class HandshakeServers:
     ``reject(identity, error)`` is told of every malformed request.
     """
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: TransportCounts, reject: Callable[[bytes, WireDecodeError], None]) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        poller: zmq.Poller,
+        config: TransportConfig,
+        counts: TransportCounts,
+        reject: Callable[[bytes, WireDecodeError], None],
+    ) -> None:
         self._ctx = ctx
         self._poller = poller
         self._config = config
@@ -143,8 +167,9 @@ class HandshakeServers:
     def __contains__(self, sock: object) -> bool:
         return sock in self._replies
 
-    def start(self, host: str, port: int, frames: tuple[bytes, bytes],
-              future: concurrent.futures.Future) -> None:
+    def start(
+        self, host: str, port: int, frames: tuple[bytes, bytes], future: concurrent.futures.Future
+    ) -> None:
         """Bind a handshake port on ``host:port``; ``future`` gets the port or the bind's error."""
         if not future.set_running_or_notify_cancel():
             return  # the caller gave up waiting; do not bind a port nobody knows about
@@ -172,8 +197,12 @@ class HandshakeServers:
             except zmq.Again:
                 return
             if len(parts) != 2 or parts[1] != HANDSHAKE_REQUEST:
-                self._reject(parts[0], WireDecodeError(
-                    "<frame>", f"expected the handshake request {HANDSHAKE_REQUEST!r}"))
+                self._reject(
+                    parts[0],
+                    WireDecodeError(
+                        "<frame>", f"expected the handshake request {HANDSHAKE_REQUEST!r}"
+                    ),
+                )
                 continue
             try:
                 sock.send_multipart([parts[0], b"", metadata], zmq.NOBLOCK)

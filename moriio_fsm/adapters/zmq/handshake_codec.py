@@ -18,8 +18,14 @@ from .errors import WireDecodeError
 from .wire_fields import WHOLE_FRAME, check_id, check_int, type_name
 from .wire_limits import DEFAULT_LIMITS, WireLimits, unpack_bounded
 
-__all__ = ["HANDSHAKE_REQUEST", "AgentMetadata", "HandshakeReply", "decode_handshake_reply",
-           "decode_handshake_request", "encode_handshake_reply"]
+__all__ = [
+    "HANDSHAKE_REQUEST",
+    "AgentMetadata",
+    "HandshakeReply",
+    "decode_handshake_reply",
+    "decode_handshake_request",
+    "encode_handshake_reply",
+]
 
 HANDSHAKE_REQUEST = b"get_meta_msg"
 
@@ -62,7 +68,9 @@ def decode_handshake_request(frame: bytes | bytearray | memoryview) -> None:
     """Accept the handshake request frame; raise ``WireDecodeError`` for anything else."""
     if bytes(frame[: len(HANDSHAKE_REQUEST) + 1]) != HANDSHAKE_REQUEST:
         shown = bytes(frame[:32])
-        raise WireDecodeError(WHOLE_FRAME, f"expected the handshake request {HANDSHAKE_REQUEST!r}, got {shown!r}")
+        raise WireDecodeError(
+            WHOLE_FRAME, f"expected the handshake request {HANDSHAKE_REQUEST!r}, got {shown!r}"
+        )
 
 
 def encode_handshake_reply(reply: HandshakeReply) -> tuple[bytes, bytes]:
@@ -79,7 +87,9 @@ def encode_handshake_reply(reply: HandshakeReply) -> tuple[bytes, bytes]:
             **({"kv_format": dict(meta.kv_format)} if meta.kv_format is not None else {}),
         }
     )
-    layers = msgpack.packb({name: [bytes(d) for d in descs] for name, descs in reply.layer_memory.items()})
+    layers = msgpack.packb(
+        {name: [bytes(d) for d in descs] for name, descs in reply.layer_memory.items()}
+    )
     return metadata, layers
 
 
@@ -92,14 +102,18 @@ def decode_handshake_reply(
     except WireDecodeError:
         raise
     except Exception as exc:
-        raise WireDecodeError(WHOLE_FRAME, f"undecodable handshake reply ({type_name(exc)}: {exc})") from exc
+        raise WireDecodeError(
+            WHOLE_FRAME, f"undecodable handshake reply ({type_name(exc)}: {exc})"
+        ) from exc
 
 
 def _unpack_map(frame: Any, what: str, limits: WireLimits) -> dict:
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise WireDecodeError(what, f"expected bytes, got {type_name(frame)}")
     if len(frame) > limits.max_handshake_bytes:
-        raise WireDecodeError(what, f"{len(frame)} bytes exceeds the limit of {limits.max_handshake_bytes}")
+        raise WireDecodeError(
+            what, f"{len(frame)} bytes exceeds the limit of {limits.max_handshake_bytes}"
+        )
     try:
         data = unpack_bounded(bytes(frame), limits._handshake_options)
     except Exception as exc:
@@ -109,9 +123,13 @@ def _unpack_map(frame: Any, what: str, limits: WireLimits) -> dict:
     return data
 
 
-def _decode_handshake_reply(metadata_frame: Any, layers_frame: Any, limits: WireLimits) -> HandshakeReply:
+def _decode_handshake_reply(
+    metadata_frame: Any, layers_frame: Any, limits: WireLimits
+) -> HandshakeReply:
     data = _unpack_map(metadata_frame, "metadata", limits)
-    engine_id, blob, addresses, num_blocks, block_len, backend = _decode_metadata_fields(data, limits)
+    engine_id, blob, addresses, num_blocks, block_len, backend = _decode_metadata_fields(
+        data, limits
+    )
     layers = _decode_layers(_unpack_map(layers_frame, "layers", limits), limits)
     kv_format = _decode_kv_format(data.get("kv_format"), limits)
     metadata = AgentMetadata(engine_id, blob, addresses, num_blocks, block_len, backend, kv_format)
@@ -129,12 +147,16 @@ def _decode_metadata_fields(data: dict, limits: WireLimits) -> tuple:
         raise WireDecodeError("metadata.agent_metadata", "expected non-empty binary data")
     addresses = data["kv_caches_base_addr"]
     if not isinstance(addresses, tuple):
-        raise WireDecodeError("metadata.kv_caches_base_addr", f"expected a list, got {type_name(addresses)}")
+        raise WireDecodeError(
+            "metadata.kv_caches_base_addr", f"expected a list, got {type_name(addresses)}"
+        )
     for index, address in enumerate(addresses):
         check_int(address, f"metadata.kv_caches_base_addr[{index}]", 0, _MAX_U64, WireDecodeError)
     num_blocks = check_int(data["num_blocks"], "metadata.num_blocks", 1, _MAX_U64, WireDecodeError)
     block_len = check_int(data["block_len"], "metadata.block_len", 1, _MAX_U64, WireDecodeError)
-    backend = check_id(data["attn_backend_name"], "metadata.attn_backend_name", limits, WireDecodeError)
+    backend = check_id(
+        data["attn_backend_name"], "metadata.attn_backend_name", limits, WireDecodeError
+    )
     return engine_id, blob, addresses, num_blocks, block_len, backend
 
 
@@ -146,8 +168,11 @@ def _decode_layers(layers_raw: dict, limits: WireLimits) -> dict[str, tuple[byte
         if not isinstance(descriptors, tuple) or not descriptors:
             raise WireDecodeError(where, "expected a non-empty list of packed memory descriptors")
         if len(descriptors) > limits.max_descriptors_per_layer:
-            raise WireDecodeError(where, f"{len(descriptors)} descriptors exceeds the limit of "
-                                         f"{limits.max_descriptors_per_layer}")
+            raise WireDecodeError(
+                where,
+                f"{len(descriptors)} descriptors exceeds the limit of "
+                f"{limits.max_descriptors_per_layer}",
+            )
         for index, desc in enumerate(descriptors):
             if type(desc) is not bytes or not desc:
                 raise WireDecodeError(f"{where}[{index}]", "expected non-empty binary data")
@@ -160,7 +185,9 @@ def _decode_kv_format(kv_format: Any, limits: WireLimits) -> Mapping[str, str | 
     if kv_format is None:
         return None
     if not isinstance(kv_format, dict) or len(kv_format) > 32:
-        raise WireDecodeError("metadata.kv_format", f"expected a small map, got {type_name(kv_format)}")
+        raise WireDecodeError(
+            "metadata.kv_format", f"expected a small map, got {type_name(kv_format)}"
+        )
     for key, value in kv_format.items():
         check_id(key, "metadata.kv_format.<key>", limits, WireDecodeError)
         if type(value) is int:

@@ -10,8 +10,20 @@ import enum
 import re
 from dataclasses import KW_ONLY, dataclass, field
 
-__all__ = ["BARE_RANK", "RECEIVER", "BlockIds", "Heartbeat", "LeaseGranted", "NotifyMessage",
-           "Release", "RemoteBlocks", "Role", "WireForm", "WriteDone", "WriteFailed"]
+__all__ = [
+    "BARE_RANK",
+    "RECEIVER",
+    "BlockIds",
+    "Heartbeat",
+    "LeaseGranted",
+    "NotifyMessage",
+    "Release",
+    "RemoteBlocks",
+    "Role",
+    "WireForm",
+    "WriteDone",
+    "WriteFailed",
+]
 
 
 class Role(enum.Enum):
@@ -168,4 +180,3 @@ RECEIVER: dict[str, Role] = {
     "write_failed": Role.CONSUMER,
     "lease_granted": Role.CONSUMER,
 }
-

@@ -65,7 +65,9 @@ def decode_notify(
         if size == 0:
             raise WireDecodeError(WHOLE_FRAME, "empty message")
         if size > limits.max_message_bytes:
-            raise WireDecodeError(WHOLE_FRAME, f"{size} bytes exceeds the limit of {limits.max_message_bytes}")
+            raise WireDecodeError(
+                WHOLE_FRAME, f"{size} bytes exceeds the limit of {limits.max_message_bytes}"
+            )
         if frame[0] not in _MAP_MARKERS:
             # Not a msgpack map, so not a structured message: upstream reads it as a
             # bare id (a one-character id such as "7" is also a msgpack integer).
@@ -74,7 +76,9 @@ def decode_notify(
         try:
             data = unpack_bounded(frame, limits._notify_options, limits._notify_small)
         except Exception as exc:  # msgpack raises ValueError subclasses and TypeError
-            raise WireDecodeError(WHOLE_FRAME, f"invalid msgpack map ({type_name(exc)}: {exc})") from None
+            raise WireDecodeError(
+                WHOLE_FRAME, f"invalid msgpack map ({type_name(exc)}: {exc})"
+            ) from None
         return _decode_structured(data, role, limits)
     except WireDecodeError:
         raise
@@ -86,11 +90,17 @@ def _decode_bare(frame: bytes, role: Role | None, limits: WireLimits) -> NotifyM
     try:
         text = frame.decode("utf-8")
     except UnicodeDecodeError:
-        raise WireDecodeError(WHOLE_FRAME, "neither a msgpack map nor a UTF-8 transfer id") from None
+        raise WireDecodeError(
+            WHOLE_FRAME, "neither a msgpack map nor a UTF-8 transfer id"
+        ) from None
     if role is None:
-        raise WireDecodeError(WHOLE_FRAME, "a bare transfer id needs the receiver's role (producer or consumer)")
+        raise WireDecodeError(
+            WHOLE_FRAME, "a bare transfer id needs the receiver's role (producer or consumer)"
+        )
     if role is Role.CONSUMER:
-        return WriteDone(check_id(text, "transfer_id", limits, WireDecodeError), None, WireForm.BARE_ID)
+        return WriteDone(
+            check_id(text, "transfer_id", limits, WireDecodeError), None, WireForm.BARE_ID
+        )
     rank: int | None = None
     match = BARE_RANK.match(text)
     if match is not None:
@@ -121,39 +131,65 @@ def _required_seq(data: dict, limits: WireLimits) -> int:
     return check_int(data["seq"], "seq", 0, limits.max_seq, WireDecodeError)
 
 
-def _decode_write_done(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+def _decode_write_done(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
     writers = _optional_count(data, "num_writers", limits)
     rank = data.get("producer_rank")
     if rank is None:  # upstream's form: the hot path, one lookup
         return WriteDone(transfer_id, writers, form)
-    return WriteDone(transfer_id, writers, form, producer_rank=_optional_rank(data, "producer_rank", limits))
+    return WriteDone(
+        transfer_id, writers, form, producer_rank=_optional_rank(data, "producer_rank", limits)
+    )
 
 
-def _decode_write_failed(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+def _decode_write_failed(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
     reason = data.get("reason")
     if reason is not None:
         reason = check_reason(reason, "reason", limits, WireDecodeError)
     stopped = data.get("writes_stopped")
     if stopped is not None:
         stopped = check_bool(stopped, "writes_stopped", WireDecodeError)
-    return WriteFailed(transfer_id, form, reason=reason, writes_stopped=stopped,
-                       producer_rank=_optional_rank(data, "producer_rank", limits))
+    return WriteFailed(
+        transfer_id,
+        form,
+        reason=reason,
+        writes_stopped=stopped,
+        producer_rank=_optional_rank(data, "producer_rank", limits),
+    )
 
 
-def _decode_release(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
-    return Release(transfer_id, _optional_count(data, "consumer_tp_size", limits), None, form,
-                   consumer_rank=_optional_rank(data, "consumer_rank", limits))
+def _decode_release(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
+    return Release(
+        transfer_id,
+        _optional_count(data, "consumer_tp_size", limits),
+        None,
+        form,
+        consumer_rank=_optional_rank(data, "consumer_rank", limits),
+    )
 
 
-def _decode_heartbeat(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+def _decode_heartbeat(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
     port = data.get("reply_port")
     if port is not None:
         port = check_int(port, "reply_port", 1, 65535, WireDecodeError)
-    return Heartbeat(transfer_id, _required_seq(data, limits), _optional_rank(data, "consumer_rank", limits),
-                     reply_port=port)
+    return Heartbeat(
+        transfer_id,
+        _required_seq(data, limits),
+        _optional_rank(data, "consumer_rank", limits),
+        reply_port=port,
+    )
 
 
-def _decode_lease_granted(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+def _decode_lease_granted(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
     seq = _required_seq(data, limits)
     if "lease_s" not in data:
         raise WireDecodeError("lease_s", "missing")
@@ -161,7 +197,9 @@ def _decode_lease_granted(data: dict, transfer_id: str, limits: WireLimits, form
     return LeaseGranted(transfer_id, seq, lease, _optional_rank(data, "consumer_rank", limits))
 
 
-def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form: WireForm) -> NotifyMessage:
+def _decode_remote_blocks(
+    data: dict, transfer_id: str, limits: WireLimits, form: WireForm
+) -> NotifyMessage:
     if "req_id" not in data:
         raise WireDecodeError("req_id", "missing")
     req_id = check_id(data["req_id"], "req_id", limits, WireDecodeError)
@@ -177,8 +215,9 @@ def _decode_remote_blocks(data: dict, transfer_id: str, limits: WireLimits, form
     dp_rank = data.get("decode_dp_rank")
     if dp_rank is not None:
         check_int(dp_rank, "decode_dp_rank", 0, limits.max_rank, WireDecodeError)
-    return RemoteBlocks(transfer_id, req_id, blocks, rank, form, prompt_digest=digest,
-                        decode_dp_rank=dp_rank)
+    return RemoteBlocks(
+        transfer_id, req_id, blocks, rank, form, prompt_digest=digest, decode_dp_rank=dp_rank
+    )
 
 
 _DECODERS = {
@@ -203,10 +242,13 @@ def _decode_structured(data: dict, role: Role | None, limits: WireLimits) -> Not
     decoder = _DECODERS.get(kind)
     if decoder is None:
         expected = ", ".join(sorted(_DECODERS))
-        raise WireDecodeError("type", f"unknown message type {kind[:64]!r}; expected one of {expected}")
+        raise WireDecodeError(
+            "type", f"unknown message type {kind[:64]!r}; expected one of {expected}"
+        )
     if role is not None and RECEIVER[kind] is not role:
         raise WireDecodeError(
-            "type", f"{kind!r} is meant for the {RECEIVER[kind].value}, but this listener is the {role.value}"
+            "type",
+            f"{kind!r} is meant for the {RECEIVER[kind].value}, but this listener is the {role.value}",
         )
     transfer_id = data.get("transfer_id")
     if transfer_id is None:

@@ -33,17 +33,26 @@ class Outbox:
     """One destination's sender socket and the messages waiting for it to accept more."""
 
     sock: zmq.Socket
-    backlog: collections.deque = field(default_factory=collections.deque)  # (payload, deadline, tid, kind)
+    backlog: collections.deque = field(
+        default_factory=collections.deque
+    )  # (payload, deadline, tid, kind)
     polling: bool = False  # registered for POLLOUT while the backlog is non-empty
 
 
 class Outboxes:
     """The sender sockets of one transport, at most ``config.max_peers`` of them."""
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, config: TransportConfig,
-                 counts: TransportCounts, fail: FailReport, source: str | None = None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        poller: zmq.Poller,
+        config: TransportConfig,
+        counts: TransportCounts,
+        fail: FailReport,
+        source: str | None = None,
+    ) -> None:
         self._ctx = ctx
-        self._source = source          # the address senders connect from (sockets.source_for)
+        self._source = source  # the address senders connect from (sockets.source_for)
         self._poller = poller
         self._config = config
         self._counts = counts
@@ -71,7 +80,9 @@ class Outboxes:
                         outbox = self._outbox(host, port)
                     except Exception as exc:
                         outbox, last_host = None, None
-                        self._fail(host, port, transfer_id, kind, f"could not open a sender socket: {exc}")
+                        self._fail(
+                            host, port, transfer_id, kind, f"could not open a sender socket: {exc}"
+                        )
                         continue
                     last_host, last_port = host, port
                 if not outbox.backlog:
@@ -88,7 +99,9 @@ class Outboxes:
                 if len(outbox.backlog) >= self._config.send_hwm:
                     self._fail(host, port, transfer_id, kind, "send queue to this peer is full")
                     continue
-                outbox.backlog.append((payload, time.monotonic() + self._config.send_timeout_s, transfer_id, kind))
+                outbox.backlog.append(
+                    (payload, time.monotonic() + self._config.send_timeout_s, transfer_id, kind)
+                )
         finally:
             self._counts.sent += sent
 
@@ -120,8 +133,13 @@ class Outboxes:
             backlog = outbox.backlog
             while backlog and backlog[0][1] <= now:
                 _payload, _deadline, transfer_id, kind = backlog.popleft()
-                self._fail(host, port, transfer_id, kind,
-                           f"peer not reachable within send timeout ({self._config.send_timeout_s}s)")
+                self._fail(
+                    host,
+                    port,
+                    transfer_id,
+                    kind,
+                    f"peer not reachable within send timeout ({self._config.send_timeout_s}s)",
+                )
             if not backlog and outbox.polling:
                 self._poller.unregister(outbox.sock)
                 outbox.polling = False
@@ -141,7 +159,9 @@ class Outboxes:
         config = self._config
         while len(self._boxes) >= config.max_peers:
             (old_host, old_port), old = self._boxes.popitem(last=False)
-            self._discard(old_host, old_port, old, "sender evicted from the peer cache (least recently used)")
+            self._discard(
+                old_host, old_port, old, "sender evicted from the peer cache (least recently used)"
+            )
         sock = self._ctx.socket(zmq.DEALER)  # raises ZMQError, e.g. at libzmq's socket limit
         try:
             sock.setsockopt(zmq.LINGER, config.linger_ms)

@@ -162,7 +162,11 @@ class PeerPolicy:
         for network in self._networks:
             if canonical.version == network.version and canonical in network:
                 return str(canonical)
-        reason = "only loopback is trusted when no peers are configured" if self.loopback_only else "address is not in the trusted peers"
+        reason = (
+            "only loopback is trusted when no peers are configured"
+            if self.loopback_only
+            else "address is not in the trusted peers"
+        )
         raise UntrustedPeerError(host, str(canonical), reason)
 
     def admits_address(self, address: str, addresses_of: Callable[[str], Iterable[str]]) -> bool:
@@ -174,7 +178,7 @@ class PeerPolicy:
         except ValueError:
             return False
         if isinstance(canonical, str):
-            return False                 # libzmq reports addresses, never names
+            return False  # libzmq reports addresses, never names
         if any(canonical.version == n.version and canonical in n for n in self._networks):
             return True
         text = str(canonical)

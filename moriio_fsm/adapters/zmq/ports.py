@@ -19,7 +19,12 @@ def listener_port(base_port: int, *, dp_rank: int, tp_rank: int, tp_size: int) -
     Raises ``ValueError`` naming the argument when a rank is negative, ``tp_rank``
     is not below ``tp_size``, or the result is not a valid TCP port.
     """
-    for name, value in (("base_port", base_port), ("dp_rank", dp_rank), ("tp_rank", tp_rank), ("tp_size", tp_size)):
+    for name, value in (
+        ("base_port", base_port),
+        ("dp_rank", dp_rank),
+        ("tp_rank", tp_rank),
+        ("tp_size", tp_size),
+    ):
         if type(value) is not int:
             raise ValueError(f"{name}: expected an integer, got {type(value).__name__}")
     if base_port < 1 or base_port > _MAX_PORT:
@@ -50,4 +55,6 @@ class RankEndpoint:
 
     @property
     def port(self) -> int:
-        return listener_port(self.base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        return listener_port(
+            self.base_port, dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size
+        )

@@ -101,8 +101,13 @@ class NotifyReceiver:
     """Reads the listener socket's messages in batches: each frame decoded for this rank's role
     and limits, named by its ``Peer``, and delivered to ``deliver`` or rejected."""
 
-    def __init__(self, config: TransportConfig, counts: TransportCounts, log_limiter: LogLimiter,
-                 deliver: Callable[[Delivery], None]) -> None:
+    def __init__(
+        self,
+        config: TransportConfig,
+        counts: TransportCounts,
+        log_limiter: LogLimiter,
+        deliver: Callable[[Delivery], None],
+    ) -> None:
         self.config = config
         self.counts = counts
         self._log_limiter = log_limiter
@@ -122,7 +127,7 @@ class NotifyReceiver:
         if peer is None:
             peer = Peer(identity, _ipv4_if_mapped(address), key)
             if len(peers) >= 4096:
-                peers.pop(next(iter(peers)))     # oldest first
+                peers.pop(next(iter(peers)))  # oldest first
             peers[cache_key] = peer
         return peer
 
@@ -150,7 +155,9 @@ class NotifyReceiver:
                 while sock.getsockopt(zmq.RCVMORE):
                     recv(zmq.NOBLOCK, copy=False)
                     extra += 1
-                self.reject(peer, WireDecodeError("<frame>", f"expected one frame, got {extra + 1}"))
+                self.reject(
+                    peer, WireDecodeError("<frame>", f"expected one frame, got {extra + 1}")
+                )
                 continue
             try:
                 message = decode_notify(frame.bytes, role=role, limits=limits)
@@ -161,7 +168,9 @@ class NotifyReceiver:
                 deliver(Delivery(message, peer, monotonic()))
             except Exception:
                 counts.callback_errors += 1
-                log.exception("zmq.on_message_raised", peer=peer.address, transfer_id=message.transfer_id)
+                log.exception(
+                    "zmq.on_message_raised", peer=peer.address, transfer_id=message.transfer_id
+                )
             else:
                 counts.delivered += 1
 
@@ -169,5 +178,10 @@ class NotifyReceiver:
         """Count and log (rate-limited) a message refused from ``peer``."""
         self.counts.rejected += 1
         if self._log_limiter.allow(time.monotonic()):
-            log.warning("zmq.message_rejected", peer=peer.address, identity=peer.identity.hex(),
-                        field=error.field, reason=error.reason)
+            log.warning(
+                "zmq.message_rejected",
+                peer=peer.address,
+                identity=peer.identity.hex(),
+                field=error.field,
+                reason=error.reason,
+            )

@@ -19,17 +19,17 @@ log = get_logger("moriio_fsm.adapters.zmq")
 class TransportCounts:
     """Event counters of one transport; ``as_dict`` is what ``ZmqTransport.stats`` shows."""
 
-    received: int = 0            # frames read from the notify listener
-    delivered: int = 0           # messages handed to ``on_message``
-    rejected: int = 0            # frames refused: undecodable, wrong role, over the limits
-    callback_errors: int = 0     # ``on_message`` or ``on_send_failure`` raised
+    received: int = 0  # frames read from the notify listener
+    delivered: int = 0  # messages handed to ``on_message``
+    rejected: int = 0  # frames refused: undecodable, wrong role, over the limits
+    callback_errors: int = 0  # ``on_message`` or ``on_send_failure`` raised
     sent: int = 0
     send_failed: int = 0
-    senders_opened: int = 0      # outbound connections made
-    auth_refused: int = 0        # connections ZAP turned away
+    senders_opened: int = 0  # outbound connections made
+    auth_refused: int = 0  # connections ZAP turned away
     handshake_failed: int = 0
     handshakes_served: int = 0
-    io_errors: int = 0           # unexpected errors contained to one socket or command
+    io_errors: int = 0  # unexpected errors contained to one socket or command
 
     def as_dict(self) -> dict[str, int]:
         return {item.name: getattr(self, item.name) for item in fields(self)}

@@ -30,8 +30,15 @@ def _lookup(name: str) -> tuple[str, ...]:
     found = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
     # A Python built without IPv6 gives IPv6 answers as (int, bytes): no peer of this
     # process can come from one, so they are left out.
-    return tuple(sorted({str(canonical_host(address.split("%", 1)[0]))
-                         for address in found if isinstance(address, str)}))
+    return tuple(
+        sorted(
+            {
+                str(canonical_host(address.split("%", 1)[0]))
+                for address in found
+                if isinstance(address, str)
+            }
+        )
+    )
 
 
 def _name_or_addresses(host: str) -> str | tuple[str, ...]:
@@ -53,16 +60,20 @@ class AddressCache:
     remembered for the same time as an empty answer.
     """
 
-    def __init__(self, ttl_s: float = 60.0, max_names: int = 256,
-                 lookup: Callable[[str], tuple[str, ...]] = _lookup,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        ttl_s: float = 60.0,
+        max_names: int = 256,
+        lookup: Callable[[str], tuple[str, ...]] = _lookup,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._ttl = ttl_s
         self._max = max_names
         self._lookup = lookup
         self._clock = clock
         self._lock = threading.Lock()
         self._answers: dict[str, tuple[float, tuple[str, ...]]] = {}
-        self._pending: set[str] = set()          # names a background lookup is resolving
+        self._pending: set[str] = set()  # names a background lookup is resolving
 
     def addresses(self, host: str) -> tuple[str, ...]:
         """``host`` as canonical addresses: itself when it is an address, else what it resolves to."""
@@ -90,8 +101,9 @@ class AddressCache:
             if start:
                 self._pending.add(canonical)
         if start:
-            threading.Thread(target=self._refresh, args=(canonical,), daemon=True,
-                             name="moriio-fsm-resolver").start()
+            threading.Thread(
+                target=self._refresh, args=(canonical,), daemon=True, name="moriio-fsm-resolver"
+            ).start()
         return None if cached is None else cached[1]
 
     def _refresh(self, name: str) -> None:

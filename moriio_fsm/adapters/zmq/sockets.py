@@ -44,7 +44,7 @@ def source_for(local: str | None, host: str) -> str | None:
     if mine.version != theirs.version or mine.is_unspecified:
         return None
     if mine.is_loopback and not theirs.is_loopback:
-        return None                  # a loopback address cannot reach another host
+        return None  # a loopback address cannot reach another host
     return str(mine)
 
 
@@ -57,7 +57,9 @@ def set_keepalive(sock: zmq.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.IPV6, 1)
 
 
-def server_socket(ctx: zmq.Context, config: TransportConfig, kind: int, max_bytes: int) -> zmq.Socket:
+def server_socket(
+    ctx: zmq.Context, config: TransportConfig, kind: int, max_bytes: int
+) -> zmq.Socket:
     """An unbound server socket of ``kind`` that refuses frames above ``max_bytes``."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -78,8 +80,11 @@ def server_socket(ctx: zmq.Context, config: TransportConfig, kind: int, max_byte
 def bind(sock: zmq.Socket, host: str, port: int) -> int:
     """Bind ``sock`` to ``host:port`` (0: an ephemeral port); returns the port bound."""
     if host in ("*", "0.0.0.0", "::"):
-        log.warning("zmq.bind_all_interfaces", host=host,
-                    hint="any host that can reach this port can send control messages")
+        log.warning(
+            "zmq.bind_all_interfaces",
+            host=host,
+            hint="any host that can reach this port can send control messages",
+        )
     if port == 0:
         return sock.bind_to_random_port(tcp_url(host, 0).rsplit(":", 1)[0])
     sock.bind(tcp_url(host, port))

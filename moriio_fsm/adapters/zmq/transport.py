@@ -96,7 +96,9 @@ class ZmqTransport:
         self.policy = PeerPolicy(config.trusted_peers)
         self._on_send_failure = on_send_failure
         self._commands: collections.deque = collections.deque()  # control: handshake, serve, stop
-        self._sends: collections.deque = collections.deque()  # (host, port, payload, transfer_id, kind)
+        self._sends: collections.deque = (
+            collections.deque()
+        )  # (host, port, payload, transfer_id, kind)
         self._wake_pending = False
         self._closed = False  # set once, by close() or when the I/O thread stops
         self._handshake_slots = threading.BoundedSemaphore(config.max_pending_handshakes)
@@ -112,12 +114,14 @@ class ZmqTransport:
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
         self.bind_host = config.bind_host or default_bind_host()
-        self._addresses = AddressCache()     # the trusted names' addresses, for inbound checks
-        self._outboxes = Outboxes(self._ctx, self._poller, config, self.counts, self._fail,
-                                  source=self.bind_host)
+        self._addresses = AddressCache()  # the trusted names' addresses, for inbound checks
+        self._outboxes = Outboxes(
+            self._ctx, self._poller, config, self.counts, self._fail, source=self.bind_host
+        )
         self._handshakes = HandshakeRequests(self._ctx, self._poller, config, self.counts)
-        self._handshake_servers = HandshakeServers(self._ctx, self._poller, config, self.counts,
-                                                   self._reject_handshake_request)
+        self._handshake_servers = HandshakeServers(
+            self._ctx, self._poller, config, self.counts, self._reject_handshake_request
+        )
         self._listener: zmq.Socket | None = None
         self._zap: ZapHandler | None = None
         self._authorized = config.curve.authorized_raw_keys() if config.curve else frozenset()
@@ -125,7 +129,10 @@ class ZmqTransport:
         started = threading.Event()
         failure: list[BaseException] = []
         self._thread = threading.Thread(
-            target=self._run, args=(started, failure), name=f"moriio-zmq-io-{config.role.value}", daemon=True
+            target=self._run,
+            args=(started, failure),
+            name=f"moriio-zmq-io-{config.role.value}",
+            daemon=True,
         )
         self._thread.start()
         started.wait()
@@ -148,10 +155,16 @@ class ZmqTransport:
         host, port = self._destination(destination)
         canonical = self.policy.check(host)
         payload = encode_notify(message, limits=self.config.limits)
-        self._enqueue(self._sends, self.config.max_queued_sends, "max_queued_sends",
-                      (canonical, port, payload, message.transfer_id, message.kind))
+        self._enqueue(
+            self._sends,
+            self.config.max_queued_sends,
+            "max_queued_sends",
+            (canonical, port, payload, message.transfer_id, message.kind),
+        )
 
-    def request_handshake(self, destination: Destination, *, timeout_s: float = 10.0) -> concurrent.futures.Future:
+    def request_handshake(
+        self, destination: Destination, *, timeout_s: float = 10.0
+    ) -> concurrent.futures.Future:
         """Ask a peer's handshake port for its metadata; returns a Future of ``HandshakeReply``.
 
         Raises ``UntrustedPeerError``, ``TransportClosedError`` or
@@ -170,15 +183,25 @@ class ZmqTransport:
         # Every future ends exactly once (result, failure or cancel): that frees its slot.
         future.add_done_callback(self._release_handshake_slot)
         try:
-            self._enqueue(self._commands, self.config.max_queued_commands, "max_queued_commands",
-                          ("handshake", canonical, port, future, time.monotonic() + timeout_s))
+            self._enqueue(
+                self._commands,
+                self.config.max_queued_commands,
+                "max_queued_commands",
+                ("handshake", canonical, port, future, time.monotonic() + timeout_s),
+            )
         except BaseException:
             future.cancel()
             raise
         return future
 
-    def serve_handshake(self, reply: HandshakeReply, *, port: int = 0, bind_host: str | None = None,
-                        timeout_s: float = 10.0) -> int:
+    def serve_handshake(
+        self,
+        reply: HandshakeReply,
+        *,
+        port: int = 0,
+        bind_host: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> int:
         """Answer handshake requests on ``port`` (0: ephemeral) with ``reply``; returns the port.
 
         Raises what the bind raised (``zmq.ZMQError``), ``TransportClosedError``,
@@ -188,8 +211,12 @@ class ZmqTransport:
         frames = encode_handshake_reply(reply)
         host = bind_host or self.bind_host
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(self._commands, self.config.max_queued_commands, "max_queued_commands",
-                      ("serve", host, port, frames, future))
+        self._enqueue(
+            self._commands,
+            self.config.max_queued_commands,
+            "max_queued_commands",
+            ("serve", host, port, frames, future),
+        )
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -234,7 +261,9 @@ class ZmqTransport:
         if type(destination) is not tuple:
             if isinstance(destination, RankEndpoint):
                 return destination.host, destination.port
-            raise ValueError(f"destination: expected a RankEndpoint or (host, port), got {destination!r}")
+            raise ValueError(
+                f"destination: expected a RankEndpoint or (host, port), got {destination!r}"
+            )
         host, port = destination
         if type(port) is not int or not 1 <= port <= 65_535:
             raise ValueError(f"port: expected an integer in 1..65535, got {port!r}")
@@ -315,23 +344,37 @@ class ZmqTransport:
         cfg = self.config
         self._poller.register(self._wake_read, zmq.POLLIN)
         # Bound before any server socket, so no peer is ever let in unchecked.
-        self._zap = ZapHandler(self._ctx, self._poller,
-                               self._authorized if cfg.curve is not None else None,
-                               self.counts, self._log_limiter, admits=self._admits)
+        self._zap = ZapHandler(
+            self._ctx,
+            self._poller,
+            self._authorized if cfg.curve is not None else None,
+            self.counts,
+            self._log_limiter,
+            admits=self._admits,
+        )
         if cfg.listen:
             sock = server_socket(self._ctx, cfg, zmq.ROUTER, cfg.limits.max_message_bytes)
             self.notify_port = bind(sock, self.bind_host, cfg.notify_port)
             self._listener = sock
             self._poller.register(sock, zmq.POLLIN)
-            log.info("zmq.listening", host=self.bind_host, port=self.notify_port, role=cfg.role.value,
-                     curve=cfg.curve is not None)
+            log.info(
+                "zmq.listening",
+                host=self.bind_host,
+                port=self.notify_port,
+                role=cfg.role.value,
+                curve=cfg.curve is not None,
+            )
             if cfg.curve is None and not _is_loopback(self.bind_host):
-                log.warning("zmq.listening_without_curve", host=self.bind_host, port=self.notify_port,
-                            exposure="anyone who can reach this address can send this listener "
-                                     "control messages; a transfer takes them only from the host "
-                                     "its request named, so a host that can forge that address can "
-                                     "still end or fail its transfers; turn on 'curve' to "
-                                     "authenticate peers by key")
+                log.warning(
+                    "zmq.listening_without_curve",
+                    host=self.bind_host,
+                    port=self.notify_port,
+                    exposure="anyone who can reach this address can send this listener "
+                    "control messages; a transfer takes them only from the host "
+                    "its request named, so a host that can forge that address can "
+                    "still end or fail its transfers; turn on 'curve' to "
+                    "authenticate peers by key",
+                )
 
     def _loop(self) -> None:
         poller = self._poller
@@ -415,7 +458,9 @@ class ZmqTransport:
         if op == "handshake":
             future = command[3]
             if not isinstance(exc, HandshakeFailedError):
-                exc = HandshakeFailedError(f"handshake with {command[1]}:{command[2]} failed: {exc}")
+                exc = HandshakeFailedError(
+                    f"handshake with {command[1]}:{command[2]} failed: {exc}"
+                )
         elif op == "serve":
             future = command[4]
         else:
@@ -429,7 +474,13 @@ class ZmqTransport:
 
     def _fail(self, host: str, port: int, transfer_id: str | None, kind: str, reason: str) -> None:
         self.counts.send_failed += 1
-        log.warning("zmq.send_failed", peer=f"{host}:{port}", transfer_id=transfer_id, kind=kind, reason=reason)
+        log.warning(
+            "zmq.send_failed",
+            peer=f"{host}:{port}",
+            transfer_id=transfer_id,
+            kind=kind,
+            reason=reason,
+        )
         if self._on_send_failure is not None:
             try:
                 self._on_send_failure(SendFailure(host, port, transfer_id, kind, reason))
@@ -451,8 +502,13 @@ class ZmqTransport:
     def _close_sockets(self) -> None:
         """Close every socket, then fail everything still queued; each step runs
         even if an earlier one raised, so no caller is left waiting."""
-        steps = (self._outboxes.close, self._handshakes.close, self._close_servers, self._destroy_context,
-                 self._fail_queued)
+        steps = (
+            self._outboxes.close,
+            self._handshakes.close,
+            self._close_servers,
+            self._destroy_context,
+            self._fail_queued,
+        )
         for step in steps:
             try:
                 step()

@@ -11,8 +11,17 @@ import math
 from .messages import BlockIds
 from .wire_limits import WireLimits
 
-__all__ = ["WHOLE_FRAME", "check_blocks", "check_bool", "check_digest", "check_id", "check_int",
-           "check_reason", "check_seconds", "type_name"]
+__all__ = [
+    "WHOLE_FRAME",
+    "check_blocks",
+    "check_bool",
+    "check_digest",
+    "check_id",
+    "check_int",
+    "check_reason",
+    "check_seconds",
+    "type_name",
+]
 
 # The field an error names when it is about the message as a whole.
 WHOLE_FRAME = "<frame>"
@@ -49,7 +58,9 @@ def check_reason(value: object, name: str, limits: WireLimits, error: type) -> s
     if not value:
         raise error(name, "must not be empty (leave the field out instead)")
     if len(value) > limits.max_reason_length:
-        raise error(name, f"{len(value)} characters exceeds the limit of {limits.max_reason_length}")
+        raise error(
+            name, f"{len(value)} characters exceeds the limit of {limits.max_reason_length}"
+        )
     # A reason ends up in logs: spaces are fine, control characters are not.
     if not value.isprintable():
         raise error(name, "must contain only printable characters")
@@ -73,9 +84,7 @@ def check_seconds(value: object, name: str, high: float, error: type) -> float:
     return float(value) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
-def _check_block_list(
-    value: object, name: str, limits: WireLimits, error: type
-) -> tuple[int, ...]:
+def _check_block_list(value: object, name: str, limits: WireLimits, error: type) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
         raise error(name, f"expected a list of block ids, got {type_name(value)}")
     if len(value) > limits.max_blocks:
@@ -93,7 +102,9 @@ def _check_block_list(
 
 def check_blocks(value: object, name: str, limits: WireLimits, error: type) -> BlockIds:
     if not isinstance(value, (tuple, list)):
-        raise error(name, f"expected a list of block ids or of per-group lists, got {type_name(value)}")
+        raise error(
+            name, f"expected a list of block ids or of per-group lists, got {type_name(value)}"
+        )
     if not value:
         raise error(name, "must not be empty")
     if not isinstance(value[0], (tuple, list)):
@@ -114,7 +125,9 @@ def check_blocks(value: object, name: str, limits: WireLimits, error: type) -> B
     if total == 0:
         raise error(name, "every KV cache group is empty")
     if total > limits.max_blocks:
-        raise error(name, f"{total} block ids in all groups exceeds the limit of {limits.max_blocks}")
+        raise error(
+            name, f"{total} block ids in all groups exceeds the limit of {limits.max_blocks}"
+        )
     return tuple(groups)
 
 

@@ -48,16 +48,29 @@ class WireLimits:
 
     def __post_init__(self) -> None:
         for name in (
-            "max_message_bytes", "max_id_length", "max_blocks", "max_groups", "max_block_id",
-            "max_rank", "max_count", "max_map_entries", "max_handshake_bytes", "max_layers",
-            "max_descriptors_per_layer", "max_blob_bytes", "max_reason_length", "max_seq",
+            "max_message_bytes",
+            "max_id_length",
+            "max_blocks",
+            "max_groups",
+            "max_block_id",
+            "max_rank",
+            "max_count",
+            "max_map_entries",
+            "max_handshake_bytes",
+            "max_layers",
+            "max_descriptors_per_layer",
+            "max_blob_bytes",
+            "max_reason_length",
+            "max_seq",
         ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         lease = self.max_lease_s
         if type(lease) not in (int, float) or not math.isfinite(lease) or lease <= 0:
-            raise ValueError(f"max_lease_s: expected a positive finite number of seconds, got {lease!r}")
+            raise ValueError(
+                f"max_lease_s: expected a positive finite number of seconds, got {lease!r}"
+            )
         # UTF-8 needs at most 4 bytes a character; the longest string is an id or a reason.
         text_bytes = 4 * max(self.max_id_length, self.max_reason_length)
         notify = {
@@ -125,7 +138,9 @@ def unpack_bounded(frame: bytes, options: dict, small: dict | None = None) -> An
         try:
             scan.skip()  # allocates nothing
         except msgpack.OutOfData:
-            raise ValueError("incomplete: a length declared in the frame runs past its end") from None
+            raise ValueError(
+                "incomplete: a length declared in the frame runs past its end"
+            ) from None
     return msgpack.unpackb(frame, **_per_frame(options, size))
 
 

@@ -32,8 +32,11 @@ def _refuse(request_id: bytes, why: str) -> tuple[list[bytes], str]:
     return [b"1.0", request_id, b"400", why.encode("ascii"), b"", b""], why
 
 
-def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes] | None,
-              admits: Callable[[str], bool] = lambda address: True) -> tuple[list[bytes], str | None]:
+def zap_reply(
+    frames: Sequence[bytes],
+    authorized: frozenset[bytes] | None,
+    admits: Callable[[str], bool] = lambda address: True,
+) -> tuple[list[bytes], str | None]:
     """Answer one ZAP request: ``(reply frames, refusal reason or None)``.
 
     ``authorized`` holds the admitted client keys as 32-byte binary, or is None when CURVE is
@@ -68,9 +71,15 @@ def zap_reply(frames: Sequence[bytes], authorized: frozenset[bytes] | None,
 class ZapHandler:
     """The context's ZAP socket, bound at construction and served by the I/O thread."""
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, authorized: frozenset[bytes] | None,
-                 counts: TransportCounts, limiter: LogLimiter,
-                 admits: Callable[[str], bool] = lambda address: True) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        poller: zmq.Poller,
+        authorized: frozenset[bytes] | None,
+        counts: TransportCounts,
+        limiter: LogLimiter,
+        admits: Callable[[str], bool] = lambda address: True,
+    ) -> None:
         # 32-byte binary keys, as CurveConfig.authorized_raw_keys gives; None: CURVE is off.
         self._authorized = authorized
         self._admits = admits

@@ -49,8 +49,14 @@ class LoopbackEngineDesc:
 
     def pack(self) -> bytes:
         return msgpack.packb(
-            {"kind": _ENGINE_DESC_KIND, "key": self.key, "pid": self.pid,
-             "hostname": self.hostname, "host": self.host, "port": self.port}
+            {
+                "kind": _ENGINE_DESC_KIND,
+                "key": self.key,
+                "pid": self.pid,
+                "hostname": self.hostname,
+                "host": self.host,
+                "port": self.port,
+            }
         )
 
     @classmethod
@@ -78,8 +84,17 @@ class LoopbackMemoryDesc:
     dtype: str
     shape: tuple[int, ...]
 
-    _FIELDS = ("engine_key", "mem_id", "size", "pid", "region_fd", "region_token",
-               "region_offset", "dtype", "shape")
+    _FIELDS = (
+        "engine_key",
+        "mem_id",
+        "size",
+        "pid",
+        "region_fd",
+        "region_token",
+        "region_offset",
+        "dtype",
+        "shape",
+    )
 
     @property
     def shared(self) -> bool:

@@ -44,9 +44,14 @@ class LoopbackSession(SessionBase):
 
     killable = True
 
-    def __init__(self, engine: LoopbackEngine, local: LoopbackMemoryDesc,
-                 remote: LoopbackMemoryDesc, local_bytes: torch.Tensor,
-                 remote_bytes: torch.Tensor) -> None:
+    def __init__(
+        self,
+        engine: LoopbackEngine,
+        local: LoopbackMemoryDesc,
+        remote: LoopbackMemoryDesc,
+        local_bytes: torch.Tensor,
+        remote_bytes: torch.Tensor,
+    ) -> None:
         super().__init__(engine, local, remote)
         # Holding the byte views keeps both mappings alive while jobs use raw addresses.
         self._local_bytes = local_bytes
@@ -80,8 +85,9 @@ class LoopbackSession(SessionBase):
         self._engine._copy(dst, src, dst_offsets, src_offsets, batch.sizes, batch.total_bytes)
 
 
-def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
-                 sizes: list[int]) -> None:
+def _copy_ranges(
+    dst: int, src: int, dst_offsets: list[int], src_offsets: list[int], sizes: list[int]
+) -> None:
     """Copy each range; ranges adjacent on both sides go as one larger copy.
 
     The per-range work runs inside ``map`` (C loops), because with 64 KiB ranges
@@ -89,19 +95,28 @@ def _copy_ranges(dst: int, src: int, dst_offsets: list[int], src_offsets: list[i
     """
     dst_ends = list(map(operator.add, dst_offsets, sizes))
     src_ends = list(map(operator.add, src_offsets, sizes))
-    follows_on = list(map(operator.and_,
-                          map(operator.eq, dst_offsets[1:], dst_ends),
-                          map(operator.eq, src_offsets[1:], src_ends)))
+    follows_on = list(
+        map(
+            operator.and_,
+            map(operator.eq, dst_offsets[1:], dst_ends),
+            map(operator.eq, src_offsets[1:], src_ends),
+        )
+    )
     if any(follows_on):
         starts = [0] + [i + 1 for i, joined in enumerate(follows_on) if not joined]
         last = [i - 1 for i in starts[1:]] + [len(sizes) - 1]
         dst_offsets = [dst_offsets[i] for i in starts]
         src_offsets = [src_offsets[i] for i in starts]
         sizes = [dst_ends[j] - dst_offsets[k] for k, j in enumerate(last)]
-    deque(map(_memmove,
-              map(operator.add, repeat(dst), dst_offsets),
-              map(operator.add, repeat(src), src_offsets),
-              sizes), maxlen=0)
+    deque(
+        map(
+            _memmove,
+            map(operator.add, repeat(dst), dst_offsets),
+            map(operator.add, repeat(src), src_offsets),
+            sizes,
+        ),
+        maxlen=0,
+    )
 
 
 class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
@@ -121,8 +136,9 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
     # to a helper thread costs more than it saves.
     PARALLEL_COPY_MIN_BYTES = 8 << 20
 
-    def __init__(self, key: str, host: str = "", port: int = 0, *,
-                 copy_threads: int | None = None) -> None:
+    def __init__(
+        self, key: str, host: str = "", port: int = 0, *, copy_threads: int | None = None
+    ) -> None:
         if copy_threads is None:
             copy_threads = min(2, os.cpu_count() or 1)
         if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
@@ -130,7 +146,9 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
         super().__init__(key)
         with _process_lock:
             if key in _process_engine_keys:
-                raise ValueError(f"a LoopbackEngine with key {key!r} is already live in this process")
+                raise ValueError(
+                    f"a LoopbackEngine with key {key!r} is already live in this process"
+                )
             _process_engine_keys.add(key)
         self.faults: LoopbackFaults = LoopbackFaults()
         self._desc = LoopbackEngineDesc(key, os.getpid(), socket.gethostname(), host, int(port))
@@ -142,8 +160,9 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
         self._remote_engines: dict[str, LoopbackEngineDesc] = {}
         self._peer_maps: dict[tuple[int, str], PeerMapping] = {}
         self._helpers = CopyHelpers(copy_threads, f"loopback-{key}")
-        self._worker = threading.Thread(target=serve, args=(self._queue, self._outcomes),
-                                        name=f"loopback-{key}", daemon=True)
+        self._worker = threading.Thread(
+            target=serve, args=(self._queue, self._outcomes), name=f"loopback-{key}", daemon=True
+        )
         self._worker.start()
 
     # -- descriptors and registration ------------------------------------------
@@ -190,15 +209,21 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
         self._require_open("register_torch_tensor")
         address = tensor.data_ptr()
         flat = tensor.reshape(-1).view(torch.uint8)
-        region = next((r for r in self._regions if not r.closed and r.contains(address, nbytes)), None)
+        region = next(
+            (r for r in self._regions if not r.closed and r.contains(address, nbytes)), None
+        )
         with self._lock:
             mem_id = next(self._mem_ids)
             desc = LoopbackMemoryDesc(
-                engine_key=self.key, mem_id=mem_id, size=nbytes, pid=self._desc.pid,
+                engine_key=self.key,
+                mem_id=mem_id,
+                size=nbytes,
+                pid=self._desc.pid,
                 region_fd=region.fd if region else NOT_SHARED,
                 region_token=region.token if region else "",
                 region_offset=address - region.base_address if region else 0,
-                dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
+                dtype=str(tensor.dtype).removeprefix("torch."),
+                shape=tuple(tensor.shape),
             )
             self._memory[mem_id] = (desc, flat)
         with _process_lock:
@@ -229,11 +254,18 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
             local = self._memory.get(local_mem.mem_id) if local_mem.engine_key == self.key else None
             remote_engine = self._remote_engines.get(remote_mem.engine_key)
         if local is None:
-            _log.warning("create_session: local memory %s is not registered with engine %r",
-                         local_mem.mem_id, self.key)
+            _log.warning(
+                "create_session: local memory %s is not registered with engine %r",
+                local_mem.mem_id,
+                self.key,
+            )
             return None
-        if remote_mem.engine_key != self.key and (remote_engine is None or remote_engine.pid != remote_mem.pid):
-            _log.warning("create_session: remote engine %r is not registered", remote_mem.engine_key)
+        if remote_mem.engine_key != self.key and (
+            remote_engine is None or remote_engine.pid != remote_mem.pid
+        ):
+            _log.warning(
+                "create_session: remote engine %r is not registered", remote_mem.engine_key
+            )
             return None
         remote_bytes = self._resolve_remote(remote_mem)
         if remote_bytes is None:
@@ -245,14 +277,20 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
             with _process_lock:
                 found = _process_memory.get((remote.engine_key, remote.mem_id))
             if found is None or found.numel() < remote.size:
-                _log.warning("create_session: memory %s of engine %r is not registered",
-                             remote.mem_id, remote.engine_key)
+                _log.warning(
+                    "create_session: memory %s of engine %r is not registered",
+                    remote.mem_id,
+                    remote.engine_key,
+                )
                 return None
             return found
         if not remote.shared:
-            _log.warning("create_session: memory %s of engine %r is not shared memory; only "
-                         "tensors from allocate_shared_tensor can be reached across processes",
-                         remote.mem_id, remote.engine_key)
+            _log.warning(
+                "create_session: memory %s of engine %r is not shared memory; only "
+                "tensors from allocate_shared_tensor can be reached across processes",
+                remote.mem_id,
+                remote.engine_key,
+            )
             return None
         self._drop_dead_peer_maps()
         cache_key = (remote.pid, remote.region_token)
@@ -260,19 +298,27 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
             mapping = self._peer_maps.get(cache_key)
         if mapping is None:
             try:
-                mapping = PeerMapping(remote.pid, remote.region_fd, remote.region_token,
-                                      remote.region_offset + remote.size)
+                mapping = PeerMapping(
+                    remote.pid,
+                    remote.region_fd,
+                    remote.region_token,
+                    remote.region_offset + remote.size,
+                )
             except RegionUnavailable as exc:
                 _log.warning("create_session: %s", exc)
                 return None
             with self._lock:
                 mapping = self._peer_maps.setdefault(cache_key, mapping)
         if mapping.size < remote.region_offset + remote.size:
-            mapping = PeerMapping(remote.pid, remote.region_fd, remote.region_token,
-                                  remote.region_offset + remote.size)
+            mapping = PeerMapping(
+                remote.pid,
+                remote.region_fd,
+                remote.region_token,
+                remote.region_offset + remote.size,
+            )
             with self._lock:
                 self._peer_maps[cache_key] = mapping
-        return mapping.tensor[remote.region_offset: remote.region_offset + remote.size]
+        return mapping.tensor[remote.region_offset : remote.region_offset + remote.size]
 
     def _drop_dead_peer_maps(self) -> None:
         """Forget mappings of regions whose owner died or closed them.
@@ -300,14 +346,26 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
         return problem
 
     # -- posting and completing ----------------------------------------------
-    def _submit(self, session: LoopbackSession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
+    def _submit(
+        self, session: LoopbackSession, op: str, batch: CheckedBatch
+    ) -> LocalTransferStatus:
         status = LocalTransferStatus()
         sequence = self._queue.number()
         if sequence is not None:
-            verdict = self.faults.decide(PostedTransfer(sequence, op, batch.transfer_uid, session.remote_engine_key,
-                                                        len(batch.sizes), batch.total_bytes))
+            verdict = self.faults.decide(
+                PostedTransfer(
+                    sequence,
+                    op,
+                    batch.transfer_uid,
+                    session.remote_engine_key,
+                    len(batch.sizes),
+                    batch.total_bytes,
+                )
+            )
             status.mark_in_progress()
-            if self._queue.put(Posted(status, session, op, batch, verdict.failure), sequence, verdict):
+            if self._queue.put(
+                Posted(status, session, op, batch, verdict.failure), sequence, verdict
+            ):
                 return status
         status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
         return status
@@ -329,11 +387,22 @@ class LoopbackEngine(EngineBase[LoopbackEngineDesc, LoopbackMemoryDesc]):
             _log.exception("loopback transfer failed unexpectedly")
             return StatusCode.ERR_BAD_STATE, str(exc), None
 
-    def _copy(self, dst: int, src: int, dst_offsets: list[int], src_offsets: list[int],
-              sizes: list[int], total_bytes: int) -> None:
+    def _copy(
+        self,
+        dst: int,
+        src: int,
+        dst_offsets: list[int],
+        src_offsets: list[int],
+        sizes: list[int],
+        total_bytes: int,
+    ) -> None:
         """Copy a batch, splitting a large one across helper threads by bytes."""
-        self._helpers.run(lambda a, b: _copy_ranges(dst, src, dst_offsets[a:b], src_offsets[a:b], sizes[a:b]),
-                          sizes, total_bytes, self.PARALLEL_COPY_MIN_BYTES)
+        self._helpers.run(
+            lambda a, b: _copy_ranges(dst, src, dst_offsets[a:b], src_offsets[a:b], sizes[a:b]),
+            sizes,
+            total_bytes,
+            self.PARALLEL_COPY_MIN_BYTES,
+        )
 
     def close(self) -> None:
         self._closed = True

@@ -16,8 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "BOOL", "BYTES", "CAPSULE", "INT", "SIZE_T", "STR", "UINT16", "UINT32", "UINT64",
-    "Cpp", "NoMatch", "Param", "enum_of", "instance_of", "no_constructor", "signature", "vector_of",
+    "BOOL",
+    "BYTES",
+    "CAPSULE",
+    "INT",
+    "SIZE_T",
+    "STR",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "Cpp",
+    "NoMatch",
+    "Param",
+    "enum_of",
+    "instance_of",
+    "no_constructor",
+    "signature",
+    "vector_of",
 ]
 
 
@@ -184,7 +199,7 @@ class Binding:
         for index, param in enumerate(self.params):
             if index < len(args):
                 if param.name is not None and param.name in kwargs:
-                    raise NoMatch          # given twice
+                    raise NoMatch  # given twice
                 loaded.append(param.cpp.load(args[index]))
             elif param.name is not None and param.name in kwargs:
                 loaded.append(param.cpp.load(kwargs[param.name]))
@@ -200,9 +215,13 @@ class Binding:
 
 def _incompatible(name: str, owner: str, binding: Binding, args: tuple, kwargs: dict) -> TypeError:
     what = "constructor" if name == "__init__" else "function"
-    given = [repr(a) for a in args] + [f"kwargs: {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}"] * bool(kwargs)
-    return TypeError(f"{name}(): incompatible {what} arguments. The following argument types are supported:\n"
-                     f"    1. {binding.shown(owner)}\n\nInvoked with: {', '.join(given)}")
+    given = [repr(a) for a in args] + [
+        f"kwargs: {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}"
+    ] * bool(kwargs)
+    return TypeError(
+        f"{name}(): incompatible {what} arguments. The following argument types are supported:\n"
+        f"    1. {binding.shown(owner)}\n\nInvoked with: {', '.join(given)}"
+    )
 
 
 def signature(owner: str, *params: Param, returns: str = "None", method: bool = True):
@@ -215,6 +234,7 @@ def signature(owner: str, *params: Param, returns: str = "None", method: bool = 
         binding = Binding(function.__name__, tuple(params), returns, method)
 
         if method:
+
             @functools.wraps(function)
             def call(self, *args, **kwargs):
                 try:
@@ -223,6 +243,7 @@ def signature(owner: str, *params: Param, returns: str = "None", method: bool = 
                     raise _incompatible(binding.name, owner, binding, args, kwargs) from None
                 return function(self, *loaded)
         else:
+
             @functools.wraps(function)
             def call(*args, **kwargs):
                 try:
@@ -231,7 +252,7 @@ def signature(owner: str, *params: Param, returns: str = "None", method: bool = 
                     raise _incompatible(binding.name, owner, binding, args, kwargs) from None
                 return function(*loaded)
 
-        call.__binding__ = binding   # type: ignore[attr-defined]
+        call.__binding__ = binding  # type: ignore[attr-defined]
         return call
 
     return bind

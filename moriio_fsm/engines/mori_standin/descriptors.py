@@ -31,8 +31,16 @@ from .binding import (
 )
 from .codes import MemoryLocationType, PeerFailureReason, PollCqMode
 
-__all__ = ["BackendConfig", "EngineDesc", "FabricBackendConfig", "IOEngineConfig", "MemoryDesc",
-           "PeerFailureEvent", "RdmaBackendConfig", "XgmiBackendConfig"]
+__all__ = [
+    "BackendConfig",
+    "EngineDesc",
+    "FabricBackendConfig",
+    "IOEngineConfig",
+    "MemoryDesc",
+    "PeerFailureEvent",
+    "RdmaBackendConfig",
+    "XgmiBackendConfig",
+]
 
 _IPC_HANDLE_SIZE = 64
 
@@ -45,15 +53,19 @@ def _read_write(name: str, cpp: Cpp) -> property:
         try:
             setattr(self, "_" + name, cpp.load(value))
         except NoMatch:
-            raise TypeError(f"(): incompatible function arguments. The following argument types are supported:\n"
-                            f"    1. (self: mori.cpp.{type(self).__name__}, arg0: {cpp.shown}) -> None\n\n"
-                            f"Invoked with: {value!r}") from None
+            raise TypeError(
+                f"(): incompatible function arguments. The following argument types are supported:\n"
+                f"    1. (self: mori.cpp.{type(self).__name__}, arg0: {cpp.shown}) -> None\n\n"
+                f"Invoked with: {value!r}"
+            ) from None
 
     return property(get, set_)
 
 
 def _read_only(name: str, shown: Any = None) -> property:
-    return property(lambda self: shown(getattr(self, "_" + name)) if shown else getattr(self, "_" + name))
+    return property(
+        lambda self: shown(getattr(self, "_" + name)) if shown else getattr(self, "_" + name)
+    )
 
 
 def _expose(kind: type, fields: list[tuple[str, property]]) -> None:
@@ -82,10 +94,16 @@ class BackendConfig:
 
 
 _RDMA_FIELDS = (
-    ("qp_per_transfer", INT, 1), ("post_batch_size", INT, -1), ("num_worker_threads", INT, -1),
-    ("poll_cq_mode", enum_of(PollCqMode), PollCqMode.POLLING), ("enable_notification", BOOL, True),
-    ("notif_per_qp", UINT32, 1024), ("enable_transfer_chunking", BOOL, False), ("chunk_bytes", SIZE_T, 65536),
-    ("max_chunks_per_transfer", INT, 64), ("num_nics_per_transfer", INT, 1),
+    ("qp_per_transfer", INT, 1),
+    ("post_batch_size", INT, -1),
+    ("num_worker_threads", INT, -1),
+    ("poll_cq_mode", enum_of(PollCqMode), PollCqMode.POLLING),
+    ("enable_notification", BOOL, True),
+    ("notif_per_qp", UINT32, 1024),
+    ("enable_transfer_chunking", BOOL, False),
+    ("chunk_bytes", SIZE_T, 65536),
+    ("max_chunks_per_transfer", INT, 64),
+    ("num_nics_per_transfer", INT, 1),
 )
 _RDMA_EXTRA = (("max_send_wr", INT, 0), ("max_cqe_num", INT, 0), ("max_msg_sge", INT, 0))
 
@@ -98,7 +116,9 @@ class RdmaBackendConfig(BackendConfig):
 
     __slots__ = tuple("_" + name for name, _, _ in _RDMA_FIELDS + _RDMA_EXTRA)
 
-    @signature("RdmaBackendConfig", *(Param(cpp, name, default) for name, cpp, default in _RDMA_FIELDS))
+    @signature(
+        "RdmaBackendConfig", *(Param(cpp, name, default) for name, cpp, default in _RDMA_FIELDS)
+    )
     def __init__(self, *values) -> None:
         for (name, _, _), value in zip(_RDMA_FIELDS, values):
             setattr(self, "_" + name, value)
@@ -106,7 +126,10 @@ class RdmaBackendConfig(BackendConfig):
             setattr(self, "_" + name, default)
 
 
-_expose(RdmaBackendConfig, [(name, _read_write(name, cpp)) for name, cpp, _ in _RDMA_FIELDS + _RDMA_EXTRA])
+_expose(
+    RdmaBackendConfig,
+    [(name, _read_write(name, cpp)) for name, cpp, _ in _RDMA_FIELDS + _RDMA_EXTRA],
+)
 
 
 class XgmiBackendConfig(BackendConfig):
@@ -141,7 +164,9 @@ def _unpack_fields(kind: str, packed: bytes, fields: tuple) -> list:
     except Exception as exc:
         raise RuntimeError(f"msgpack: {kind}: {exc}") from None
     if not isinstance(array, list):
-        raise RuntimeError(f"std::bad_cast: a packed {kind} is a msgpack array, got {type(array).__name__}")
+        raise RuntimeError(
+            f"std::bad_cast: a packed {kind} is a msgpack array, got {type(array).__name__}"
+        )
     values = []
     for index, (name, cpp, default) in enumerate(fields):
         if index >= len(array):
@@ -150,7 +175,9 @@ def _unpack_fields(kind: str, packed: bytes, fields: tuple) -> list:
         try:
             values.append(cpp.load(array[index]))
         except NoMatch:
-            raise RuntimeError(f"std::bad_cast: {kind} field {name} cannot be {array[index]!r}") from None
+            raise RuntimeError(
+                f"std::bad_cast: {kind} field {name} cannot be {array[index]!r}"
+            ) from None
     return values
 
 
@@ -181,8 +208,12 @@ def _load_location(value: Any) -> int:
 _WIRE_STR = _strict(STR, str)
 _WIRE_BIN = Cpp("bytes", _load_handle)
 _ENGINE_FIELDS = (
-    ("key", _WIRE_STR, ""), ("node_id", _WIRE_STR, ""), ("hostname", _WIRE_STR, ""), ("host", _WIRE_STR, ""),
-    ("port", _strict(INT, int), 0), ("pid", _strict(INT, int), 0),
+    ("key", _WIRE_STR, ""),
+    ("node_id", _WIRE_STR, ""),
+    ("hostname", _WIRE_STR, ""),
+    ("host", _WIRE_STR, ""),
+    ("port", _strict(INT, int), 0),
+    ("pid", _strict(INT, int), 0),
 )
 
 
@@ -204,13 +235,21 @@ class EngineDesc:
     port: int
     pid: int
     __init__ = no_constructor("EngineDesc")
-    __hash__ = None   # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
     @classmethod
-    def made(cls, key: str, node_id: str, hostname: str, host: str, port: int, pid: int) -> EngineDesc:
+    def made(
+        cls, key: str, node_id: str, hostname: str, host: str, port: int, pid: int
+    ) -> EngineDesc:
         desc = object.__new__(cls)
-        desc._key, desc._node_id, desc._hostname, desc._host, desc._port, desc._pid = \
-            key, node_id, hostname, host, port, pid
+        desc._key, desc._node_id, desc._hostname, desc._host, desc._port, desc._pid = (
+            key,
+            node_id,
+            hostname,
+            host,
+            port,
+            pid,
+        )
         return desc
 
     def _fields(self) -> list:
@@ -236,18 +275,44 @@ class EngineDesc:
 
 _LOC = Cpp("MemoryLocationType", _load_location)
 _MEMORY_FIELDS = (
-    ("engine_key", _WIRE_STR, ""), ("id", _strict(UINT32, int), 0), ("device_id", _strict(INT, int), -1),
-    ("device_bus_id", _WIRE_STR, ""), ("data", _strict(UINT64, int), 0), ("size", _strict(SIZE_T, int), 0),
-    ("loc", _LOC, 0), ("ipc_handle", _WIRE_BIN, bytes(_IPC_HANDLE_SIZE)),
-    ("numa_node", _strict(INT, int), -1), ("ipc_offset", _strict(UINT64, int), 0),
-    ("fabric_handle", _WIRE_BIN, bytes(_IPC_HANDLE_SIZE)), ("vpod_id", _strict(INT, int), -1),
-    ("vpod_ppod_id", _WIRE_STR, ""), ("fabric_offset", _strict(UINT64, int), 0),
+    ("engine_key", _WIRE_STR, ""),
+    ("id", _strict(UINT32, int), 0),
+    ("device_id", _strict(INT, int), -1),
+    ("device_bus_id", _WIRE_STR, ""),
+    ("data", _strict(UINT64, int), 0),
+    ("size", _strict(SIZE_T, int), 0),
+    ("loc", _LOC, 0),
+    ("ipc_handle", _WIRE_BIN, bytes(_IPC_HANDLE_SIZE)),
+    ("numa_node", _strict(INT, int), -1),
+    ("ipc_offset", _strict(UINT64, int), 0),
+    ("fabric_handle", _WIRE_BIN, bytes(_IPC_HANDLE_SIZE)),
+    ("vpod_id", _strict(INT, int), -1),
+    ("vpod_ppod_id", _WIRE_STR, ""),
+    ("fabric_offset", _strict(UINT64, int), 0),
     ("fabric_alloc_size", _strict(UINT64, int), 0),
 )
 # What mori's operator== compares.
-_MEMORY_COMPARED = ("engine_key", "id", "device_id", "device_bus_id", "data", "size", "loc", "numa_node",
-                    "ipc_offset")
-_MEMORY_VISIBLE = ("engine_key", "id", "device_id", "device_bus_id", "numa_node", "data", "size", "ipc_handle")
+_MEMORY_COMPARED = (
+    "engine_key",
+    "id",
+    "device_id",
+    "device_bus_id",
+    "data",
+    "size",
+    "loc",
+    "numa_node",
+    "ipc_offset",
+)
+_MEMORY_VISIBLE = (
+    "engine_key",
+    "id",
+    "device_id",
+    "device_bus_id",
+    "numa_node",
+    "data",
+    "size",
+    "ipc_handle",
+)
 
 
 _expose(EngineDesc, [(name, _read_only(name)) for name, _, _ in _ENGINE_FIELDS])
@@ -270,7 +335,7 @@ class MemoryDesc:
     size: int
     ipc_handle: bytes
     loc: Any
-    __hash__ = None   # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
     @signature("MemoryDesc")
     def __init__(self) -> None:
@@ -287,7 +352,9 @@ class MemoryDesc:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MemoryDesc):
             return NotImplemented
-        return all(getattr(self, "_" + name) == getattr(other, "_" + name) for name in _MEMORY_COMPARED)
+        return all(
+            getattr(self, "_" + name) == getattr(other, "_" + name) for name in _MEMORY_COMPARED
+        )
 
     @signature("MemoryDesc", returns="bytes")
     def pack(self) -> bytes:
@@ -298,15 +365,22 @@ class MemoryDesc:
     @signature("MemoryDesc", Param(BYTES), returns="mori.cpp.MemoryDesc", method=False)
     def unpack(packed: bytes) -> MemoryDesc:
         values = _unpack_fields("MemoryDesc", packed, _MEMORY_FIELDS)
-        return MemoryDesc.made(**{name: value for (name, _, _), value in zip(_MEMORY_FIELDS, values)})
+        return MemoryDesc.made(
+            **{name: value for (name, _, _), value in zip(_MEMORY_FIELDS, values)}
+        )
 
     def __repr__(self) -> str:
-        return (f"<mori.cpp.MemoryDesc object (stand-in) engine_key={self._engine_key!r} id={self._id} "
-                f"size={self._size}>")
+        return (
+            f"<mori.cpp.MemoryDesc object (stand-in) engine_key={self._engine_key!r} id={self._id} "
+            f"size={self._size}>"
+        )
 
 
-_expose(MemoryDesc, [(name, _read_only(name)) for name in _MEMORY_VISIBLE]
-        + [("loc", _read_only("loc", MemoryLocationType.fresh))])
+_expose(
+    MemoryDesc,
+    [(name, _read_only(name)) for name in _MEMORY_VISIBLE]
+    + [("loc", _read_only("loc", MemoryLocationType.fresh))],
+)
 
 _FAILURE_FIELDS = ("remote_engine_key", "reason", "qp_num", "port_num", "device_name", "detail")
 
@@ -324,10 +398,21 @@ class PeerFailureEvent:
     _detail: str
 
     @classmethod
-    def made(cls, remote_engine_key: str, reason: Any, qp_num: int = 0, port_num: int = 0,
-             device_name: str = "standin0", detail: str = "") -> PeerFailureEvent:
+    def made(
+        cls,
+        remote_engine_key: str,
+        reason: Any,
+        qp_num: int = 0,
+        port_num: int = 0,
+        device_name: str = "standin0",
+        detail: str = "",
+    ) -> PeerFailureEvent:
         event = object.__new__(cls)
-        event._remote_engine_key, event._reason, event._qp_num = remote_engine_key, int(reason), qp_num
+        event._remote_engine_key, event._reason, event._qp_num = (
+            remote_engine_key,
+            int(reason),
+            qp_num,
+        )
         event._port_num, event._device_name, event._detail = port_num, device_name, detail
         return event
 
@@ -335,5 +420,8 @@ class PeerFailureEvent:
         return f"<mori.cpp.PeerFailureEvent object (stand-in) {self._remote_engine_key!r} reason={self._reason}>"
 
 
-_expose(PeerFailureEvent, [(name, _read_only(name)) for name in _FAILURE_FIELDS if name != "reason"]
-        + [("reason", _read_only("reason", PeerFailureReason.fresh))])
+_expose(
+    PeerFailureEvent,
+    [(name, _read_only(name)) for name in _FAILURE_FIELDS if name != "reason"]
+    + [("reason", _read_only("reason", PeerFailureReason.fresh))],
+)

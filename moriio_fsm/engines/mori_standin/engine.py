@@ -55,10 +55,14 @@ __all__ = ["HOST", "FAULTS", "IOEngine"]
 _log = logging.getLogger("moriio_fsm.engines.mori_standin")
 
 _RDMA, _XGMI = int(BackendType.RDMA), int(BackendType.XGMI)
-_XGMI_ONLY_PORT = 1            # mori's kXgmiOnlyFallbackPlaceholderPort
-_MAX_PENDING_FAILURES = 1024   # mori's PeerFailureTracker::kMaxPending
+_XGMI_ONLY_PORT = 1  # mori's kXgmiOnlyFallbackPlaceholderPort
+_MAX_PENDING_FAILURES = 1024  # mori's PeerFailureTracker::kMaxPending
 _ERR_BAD_STATE = 14
-_CONFIG_OF = {_RDMA: RdmaBackendConfig, _XGMI: XgmiBackendConfig, int(BackendType.FABRIC): FabricBackendConfig}
+_CONFIG_OF = {
+    _RDMA: RdmaBackendConfig,
+    _XGMI: XgmiBackendConfig,
+    int(BackendType.FABRIC): FabricBackendConfig,
+}
 # Pseudo ephemeral ports for port 0: unique in this process (the stand-in binds no socket).
 _ports = itertools.count(49152)
 
@@ -82,13 +86,27 @@ _OFFSETS = vector_of(vector_of(SIZE_T))
 class IOEngine:
     """One mori engine of this process, known to peers by its ``EngineDesc``."""
 
-    __slots__ = ("_desc", "_lock", "_backends", "_remotes", "_regions", "_next_mem_id", "_next_uid",
-                 "_failures", "_dead_peers", "_device_dead", "_inbound", "_modules", "__weakref__")
+    __slots__ = (
+        "_desc",
+        "_lock",
+        "_backends",
+        "_remotes",
+        "_regions",
+        "_next_mem_id",
+        "_next_uid",
+        "_failures",
+        "_dead_peers",
+        "_device_dead",
+        "_inbound",
+        "_modules",
+        "__weakref__",
+    )
 
     @signature("IOEngine", Param(STR), Param(instance_of(IOEngineConfig)))
     def __init__(self, key: str, config: IOEngineConfig) -> None:
-        self._desc = EngineDesc.made(key, socket.gethostname(), socket.gethostname(), config.host, config.port,
-                                     os.getpid())
+        self._desc = EngineDesc.made(
+            key, socket.gethostname(), socket.gethostname(), config.host, config.port, os.getpid()
+        )
         self._lock = threading.Lock()
         self._backends: dict[int, dict] = {}
         self._remotes: dict[str, EngineDesc] = {}
@@ -114,33 +132,55 @@ class IOEngine:
         kind = int(kind)
         with self._lock:
             if kind in self._backends:
-                _log.warning("[mori stand-in] Backend type %d already exists, skip duplicate creation", kind)
+                _log.warning(
+                    "[mori stand-in] Backend type %d already exists, skip duplicate creation", kind
+                )
                 return
             expected = _CONFIG_OF.get(kind)
             if expected is None:
-                raise RuntimeError(f"stand-in: backend type {kind} is not one mori implements (native asserts)")
+                raise RuntimeError(
+                    f"stand-in: backend type {kind} is not one mori implements (native asserts)"
+                )
             if not isinstance(config, expected):
-                raise RuntimeError(f"stand-in: backend type {kind} given a {type(config).__name__}; native mori "
-                                   f"would read it as a {expected.__name__}")
+                raise RuntimeError(
+                    f"stand-in: backend type {kind} given a {type(config).__name__}; native mori "
+                    f"would read it as a {expected.__name__}"
+                )
             if kind == _RDMA:
                 self._make_rdma(config)
             elif kind == _XGMI:
                 self._backends[_XGMI] = _fields(config, ("num_streams", "num_events"))
             else:
-                raise RuntimeError("FABRIC needs GPU memory on a scale-up fabric; the stand-in host has none")
+                raise RuntimeError(
+                    "FABRIC needs GPU memory on a scale-up fabric; the stand-in host has none"
+                )
 
     def _make_rdma(self, config: RdmaBackendConfig) -> None:
         if not HOST.rdma_device:
             if os.environ.get("MORI_DISABLE_AUTO_XGMI", "")[:1] == "0":
-                raise RuntimeError("no active RDMA device and no usable GPU P2P; cannot create any backend")
-            raise RuntimeError("no active RDMA device on this host; set MORI_DISABLE_AUTO_XGMI=0 to enable "
-                               "XGMI-only fallback")
+                raise RuntimeError(
+                    "no active RDMA device and no usable GPU P2P; cannot create any backend"
+                )
+            raise RuntimeError(
+                "no active RDMA device on this host; set MORI_DISABLE_AUTO_XGMI=0 to enable "
+                "XGMI-only fallback"
+            )
         if self._desc.port == _XGMI_ONLY_PORT:
-            raise RuntimeError(f"IOEngineConfig.port={_XGMI_ONLY_PORT} is reserved as XGMI-only fallback sentinel")
+            raise RuntimeError(
+                f"IOEngineConfig.port={_XGMI_ONLY_PORT} is reserved as XGMI-only fallback sentinel"
+            )
         if self._desc.port == 0:
             self._desc = EngineDesc.made(*self._desc._fields()[:4], next(_ports), self._desc.pid)
-        self._backends[_RDMA] = _fields(config, ("qp_per_transfer", "post_batch_size", "num_worker_threads",
-                                                 "poll_cq_mode", "enable_notification"))
+        self._backends[_RDMA] = _fields(
+            config,
+            (
+                "qp_per_transfer",
+                "post_batch_size",
+                "num_worker_threads",
+                "poll_cq_mode",
+                "enable_notification",
+            ),
+        )
 
     @signature("IOEngine", Param(enum_of(BackendType)))
     def RemoveBackend(self, kind) -> None:
@@ -167,19 +207,34 @@ class IOEngine:
         with self._lock:
             self._remotes.pop(desc.key, None)
 
-    @signature("IOEngine", Param(CAPSULE), Param(SIZE_T), Param(INT), Param(enum_of(MemoryLocationType)),
-               returns="mori.cpp.MemoryDesc")
+    @signature(
+        "IOEngine",
+        Param(CAPSULE),
+        Param(SIZE_T),
+        Param(INT),
+        Param(enum_of(MemoryLocationType)),
+        returns="mori.cpp.MemoryDesc",
+    )
     def RegisterMemory(self, address, size: int, device: int, loc) -> MemoryDesc:
         if int(loc) != int(MemoryLocationType.CPU):
-            raise RuntimeError("stand-in: only host (CPU) memory can be registered; this host has no GPU")
+            raise RuntimeError(
+                "stand-in: only host (CPU) memory can be registered; this host has no GPU"
+            )
         if not address:
             raise RuntimeError("stand-in: cannot register a null pointer")
         with self._lock:
             mem_id = self._next_mem_id
             self._next_mem_id = (self._next_mem_id + 1) & 0xFFFFFFFF
         self._regions.add(Region(mem_id, address, size))
-        return MemoryDesc.made(engine_key=self._desc.key, id=mem_id, device_id=device, data=address, size=size,
-                               loc=int(loc), numa_node=0)
+        return MemoryDesc.made(
+            engine_key=self._desc.key,
+            id=mem_id,
+            device_id=device,
+            data=address,
+            size=size,
+            loc=int(loc),
+            numa_node=0,
+        )
 
     @signature("IOEngine", Param(_MEM))
     def DeregisterMemory(self, desc: MemoryDesc) -> None:
@@ -205,42 +260,98 @@ class IOEngine:
             rdma = _RDMA in self._backends
         if not rdma or peer is None or peer.port == _XGMI_ONLY_PORT:
             return None
-        return Route(self, Region(local.id, local.data, local.size),
-                     RemoteRegion(peer.key, peer.host, peer.port, peer.pid,
-                                  Region(remote.id, remote.data, remote.size)))
+        return Route(
+            self,
+            Region(local.id, local.data, local.size),
+            RemoteRegion(
+                peer.key,
+                peer.host,
+                peer.port,
+                peer.pid,
+                Region(remote.id, remote.data, remote.size),
+            ),
+        )
 
-    @signature("IOEngine", Param(_MEM), Param(SIZE_T), Param(_MEM), Param(SIZE_T), Param(SIZE_T), Param(_STATUS),
-               Param(UINT64))
+    @signature(
+        "IOEngine",
+        Param(_MEM),
+        Param(SIZE_T),
+        Param(_MEM),
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def Read(self, local, local_offset, remote, remote_offset, size, status, uid) -> None:
         self._post("read", local, [local_offset], remote, [remote_offset], [size], status, uid)
 
-    @signature("IOEngine", Param(_MEM), Param(SIZE_T), Param(_MEM), Param(SIZE_T), Param(SIZE_T), Param(_STATUS),
-               Param(UINT64))
+    @signature(
+        "IOEngine",
+        Param(_MEM),
+        Param(SIZE_T),
+        Param(_MEM),
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def Write(self, local, local_offset, remote, remote_offset, size, status, uid) -> None:
         self._post("write", local, [local_offset], remote, [remote_offset], [size], status, uid)
 
-    @signature("IOEngine", Param(vector_of(_MEM)), Param(_OFFSETS), Param(vector_of(_MEM)), Param(_OFFSETS),
-               Param(_OFFSETS), Param(vector_of(_STATUS)), Param(vector_of(UINT64)))
-    def BatchRead(self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids) -> None:
-        self._post_each("read", locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids)
+    @signature(
+        "IOEngine",
+        Param(vector_of(_MEM)),
+        Param(_OFFSETS),
+        Param(vector_of(_MEM)),
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(vector_of(_STATUS)),
+        Param(vector_of(UINT64)),
+    )
+    def BatchRead(
+        self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
+    ) -> None:
+        self._post_each(
+            "read", locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
+        )
 
-    @signature("IOEngine", Param(vector_of(_MEM)), Param(_OFFSETS), Param(vector_of(_MEM)), Param(_OFFSETS),
-               Param(_OFFSETS), Param(vector_of(_STATUS)), Param(vector_of(UINT64)))
-    def BatchWrite(self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids) -> None:
-        self._post_each("write", locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids)
+    @signature(
+        "IOEngine",
+        Param(vector_of(_MEM)),
+        Param(_OFFSETS),
+        Param(vector_of(_MEM)),
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(vector_of(_STATUS)),
+        Param(vector_of(UINT64)),
+    )
+    def BatchWrite(
+        self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
+    ) -> None:
+        self._post_each(
+            "write", locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
+        )
 
-    def _post_each(self, op, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids) -> None:
-        lengths = {len(v) for v in (locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids)}
+    def _post_each(
+        self, op, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
+    ) -> None:
+        lengths = {
+            len(v) for v in (locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids)
+        }
         if len(lengths) != 1:
-            raise RuntimeError("stand-in: the batch's vectors differ in length; native mori only asserts, and "
-                               "reads past the shorter ones")
+            raise RuntimeError(
+                "stand-in: the batch's vectors differ in length; native mori only asserts, and "
+                "reads past the shorter ones"
+            )
         for item in zip(locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids):
             local, lo, remote, ro, size, status, uid = item
             self._post(op, local, lo, remote, ro, size, status, uid)
 
     def _post(self, op, local, local_offsets, remote, remote_offsets, sizes, status, uid) -> None:
         if status is None:
-            raise RuntimeError("stand-in: no TransferStatus (None); native mori would dereference a null pointer")
+            raise RuntimeError(
+                "stand-in: no TransferStatus (None); native mori would dereference a null pointer"
+            )
         route = self._route(local, remote)
         if route is None:
             status.update(_ERR_BAD_STATE, "No available backend found, create backend first")
@@ -262,8 +373,12 @@ class IOEngine:
         with self._lock:
             return self._failures.popleft() if self._failures else None
 
-    @signature("IOEngine", Param(vector_of(_STATUS), "statuses"), Param(INT, "timeout_ms", -1),
-               returns="mori.cpp.StatusCode")
+    @signature(
+        "IOEngine",
+        Param(vector_of(_STATUS), "statuses"),
+        Param(INT, "timeout_ms", -1),
+        returns="mori.cpp.StatusCode",
+    )
     def WaitAll(self, statuses, timeout_ms: int):
         return StatusCode.fresh(wait_all(statuses, timeout_ms))
 
@@ -280,7 +395,10 @@ class IOEngine:
     def standin_backends(self) -> dict[str, dict]:
         """The backends made so far, by name, with the config values mori got."""
         with self._lock:
-            return {BackendType.fresh(kind).name: dict(values) for kind, values in self._backends.items()}
+            return {
+                BackendType.fresh(kind).name: dict(values)
+                for kind, values in self._backends.items()
+            }
 
     def standin_notifications(self) -> bool:
         with self._lock:
@@ -303,8 +421,12 @@ class IOEngine:
         with self._lock:
             return not self._device_dead and remote_key not in self._dead_peers
 
-    def standin_report_peer_failure(self, remote_key: str, reason=PeerFailureReason.PEER_UNREACHABLE,
-                                    detail: str = "injected (stand-in)") -> None:
+    def standin_report_peer_failure(
+        self,
+        remote_key: str,
+        reason=PeerFailureReason.PEER_UNREACHABLE,
+        detail: str = "injected (stand-in)",
+    ) -> None:
         """Record a failure of the peer ``remote_key`` ("" for the whole device), as mori's async event monitor
         would: queue pairs to it are dead from now on, and ``PopPeerFailure`` hands the event out."""
         with self._lock:

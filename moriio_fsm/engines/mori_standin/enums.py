@@ -26,9 +26,11 @@ class PybindEnum:
         try:
             self._value = UINT32.load(value)
         except NoMatch:
-            raise TypeError(f"__init__(): incompatible constructor arguments. The following argument types are "
-                            f"supported:\n    1. mori.cpp.{type(self).__name__}(value: int)\n\n"
-                            f"Invoked with: {value!r}") from None
+            raise TypeError(
+                f"__init__(): incompatible constructor arguments. The following argument types are "
+                f"supported:\n    1. mori.cpp.{type(self).__name__}(value: int)\n\n"
+                f"Invoked with: {value!r}"
+            ) from None
 
     @classmethod
     def fresh(cls, value: int) -> PybindEnum:
@@ -56,7 +58,11 @@ class PybindEnum:
 
     def __eq__(self, other: object) -> bool:
         # pybind11's strict comparison for a scoped enum: another type is never equal.
-        return isinstance(other, PybindEnum) and type(other) is type(self) and other._value == self._value
+        return (
+            isinstance(other, PybindEnum)
+            and type(other) is type(self)
+            and other._value == self._value
+        )
 
     def __ne__(self, other: object) -> bool:
         return not self == other

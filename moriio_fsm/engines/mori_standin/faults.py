@@ -83,13 +83,25 @@ class Faults:
         self._lock = threading.Lock()
         self._rules: list[Fault] = []
 
-    def inject(self, stage: str, *, code: int = _ERR_RDMA_OP, message: str | None = None, landed: int = 0,
-               op: str | None = None, engine_key: str | None = None, hold: Gate | None = None,
-               times: int = 1) -> Fault:
+    def inject(
+        self,
+        stage: str,
+        *,
+        code: int = _ERR_RDMA_OP,
+        message: str | None = None,
+        landed: int = 0,
+        op: str | None = None,
+        engine_key: str | None = None,
+        hold: Gate | None = None,
+        times: int = 1,
+    ) -> Fault:
         """Add a rule (see the module's rules); ``code`` is a mori failure code (11-15)."""
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-        if stage != "hold" and not StatusCode.ERR_INVALID_ARGS.value <= int(code) <= StatusCode.ERR_GPU_OP.value:
+        if (
+            stage != "hold"
+            and not StatusCode.ERR_INVALID_ARGS.value <= int(code) <= StatusCode.ERR_GPU_OP.value
+        ):
             raise ValueError(f"code must be a mori failure code (11-15), got {code!r}")
         if op not in (None, "read", "write"):
             raise ValueError(f"op must be 'read', 'write' or None, got {op!r}")
@@ -97,14 +109,23 @@ class Faults:
             raise ValueError(f"landed must be a count of ranges >= 0, got {landed!r}")
         if stage == "hold" and hold is None:
             hold = Gate()
-        rule = Fault(stage, int(code), message or _MESSAGES.get(stage, ""), landed, op, engine_key, hold, times)
+        rule = Fault(
+            stage,
+            int(code),
+            message or _MESSAGES.get(stage, ""),
+            landed,
+            op,
+            engine_key,
+            hold,
+            times,
+        )
         with self._lock:
             self._rules.append(rule)
         return rule
 
     def hold(self, *, op: str | None = None, engine_key: str | None = None, times: int = 1) -> Gate:
         """Hold the completions of the next matching posts until the returned gate opens."""
-        return self.inject("hold", op=op, engine_key=engine_key, times=times).gate   # type: ignore[return-value]
+        return self.inject("hold", op=op, engine_key=engine_key, times=times).gate  # type: ignore[return-value]
 
     def take(self, engine_key: str, op: str, notifications: bool) -> Fault | None:
         """The first rule matching this post, used up by one."""

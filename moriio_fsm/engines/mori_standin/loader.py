@@ -52,19 +52,27 @@ def load_mori_io(cache: Path | None = None) -> types.ModuleType:
         layer = python_layer(cache)
         _install(layer)
         io = importlib.import_module("mori.io")
-    _log.warning("[mori stand-in] mori.cpp is a STAND-IN (moriio_fsm.engines.mori_standin), not AMD's native mori: "
-                 "host memory only, bytes moved within this process; mori.io is amd-mori %s's own Python layer "
-                 "from %s", PINNED_VERSION, layer)
+    _log.warning(
+        "[mori stand-in] mori.cpp is a STAND-IN (moriio_fsm.engines.mori_standin), not AMD's native mori: "
+        "host memory only, bytes moved within this process; mori.io is amd-mori %s's own Python layer "
+        "from %s",
+        PINNED_VERSION,
+        layer,
+    )
     return io
 
 
 def _refuse_to_shadow() -> None:
     if os.environ.get("MORI_PRECOMPILE", "").lower() in ("1", "true", "on"):
-        raise StandInRefused("MORI_PRECOMPILE is set: importing mori would compile GPU kernels; unset it to load "
-                             "the mori stand-in")
+        raise StandInRefused(
+            "MORI_PRECOMPILE is set: importing mori would compile GPU kernels; unset it to load "
+            "the mori stand-in"
+        )
     if "mori.io" in sys.modules:
-        raise StandInRefused(f"mori.io is already imported here ({sys.modules['mori.io'].__file__!r}); the "
-                             "stand-in never replaces it")
+        raise StandInRefused(
+            f"mori.io is already imported here ({sys.modules['mori.io'].__file__!r}); the "
+            "stand-in never replaces it"
+        )
     try:
         spec = importlib.util.find_spec("mori")
     except (ImportError, ValueError):
@@ -72,19 +80,25 @@ def _refuse_to_shadow() -> None:
     if spec is None:
         return
     if _imports_for_real():
-        raise StandInRefused(f"mori.io imports for real here (from {spec.origin}); use it, not the stand-in")
+        raise StandInRefused(
+            f"mori.io imports for real here (from {spec.origin}); use it, not the stand-in"
+        )
     # A mori whose io layer does not import (its native libraries fail): what an earlier attempt left is dropped.
     if "mori" in sys.modules:
-        _log.warning("[mori stand-in] the mori at %s does not import mori.io here; the stand-in replaces what of "
-                     "it was imported", spec.origin)
+        _log.warning(
+            "[mori stand-in] the mori at %s does not import mori.io here; the stand-in replaces what of "
+            "it was imported",
+            spec.origin,
+        )
         unload()
 
 
 def _imports_for_real() -> bool:
     """Whether ``import mori.io`` succeeds in a child interpreter (a native crash there cannot hurt us)."""
     try:
-        child = subprocess.run([sys.executable, "-c", "import mori.io"], capture_output=True,
-                               timeout=_PROBE_TIMEOUT_S)
+        child = subprocess.run(
+            [sys.executable, "-c", "import mori.io"], capture_output=True, timeout=_PROBE_TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return child.returncode == 0
@@ -93,8 +107,9 @@ def _imports_for_real() -> bool:
 def _install(layer: Path) -> None:
     """Put the wheel's ``mori`` package in ``sys.modules`` with the stand-in as its ``cpp``."""
     package_dir = layer / "mori"
-    spec = importlib.util.spec_from_file_location("mori", package_dir / "__init__.py",
-                                                  submodule_search_locations=[str(package_dir)])
+    spec = importlib.util.spec_from_file_location(
+        "mori", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+    )
     if spec is None or spec.loader is None:
         raise StandInRefused(f"{package_dir} is not a mori package")
     package = importlib.util.module_from_spec(spec)
@@ -103,7 +118,7 @@ def _install(layer: Path) -> None:
     sys.modules["mori.cpp"] = native
     try:
         spec.loader.exec_module(package)
-        package.cpp = native   # type: ignore[attr-defined]
+        package.cpp = native  # type: ignore[attr-defined]
     except BaseException:
         unload()
         raise

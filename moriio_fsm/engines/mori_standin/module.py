@@ -45,7 +45,9 @@ def set_log_level(level: int) -> None:
 
 @signature("module", Param(SIZE_T, "size"), Param(INT, "device"), returns="int", method=False)
 def fabric_alloc(size: int, device: int) -> int:
-    raise RuntimeError("stand-in: fabric_alloc needs GPU memory on a scale-up fabric; this host has none")
+    raise RuntimeError(
+        "stand-in: fabric_alloc needs GPU memory on a scale-up fabric; this host has none"
+    )
 
 
 @signature("module", Param(UINT64, "ptr"), method=False)
@@ -54,13 +56,25 @@ def fabric_free(ptr: int) -> None:
 
 
 _OBJECTS = {
-    "set_log_level": set_log_level, "fabric_alloc": fabric_alloc, "fabric_free": fabric_free,
-    "BackendType": BackendType, "MemoryLocationType": MemoryLocationType, "StatusCode": StatusCode,
-    "PollCqMode": PollCqMode, "PeerFailureReason": PeerFailureReason,
-    "BackendConfig": BackendConfig, "RdmaBackendConfig": RdmaBackendConfig, "XgmiBackendConfig": XgmiBackendConfig,
-    "FabricBackendConfig": FabricBackendConfig, "IOEngineConfig": IOEngineConfig,
-    "TransferStatus": TransferStatus, "EngineDesc": EngineDesc, "MemoryDesc": MemoryDesc,
-    "PeerFailureEvent": PeerFailureEvent, "IOEngineSession": IOEngineSession, "IOEngine": IOEngine,
+    "set_log_level": set_log_level,
+    "fabric_alloc": fabric_alloc,
+    "fabric_free": fabric_free,
+    "BackendType": BackendType,
+    "MemoryLocationType": MemoryLocationType,
+    "StatusCode": StatusCode,
+    "PollCqMode": PollCqMode,
+    "PeerFailureReason": PeerFailureReason,
+    "BackendConfig": BackendConfig,
+    "RdmaBackendConfig": RdmaBackendConfig,
+    "XgmiBackendConfig": XgmiBackendConfig,
+    "FabricBackendConfig": FabricBackendConfig,
+    "IOEngineConfig": IOEngineConfig,
+    "TransferStatus": TransferStatus,
+    "EngineDesc": EngineDesc,
+    "MemoryDesc": MemoryDesc,
+    "PeerFailureEvent": PeerFailureEvent,
+    "IOEngineSession": IOEngineSession,
+    "IOEngine": IOEngine,
 }
 
 #: The names the module binds (enum members exported at module level aside).
@@ -69,11 +83,14 @@ NATIVE_NAMES = frozenset(_OBJECTS)
 
 def make_module() -> types.ModuleType:
     """A fresh ``mori.cpp`` stand-in module object (the classes behind it are shared)."""
-    module = types.ModuleType("mori.cpp", "STAND-IN for mori's native module (moriio_fsm.engines.mori_standin): "
-                                          "host memory only, not AMD's mori")
+    module = types.ModuleType(
+        "mori.cpp",
+        "STAND-IN for mori's native module (moriio_fsm.engines.mori_standin): "
+        "host memory only, not AMD's mori",
+    )
     for name, value in EXPORTED.items():
         setattr(module, name, value)
     for name, value in _OBJECTS.items():
         setattr(module, name, value)
-    module.__standin__ = True   # type: ignore[attr-defined]
+    module.__standin__ = True  # type: ignore[attr-defined]
     return module

@@ -14,7 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["InProcessMover", "Mover", "Problem", "Region", "RegionTable", "RemoteRegion", "mover_for"]
+__all__ = [
+    "InProcessMover",
+    "Mover",
+    "Problem",
+    "Region",
+    "RegionTable",
+    "RemoteRegion",
+    "mover_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +80,14 @@ class Mover(Protocol):
     """Moves ``ranges`` (local offset, remote offset, size) between ``local`` and ``remote``; None when every
     range moved, else why none did."""
 
-    def move(self, op: str, local: Region, local_table: RegionTable, remote: RemoteRegion,
-             ranges: list[tuple[int, int, int]]) -> Problem | None: ...
+    def move(
+        self,
+        op: str,
+        local: Region,
+        local_table: RegionTable,
+        remote: RemoteRegion,
+        ranges: list[tuple[int, int, int]],
+    ) -> Problem | None: ...
 
 
 class InProcessMover:
@@ -86,13 +100,20 @@ class InProcessMover:
     def move(self, op, local, local_table, remote, ranges):
         remote_table = self._find(remote)
         if remote_table is None:
-            return Problem(f"transport retry counter exceeded: engine {remote.engine_key!r} does not answer "
-                           "(stand-in)", peer_unreachable=True)
+            return Problem(
+                f"transport retry counter exceeded: engine {remote.engine_key!r} does not answer "
+                "(stand-in)",
+                peer_unreachable=True,
+            )
         with local_table.lock, remote_table.lock:
             if remote_table.current(remote.region.mem_id) != remote.region:
-                return Problem("remote access error: the remote memory region is not registered (stand-in)")
+                return Problem(
+                    "remote access error: the remote memory region is not registered (stand-in)"
+                )
             if local_table.current(local.mem_id) != local:
-                return Problem("local protection error: the local memory region is not registered (stand-in)")
+                return Problem(
+                    "local protection error: the local memory region is not registered (stand-in)"
+                )
             there_base = remote.region.address
             for local_offset, remote_offset, size in ranges:
                 here, there = local.address + local_offset, there_base + remote_offset
@@ -107,8 +128,10 @@ class _OtherProcess:
     """A region of another process: nothing moves, and the transfer fails saying why."""
 
     def move(self, op, local, local_table, remote, ranges):
-        return Problem(f"stand-in: engine {remote.engine_key!r} is in process {remote.pid}; this stand-in moves "
-                       "bytes between engines of one process only")
+        return Problem(
+            f"stand-in: engine {remote.engine_key!r} is in process {remote.pid}; this stand-in moves "
+            "bytes between engines of one process only"
+        )
 
 
 def mover_for(remote_pid: int, find: Callable[[RemoteRegion], RegionTable | None]) -> Mover:

@@ -29,7 +29,7 @@ _UINT32_MAX = (1 << 32) - 1
 class Route:
     """What a session fixed when it was made: its engine, its local region and the remote one."""
 
-    engine: Any            # the stand-in IOEngine
+    engine: Any  # the stand-in IOEngine
     local: Region
     remote: RemoteRegion
 
@@ -40,13 +40,23 @@ def _batch_problem(route: Route, local_offsets, remote_offsets, sizes) -> str | 
     for local_offset, remote_offset, size in zip(local_offsets, remote_offsets, sizes):
         if size > _UINT32_MAX:
             return f"single request size {size} exceeds UINT32_MAX; split it before submitting"
-        if local_offset + size > route.local.size or remote_offset + size > route.remote.region.size:
+        if (
+            local_offset + size > route.local.size
+            or remote_offset + size > route.remote.region.size
+        ):
             return "length out of range"
     return None
 
 
-def post_batch(route: Route, op: str, local_offsets: list[int], remote_offsets: list[int], sizes: list[int],
-               status: Any, uid: int) -> None:
+def post_batch(
+    route: Route,
+    op: str,
+    local_offsets: list[int],
+    remote_offsets: list[int],
+    sizes: list[int],
+    status: Any,
+    uid: int,
+) -> None:
     """Post one batch of ``op`` ("read" or "write") on ``route``; ``status`` ends on the transfer thread."""
     engine = route.engine
     status.set_code(_IN_PROGRESS)
@@ -59,35 +69,76 @@ def post_batch(route: Route, op: str, local_offsets: list[int], remote_offsets: 
         return
     ranges = list(zip(local_offsets, remote_offsets, sizes))
     if not engine.standin_peer_alive(route.remote.engine_key):
-        submit(_transfer(route, op, status, uid, [], failure=(
-            _ERR_RDMA_OP, "work request flushed: the queue pair to the peer is in error state (stand-in)")))
+        submit(
+            _transfer(
+                route,
+                op,
+                status,
+                uid,
+                [],
+                failure=(
+                    _ERR_RDMA_OP,
+                    "work request flushed: the queue pair to the peer is in error state (stand-in)",
+                ),
+            )
+        )
         return
     fault = engine.standin_fault(op)
     _post_with(route, op, status, uid, ranges, fault)
 
 
-def _post_with(route: Route, op: str, status: Any, uid: int, ranges: list, fault: Fault | None) -> None:
+def _post_with(
+    route: Route, op: str, status: Any, uid: int, ranges: list, fault: Fault | None
+) -> None:
     if fault is None or fault.stage == "hold":
         notify = fault is None and route.engine.standin_notifications()
         submit(_transfer(route, op, status, uid, ranges, gate=fault and fault.gate, notify=notify))
     elif fault.stage == "post":
         # mori's "SQ full": the first ranges were posted and still complete later, into a failed status.
         if fault.landed:
-            submit(_transfer(route, op, status, uid, ranges[:fault.landed], gate=fault.gate))
+            submit(_transfer(route, op, status, uid, ranges[: fault.landed], gate=fault.gate))
         status.update(fault.code, fault.message)
     elif fault.stage == "completion":
-        submit(_transfer(route, op, status, uid, ranges[:fault.landed], failure=(fault.code, fault.message),
-                         gate=fault.gate))
+        submit(
+            _transfer(
+                route,
+                op,
+                status,
+                uid,
+                ranges[: fault.landed],
+                failure=(fault.code, fault.message),
+                gate=fault.gate,
+            )
+        )
     else:
         # A failed notification send: every range still lands.
         submit(_transfer(route, op, status, uid, ranges, gate=fault.gate))
         status.update(fault.code, fault.message)
 
 
-def _transfer(route: Route, op: str, status: Any, uid: int, ranges: list, *, failure=None, gate=None,
-              notify: bool = False) -> Transfer:
+def _transfer(
+    route: Route,
+    op: str,
+    status: Any,
+    uid: int,
+    ranges: list,
+    *,
+    failure=None,
+    gate=None,
+    notify: bool = False,
+) -> Transfer:
     engine = route.engine
-    return Transfer(status=weakref.ref(status), engine=weakref.ref(engine), uid=uid, op=op, local=route.local,
-                    local_table=engine.standin_regions, remote=route.remote, ranges=ranges,
-                    mover=mover_for(route.remote.pid, find_regions), failure=failure, gate=gate,
-                    notify=notify)
+    return Transfer(
+        status=weakref.ref(status),
+        engine=weakref.ref(engine),
+        uid=uid,
+        op=op,
+        local=route.local,
+        local_table=engine.standin_regions,
+        remote=route.remote,
+        ranges=ranges,
+        mover=mover_for(route.remote.pid, find_regions),
+        failure=failure,
+        gate=gate,
+        notify=notify,
+    )

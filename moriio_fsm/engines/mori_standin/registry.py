@@ -30,7 +30,9 @@ def add(engine: Any) -> None:
 def with_key(key: str) -> list[Any]:
     """The live engines named ``key``, newest first."""
     with _lock:
-        found = [(serial, engine) for serial, engine in _engines.items() if engine.standin_key == key]
+        found = [
+            (serial, engine) for serial, engine in _engines.items() if engine.standin_key == key
+        ]
     return [engine for _, engine in sorted(found, key=lambda item: item[0], reverse=True)]
 
 

@@ -50,7 +50,9 @@ class IOEngineSession:
     def _route(self, what: str, status) -> Route | None:
         engine = self._engine()
         if engine is None:
-            record_incident(f"use after free: IOEngineSession.{what} called after its IOEngine was freed")
+            record_incident(
+                f"use after free: IOEngineSession.{what} called after its IOEngine was freed"
+            )
             if status is not None:
                 status.update(_ERR_BAD_STATE, "stand-in: the session's engine is gone")
             return None
@@ -61,19 +63,47 @@ class IOEngineSession:
         route = self._route("AllocateTransferUniqueId", None)
         return 0 if route is None else route.engine.standin_next_uid()
 
-    @signature("IOEngineSession", Param(SIZE_T), Param(SIZE_T), Param(SIZE_T), Param(_STATUS), Param(UINT64))
+    @signature(
+        "IOEngineSession",
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def Read(self, local_offset, remote_offset, size, status, uid) -> None:
         self._post("Read", "read", [local_offset], [remote_offset], [size], status, uid)
 
-    @signature("IOEngineSession", Param(SIZE_T), Param(SIZE_T), Param(SIZE_T), Param(_STATUS), Param(UINT64))
+    @signature(
+        "IOEngineSession",
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(SIZE_T),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def Write(self, local_offset, remote_offset, size, status, uid) -> None:
         self._post("Write", "write", [local_offset], [remote_offset], [size], status, uid)
 
-    @signature("IOEngineSession", Param(_OFFSETS), Param(_OFFSETS), Param(_OFFSETS), Param(_STATUS), Param(UINT64))
+    @signature(
+        "IOEngineSession",
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def BatchRead(self, local_offsets, remote_offsets, sizes, status, uid) -> None:
         self._post("BatchRead", "read", local_offsets, remote_offsets, sizes, status, uid)
 
-    @signature("IOEngineSession", Param(_OFFSETS), Param(_OFFSETS), Param(_OFFSETS), Param(_STATUS), Param(UINT64))
+    @signature(
+        "IOEngineSession",
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(_OFFSETS),
+        Param(_STATUS),
+        Param(UINT64),
+    )
     def BatchWrite(self, local_offsets, remote_offsets, sizes, status, uid) -> None:
         self._post("BatchWrite", "write", local_offsets, remote_offsets, sizes, status, uid)
 
@@ -84,8 +114,10 @@ class IOEngineSession:
 
     def _post(self, what: str, op: str, local_offsets, remote_offsets, sizes, status, uid) -> None:
         if status is None:
-            raise RuntimeError(f"stand-in: IOEngineSession.{what} got no TransferStatus (None); native mori "
-                               "would dereference a null pointer")
+            raise RuntimeError(
+                f"stand-in: IOEngineSession.{what} got no TransferStatus (None); native mori "
+                "would dereference a null pointer"
+            )
         route = self._route(what, status)
         if route is not None:
             post_batch(route, op, local_offsets, remote_offsets, sizes, status, uid)

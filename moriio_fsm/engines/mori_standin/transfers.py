@@ -32,8 +32,8 @@ _IDLE_S = 2.0
 class Transfer:
     """Work posted by one batch: what to move and how its status ends."""
 
-    status: weakref.ref                  # the TransferStatus; Python owns it
-    engine: weakref.ref                  # the posting engine
+    status: weakref.ref  # the TransferStatus; Python owns it
+    engine: weakref.ref  # the posting engine
     uid: int
     op: str
     local: Region
@@ -41,9 +41,9 @@ class Transfer:
     remote: RemoteRegion
     ranges: list[tuple[int, int, int]]
     mover: Mover
-    failure: tuple[int, str] | None = None     # the error completion after ``ranges`` landed
+    failure: tuple[int, str] | None = None  # the error completion after ``ranges`` landed
     gate: Gate | None = None
-    notify: bool = False                       # the target records the transfer once it landed
+    notify: bool = False  # the target records the transfer once it landed
 
 
 class _TransferThread:
@@ -63,7 +63,9 @@ class _TransferThread:
         with self._lock:
             self._queue.append(transfer)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mori-standin-transfers", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="mori-standin-transfers", daemon=True
+                )
                 self._thread.start()
             self._lock.notify_all()
 
@@ -80,8 +82,10 @@ class _TransferThread:
                 self._busy = True
             try:
                 _complete(transfer)
-            except Exception:      # one transfer's trouble must not end the thread every engine uses
-                _log.exception("[mori stand-in] completing batch_%s uid %d raised", transfer.op, transfer.uid)
+            except Exception:  # one transfer's trouble must not end the thread every engine uses
+                _log.exception(
+                    "[mori stand-in] completing batch_%s uid %d raised", transfer.op, transfer.uid
+                )
                 _fail(transfer, "stand-in: the transfer thread raised while completing it")
             finally:
                 with self._lock:
@@ -97,9 +101,10 @@ class _TransferThread:
 def _complete(transfer: Transfer) -> None:
     engine = transfer.engine()
     if engine is None:
-        return                   # the engine is gone, and with it its queues: nothing completes
-    problem = transfer.mover.move(transfer.op, transfer.local, transfer.local_table, transfer.remote,
-                                  transfer.ranges)
+        return  # the engine is gone, and with it its queues: nothing completes
+    problem = transfer.mover.move(
+        transfer.op, transfer.local, transfer.local_table, transfer.remote, transfer.ranges
+    )
     if problem is None and transfer.failure is None and transfer.notify:
         engine.standin_notify_target(transfer.remote, transfer.uid)
     if problem is not None and problem.peer_unreachable:
@@ -113,9 +118,11 @@ def _complete(transfer: Transfer) -> None:
         code, message = _SUCCESS, ""
     status = transfer.status()
     if status is None:
-        record_incident(f"use after free: batch_{transfer.op} uid {transfer.uid} completed with code {code} "
-                         "into a TransferStatus that Python had already freed (native mori would write into "
-                         "freed memory)")
+        record_incident(
+            f"use after free: batch_{transfer.op} uid {transfer.uid} completed with code {code} "
+            "into a TransferStatus that Python had already freed (native mori would write into "
+            "freed memory)"
+        )
         return
     status.update(code, message)
 

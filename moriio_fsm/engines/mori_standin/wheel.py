@@ -20,13 +20,28 @@ from pathlib import Path, PurePosixPath
 
 from ...errors import MoriioFsmError
 
-__all__ = ["PINNED_VERSION", "WHEEL_FILE", "WHEEL_SHA256", "WheelMismatch", "WheelUnavailable", "cache_root",
-           "fetch_wheel", "python_layer"]
+__all__ = [
+    "PINNED_VERSION",
+    "WHEEL_FILE",
+    "WHEEL_SHA256",
+    "WheelMismatch",
+    "WheelUnavailable",
+    "cache_root",
+    "fetch_wheel",
+    "python_layer",
+]
 
 PINNED_VERSION = "1.2.4"
 WHEEL_FILE = f"amd_mori-{PINNED_VERSION}-cp312-cp312-manylinux_2_39_x86_64.whl"
 WHEEL_SHA256 = "52dd1ee81e3f0485e4ddc90e99b42dba64ceb2500ee08564a7ba2f9d1a5ef98c"
-_PIP_TARGET = ("--python-version", "3.12", "--platform", "manylinux_2_39_x86_64", "--implementation", "cp")
+_PIP_TARGET = (
+    "--python-version",
+    "3.12",
+    "--platform",
+    "manylinux_2_39_x86_64",
+    "--implementation",
+    "cp",
+)
 _PIP_TIMEOUT_S = 300.0
 
 
@@ -40,7 +55,9 @@ class WheelMismatch(MoriioFsmError, RuntimeError):
 
 def cache_root() -> Path:
     """Where fetched wheels live: ``$MORIIO_FSM_CACHE`` or ``~/.cache/moriio-fsm``, then ``wheels``."""
-    base = os.environ.get("MORIIO_FSM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "moriio-fsm")
+    base = os.environ.get("MORIIO_FSM_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "moriio-fsm"
+    )
     return Path(base) / "wheels"
 
 
@@ -59,12 +76,26 @@ def fetch_wheel(cache: Path | None = None) -> Path:
     if not wheel.exists():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as scratch:
-            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *_PIP_TARGET,
-                       "--dest", scratch, f"amd-mori=={PINNED_VERSION}"]
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                *_PIP_TARGET,
+                "--dest",
+                scratch,
+                f"amd-mori=={PINNED_VERSION}",
+            ]
             try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S
+                )
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise WheelUnavailable(f"pip download amd-mori=={PINNED_VERSION} failed: {exc}") from None
+                raise WheelUnavailable(
+                    f"pip download amd-mori=={PINNED_VERSION} failed: {exc}"
+                ) from None
             fetched = Path(scratch) / WHEEL_FILE
             if done.returncode != 0 or not fetched.exists():
                 last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -72,8 +103,10 @@ def fetch_wheel(cache: Path | None = None) -> Path:
             os.replace(fetched, wheel)
     found = _digest(wheel)
     if found != WHEEL_SHA256:
-        raise WheelMismatch(f"{wheel} has sha256 {found}, not the pinned wheel's {WHEEL_SHA256}; delete it to "
-                            "fetch it again")
+        raise WheelMismatch(
+            f"{wheel} has sha256 {found}, not the pinned wheel's {WHEEL_SHA256}; delete it to "
+            "fetch it again"
+        )
     return wheel
 
 
@@ -104,7 +137,9 @@ def python_layer(cache: Path | None = None) -> Path:
         try:
             os.rename(scratch, target)
         except OSError:
-            if not (target / "mori" / "io" / "engine.py").exists():   # not another process's finished unpack
+            if not (
+                target / "mori" / "io" / "engine.py"
+            ).exists():  # not another process's finished unpack
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -35,7 +35,10 @@ def _quiet_stdout_logging() -> None:
     """
     nixl_logger = logging.getLogger("nixl")
     for handler in nixl_logger.handlers:
-        if isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) is sys.stdout:
+        if (
+            isinstance(handler, logging.StreamHandler)
+            and getattr(handler, "stream", None) is sys.stdout
+        ):
             handler.setStream(sys.stderr)
     if not os.environ.get("NIXL_LOG_LEVEL"):
         nixl_logger.setLevel(logging.WARNING)
@@ -43,8 +46,13 @@ def _quiet_stdout_logging() -> None:
 
 #: ``probe_nixl(isolated=False, timeout_s=60.0)``: whether ``nixl`` imports here (cached for the process).
 #: A ``nixl`` without any of its per-platform sub-wheels raises ImportError too.
-probe_nixl = ImportProbe("nixl._api", "nixl", "nixl is not installed or has no platform wheel ({exc}); install it "
-                         "with `pip install nixl==1.5.1` (the `nixl` extra)", on_import=_quiet_stdout_logging)
+probe_nixl = ImportProbe(
+    "nixl._api",
+    "nixl",
+    "nixl is not installed or has no platform wheel ({exc}); install it "
+    "with `pip install nixl==1.5.1` (the `nixl` extra)",
+    on_import=_quiet_stdout_logging,
+)
 
 
 def nixl_api() -> Any:

@@ -21,7 +21,9 @@ class NixlEngineDesc(PackedDescriptor, frozen=True, tag="moriio-nixl-engine"):
     """Who a NIXL engine is: its agent name (the engine key) and the agent's packed metadata."""
 
     key: str
-    agent_metadata: bytes  # NIXL's full local metadata: connection info and the memory registered so far
+    agent_metadata: (
+        bytes  # NIXL's full local metadata: connection info and the memory registered so far
+    )
     host: str = ""
     hostname: str = ""
     pid: int = 0

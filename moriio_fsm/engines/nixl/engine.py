@@ -69,36 +69,64 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
     engine_desc_type = NixlEngineDesc
     memory_desc_type = NixlMemoryDesc
 
-    def __init__(self, key: str, host: str = "127.0.0.1", port: int = 0, *,
-                 ucx: dict[str, str] | None = None, transfer_timeout_s: float = 120.0,
-                 idle_progress_s: float = 0.001, min_poll_s: float = 0.00002,
-                 deregister_wait_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        key: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        ucx: dict[str, str] | None = None,
+        transfer_timeout_s: float = 120.0,
+        idle_progress_s: float = 0.001,
+        min_poll_s: float = 0.00002,
+        deregister_wait_s: float = 10.0,
+    ) -> None:
         super().__init__(key)
         if not isinstance(host, str):
             raise TypeError(f"host must be a string, got {type(host).__name__}")
-        for name, value in (("transfer_timeout_s", transfer_timeout_s), ("idle_progress_s", idle_progress_s),
-                            ("min_poll_s", min_poll_s), ("deregister_wait_s", deregister_wait_s)):
+        for name, value in (
+            ("transfer_timeout_s", transfer_timeout_s),
+            ("idle_progress_s", idle_progress_s),
+            ("min_poll_s", min_poll_s),
+            ("deregister_wait_s", deregister_wait_s),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if not idle_progress_s > 0 or not transfer_timeout_s > 0:
-            raise ValueError("idle_progress_s and transfer_timeout_s must be > 0 seconds, got "
-                             f"{idle_progress_s!r} and {transfer_timeout_s!r}")
+            raise ValueError(
+                "idle_progress_s and transfer_timeout_s must be > 0 seconds, got "
+                f"{idle_progress_s!r} and {transfer_timeout_s!r}"
+            )
         api = nixl_api()
         self.ucx_applied = ucx_environment(host, ucx)
         self._api = api
-        config = api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[])
+        config = api.nixl_agent_config(
+            enable_prog_thread=False, enable_listen_thread=False, backends=[]
+        )
         self._agent = api.nixl_agent(key, config)
         if "UCX" not in self._agent.get_plugin_list():
-            raise NixlUnavailableError(f"nixl has no UCX plugin here (plugins: {self._agent.get_plugin_list()})")
+            raise NixlUnavailableError(
+                f"nixl has no UCX plugin here (plugins: {self._agent.get_plugin_list()})"
+            )
         try:
             self._agent.create_backend("UCX", {})
         except Exception as exc:
-            settings = ", ".join(f"{name}={os.environ[name]}" for name in sorted(os.environ)
-                                 if name.startswith("UCX_"))
-            raise NixlUnavailableError(f"NIXL's UCX backend did not start for engine {key!r} ({settings}): "
-                                       f"{type(exc).__name__}: {exc}") from None
-        self._desc = NixlEngineDesc(key=key, agent_metadata=self._agent.get_agent_metadata(), host=host,
-                                    hostname=socket.gethostname(), pid=os.getpid())
+            settings = ", ".join(
+                f"{name}={os.environ[name]}"
+                for name in sorted(os.environ)
+                if name.startswith("UCX_")
+            )
+            raise NixlUnavailableError(
+                f"NIXL's UCX backend did not start for engine {key!r} ({settings}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        self._desc = NixlEngineDesc(
+            key=key,
+            agent_metadata=self._agent.get_agent_metadata(),
+            host=host,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+        )
         self._host = host
         self._port = int(port)
         self._transfer_timeout_s = float(transfer_timeout_s)
@@ -108,7 +136,7 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         # NIXL agents are made without thread synchronisation: every call takes this lock.
         self._agent_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)   # _busy changes
+        self._wake = threading.Condition(self._lock)  # _busy changes
         self._mem_ids = itertools.count(1)
         self._generations = itertools.count(1)
         self._memory: dict[int, Registration] = {}
@@ -135,8 +163,9 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             try:
                 name = self._agent.add_remote_agent(desc.agent_metadata)
             except Exception as exc:
-                raise ValueError(f"NIXL refused the metadata of engine {desc.key!r}: "
-                                 f"{type(exc).__name__}: {exc}") from None
+                raise ValueError(
+                    f"NIXL refused the metadata of engine {desc.key!r}: {type(exc).__name__}: {exc}"
+                ) from None
             name = name.decode() if isinstance(name, bytes) else str(name)
             if name != desc.key:
                 self._forget_agent(name)
@@ -165,8 +194,11 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             with self._agent_lock:
                 self._forget_agent(peer.desc.key)
         else:
-            _log.warning("remote engine %r: transfers still in flight after %.1f s; NIXL keeps it loaded",
-                         peer.desc.key, self._deregister_wait_s)
+            _log.warning(
+                "remote engine %r: transfers still in flight after %.1f s; NIXL keeps it loaded",
+                peer.desc.key,
+                self._deregister_wait_s,
+            )
 
     def _forget_agent(self, name: str) -> None:
         """Drop a remote agent from NIXL (agent lock held); NIXL errors are logged, not raised."""
@@ -200,13 +232,21 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 reg_descs = self._agent.register_memory([(address, nbytes, 0, "")], "DRAM")
                 metadata = self._agent.get_partial_agent_metadata(reg_descs, False)
             except Exception as exc:
-                raise ValueError(f"NIXL refused to register {nbytes} bytes at {address:#x}: "
-                                 f"{type(exc).__name__}: {exc}") from None
+                raise ValueError(
+                    f"NIXL refused to register {nbytes} bytes at {address:#x}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
         with self._lock:
             mem_id = next(self._mem_ids)
-            desc = NixlMemoryDesc(engine_key=self.key, mem_id=mem_id, address=address, size=nbytes,
-                                  dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
-                                  metadata=metadata)
+            desc = NixlMemoryDesc(
+                engine_key=self.key,
+                mem_id=mem_id,
+                address=address,
+                size=nbytes,
+                dtype=str(tensor.dtype).removeprefix("torch."),
+                shape=tuple(tensor.shape),
+                metadata=metadata,
+            )
             self._memory[mem_id] = Registration(desc, tensor, reg_descs)
         return desc
 
@@ -222,8 +262,13 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 return
             quiet = self._wait_idle(("mem", mem.mem_id))
         if not quiet:
-            _log.warning("memory %s of engine %r: a transfer was still in flight after %.1f s; it stays "
-                         "registered and allocated", mem.mem_id, self.key, self._deregister_wait_s)
+            _log.warning(
+                "memory %s of engine %r: a transfer was still in flight after %.1f s; it stays "
+                "registered and allocated",
+                mem.mem_id,
+                self.key,
+                self._deregister_wait_s,
+            )
             _lingering.append(registration)
             return
         with self._agent_lock:
@@ -233,8 +278,12 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         try:
             self._agent.deregister_memory(registration.reg_descs)
         except Exception as exc:
-            _log.warning("NIXL could not deregister memory %s of engine %r: %s; it stays allocated",
-                         registration.desc.mem_id, self.key, exc)
+            _log.warning(
+                "NIXL could not deregister memory %s of engine %r: %s; it stays allocated",
+                registration.desc.mem_id,
+                self.key,
+                exc,
+            )
             _lingering.append(registration)
 
     def _holds(self, mem: NixlMemoryDesc) -> bool:
@@ -253,36 +302,57 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         if self._closed:
             return None
         if local_mem.engine_key != self.key or not self._holds(local_mem):
-            _log.warning("create_session: local memory %s is not registered with engine %r",
-                         local_mem.mem_id, self.key)
+            _log.warning(
+                "create_session: local memory %s is not registered with engine %r",
+                local_mem.mem_id,
+                self.key,
+            )
             return None
         if remote_mem.engine_key == self.key:
             if not self._holds(remote_mem):
-                _log.warning("create_session: memory %s of engine %r is not registered", remote_mem.mem_id, self.key)
+                _log.warning(
+                    "create_session: memory %s of engine %r is not registered",
+                    remote_mem.mem_id,
+                    self.key,
+                )
                 return None
             return NixlSession(self, local_mem, remote_mem, None)
         with self._lock:
             peer = self._peers.get(remote_mem.engine_key)
         if peer is None or peer.gone() is not None:
-            _log.warning("create_session: remote engine %r is not registered%s", remote_mem.engine_key,
-                         f" ({peer.gone()})" if peer is not None else "")
+            _log.warning(
+                "create_session: remote engine %r is not registered%s",
+                remote_mem.engine_key,
+                f" ({peer.gone()})" if peer is not None else "",
+            )
             return None
         if remote_mem.mem_id not in peer.loaded:
             if not remote_mem.metadata:
-                _log.warning("create_session: memory %s of engine %r carries no NIXL metadata",
-                             remote_mem.mem_id, remote_mem.engine_key)
+                _log.warning(
+                    "create_session: memory %s of engine %r carries no NIXL metadata",
+                    remote_mem.mem_id,
+                    remote_mem.engine_key,
+                )
                 return None
             with self._agent_lock:
                 try:
                     name = self._agent.add_remote_agent(remote_mem.metadata)
                 except Exception as exc:
-                    _log.warning("create_session: NIXL refused the metadata of memory %s of engine %r: %s",
-                                 remote_mem.mem_id, remote_mem.engine_key, exc)
+                    _log.warning(
+                        "create_session: NIXL refused the metadata of memory %s of engine %r: %s",
+                        remote_mem.mem_id,
+                        remote_mem.engine_key,
+                        exc,
+                    )
                     return None
             name = name.decode() if isinstance(name, bytes) else str(name)
             if name != remote_mem.engine_key:
-                _log.warning("create_session: the metadata of memory %s of engine %r names NIXL agent %r",
-                             remote_mem.mem_id, remote_mem.engine_key, name)
+                _log.warning(
+                    "create_session: the metadata of memory %s of engine %r names NIXL agent %r",
+                    remote_mem.mem_id,
+                    remote_mem.engine_key,
+                    name,
+                )
                 return None
             peer.loaded.add(remote_mem.mem_id)
         return NixlSession(self, local_mem, remote_mem, peer)
@@ -297,7 +367,9 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 for what in self._uses(posted):
                     self._busy[what] += 1
         if reason is not None:
-            posted.settle(StatusCode.ERR_BAD_STATE if self._closed else StatusCode.ERR_RDMA_OP, reason)
+            posted.settle(
+                StatusCode.ERR_BAD_STATE if self._closed else StatusCode.ERR_RDMA_OP, reason
+            )
             return posted.status
         posted.status.mark_in_progress()
         sequence = self._queue.number()
@@ -315,13 +387,17 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             uses.append(("peer", session._peer.generation))
         return uses
 
-    def _finish(self, posted: Transfer, code: int, message: str = "", *, transport_failed: bool = False) -> None:
+    def _finish(
+        self, posted: Transfer, code: int, message: str = "", *, transport_failed: bool = False
+    ) -> None:
         """Settle a transfer and let go of what it used (the worker, or close)."""
         peer = posted.session._peer
         if transport_failed and peer is not None and peer.broken is None:
             # UCX does not bring an endpoint in error back: later transfers fail at once,
             # until the peer is registered again.
-            peer.broken = f"the transport to engine {peer.desc.key!r} failed ({posted.label}: {message})"
+            peer.broken = (
+                f"the transport to engine {peer.desc.key!r} failed ({posted.label}: {message})"
+            )
         with self._wake:
             for what in self._uses(posted):
                 self._busy[what] -= 1
@@ -331,15 +407,20 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
     def _run(self) -> None:
         active: list[Transfer] = []
         pause = self._min_poll_s
-        while (incoming := self._queue.take(pause if active else self._idle_progress_s)) is not None:
+        while (
+            incoming := self._queue.take(pause if active else self._idle_progress_s)
+        ) is not None:
             for posted in incoming:
                 if self._start(posted):
                     active.append(posted)
             if active:
                 before = len(active)
                 active = [posted for posted in active if not self._check(posted)]
-                pause = self._min_poll_s if incoming or len(active) < before else \
-                    min(pause * 2, self._idle_progress_s)
+                pause = (
+                    self._min_poll_s
+                    if incoming or len(active) < before
+                    else min(pause * 2, self._idle_progress_s)
+                )
             else:
                 self._progress()
         self._abandon(active)
@@ -354,21 +435,30 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         batch = posted.batch
         count = len(batch.sizes)
         local = np.empty((count, 3), dtype=np.uint64)
-        local[:, 0] = np.asarray(batch.local_offsets, dtype=np.uint64) + np.uint64(session.local_mem.address)
+        local[:, 0] = np.asarray(batch.local_offsets, dtype=np.uint64) + np.uint64(
+            session.local_mem.address
+        )
         local[:, 1] = batch.sizes
         local[:, 2] = 0
         remote = local.copy()
-        remote[:, 0] = np.asarray(batch.remote_offsets, dtype=np.uint64) + np.uint64(session.remote_mem.address)
+        remote[:, 0] = np.asarray(batch.remote_offsets, dtype=np.uint64) + np.uint64(
+            session.remote_mem.address
+        )
         peer_name = self.key if session._peer is None else session.remote_engine_key
         with self._agent_lock:
             try:
                 local_descs = self._agent.get_xfer_descs(local, "DRAM")
                 remote_descs = self._agent.get_xfer_descs(remote, "DRAM")
-                posted.handle = self._agent.initialize_xfer(posted.op.upper(), local_descs, remote_descs, peer_name)
+                posted.handle = self._agent.initialize_xfer(
+                    posted.op.upper(), local_descs, remote_descs, peer_name
+                )
             except Exception as exc:
                 not_found = "NotFound" in type(exc).__name__
-                self._finish(posted, StatusCode.ERR_NOT_FOUND if not_found else StatusCode.ERR_BAD_STATE,
-                             f"NIXL refused the transfer request: {type(exc).__name__}: {exc}")
+                self._finish(
+                    posted,
+                    StatusCode.ERR_NOT_FOUND if not_found else StatusCode.ERR_BAD_STATE,
+                    f"NIXL refused the transfer request: {type(exc).__name__}: {exc}",
+                )
                 return False
             try:
                 state = self._agent.transfer(posted.handle)
@@ -389,13 +479,20 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         if time.monotonic() < posted.deadline:
             return False
         if self._cancel(posted):
-            self._finish(posted, StatusCode.ERR_RDMA_OP,
-                         f"not complete after {self._transfer_timeout_s:g} s; cancelled")
+            self._finish(
+                posted,
+                StatusCode.ERR_RDMA_OP,
+                f"not complete after {self._transfer_timeout_s:g} s; cancelled",
+            )
             return True
         if not posted.cancel_failed:
             posted.cancel_failed = True
-            _log.warning("%s of engine %r: NIXL could not cancel it after %g s; it stays in progress",
-                         posted.label, self.key, self._transfer_timeout_s)
+            _log.warning(
+                "%s of engine %r: NIXL could not cancel it after %g s; it stays in progress",
+                posted.label,
+                self.key,
+                self._transfer_timeout_s,
+            )
         posted.deadline = time.monotonic() + 1.0  # try to cancel again later
         return False
 
@@ -407,9 +504,12 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             self._finish(posted, StatusCode.SUCCESS)
         else:
             self._release(posted)
-            self._finish(posted, StatusCode.ERR_RDMA_OP,
-                         f"NIXL reported the transfer failed ({state}): the peer is gone or the transport broke",
-                         transport_failed=True)
+            self._finish(
+                posted,
+                StatusCode.ERR_RDMA_OP,
+                f"NIXL reported the transfer failed ({state}): the peer is gone or the transport broke",
+                transport_failed=True,
+            )
         return True
 
     def _release(self, posted: Transfer) -> None:
@@ -417,7 +517,12 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             try:
                 self._agent.release_xfer_handle(posted.handle)
             except Exception as exc:
-                _log.warning("%s of engine %r: releasing its NIXL handle failed: %s", posted.label, self.key, exc)
+                _log.warning(
+                    "%s of engine %r: releasing its NIXL handle failed: %s",
+                    posted.label,
+                    self.key,
+                    exc,
+                )
                 _lingering.append(posted.handle)
 
     def _cancel(self, posted: Transfer) -> bool:
@@ -445,8 +550,11 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             else:
                 _lingering.append(posted.handle)
                 self._stuck = True
-                self._finish(posted, StatusCode.ERR_BAD_STATE,
-                             closed_text(self.key) + " (NIXL could not cancel it)")
+                self._finish(
+                    posted,
+                    StatusCode.ERR_BAD_STATE,
+                    closed_text(self.key) + " (NIXL could not cancel it)",
+                )
 
     def close(self) -> None:
         """Fail every transfer still queued or in flight (ERR_BAD_STATE), then release NIXL's resources.
@@ -476,7 +584,6 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 self._forget_agent(peer.desc.key)
         # The agent's destructor tears UCX down; nothing of ours can reach it any more.
         self._agent = None
-
 
     def _where(self) -> str:
         return f"host={self._host}"

@@ -55,8 +55,9 @@ class Transfer(Posted):
 class NixlSession(SessionBase):
     """A channel from one local registered tensor to one registered tensor of a peer (or this) engine."""
 
-    def __init__(self, engine: Any, local: NixlMemoryDesc, remote: NixlMemoryDesc,
-                 peer: Peer | None) -> None:
+    def __init__(
+        self, engine: Any, local: NixlMemoryDesc, remote: NixlMemoryDesc, peer: Peer | None
+    ) -> None:
         super().__init__(engine, local, remote)
         self._peer = peer  # None: the remote memory is this engine's own
 
@@ -71,6 +72,9 @@ class NixlSession(SessionBase):
         if not engine._holds(self.local_mem):
             return f"local memory {self.local_mem.mem_id} was deregistered"
         if self._peer is None:
-            return None if engine._holds(self.remote_mem) else \
-                f"memory {self.remote_mem.mem_id} of this engine was deregistered"
+            return (
+                None
+                if engine._holds(self.remote_mem)
+                else f"memory {self.remote_mem.mem_id} of this engine was deregistered"
+            )
         return self._peer.gone() or engine._peer_replaced(self._peer)

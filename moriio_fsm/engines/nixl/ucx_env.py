@@ -29,15 +29,21 @@ _SIOCGIFADDR = 0x8915
 def check_ucx_overrides(where: str, value: Any) -> dict[str, str]:
     """``value`` as a {UCX_NAME: string} dict; raises ``ValueError`` naming the first bad entry."""
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: expected a mapping of UCX_* environment variables to strings, "
-                         f"got {type(value).__name__}")
+        raise ValueError(
+            f"{where}: expected a mapping of UCX_* environment variables to strings, "
+            f"got {type(value).__name__}"
+        )
     checked = {}
     for name, text in value.items():
         if not isinstance(name, str) or not name.startswith("UCX_") or name == "UCX_":
-            raise ValueError(f"{where}: key {name!r} is not a UCX environment variable "
-                             "(expected a name starting with UCX_, e.g. UCX_TLS)")
+            raise ValueError(
+                f"{where}: key {name!r} is not a UCX environment variable "
+                "(expected a name starting with UCX_, e.g. UCX_TLS)"
+            )
         if not isinstance(text, str):
-            raise ValueError(f"{where}[{name!r}]: expected a string, got {type(text).__name__} {text!r}")
+            raise ValueError(
+                f"{where}[{name!r}]: expected a string, got {type(text).__name__} {text!r}"
+            )
         checked[name] = text
     return checked
 
@@ -53,7 +59,9 @@ def interface_of(host: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             try:
-                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                answer = fcntl.ioctl(
+                    probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15])
+                )
             except OSError:
                 continue  # an interface without an IPv4 address
             if socket.inet_ntoa(answer[20:24]) == str(wanted):
@@ -61,8 +69,11 @@ def interface_of(host: str) -> str | None:
     return None
 
 
-def ucx_environment(host: str, overrides: Mapping[str, str] | None = None,
-                    environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+def ucx_environment(
+    host: str,
+    overrides: Mapping[str, str] | None = None,
+    environ: MutableMapping[str, str] | None = None,
+) -> dict[str, str]:
     """Put the UCX variables an engine at ``host`` needs into ``environ`` (os.environ); returns what it set.
 
     Defaults, each only when the variable is unset: ``UCX_TLS=tcp,self,sm``;

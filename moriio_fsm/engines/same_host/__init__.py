@@ -6,12 +6,17 @@ engine refuses to start, saying why, where the kernel's cross-memory calls are m
 """
 
 from .engine import (
-           CrossMemoryEngine,
-           CrossMemoryEngineDesc,
-           CrossMemoryMemoryDesc,
-           CrossMemorySession,
+    CrossMemoryEngine,
+    CrossMemoryEngineDesc,
+    CrossMemoryMemoryDesc,
+    CrossMemorySession,
 )
 from .iovec import CrossMemoryError
 
-__all__ = ["CrossMemoryEngine", "CrossMemoryEngineDesc", "CrossMemoryError", "CrossMemoryMemoryDesc",
-           "CrossMemorySession"]
+__all__ = [
+    "CrossMemoryEngine",
+    "CrossMemoryEngineDesc",
+    "CrossMemoryError",
+    "CrossMemoryMemoryDesc",
+    "CrossMemorySession",
+]

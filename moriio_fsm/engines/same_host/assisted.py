@@ -36,7 +36,7 @@ class AssistedCopy(CopyStrategy):
         self._key = key
         self._tuning = tuning
         self._lock = threading.Lock()
-        self.posted: set[Any] = set()    # writes on a peer's board now, their registrations held
+        self.posted: set[Any] = set()  # writes on a peer's board now, their registrations held
         self.counts = {"jobs": 0, "pieces": 0, "pieces_by_peer": 0}
 
     # -- a whole group at flush time -----------------------------------------------------------
@@ -46,16 +46,20 @@ class AssistedCopy(CopyStrategy):
         too small, too many ranges, memory it cannot read, a full board)."""
         peer = held[0].session.peer
         board = peer.board
-        if op != "write" or board is None or sum(posted.batch.total_bytes for posted in held) \
-                < self._tuning.assist_min_bytes:
+        if (
+            op != "write"
+            or board is None
+            or sum(posted.batch.total_bytes for posted in held) < self._tuning.assist_min_bytes
+        ):
             return None
         job = self._post_group(board, peer, held)
         if job is None:
             return None
         try:
-            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1,
-                                           self._tuning.assist_finish_timeout_s)
-        except OSError as exc:            # TimeoutError, ProcessLookupError
+            by_peer, pieces = board.finish(
+                job, peer.pidfd if peer.gone() is None else -1, self._tuning.assist_finish_timeout_s
+            )
+        except OSError as exc:  # TimeoutError, ProcessLookupError
             return [f"{exc} (engine {peer.desc.key!r})"] * len(held)
         self._count(pieces, by_peer)
         return [None] * len(held)
@@ -69,7 +73,7 @@ class AssistedCopy(CopyStrategy):
         for posted in held:
             session, batch = posted.session, posted.batch
             if session.peer is not peer or not session.helpable(batch):
-                return None   # the peer could not read this memory
+                return None  # the peer could not read this memory
             index = segment_of_session.get(id(session))
             if index is None:
                 index = segment_of_session[id(session)] = len(segments)
@@ -90,23 +94,33 @@ class AssistedCopy(CopyStrategy):
         where the write is not for help or the board is full."""
         session, batch = posted.session, posted.batch
         board = session.peer.board
-        if (posted.op != "write" or not posted.here or board is None
-                or batch.total_bytes < self._tuning.assist_min_bytes
-                or len(batch.sizes) > board.MAX_RANGES or not session.helpable(batch)):
+        if (
+            posted.op != "write"
+            or not posted.here
+            or board is None
+            or batch.total_bytes < self._tuning.assist_min_bytes
+            or len(batch.sizes) > board.MAX_RANGES
+            or not session.helpable(batch)
+        ):
             return None
         if session.hold() is not None:
-            return None          # refused: the copy at the end says why
+            return None  # refused: the copy at the end says why
         job = None
         try:
-            job = board.post([session.assist_segment()], [0] * len(batch.sizes), batch.local_offsets,
-                             batch.remote_offsets, batch.sizes)
+            job = board.post(
+                [session.assist_segment()],
+                [0] * len(batch.sizes),
+                batch.local_offsets,
+                batch.remote_offsets,
+                batch.sizes,
+            )
         finally:
             if job is None:
                 session.let_go()
         if job is None:
             return None
         with self._lock:
-            self.posted.add(posted)   # close gives up what is still posted
+            self.posted.add(posted)  # close gives up what is still posted
         return board, job
 
     def finish(self, posts: list[Any]) -> list[tuple[int, str]]:
@@ -119,10 +133,12 @@ class AssistedCopy(CopyStrategy):
         waited: list[tuple[int, tuple | None, Any]] = []
         outcomes: list[tuple[int, str]] = [(StatusCode.ERR_BAD_STATE, "")] * len(posts)
         try:
-            self._copy_left([(posts[index], job) for index, job in pending.items() if job is not None])
+            self._copy_left(
+                [(posts[index], job) for index, job in pending.items() if job is not None]
+            )
             for index, posted in enumerate(posts):
                 job = pending.pop(index)
-                ended = None                 # let go below, even if the wait is cut short
+                ended = None  # let go below, even if the wait is cut short
                 try:
                     ended = self._wait_for_helper(posted, job)
                 finally:
@@ -132,7 +148,7 @@ class AssistedCopy(CopyStrategy):
                 if job is not None:
                     try:
                         self.give_up_taken(posts[index], job)
-                    except Exception:    # its registrations went all the same; the others still go
+                    except Exception:  # its registrations went all the same; the others still go
                         _log.exception("copy assist: giving up a job failed")
             for index, job, ended in waited:
                 try:
@@ -153,7 +169,7 @@ class AssistedCopy(CopyStrategy):
             return
         try:
             copy_left([job for _, job in live], [posted.session.stop_word for posted, _ in live])
-        except Exception:   # each job's finish still copies what is left
+        except Exception:  # each job's finish still copies what is left
             _log.exception("copy assist: copying the pieces left failed")
 
     def _wait_for_helper(self, posted: Any, taken: tuple | None):
@@ -170,13 +186,20 @@ class AssistedCopy(CopyStrategy):
         peer = session.peer
         try:
             reason = session.why_dead()
-            by_peer, pieces = board.finish(job, peer.pidfd if peer.gone() is None else -1,
-                                           self._tuning.assist_finish_timeout_s, copy=reason is None)
-        except OSError as exc:          # TimeoutError, ProcessLookupError
+            by_peer, pieces = board.finish(
+                job,
+                peer.pidfd if peer.gone() is None else -1,
+                self._tuning.assist_finish_timeout_s,
+                copy=reason is None,
+            )
+        except OSError as exc:  # TimeoutError, ProcessLookupError
             return exc.with_traceback(None)
-        except Exception as exc:        # a bug: said with its traceback as text, so that a kept
+        except Exception as exc:  # a bug: said with its traceback as text, so that a kept
             # log record does not keep the job's frames, and with them the board's mapping, alive
-            _log.error("cross-memory transfer failed unexpectedly:\n%s", "".join(traceback.format_exception(exc)))
+            _log.error(
+                "cross-memory transfer failed unexpectedly:\n%s",
+                "".join(traceback.format_exception(exc)),
+            )
             return exc.with_traceback(None)
         posted.ended_at = time.monotonic()
         return by_peer, pieces, reason
@@ -185,12 +208,12 @@ class AssistedCopy(CopyStrategy):
         """Let go of a write posted for help once ``_wait_for_helper`` saw it end (``ended``: what
         it returned; None: it never ran); the outcome."""
         session = posted.session
-        if taken is None:                  # given up by close meanwhile
+        if taken is None:  # given up by close meanwhile
             return session.failure(closed_text(self._key))
-        if ended is None:                  # an exception came before the wait: nothing more is copied
+        if ended is None:  # an exception came before the wait: nothing more is copied
             try:
                 self.give_up_taken(posted, taken)
-            except RuntimeError:           # it was finished already; its registrations went all the same
+            except RuntimeError:  # it was finished already; its registrations went all the same
                 pass
             return StatusCode.ERR_BAD_STATE, "the engine failed to carry it out"
         session.let_go()
@@ -200,7 +223,7 @@ class AssistedCopy(CopyStrategy):
             return StatusCode.ERR_BAD_STATE, str(ended)
         by_peer, pieces, reason = ended
         self._count(pieces, by_peer)
-        reason = reason or session.why_dead()   # or killed while the copy ran
+        reason = reason or session.why_dead()  # or killed while the copy ran
         return session.failure(reason) if reason is not None else session.after_copy()
 
     # -- ending a write on the board without its copy ------------------------------------------
@@ -225,7 +248,7 @@ class AssistedCopy(CopyStrategy):
         try:
             board.finish(job, -1, self._tuning.assist_finish_timeout_s, copy=False)
         except OSError:
-            pass          # the helper did not leave in time: nothing more can be done for it
+            pass  # the helper did not leave in time: nothing more can be done for it
         finally:
             posted.session.let_go()
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 try:
     import moriio_fsm.engines.same_host._copy_assist as _copy_assist
-except ImportError:          # built without a C compiler: no assist, every writer copies alone
+except ImportError:  # built without a C compiler: no assist, every writer copies alone
     _copy_assist = None
 
 __all__ = ["AssistBoard", "PeerBoard", "available", "copy_left", "job_slot", "DESC_MAX"]
@@ -84,7 +84,11 @@ class _Writer:
     def pages_like(self, desc) -> PeerPages | None:
         """Pages of this writer mapped here already that ``desc`` names too (one mapping per memfd)."""
         for pages, start in self.sources.values():
-            if pages.token == desc.shared_token and pages.size == desc.shared_size and start == desc.shared_start:
+            if (
+                pages.token == desc.shared_token
+                and pages.size == desc.shared_size
+                and start == desc.shared_start
+            ):
                 return pages
         return None
 
@@ -96,7 +100,9 @@ class _Allowance:
 
     def __init__(self, burst: int, per_second: float, remembered: int) -> None:
         self._burst, self._rate, self._remembered = burst, per_second, remembered
-        self._buckets: OrderedDict[int, tuple[float, float]] = OrderedDict()   # pid -> (attempts left, when)
+        self._buckets: OrderedDict[int, tuple[float, float]] = (
+            OrderedDict()
+        )  # pid -> (attempts left, when)
 
     def take(self, pid: int) -> bool:
         now = _now()
@@ -143,15 +149,19 @@ class AssistBoard:
 
     def __init__(self, unpack_memory_desc) -> None:
         if _copy_assist is None:
-            raise RuntimeError("copy assist needs the native module _copy_assist, which this install lacks")
-        self._unpack = unpack_memory_desc   # bytes -> a memory descriptor (pid, mem_id, shared_* fields)
+            raise RuntimeError(
+                "copy assist needs the native module _copy_assist, which this install lacks"
+            )
+        self._unpack = (
+            unpack_memory_desc  # bytes -> a memory descriptor (pid, mem_id, shared_* fields)
+        )
         # Sealed: a writer that could shrink the board would kill this process in its serving loop.
         self._region, memory = SharedRegion.allocate(_copy_assist.BOARD_BYTES, sealed=True)
         self._memory: torch.Tensor | None = memory
         self.address = memory.data_ptr()
         _copy_assist.init_board(self.address)
         self._helper = _copy_assist.serve(self.address)
-        self._lock = threading.Lock()        # the mappings below, for help called on several threads
+        self._lock = threading.Lock()  # the mappings below, for help called on several threads
         self._writers: dict[int, _Writer] = {}
         self._allowance = _Allowance(self.WRITER_BURST, self.WRITER_RATE, self.WRITERS_REMEMBERED)
         self._counts = {"registrations_refused": 0, "registrations_deferred": 0, "slots_freed": 0}
@@ -186,13 +196,13 @@ class AssistBoard:
             return 0
         try:
             copied, named_unknown = _copy_assist.help(self._helper, wait_s, linger_s)
-        except RuntimeError:      # closed meanwhile
+        except RuntimeError:  # closed meanwhile
             return 0
         if named_unknown:
             with self._lock:
                 try:
                     self._map_named()
-                except RuntimeError:      # closed meanwhile: close lets go of every mapping
+                except RuntimeError:  # closed meanwhile: close lets go of every mapping
                     pass
         if _now() >= self._next_sweep:
             self.sweep()
@@ -206,11 +216,14 @@ class AssistBoard:
             try:
                 self._forget_exited()
                 self._free_dead_posters()
-            except RuntimeError:          # closed meanwhile
+            except RuntimeError:  # closed meanwhile
                 return
             if self._refusals_unsaid:
-                _log.warning("copy assist: %d more writers' registrations cannot be mapped here; their writes are "
-                             "copied by the writers alone", self._refusals_unsaid)
+                _log.warning(
+                    "copy assist: %d more writers' registrations cannot be mapped here; their writes are "
+                    "copied by the writers alone",
+                    self._refusals_unsaid,
+                )
             self._refusals_said = self._refusals_unsaid = 0
 
     def interrupt(self) -> None:
@@ -223,7 +236,10 @@ class AssistBoard:
         window (``refused``); writers' registrations mapped here now, refused, and put off for
         their writer's allowance; board slots freed after their writer died."""
         with self._lock:
-            counts = dict(self._counts, registrations_mapped=sum(len(w.sources) for w in self._writers.values()))
+            counts = dict(
+                self._counts,
+                registrations_mapped=sum(len(w.sources) for w in self._writers.values()),
+            )
         if self._closed:
             return {"jobs": 0, "ranges": 0, "bytes": 0, "refused": 0, **counts}
         return {**_copy_assist.stats(self._helper), **counts}
@@ -241,24 +257,34 @@ class AssistBoard:
         """Map a writer's registration and let helping read it, or refuse it for good (logged)."""
         known = self._writers.get(pid)
         if known is not None and len(known.sources) >= self.SOURCES_PER_WRITER:
-            self._refuse(pid, mem_id, token, f"process {pid} has {self.SOURCES_PER_WRITER} registrations mapped here")
+            self._refuse(
+                pid,
+                mem_id,
+                token,
+                f"process {pid} has {self.SOURCES_PER_WRITER} registrations mapped here",
+            )
             return
         writer = known or _Writer(-1)
         try:
             desc = self._described(pid, mem_id, token, packed)
             if known is None:
-                writer.pidfd = os.pidfd_open(pid)   # before mapping: a pid reused meanwhile shows as exited below
-            pages = writer.pages_like(desc) or PeerPages(desc.pid, desc.shared_fd, desc.shared_token,
-                                                         desc.shared_size, desc.shared_start)
+                writer.pidfd = os.pidfd_open(
+                    pid
+                )  # before mapping: a pid reused meanwhile shows as exited below
+            pages = writer.pages_like(desc) or PeerPages(
+                desc.pid, desc.shared_fd, desc.shared_token, desc.shared_size, desc.shared_start
+            )
             if _exited(writer.pidfd):
                 raise RegionUnavailable(f"process {pid} exited")
             low = desc.shared_start - desc.address
-            _copy_assist.add_source(self._helper, pid, mem_id, token, pages.address - low, low, low + desc.shared_size)
-        except Exception as exc:     # noqa: BLE001 - a writer's bad descriptor must not end the caller's loop
+            _copy_assist.add_source(
+                self._helper, pid, mem_id, token, pages.address - low, low, low + desc.shared_size
+            )
+        except Exception as exc:  # noqa: BLE001 - a writer's bad descriptor must not end the caller's loop
             if known is None and writer.pidfd >= 0:
                 os.close(writer.pidfd)
             if isinstance(exc, RuntimeError):
-                raise                       # closed meanwhile: nothing to refuse
+                raise  # closed meanwhile: nothing to refuse
             self._refuse(pid, mem_id, token, str(exc))
             return
         writer.sources[(mem_id, token)] = (pages, desc.shared_start)
@@ -267,9 +293,15 @@ class AssistBoard:
     def _described(self, pid: int, mem_id: int, token: bytes, packed: bytes):
         """The descriptor a job or introduction carries, if it is of the registration it names."""
         desc = self._unpack(packed)
-        if (desc.pid, desc.mem_id, desc.shared_token.encode()) != (pid, mem_id, token) or not desc.shares_pages:
-            raise ValueError(f"the descriptor names memory {desc.mem_id} of process {desc.pid}, "
-                             f"{'with' if desc.shares_pages else 'without'} shared pages")
+        if (desc.pid, desc.mem_id, desc.shared_token.encode()) != (
+            pid,
+            mem_id,
+            token,
+        ) or not desc.shares_pages:
+            raise ValueError(
+                f"the descriptor names memory {desc.mem_id} of process {desc.pid}, "
+                f"{'with' if desc.shares_pages else 'without'} shared pages"
+            )
         return desc
 
     def _refuse(self, pid: int, mem_id: int, token: bytes, why: str) -> None:
@@ -281,15 +313,22 @@ class AssistBoard:
             self._refusals_unsaid += 1
             return
         self._refusals_said += 1
-        _log.warning("copy assist: memory %s of process %s cannot be mapped here (%s); its writes are copied by "
-                     "the writer alone", mem_id, pid, why)
+        _log.warning(
+            "copy assist: memory %s of process %s cannot be mapped here (%s); its writes are copied by "
+            "the writer alone",
+            mem_id,
+            pid,
+            why,
+        )
 
     def _forget_exited(self) -> None:
         """Let go of exited writers' pages, so that a dead writer's KV cache does not stay resident."""
         for pid, writer in list(self._writers.items()):
             if _exited(writer.pidfd):
                 for mem_id in {mem_id for mem_id, _ in writer.sources}:
-                    _copy_assist.drop_source(self._helper, pid, mem_id)   # waits for a job reading them
+                    _copy_assist.drop_source(
+                        self._helper, pid, mem_id
+                    )  # waits for a job reading them
                 del self._writers[pid]
                 os.close(writer.pidfd)
 
@@ -301,8 +340,12 @@ class AssistBoard:
             return
         freed = Counter(pid for _, _, pid in _copy_assist.free_dead(self._helper, stale))
         for pid, slots in freed.items():
-            _log.warning("copy assist: writer process %s died with %d job(s) on the board; their slots are free "
-                         "again", pid, slots)
+            _log.warning(
+                "copy assist: writer process %s died with %d job(s) on the board; their slots are free "
+                "again",
+                pid,
+                slots,
+            )
         self._counts["slots_freed"] += sum(freed.values())
 
     def close(self) -> None:
@@ -310,13 +353,15 @@ class AssistBoard:
         if self._closed:
             return
         self._closed = True
-        _copy_assist.close(self._helper)   # waits for help calls in progress; none touches the board after
+        _copy_assist.close(
+            self._helper
+        )  # waits for help calls in progress; none touches the board after
         with self._lock:
             for writer in self._writers.values():
                 os.close(writer.pidfd)
             self._writers.clear()
         self._region.close()
-        self._memory = None    # unmapped once collected: after close no help call touches the board
+        self._memory = None  # unmapped once collected: after close no help call touches the board
 
 
 class PeerBoard:
@@ -324,7 +369,9 @@ class PeerBoard:
 
     def __init__(self, pid: int, fd: int, token: str) -> None:
         if _copy_assist is None:
-            raise RuntimeError("copy assist needs the native module _copy_assist, which this install lacks")
+            raise RuntimeError(
+                "copy assist needs the native module _copy_assist, which this install lacks"
+            )
         # Sealed, or refused: a board its owner (or another writer) could shrink would kill this
         # process in ``post``.
         self._mapping = PeerMapping(pid, fd, token, _copy_assist.BOARD_BYTES, sealed=True)
@@ -346,11 +393,15 @@ class PeerBoard:
         if the write cannot go on a board (logged; the caller then copies it alone)."""
         try:
             # The job holds this object, and with it the mapping, until it is freed.
-            return _copy_assist.post(self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes,
-                                     self)
-        except ValueError as exc:   # cannot happen for an engine's checked batches
+            return _copy_assist.post(
+                self.address, segments, segment_of_range, src_offsets, dst_offsets, sizes, self
+            )
+        except ValueError as exc:  # cannot happen for an engine's checked batches
             # The text, not the exception: a kept log record must not keep this mapping alive.
-            _log.warning("copy assist: a write could not be posted (%s); it is copied by the writer alone", str(exc))
+            _log.warning(
+                "copy assist: a write could not be posted (%s); it is copied by the writer alone",
+                str(exc),
+            )
             return None
 
     def finish(self, job, pidfd: int, timeout_s: float, copy: bool = True) -> tuple[int, int]:

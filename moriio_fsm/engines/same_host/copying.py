@@ -44,33 +44,71 @@ class RangeCopy(CopyStrategy):
 
     def _copy_one(self, op: str, pid: int, posted: Any) -> str | None:
         session, batch = posted.session, posted.batch
-        reason = session.why_dead()      # killed while the joint call ran: copy nothing more
+        reason = session.why_dead()  # killed while the joint call ran: copy nothing more
         if reason is not None:
             return reason
         remote_base = session.mapped_remote_address if self.here else session.remote_mem.address
         try:
-            self.move(op, pid, session.local_mem.address, remote_base, batch.local_offsets, batch.remote_offsets,
-                      batch.sizes, batch.total_bytes)
+            self.move(
+                op,
+                pid,
+                session.local_mem.address,
+                remote_base,
+                batch.local_offsets,
+                batch.remote_offsets,
+                batch.sizes,
+                batch.total_bytes,
+            )
         except CrossMemoryError as exc:
             return str(exc)
         return None
 
-    def move(self, op: str, pid: int, local_base: int, remote_base: int, lo: list[int], ro: list[int],
-             sizes: list[int], total_bytes: int) -> None:
+    def move(
+        self,
+        op: str,
+        pid: int,
+        local_base: int,
+        remote_base: int,
+        lo: list[int],
+        ro: list[int],
+        sizes: list[int],
+        total_bytes: int,
+    ) -> None:
         """Carry out ranges' copies on this thread, and on helper threads when they are many bytes.
 
         Runs while the registrations are held, so helpers need no locks of their own. The first
         error by range order is raised.
         """
+
         def copy_slice(a: int, b: int) -> None:
-            self._move_ranges(op, pid, local_base, remote_base, lo[a:b], ro[a:b], sizes[a:b],
-                              range_base=a, bytes_base=sum(sizes[:a]))
+            self._move_ranges(
+                op,
+                pid,
+                local_base,
+                remote_base,
+                lo[a:b],
+                ro[a:b],
+                sizes[a:b],
+                range_base=a,
+                bytes_base=sum(sizes[:a]),
+            )
 
         self._helpers.run(copy_slice, sizes, total_bytes, self._tuning.parallel_copy_min_bytes)
 
     @abc.abstractmethod
-    def _move_ranges(self, op: str, pid: int, local_base: int, remote_base: int, lo: list[int], ro: list[int],
-                     sizes: list[int], *, range_base: int, bytes_base: int) -> None:
+    def _move_ranges(
+        self,
+        op: str,
+        pid: int,
+        local_base: int,
+        remote_base: int,
+        lo: list[int],
+        ro: list[int],
+        sizes: list[int],
+        *,
+        range_base: int,
+        bytes_base: int,
+    ) -> None:
         """Copy the ranges ("write": local to remote, "read": remote to local)."""
 
 
@@ -81,9 +119,21 @@ class KernelCopy(RangeCopy):
     here = False
     joint_for_one = False
 
-    def _move_ranges(self, op, pid, local_base, remote_base, lo, ro, sizes, *, range_base, bytes_base):
-        move_ranges(SYSCALLS[op], pid, op, local_base, remote_base, lo, ro, sizes,
-                    range_base=range_base, bytes_base=bytes_base)
+    def _move_ranges(
+        self, op, pid, local_base, remote_base, lo, ro, sizes, *, range_base, bytes_base
+    ):
+        move_ranges(
+            SYSCALLS[op],
+            pid,
+            op,
+            local_base,
+            remote_base,
+            lo,
+            ro,
+            sizes,
+            range_base=range_base,
+            bytes_base=bytes_base,
+        )
 
 
 class PageCopy(RangeCopy):
@@ -94,7 +144,9 @@ class PageCopy(RangeCopy):
     here = True
     joint_for_one = True
 
-    def _move_ranges(self, op, pid, local_base, remote_base, lo, ro, sizes, *, range_base, bytes_base):
+    def _move_ranges(
+        self, op, pid, local_base, remote_base, lo, ro, sizes, *, range_base, bytes_base
+    ):
         if op == "write":
             copy_ranges(remote_base, ro, local_base, lo, sizes)
         else:

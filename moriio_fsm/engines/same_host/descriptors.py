@@ -61,13 +61,20 @@ class CrossMemoryMemoryDesc(PackedDescriptor, frozen=True, tag="moriio-cma-memor
     def __post_init__(self) -> None:
         if self.shared_fd < 0:
             if self.shared_fd != -1 or self.shared_token or self.shared_start or self.shared_size:
-                raise ValueError("shared_fd is -1 when no pages are shared, with no token, start or size")
+                raise ValueError(
+                    "shared_fd is -1 when no pages are shared, with no token, start or size"
+                )
             return
         if not self.shared_token or self.shared_size == 0 or self.shared_start % mmap.PAGESIZE:
             raise ValueError("shared pages need a token, a size and a page-aligned start")
-        if self.shared_start < self.address or self.shared_start + self.shared_size > self.address + self.size:
-            raise ValueError(f"shared pages [{self.shared_start:#x}, +{self.shared_size}) lie outside the "
-                             f"memory [{self.address:#x}, +{self.size})")
+        if (
+            self.shared_start < self.address
+            or self.shared_start + self.shared_size > self.address + self.size
+        ):
+            raise ValueError(
+                f"shared pages [{self.shared_start:#x}, +{self.shared_size}) lie outside the "
+                f"memory [{self.address:#x}, +{self.size})"
+            )
 
     @property
     def shares_pages(self) -> bool:

@@ -46,7 +46,9 @@ _log = logging.getLogger(__name__)
 
 
 class _Together(threading.local):
-    held: list[tuple[int, SameHostPost]] | None = None   # this thread's posts inside posting_together
+    held: list[tuple[int, SameHostPost]] | None = (
+        None  # this thread's posts inside posting_together
+    )
 
 
 class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]):
@@ -85,11 +87,22 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
     engine_desc_type = CrossMemoryEngineDesc
     memory_desc_type = CrossMemoryMemoryDesc
 
-    def __init__(self, key: str, host: str = "", port: int = 0, *, allow_same_user_peers: bool = False,
-                 copy_threads: int | None = None, max_registrations: int = 1 << 16,
-                 deregister_wait_s: float = 10.0, pin_memory: bool = True,
-                 inline_copies: bool | None = None, share_pages: bool = False,
-                 copy_assist: bool | None = None, tuning: Tuning | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        host: str = "",
+        port: int = 0,
+        *,
+        allow_same_user_peers: bool = False,
+        copy_threads: int | None = None,
+        max_registrations: int = 1 << 16,
+        deregister_wait_s: float = 10.0,
+        pin_memory: bool = True,
+        inline_copies: bool | None = None,
+        share_pages: bool = False,
+        copy_assist: bool | None = None,
+        tuning: Tuning | None = None,
+    ) -> None:
         problem = native_calls_problem()
         if problem is not None:
             raise CrossMemoryError(errno.ENOSYS, problem)
@@ -114,8 +127,14 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             table.close(0)
             raise
         self._desc = self._describe(table, host, port)
-        self._memory = Registrations(key, self._desc.pid, table, share_pages=bool(share_pages),
-                                     pin_memory=bool(pin_memory), deregister_wait_s=float(deregister_wait_s))
+        self._memory = Registrations(
+            key,
+            self._desc.pid,
+            table,
+            share_pages=bool(share_pages),
+            pin_memory=bool(pin_memory),
+            deregister_wait_s=float(deregister_wait_s),
+        )
         if allow_same_user_peers:
             allow_same_user_tracers()
         # This engine's own transfers hold its slots through an open of its own: OFD locks
@@ -125,25 +144,41 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         self._peers: dict[str, Peer] = {}
         self._queue: PostQueue[SameHostPost] = PostQueue(most=self.tuning.max_coalesced)
         self._together = _Together()
-        self._copying = 0                     # threads in _outcomes now
+        self._copying = 0  # threads in _outcomes now
         self._copies_done = threading.Condition()
         self._helpers = CopyHelpers(copy_threads, f"cross-memory-{key}")
         self._kernel = KernelCopy(self._helpers, self.tuning)
         self._pages = PageCopy(self._helpers, self.tuning)
         self._assisted = AssistedCopy(key, self.tuning)
-        self._worker = threading.Thread(target=serve, args=(self._queue, self._outcomes),
-                                        kwargs=dict(idle_s=self.tuning.sweep_interval_s, on_idle=self._sweep_peers),
-                                        name=f"cross-memory-{key}", daemon=True)
+        self._worker = threading.Thread(
+            target=serve,
+            args=(self._queue, self._outcomes),
+            kwargs=dict(idle_s=self.tuning.sweep_interval_s, on_idle=self._sweep_peers),
+            name=f"cross-memory-{key}",
+            daemon=True,
+        )
         self._worker.start()
 
     def _describe(self, table: PublishedRegistry, host: str, port: int) -> CrossMemoryEngineDesc:
-        offer: dict[str, Any] = {} if self._board is None else dict(
-            assist_fd=self._board.fd, assist_token=self._board.token)
+        offer: dict[str, Any] = (
+            {}
+            if self._board is None
+            else dict(assist_fd=self._board.fd, assist_token=self._board.token)
+        )
         boot_id, pid_namespace = host_identity()
         return CrossMemoryEngineDesc(
-            key=self.key, pid=os.getpid(), boot_id=boot_id, pid_namespace=pid_namespace,
-            registry_fd=table.fd, token=table.token, token_address=ctypes.addressof(self._token_in_memory),
-            hostname=socket.gethostname(), host=host, port=int(port), **offer)
+            key=self.key,
+            pid=os.getpid(),
+            boot_id=boot_id,
+            pid_namespace=pid_namespace,
+            registry_fd=table.fd,
+            token=table.token,
+            token_address=ctypes.addressof(self._token_in_memory),
+            hostname=socket.gethostname(),
+            host=host,
+            port=int(port),
+            **offer,
+        )
 
     @property
     def assist_counts(self) -> dict[str, int]:
@@ -182,7 +217,12 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             raise TypeError(f"mem must be a CrossMemoryMemoryDesc, got {type(mem).__name__}")
         with self._lock:
             peer = self._peers.get(mem.engine_key)
-        if mem.shares_pages and peer is not None and peer.desc.pid == mem.pid and peer.gone() is None:
+        if (
+            mem.shares_pages
+            and peer is not None
+            and peer.desc.pid == mem.pid
+            and peer.gone() is None
+        ):
             peer.pages_of(mem)
 
     def _sweep_peers(self) -> None:
@@ -192,9 +232,9 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             peers = list(self._peers.values())
         for peer in peers:
             try:
-                if peer.gone() is None:     # gone() lets go of an exited peer's pages itself
+                if peer.gone() is None:  # gone() lets go of an exited peer's pages itself
                     peer.forget_stale_pages()
-            except Exception:               # never let a sweep end the worker thread
+            except Exception:  # never let a sweep end the worker thread
                 _log.exception("engine %r: looking for exited peers failed", self.key)
 
     # -- this engine's memory and sessions -------------------------------------------------------
@@ -223,34 +263,62 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             return None
         local = self._memory.get(local_mem.mem_id) if local_mem.engine_key == self.key else None
         with self._lock:
-            peer = self._own if remote_mem.engine_key == self.key else self._peers.get(remote_mem.engine_key)
+            peer = (
+                self._own
+                if remote_mem.engine_key == self.key
+                else self._peers.get(remote_mem.engine_key)
+            )
         if local is None:
-            _log.warning("create_session: local memory %s is not registered with engine %r",
-                         local_mem.mem_id, self.key)
+            _log.warning(
+                "create_session: local memory %s is not registered with engine %r",
+                local_mem.mem_id,
+                self.key,
+            )
             return None
         if peer is None or peer.desc.pid != remote_mem.pid:
-            _log.warning("create_session: remote engine %r is not registered", remote_mem.engine_key)
+            _log.warning(
+                "create_session: remote engine %r is not registered", remote_mem.engine_key
+            )
             return None
         reason = peer.gone()
         if reason is not None:
             _log.warning("create_session: %s", reason)
             return None
-        if not peer.registry.holds(remote_mem.slot, remote_mem.mem_id, remote_mem.address, remote_mem.size):
-            _log.warning("create_session: memory %s of engine %r is not registered there",
-                         remote_mem.mem_id, remote_mem.engine_key)
+        if not peer.registry.holds(
+            remote_mem.slot, remote_mem.mem_id, remote_mem.address, remote_mem.size
+        ):
+            _log.warning(
+                "create_session: memory %s of engine %r is not registered there",
+                remote_mem.mem_id,
+                remote_mem.engine_key,
+            )
             return None
-        return CrossMemorySession(self, local.desc, remote_mem, peer, self._own.registry, local.claim.plain)
+        return CrossMemorySession(
+            self, local.desc, remote_mem, peer, self._own.registry, local.claim.plain
+        )
 
     # -- posting ---------------------------------------------------------------------------------
-    def _submit(self, session: CrossMemorySession, op: str, batch: CheckedBatch) -> LocalTransferStatus:
+    def _submit(
+        self, session: CrossMemorySession, op: str, batch: CheckedBatch
+    ) -> LocalTransferStatus:
         status = LocalTransferStatus()
         sequence = self._queue.number()
         if sequence is None:
             status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
             return status
-        verdict = self.faults.decide(PostedTransfer(sequence, op, batch.transfer_uid, session.remote_engine_key,
-                                                    len(batch.sizes), batch.total_bytes))
-        posted = SameHostPost(status, session, op, batch, verdict.failure, here=session.copies_here(batch))
+        verdict = self.faults.decide(
+            PostedTransfer(
+                sequence,
+                op,
+                batch.transfer_uid,
+                session.remote_engine_key,
+                len(batch.sizes),
+                batch.total_bytes,
+            )
+        )
+        posted = SameHostPost(
+            status, session, op, batch, verdict.failure, here=session.copies_here(batch)
+        )
         status.mark_in_progress()
         held = self._together.held
         if held is not None and verdict is NO_FAULT:
@@ -299,7 +367,7 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
                     self._assisted.give_up(posted)
                     posted.fail_closed(self.key)
         except BaseException:
-            for _, posted in held:   # a status nobody settles would never end
+            for _, posted in held:  # a status nobody settles would never end
                 self._assisted.give_up(posted)
                 posted.settle(StatusCode.ERR_BAD_STATE, "the engine failed to carry it out")
             raise
@@ -313,8 +381,10 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         if self._board is None:
             return 0
         tuning = self.tuning
-        return self._board.help(tuning.assist_wait_s if wait_s is None else wait_s,
-                                tuning.assist_linger_s if linger_s is None else linger_s)
+        return self._board.help(
+            tuning.assist_wait_s if wait_s is None else wait_s,
+            tuning.assist_linger_s if linger_s is None else linger_s,
+        )
 
     def interrupt_help(self) -> None:
         """A ``help_writers`` call waiting for a write returns now (its loop has news to report)."""
@@ -347,7 +417,9 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         outcomes: list[tuple[int, str] | None] = [None] * len(due)
         on_board = [index for index, posted in enumerate(due) if posted.job is not None]
         if on_board:
-            for index, outcome in zip(on_board, self._assisted.finish([due[index] for index in on_board])):
+            for index, outcome in zip(
+                on_board, self._assisted.finish([due[index] for index in on_board])
+            ):
                 outcomes[index] = outcome
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for index, posted in enumerate(due):
@@ -356,10 +428,14 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             if posted.failure is not None:
                 outcomes[index] = posted.failure.code, posted.failure.message
             else:
-                groups.setdefault((posted.op, posted.session.remote_mem.pid, posted.here), []).append(index)
+                groups.setdefault(
+                    (posted.op, posted.session.remote_mem.pid, posted.here), []
+                ).append(index)
         for (op, pid, here), members in groups.items():
             try:
-                for index, outcome in zip(members, self._copy_together(op, pid, here, [due[i] for i in members])):
+                for index, outcome in zip(
+                    members, self._copy_together(op, pid, here, [due[i] for i in members])
+                ):
                     outcomes[index] = outcome
             except Exception as exc:  # never let one transfer end the worker thread
                 _log.exception("cross-memory transfer failed unexpectedly")
@@ -369,7 +445,9 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         assert len(settled) == len(due), "every batch got its outcome above"
         return [(code, message, posted.ended_at) for posted, (code, message) in zip(due, settled)]
 
-    def _copy_together(self, op: str, pid: int, here: bool, group: list[SameHostPost]) -> list[tuple[int, str]]:
+    def _copy_together(
+        self, op: str, pid: int, here: bool, group: list[SameHostPost]
+    ) -> list[tuple[int, str]]:
         """Carry out batches bound for process ``pid`` while each one's registrations are held, by the
         first strategy that takes them (``here``: the peer's memory is mapped in this process)."""
         problems = [posted.session.hold() for posted in group]
@@ -386,11 +464,18 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         outcomes = []
         for posted, problem in zip(group, problems):
             reason = reasons.get(id(posted))
-            outcomes.append(problem if problem is not None else
-                            posted.session.failure(reason) if reason is not None else posted.session.after_copy())
+            outcomes.append(
+                problem
+                if problem is not None
+                else posted.session.failure(reason)
+                if reason is not None
+                else posted.session.after_copy()
+            )
         return outcomes
 
-    def _copy_held(self, op: str, pid: int, here: bool, held: list[SameHostPost]) -> list[str | None]:
+    def _copy_held(
+        self, op: str, pid: int, here: bool, held: list[SameHostPost]
+    ) -> list[str | None]:
         strategies: list[CopyStrategy] = [self._assisted, self._pages] if here else [self._kernel]
         for strategy in strategies:
             reasons = strategy.copy(op, pid, held)
@@ -411,7 +496,7 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         if threading.current_thread() is not self._worker:
             self._worker.join()
         if self._board is not None:
-            self._board.close()          # after the job being helped: no copy into our memory after this
+            self._board.close()  # after the job being helped: no copy into our memory after this
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         self._memory.close()
@@ -424,12 +509,19 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         self.faults.clear()
 
 
-def _check_options(copy_threads: Any, max_registrations: Any, deregister_wait_s: Any, share_pages: bool,
-                   copy_assist: bool | None) -> None:
+def _check_options(
+    copy_threads: Any,
+    max_registrations: Any,
+    deregister_wait_s: Any,
+    share_pages: bool,
+    copy_assist: bool | None,
+) -> None:
     for name, value in (("copy_threads", copy_threads), ("max_registrations", max_registrations)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not deregister_wait_s >= 0:
         raise ValueError(f"deregister_wait_s must be >= 0 seconds, got {deregister_wait_s!r}")
     if copy_assist and not share_pages:
-        raise ValueError("copy_assist needs share_pages: writers are helped only with copies into shared pages")
+        raise ValueError(
+            "copy_assist needs share_pages: writers are helped only with copies into shared pages"
+        )

@@ -46,9 +46,11 @@ _PR_SET_PTRACER_HINT = "allow_same_user_peers=True"
 class CrossMemoryError(MoriioFsmError, OSError):
     """Cross-memory attach refused or cut short by the kernel, or a peer that cannot be attached; see ``errno``."""
 
-    errno: int              # always given
+    errno: int  # always given
 
-    def __init__(self, err: int, message: str, *, range_index: int | None = None, bytes_done: int = 0):
+    def __init__(
+        self, err: int, message: str, *, range_index: int | None = None, bytes_done: int = 0
+    ):
         super().__init__(err, message)
         self.range_index = range_index
         self.bytes_done = bytes_done
@@ -68,8 +70,14 @@ def _load_native_calls() -> tuple[dict[str, VectorCall], str | None]:
         if function is None:
             return {}, f"the C library has no {name} (glibc 2.15 or later provides it)"
         function.restype = ctypes.c_ssize_t
-        function.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong,
-                             ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        function.argtypes = [
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_ulong,
+            ctypes.c_void_p,
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        ]
         calls[op] = _as_vector_call(function)
     return calls, None
 
@@ -79,6 +87,7 @@ def _as_vector_call(function) -> VectorCall:
     def call(pid: int, local_iov: int, remote_iov: int, count: int) -> int:
         moved = function(pid, local_iov, count, remote_iov, count, 0)
         return moved if moved >= 0 else -ctypes.get_errno()
+
     return call
 
 
@@ -101,9 +110,19 @@ def _iovec_array(base: int, offsets: list[int], sizes: list[int]):
     return words
 
 
-def move_ranges(call: VectorCall, pid: int, op: str, local_base: int, remote_base: int,
-                local_offsets: list[int], remote_offsets: list[int], sizes: list[int], *,
-                range_base: int = 0, bytes_base: int = 0) -> None:
+def move_ranges(
+    call: VectorCall,
+    pid: int,
+    op: str,
+    local_base: int,
+    remote_base: int,
+    local_offsets: list[int],
+    remote_offsets: list[int],
+    sizes: list[int],
+    *,
+    range_base: int = 0,
+    bytes_base: int = 0,
+) -> None:
     """Move every range between this process (``local_base``) and process ``pid`` (``remote_base``).
 
     ``op`` "write" copies local -> remote, "read" remote -> local. Range ``i`` is one iovec on
@@ -118,8 +137,10 @@ def move_ranges(call: VectorCall, pid: int, op: str, local_base: int, remote_bas
     first, moved_before = 0, 0
     while first < count:
         last = min(first + IOV_MAX, count)
-        wanted = sum(local_iov[2 * first + 1:2 * last:2])
-        moved = call(pid, local_at + first * _IOVEC_BYTES, remote_at + first * _IOVEC_BYTES, last - first)
+        wanted = sum(local_iov[2 * first + 1 : 2 * last : 2])
+        moved = call(
+            pid, local_at + first * _IOVEC_BYTES, remote_at + first * _IOVEC_BYTES, last - first
+        )
         if moved == wanted:
             first, moved_before = last, moved_before + moved
             continue
@@ -130,8 +151,12 @@ def move_ranges(call: VectorCall, pid: int, op: str, local_base: int, remote_bas
             where = {"range_index": range_base + first, "bytes_done": bytes_base + moved_before}
             raise CrossMemoryError(err, refusal_text(err, pid, op, **where), **where)
         if moved > wanted:
-            raise CrossMemoryError(errno.EIO, f"the kernel reported {moved} bytes moved of {wanted} asked",
-                                   range_index=range_base + first, bytes_done=bytes_base + moved_before)
+            raise CrossMemoryError(
+                errno.EIO,
+                f"the kernel reported {moved} bytes moved of {wanted} asked",
+                range_index=range_base + first,
+                bytes_done=bytes_base + moved_before,
+            )
         first = _resume_point(local_iov, remote_iov, first, moved)
         moved_before += moved
 
@@ -151,21 +176,29 @@ def _resume_point(local_iov, remote_iov, first: int, moved: int) -> int:
     return index
 
 
-def refusal_text(err: int, pid: int, op: str, *, range_index: int | None = None, bytes_done: int = 0) -> str:
+def refusal_text(
+    err: int, pid: int, op: str, *, range_index: int | None = None, bytes_done: int = 0
+) -> str:
     """What a cross-memory ``op`` towards process ``pid`` that failed with ``err`` means, and the fix."""
     # Where it stopped matters only past the first byte: a refusal at the start names the whole batch.
-    where = f" at range {range_index} (after {bytes_done} bytes)" if range_index or bytes_done else ""
+    where = (
+        f" at range {range_index} (after {bytes_done} bytes)" if range_index or bytes_done else ""
+    )
     verb = "write into" if op == "write" else "read from"
     name = errno.errorcode.get(err, str(err))
     if err == errno.EPERM:
-        return (f"the kernel refused to let process {os.getpid()} {verb} the memory of process {pid}{where} "
-                f"(EPERM): cross-memory attach needs ptrace permission over the other process. "
-                + _ptrace_advice(pid))
+        return (
+            f"the kernel refused to let process {os.getpid()} {verb} the memory of process {pid}{where} "
+            f"(EPERM): cross-memory attach needs ptrace permission over the other process. "
+            + _ptrace_advice(pid)
+        )
     if err == errno.ESRCH:
         return f"process {pid} is gone (ESRCH){where}: the peer exited or was killed"
     if err == errno.EFAULT:
-        return (f"an address range{where} is not mapped in process {pid} or in this process (EFAULT): the "
-                f"peer unmapped or freed memory it had registered without deregistering it")
+        return (
+            f"an address range{where} is not mapped in process {pid} or in this process (EFAULT): the "
+            f"peer unmapped or freed memory it had registered without deregistering it"
+        )
     if err == errno.ENOMEM:
         return f"the kernel ran out of memory for the iovecs{where} (ENOMEM)"
     return f"process_vm_{op[0]}v to process {pid} failed{where} ({name}: {os.strerror(err)})"
@@ -176,21 +209,30 @@ def _ptrace_advice(pid: int) -> str:
     scope = _read_first_line("/proc/sys/kernel/yama/ptrace_scope")
     own_uid, target_uid = os.getuid(), _uid_of(pid)
     has_cap = _has_cap_sys_ptrace()
-    facts = (f"This process runs as uid {own_uid} {'with' if has_cap else 'without'} CAP_SYS_PTRACE; "
-             f"process {pid} runs as uid {target_uid if target_uid is not None else 'unknown'}; "
-             f"kernel.yama.ptrace_scope is {scope if scope is not None else 'absent (no Yama)'}.")
+    facts = (
+        f"This process runs as uid {own_uid} {'with' if has_cap else 'without'} CAP_SYS_PTRACE; "
+        f"process {pid} runs as uid {target_uid if target_uid is not None else 'unknown'}; "
+        f"kernel.yama.ptrace_scope is {scope if scope is not None else 'absent (no Yama)'}."
+    )
     if scope == "2":
         return f"{facts} With ptrace_scope 2 only a process with CAP_SYS_PTRACE may attach: give it to this one."
     if scope == "3":
         return f"{facts} With ptrace_scope 3 no process may attach until the next reboot."
-    same_user = ("run both processes as the same user (without Yama nothing else is needed)" if scope is None
-                 else "run both processes as the same user with kernel.yama.ptrace_scope = 0 "
-                      "(sysctl -w kernel.yama.ptrace_scope=0)")
-    ways = [same_user,
-            "give this process CAP_SYS_PTRACE (root has it; a container needs --cap-add=SYS_PTRACE)"]
+    same_user = (
+        "run both processes as the same user (without Yama nothing else is needed)"
+        if scope is None
+        else "run both processes as the same user with kernel.yama.ptrace_scope = 0 "
+        "(sysctl -w kernel.yama.ptrace_scope=0)"
+    )
+    ways = [
+        same_user,
+        "give this process CAP_SYS_PTRACE (root has it; a container needs --cap-add=SYS_PTRACE)",
+    ]
     if scope == "1":
-        ways.append(f"create the other process's engine with {_PR_SET_PTRACER_HINT} "
-                    "(prctl PR_SET_PTRACER_ANY), which lets same-user processes attach to it under ptrace_scope 1")
+        ways.append(
+            f"create the other process's engine with {_PR_SET_PTRACER_HINT} "
+            "(prctl PR_SET_PTRACER_ANY), which lets same-user processes attach to it under ptrace_scope 1"
+        )
     return f"{facts} It is allowed if you " + "; or ".join(ways) + "."
 
 

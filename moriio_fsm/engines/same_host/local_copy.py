@@ -5,6 +5,7 @@ read again on this core, so ordinary stores waste a read of every line and this 
 cache), else ``ctypes.memmove`` per range. Both let go of the GIL while bytes move; the caller
 has checked every range against its registrations.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 try:
     import moriio_fsm.engines.same_host._stream_copy as _stream_copy
-except ImportError:          # built without a C compiler: the install keeps going without it
+except ImportError:  # built without a C compiler: the install keeps going without it
     _stream_copy = None
 
 
@@ -24,17 +25,25 @@ def copier() -> str:
     return f"streaming stores ({_stream_copy.streaming()})"
 
 
-def memmove_ranges(dst_base: int, dst_offsets: Sequence[int], src_base: int, src_offsets: Sequence[int],
-                   sizes: Sequence[int]) -> None:
+def memmove_ranges(
+    dst_base: int,
+    dst_offsets: Sequence[int],
+    src_base: int,
+    src_offsets: Sequence[int],
+    sizes: Sequence[int],
+) -> None:
     """One ``ctypes.memmove`` per range: the copier without the native module.
 
     Like the native one, it refuses an ill-typed list or lists of different lengths before
     the first byte moves."""
-    dst_offsets, src_offsets, sizes = (list(map(operator.index, values))
-                                       for values in (dst_offsets, src_offsets, sizes))
+    dst_offsets, src_offsets, sizes = (
+        list(map(operator.index, values)) for values in (dst_offsets, src_offsets, sizes)
+    )
     if not len(dst_offsets) == len(src_offsets) == len(sizes):
-        raise ValueError(f"copy_ranges: dst_offsets, src_offsets and sizes differ in length "
-                         f"({len(dst_offsets)}, {len(src_offsets)}, {len(sizes)})")
+        raise ValueError(
+            f"copy_ranges: dst_offsets, src_offsets and sizes differ in length "
+            f"({len(dst_offsets)}, {len(src_offsets)}, {len(sizes)})"
+        )
     if any(value < 0 for values in (dst_offsets, src_offsets, sizes) for value in values):
         raise ValueError("copy_ranges: offsets and sizes must be >= 0")
     move = ctypes.memmove

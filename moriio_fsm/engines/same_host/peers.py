@@ -59,8 +59,14 @@ class Peer:
     The handles are closed at engine close, or once no session uses the peer any more.
     """
 
-    def __init__(self, desc: CrossMemoryEngineDesc, pidfd: int, registry: RegistryView, *,
-                 use_board: bool = True) -> None:
+    def __init__(
+        self,
+        desc: CrossMemoryEngineDesc,
+        pidfd: int,
+        registry: RegistryView,
+        *,
+        use_board: bool = True,
+    ) -> None:
         self.desc = desc
         self.registry = registry
         self.withdrawn = False  # the remote engine was deregistered (or re-registered anew)
@@ -76,19 +82,23 @@ class Peer:
         self._pages: dict[int, tuple[CrossMemoryMemoryDesc, PeerPages | None]] = {}
         self._refusals_said: set[int] = set()
         self.pidfd = pidfd
-        self._introduced: set[tuple] = set()   # this engine's registrations announced to its board
+        self._introduced: set[tuple] = set()  # this engine's registrations announced to its board
         # Where its process helps with writes into it (None: this engine copies them alone).
         self.board: PeerBoard | None = None
         if use_board and desc.assist_fd >= 0 and assist_available():
             try:
                 self.board = PeerBoard(desc.pid, desc.assist_fd, desc.assist_token)
             except (RegionUnavailable, OSError, ValueError) as exc:
-                _log.warning("engine %r offers copy assist, but its board cannot be mapped here (%s); writes "
-                             "into it are copied here alone", desc.key, exc)
+                _log.warning(
+                    "engine %r offers copy assist, but its board cannot be mapped here (%s); writes "
+                    "into it are copied here alone",
+                    desc.key,
+                    exc,
+                )
 
     def introduce(self, segment: tuple) -> None:
         """Announce one of this engine's registrations on the peer's board, once per registration."""
-        key = segment[:3]                 # pid, mem_id, token
+        key = segment[:3]  # pid, mem_id, token
         board = self.board
         with self._pages_lock:
             if board is None or key in self._introduced:
@@ -106,15 +116,21 @@ class Peer:
             return known[1]
         mapping = None
         try:
-            mapping = PeerPages(mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size, mem.shared_start)
+            mapping = PeerPages(
+                mem.pid, mem.shared_fd, mem.shared_token, mem.shared_size, mem.shared_start
+            )
         except (RegionUnavailable, OSError) as exc:
             # Said once per memory: a failure is retried after each sweep, under traffic too.
             said = mem.mem_id in self._refusals_said
             self._refusals_said.add(mem.mem_id)
             (_log.debug if said else _log.warning)(
                 "memory %s of engine %r: its shared pages cannot be mapped (%s); the kernel copies into it "
-                "instead", mem.mem_id, self.desc.key, exc)
-        if self.gone() is not None:   # the pid may have been someone else's when the fd was opened
+                "instead",
+                mem.mem_id,
+                self.desc.key,
+                exc,
+            )
+        if self.gone() is not None:  # the pid may have been someone else's when the fd was opened
             return None
         self.forget_stale_pages()
         with self._pages_lock:
@@ -126,8 +142,12 @@ class Peer:
         and of failures to map, so that a later session tries again."""
         with self._pages_lock:
             known = list(self._pages.items())
-        stale = [mem_id for mem_id, (desc, mapping) in known
-                 if mapping is None or not self.registry.holds(desc.slot, desc.mem_id, desc.address, desc.size)]
+        stale = [
+            mem_id
+            for mem_id, (desc, mapping) in known
+            if mapping is None
+            or not self.registry.holds(desc.slot, desc.mem_id, desc.address, desc.size)
+        ]
         with self._pages_lock:
             for mem_id in stale:
                 self._pages.pop(mem_id, None)
@@ -154,7 +174,7 @@ class Peer:
     def close(self) -> None:
         with self._pages_lock:
             self._pages.clear()
-        self.board = None   # a job posted there keeps the mapping until it ends
+        self.board = None  # a job posted there keeps the mapping until it ends
         self._handles()
 
 
@@ -162,17 +182,23 @@ def attach(desc: CrossMemoryEngineDesc, own: CrossMemoryEngineDesc) -> Peer:
     """Check that ``desc`` names a live engine this process may attach to; raises ``CrossMemoryError`` if not."""
     if desc.boot_id != own.boot_id:
         raise CrossMemoryError(
-            errno.EXDEV, f"engine {desc.key!r} runs on another host or boot (boot id {desc.boot_id}, "
-                         f"here {own.boot_id}): cross-memory attach reaches processes on this host only")
+            errno.EXDEV,
+            f"engine {desc.key!r} runs on another host or boot (boot id {desc.boot_id}, "
+            f"here {own.boot_id}): cross-memory attach reaches processes on this host only",
+        )
     if desc.pid_namespace != own.pid_namespace:
         raise CrossMemoryError(
-            errno.EXDEV, f"engine {desc.key!r} runs in another pid namespace (inode {desc.pid_namespace}, "
-                         f"here {own.pid_namespace}), where pid {desc.pid} names another process: run both "
-                         "in one pid namespace (containers: --pid=host or a shared pod)")
+            errno.EXDEV,
+            f"engine {desc.key!r} runs in another pid namespace (inode {desc.pid_namespace}, "
+            f"here {own.pid_namespace}), where pid {desc.pid} names another process: run both "
+            "in one pid namespace (containers: --pid=host or a shared pod)",
+        )
     try:
         pidfd = os.pidfd_open(desc.pid)
     except ProcessLookupError:
-        raise CrossMemoryError(errno.ESRCH, f"process {desc.pid} of engine {desc.key!r} is gone") from None
+        raise CrossMemoryError(
+            errno.ESRCH, f"process {desc.pid} of engine {desc.key!r} is gone"
+        ) from None
     try:
         _probe(desc)
         registry = RegistryView.open(desc.pid, desc.registry_fd, desc.token)
@@ -195,10 +221,20 @@ def _probe(desc: CrossMemoryEngineDesc) -> None:
     """Read the engine's token out of its memory: proves the permission and that the pid is that engine."""
     found = ctypes.create_string_buffer(TOKEN_BYTES)
     try:
-        move_ranges(SYSCALLS["read"], desc.pid, "read", ctypes.addressof(found), desc.token_address,
-                    [0], [0], [TOKEN_BYTES])
+        move_ranges(
+            SYSCALLS["read"],
+            desc.pid,
+            "read",
+            ctypes.addressof(found),
+            desc.token_address,
+            [0],
+            [0],
+            [TOKEN_BYTES],
+        )
     except CrossMemoryError as exc:
         raise CrossMemoryError(exc.errno, f"cannot attach to engine {desc.key!r}: {exc}") from None
     if found.raw != desc.token:
         raise CrossMemoryError(
-            errno.ESTALE, f"process {desc.pid} is not engine {desc.key!r}: its pid now belongs to another process")
+            errno.ESTALE,
+            f"process {desc.pid} is not engine {desc.key!r}: its pid now belongs to another process",
+        )

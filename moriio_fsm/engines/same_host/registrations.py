@@ -48,8 +48,16 @@ class _Registration:
 class Registrations:
     """Every tensor one engine registered, by mem_id."""
 
-    def __init__(self, key: str, pid: int, table: PublishedRegistry, *, share_pages: bool, pin_memory: bool,
-                 deregister_wait_s: float) -> None:
+    def __init__(
+        self,
+        key: str,
+        pid: int,
+        table: PublishedRegistry,
+        *,
+        share_pages: bool,
+        pin_memory: bool,
+        deregister_wait_s: float,
+    ) -> None:
         self._key, self._pid, self._table = key, pid, table
         self._share_pages, self._pin_memory = share_pages, pin_memory
         self._deregister_wait_s = deregister_wait_s
@@ -61,7 +69,9 @@ class Registrations:
         with self._lock:
             return self._memory.get(mem_id)
 
-    def add(self, tensor: torch.Tensor, nbytes: int, board: AssistBoard | None) -> CrossMemoryMemoryDesc:
+    def add(
+        self, tensor: torch.Tensor, nbytes: int, board: AssistBoard | None
+    ) -> CrossMemoryMemoryDesc:
         """Register ``tensor`` (checked: contiguous, on the CPU, ``nbytes`` long); its descriptor."""
         with self._lock:
             mem_id = next(self._mem_ids)
@@ -83,15 +93,32 @@ class Registrations:
             self._memory[mem_id] = registration
         return registration.desc
 
-    def _publish(self, mem_id: int, tensor: torch.Tensor, nbytes: int, claim: MemoryClaim,
-                 pinned: bool) -> _Registration:
+    def _publish(
+        self, mem_id: int, tensor: torch.Tensor, nbytes: int, claim: MemoryClaim, pinned: bool
+    ) -> _Registration:
         address, adopted = tensor.data_ptr(), claim.adopted
         slot = self._table.publish(mem_id, address, nbytes)
-        shared: dict[str, Any] = {} if adopted is None else dict(
-            shared_fd=adopted.fd, shared_token=adopted.token, shared_start=adopted.start, shared_size=adopted.size)
+        shared: dict[str, Any] = (
+            {}
+            if adopted is None
+            else dict(
+                shared_fd=adopted.fd,
+                shared_token=adopted.token,
+                shared_start=adopted.start,
+                shared_size=adopted.size,
+            )
+        )
         desc = CrossMemoryMemoryDesc(
-            engine_key=self._key, mem_id=mem_id, slot=slot, pid=self._pid, address=address, size=nbytes,
-            dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), **shared)
+            engine_key=self._key,
+            mem_id=mem_id,
+            slot=slot,
+            pid=self._pid,
+            address=address,
+            size=nbytes,
+            dtype=str(tensor.dtype).removeprefix("torch."),
+            shape=tuple(tensor.shape),
+            **shared,
+        )
         return _Registration(desc, tensor, claim, pinned)
 
     def _offer(self, board: AssistBoard, mem_id: int, address: int, adopted: AdoptedPages) -> None:
@@ -99,7 +126,10 @@ class Registrations:
         low = adopted.start - address
         try:
             board.add_dest(mem_id, address, low, low + adopted.size)
-        except (OverflowError, RuntimeError) as exc:   # a full table (or closing): writers copy alone
+        except (
+            OverflowError,
+            RuntimeError,
+        ) as exc:  # a full table (or closing): writers copy alone
             _log.warning("engine %r: memory %s gets no copy assist: %s", self._key, mem_id, exc)
 
     def remove(self, mem_id: int, board: AssistBoard | None) -> None:
@@ -110,11 +140,15 @@ class Registrations:
         if registration is None:
             return
         if board is not None:
-            board.drop_dest(mem_id)   # waits for a peer's job being helped into it
+            board.drop_dest(mem_id)  # waits for a peer's job being helped into it
         copies_ended = self._table.withdraw(registration.desc.slot, self._deregister_wait_s)
         if not copies_ended:
-            _log.warning("memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
-                         mem_id, self._key, self._deregister_wait_s)
+            _log.warning(
+                "memory %s of engine %r: a peer was still copying after %.1f s; it stays allocated",
+                mem_id,
+                self._key,
+                self._deregister_wait_s,
+            )
         if not registration.let_go(copies_ended) or not copies_ended:
             _lingering.append(registration.tensor)
 
@@ -124,7 +158,10 @@ class Registrations:
             registrations, self._memory = list(self._memory.values()), {}
         copies_ended = self._table.close(self._deregister_wait_s)
         if not copies_ended:
-            _log.warning("engine %r closed while a peer was still copying; its memory stays allocated", self._key)
+            _log.warning(
+                "engine %r closed while a peer was still copying; its memory stays allocated",
+                self._key,
+            )
         for registration in registrations:
             if not registration.let_go(copies_ended) or not copies_ended:
                 _lingering.append(registration.tensor)

@@ -31,7 +31,7 @@ _BUSY = (errno.EAGAIN, errno.EACCES)
 class RegistryUnavailable(MoriioFsmError, OSError):
     """A peer's registration table cannot be opened: the peer is gone, closed it, or is not who it says."""
 
-    errno: int              # always given
+    errno: int  # always given
 
 
 def _slot_offset(slot: int) -> int:
@@ -65,7 +65,9 @@ class PublishedRegistry:
         self._free = list(range(capacity - 1, -1, -1))
         self.fd = os.memfd_create(REGISTRY_NAME_PREFIX + self.token.hex(), os.MFD_CLOEXEC)
         try:
-            os.ftruncate(self.fd, _slot_offset(capacity))  # sparse: pages appear when slots are used
+            os.ftruncate(
+                self.fd, _slot_offset(capacity)
+            )  # sparse: pages appear when slots are used
             os.pwrite(self.fd, self.token, 0)
         except BaseException:
             os.close(self.fd)
@@ -75,8 +77,10 @@ class PublishedRegistry:
         """Enter one registration (``mem_id`` > 0) in a free slot; returns the slot."""
         with self._lock:
             if not self._free:
-                raise RuntimeError(f"registration table full: {self.capacity} tensors are registered; "
-                                   "deregister some first")
+                raise RuntimeError(
+                    f"registration table full: {self.capacity} tensors are registered; "
+                    "deregister some first"
+                )
             slot = self._free.pop()
         os.pwrite(self.fd, _ENTRY.pack(mem_id, address, size), _slot_offset(slot))
         return slot
@@ -129,7 +133,7 @@ class RegistryView:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._closed = False
-        self._holders: dict[int, int] = {}   # slot -> holds taken and not yet released
+        self._holders: dict[int, int] = {}  # slot -> holds taken and not yet released
         self._holders_lock = threading.Lock()
 
     @classmethod
@@ -143,15 +147,18 @@ class RegistryView:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             raise RegistryUnavailable(
-                exc.errno, f"cannot open the registration table of process {pid} ({path}): {exc.strerror}"
+                exc.errno,
+                f"cannot open the registration table of process {pid} ({path}): {exc.strerror}",
             ) from None
         view = cls(fd)
         # The fd number may have been reused since the descriptor was packed: the token tells.
         if os.pread(fd, TOKEN_BYTES, 0) != token:
             view.close()
             raise RegistryUnavailable(
-                errno.ESTALE, f"fd {table_fd} of process {pid} is not the registration table its "
-                              "descriptor names (the engine closed it, or the pid now belongs to another process)")
+                errno.ESTALE,
+                f"fd {table_fd} of process {pid} is not the registration table its "
+                "descriptor names (the engine closed it, or the pid now belongs to another process)",
+            )
         return view
 
     def holds(self, slot: int, mem_id: int, address: int, size: int) -> bool:
@@ -177,7 +184,7 @@ class RegistryView:
             if count == 0 and not _lock(self._fd, fcntl.F_RDLCK, _slot_offset(slot), _SLOT_BYTES):
                 return False
             if not self.holds(slot, mem_id, address, size):
-                if count == 0:           # only a lock this call took is given back
+                if count == 0:  # only a lock this call took is given back
                     _lock(self._fd, fcntl.F_UNLCK, _slot_offset(slot), _SLOT_BYTES)
                 return False
             self._holders[slot] = count + 1

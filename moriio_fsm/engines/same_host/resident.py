@@ -56,7 +56,12 @@ def pin_pages(address: int, nbytes: int, what: str) -> bool:
             "%s: could not lock %d bytes in memory (%s: %s); RLIMIT_MEMLOCK is %s. Copies into it may wait "
             "for page faults. Raise the limit (ulimit -l unlimited, systemd LimitMEMLOCK=infinity, docker "
             "--ulimit memlock=-1) or give the process CAP_IPC_LOCK, as RDMA deployments do.",
-            what, length, errno.errorcode.get(err, err), os.strerror(err), limit)
+            what,
+            length,
+            errno.errorcode.get(err, err),
+            os.strerror(err),
+            limit,
+        )
     return False
 
 

@@ -28,7 +28,9 @@ __all__ = ["CrossMemorySession", "SameHostPost"]
 class SameHostPost(Posted):
     """A batch posted on a same-host session."""
 
-    here: bool = False   # the copy is a memory copy in this process (the peer's pages are mapped here)
+    here: bool = (
+        False  # the copy is a memory copy in this process (the peer's pages are mapped here)
+    )
     # (the peer's board, the job) of a write put there when posted; its registrations are held until it ends.
     job: tuple | None = None
     # When its copy ended (time.monotonic), set by the copy: its status is settled with it later.
@@ -40,19 +42,26 @@ class CrossMemorySession(SessionBase):
 
     killable = True
 
-    def __init__(self, engine: Any, local: CrossMemoryMemoryDesc, remote: CrossMemoryMemoryDesc, peer: Peer,
-                 own_table: RegistryView, local_plain: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        local: CrossMemoryMemoryDesc,
+        remote: CrossMemoryMemoryDesc,
+        peer: Peer,
+        own_table: RegistryView,
+        local_plain: bool = False,
+    ) -> None:
         super().__init__(engine, local, remote)
         self.peer = peer
-        self._own_table = own_table     # the engine's own registration table, where local_mem is held
+        self._own_table = own_table  # the engine's own registration table, where local_mem is held
         # Where the remote memory can be reached in this process, if it can: a peer's pages
         # mapped here (held by the session, so they stay mapped while it lives), and only
         # when the local memory is plain memory a copy cannot fault on.
         self._pages = None
         self.mapped_remote_address: int | None = None
-        self._here_low = self._here_high = 0    # remote offsets the mapping covers
+        self._here_low = self._here_high = 0  # remote offsets the mapping covers
         self._segment: tuple | None = None
-        self._stopped = ctypes.c_uint32(0)      # see stop_word
+        self._stopped = ctypes.c_uint32(0)  # see stop_word
         if local_plain and remote.shares_pages and (pages := peer.pages_of(remote)) is not None:
             self._pages = pages
             self.mapped_remote_address = pages.address - remote.shared_start + remote.address
@@ -66,12 +75,23 @@ class CrossMemorySession(SessionBase):
         """How a copy-assist job names this session's two registrations (``_copy_assist.post``);
         None where the peer cannot be helped to them (no shared pages here or there, or a
         descriptor longer than a board holds)."""
-        if self._segment is None and self.mapped_remote_address is not None and self.local_mem.shares_pages:
+        if (
+            self._segment is None
+            and self.mapped_remote_address is not None
+            and self.local_mem.shares_pages
+        ):
             local = self.local_mem
             packed = local.pack()
             if len(packed) <= DESC_MAX:
-                self._segment = (local.pid, local.mem_id, local.shared_token.encode(), self.remote_mem.mem_id,
-                                 packed, self.mapped_remote_address, local.address)
+                self._segment = (
+                    local.pid,
+                    local.mem_id,
+                    local.shared_token.encode(),
+                    self.remote_mem.mem_id,
+                    packed,
+                    self.mapped_remote_address,
+                    local.address,
+                )
         return self._segment
 
     def helpable(self, batch: CheckedBatch) -> bool:
@@ -90,7 +110,10 @@ class CrossMemorySession(SessionBase):
         if self.mapped_remote_address is None:
             return False
         offsets = batch.remote_offsets
-        return min(offsets) >= self._here_low and max(map(int.__add__, offsets, batch.sizes)) <= self._here_high
+        return (
+            min(offsets) >= self._here_low
+            and max(map(int.__add__, offsets, batch.sizes)) <= self._here_high
+        )
 
     @property
     def stop_word(self) -> int:
@@ -108,9 +131,11 @@ class CrossMemorySession(SessionBase):
 
     def alive(self) -> bool:
         local, remote = self.local_mem, self.remote_mem
-        return (self.why_dead() is None
-                and self._own_table.holds(local.slot, local.mem_id, local.address, local.size)
-                and self.peer.registry.holds(remote.slot, remote.mem_id, remote.address, remote.size))
+        return (
+            self.why_dead() is None
+            and self._own_table.holds(local.slot, local.mem_id, local.address, local.size)
+            and self.peer.registry.holds(remote.slot, remote.mem_id, remote.address, remote.size)
+        )
 
     def why_dead(self) -> str | None:
         if self._engine.closed:
@@ -128,8 +153,10 @@ class CrossMemorySession(SessionBase):
             return self.failure(f"local memory {local.mem_id} was deregistered")
         if not self.peer.registry.hold(remote.slot, remote.mem_id, remote.address, remote.size):
             own_table.release(local.slot)
-            return self.failure(f"remote memory {remote.mem_id} of engine {remote.engine_key!r} "
-                                "was deregistered (or its engine closed)")
+            return self.failure(
+                f"remote memory {remote.mem_id} of engine {remote.engine_key!r} "
+                "was deregistered (or its engine closed)"
+            )
         return None
 
     def failure(self, reason: str) -> tuple[int, str]:

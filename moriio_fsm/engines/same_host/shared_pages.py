@@ -35,9 +35,22 @@ _PAGE = mmap.PAGESIZE
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 _libc.mremap.restype = ctypes.c_void_p
-_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+_libc.mremap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_void_p,
+]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
@@ -47,7 +60,7 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MADV_DONTFORK = 10
-_MAP_FIXED = 0x10          # not in Python's mmap module
+_MAP_FIXED = 0x10  # not in Python's mmap module
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _RW = mmap.PROT_READ | mmap.PROT_WRITE
 
@@ -91,8 +104,12 @@ def plain_memory(address: int, nbytes: int) -> bool:
     truncated file would kill a memory copy that the kernel's copy answers with EFAULT)."""
     start = address // _PAGE * _PAGE
     try:
-        return _maps_cover("/proc/self/maps", start, -(-(address + nbytes) // _PAGE) * _PAGE - start,
-                           lambda perms, name: perms == "rw-p" and name in ("", "[heap]"))
+        return _maps_cover(
+            "/proc/self/maps",
+            start,
+            -(-(address + nbytes) // _PAGE) * _PAGE - start,
+            lambda perms, name: perms == "rw-p" and name in ("", "[heap]"),
+        )
     except OSError:
         return False
 
@@ -128,8 +145,12 @@ class AdoptedPages:
         try:
             fd = os.memfd_create(ADOPTED_NAME_PREFIX + token, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as exc:
-            _log.warning("could not share %d bytes at %#x with peers (%s); the kernel copies into them instead",
-                         size, start, exc.strerror or exc)
+            _log.warning(
+                "could not share %d bytes at %#x with peers (%s); the kernel copies into them instead",
+                size,
+                start,
+                exc.strerror or exc,
+            )
             return None
         moved = 0
         try:
@@ -141,12 +162,22 @@ class AdoptedPages:
         except OSError as exc:
             if moved == 0:
                 os.close(fd)
-                _log.warning("could not share %d bytes at %#x with peers (%s); the kernel copies into them "
-                             "instead", size, start, exc.strerror or exc)
+                _log.warning(
+                    "could not share %d bytes at %#x with peers (%s); the kernel copies into them "
+                    "instead",
+                    size,
+                    start,
+                    exc.strerror or exc,
+                )
                 return None
             # Part of the range is on the memfd already: keep that part adopted.
-            _log.warning("shared only %d of %d bytes at %#x with peers (%s)", moved, size, start,
-                         exc.strerror or exc)
+            _log.warning(
+                "shared only %d of %d bytes at %#x with peers (%s)",
+                moved,
+                size,
+                start,
+                exc.strerror or exc,
+            )
             size = moved
         except BaseException:
             if moved == 0:
@@ -170,14 +201,18 @@ class AdoptedPages:
             return True
         try:
             if not self._still_mine():
-                return True        # the memory was freed or remapped under its registration
+                return True  # the memory was freed or remapped under its registration
             done = 0
             try:
                 while done < self.size:
                     done += _move_onto_private(fd, self.start, done, min(_CHUNK, self.size - done))
             except OSError as exc:
-                _log.warning("could not move %d shared bytes at %#x back onto private memory (%s)",
-                             self.size - done, self.start + done, exc.strerror or exc)
+                _log.warning(
+                    "could not move %d shared bytes at %#x back onto private memory (%s)",
+                    self.size - done,
+                    self.start + done,
+                    exc.strerror or exc,
+                )
                 return False
             _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, 0, self.size)
             return True
@@ -187,8 +222,9 @@ class AdoptedPages:
     def _still_mine(self) -> bool:
         name = ADOPTED_NAME_PREFIX + self.token
         try:
-            return _maps_cover("/proc/self/maps", self.start, self.size,
-                               lambda perms, line_name: name in line_name)
+            return _maps_cover(
+                "/proc/self/maps", self.start, self.size, lambda perms, line_name: name in line_name
+            )
         except OSError:
             return False
 
@@ -250,7 +286,9 @@ class _Region:
 
 class _Ledger:
     def __init__(self) -> None:
-        self._lock = threading.Lock()        # one adoption at a time: two threads must not adopt the same pages
+        self._lock = (
+            threading.Lock()
+        )  # one adoption at a time: two threads must not adopt the same pages
         self._claims: set[MemoryClaim] = set()
         self._regions: list[_Region] = []
 
@@ -267,8 +305,12 @@ class _Ledger:
                     claim.holding.append(region)
             for region in self._regions:
                 pages = region.pages
-                if region not in claim.holding and pages.start < end and address < pages.start + pages.size:
-                    region.claims += 1            # given back only once this claim is gone too
+                if (
+                    region not in claim.holding
+                    and pages.start < end
+                    and address < pages.start + pages.size
+                ):
+                    region.claims += 1  # given back only once this claim is gone too
                     claim.holding.append(region)
             self._claims.add(claim)
             return claim
@@ -303,8 +345,12 @@ def _fds_to_spare() -> bool:
         return True
     if not _fd_warning.is_set():
         _fd_warning.set()
-        _log.warning("%d of %d fds in use: registered memory is no longer shared with peers (one fd each); "
-                     "raise the limit (ulimit -n) to share it", in_use, soft)
+        _log.warning(
+            "%d of %d fds in use: registered memory is no longer shared with peers (one fd each); "
+            "raise the limit (ulimit -n) to share it",
+            in_use,
+            soft,
+        )
     return False
 
 
@@ -339,7 +385,9 @@ class PeerPages:
             try:
                 address = _map(None, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, peer_fd)
             except OSError as exc:
-                raise RegionUnavailable(f"cannot map shared region {token} of process {pid}: {exc.strerror}") from None
+                raise RegionUnavailable(
+                    f"cannot map shared region {token} of process {pid}: {exc.strerror}"
+                ) from None
         finally:
             os.close(peer_fd)
         self.pid, self.token, self.size, self.address = pid, token, size, address
@@ -361,13 +409,18 @@ class PeerPages:
         if seals & fcntl.F_SEAL_SHRINK == 0:
             raise RegionUnavailable(f"{what} is not sealed against shrinking")
         if facts.st_blocks * 512 < size:
-            raise RegionUnavailable(f"{what} is not backed by the owner's memory "
-                                    f"({facts.st_blocks * 512} of {size} bytes)")
+            raise RegionUnavailable(
+                f"{what} is not backed by the owner's memory "
+                f"({facts.st_blocks * 512} of {size} bytes)"
+            )
         try:
-            mapped = _maps_cover(f"/proc/{pid}/maps", owner_start, size,
-                                 lambda perms, line_name: name in line_name and perms == "rw-s")
+            mapped = _maps_cover(
+                f"/proc/{pid}/maps",
+                owner_start,
+                size,
+                lambda perms, line_name: name in line_name and perms == "rw-s",
+            )
         except OSError:
             mapped = False
         if not mapped:
             raise RegionUnavailable(f"{what} is not mapped at {owner_start:#x} in its owner")
-

@@ -64,5 +64,6 @@ def engine_options(strategy: str, share_pages: bool = True) -> EngineOptions:
     try:
         return COPY_STRATEGIES[strategy].copy()
     except KeyError:
-        raise ValueError(f"copy strategy must be 'auto' or one of {sorted(COPY_STRATEGIES)}, "
-                         f"got {strategy!r}") from None
+        raise ValueError(
+            f"copy strategy must be 'auto' or one of {sorted(COPY_STRATEGIES)}, got {strategy!r}"
+        ) from None

@@ -41,31 +41,51 @@ UPSTREAM_FRAMES = [
     (
         Role.PRODUCER,
         msgpack.dumps(
-            {"req_id": "req-1", "transfer_id": "tx-1", "block_notify_list": [4, 5, 9], "decode_rank": 0,
-             "type": "remote_blocks"}
+            {
+                "req_id": "req-1",
+                "transfer_id": "tx-1",
+                "block_notify_list": [4, 5, 9],
+                "decode_rank": 0,
+                "type": "remote_blocks",
+            }
         ),
         RemoteBlocks("tx-1", "req-1", (4, 5, 9), 0),
     ),
     (
         Role.PRODUCER,
         msgpack.dumps(
-            {"req_id": "req-2", "transfer_id": "tx-2", "block_notify_list": [[1, 2], [300, 70000]],
-             "decode_rank": 3, "type": "remote_blocks"}
+            {
+                "req_id": "req-2",
+                "transfer_id": "tx-2",
+                "block_notify_list": [[1, 2], [300, 70000]],
+                "decode_rank": 3,
+                "type": "remote_blocks",
+            }
         ),
         RemoteBlocks("tx-2", "req-2", ((1, 2), (300, 70000)), 3),
     ),
     (
         Role.PRODUCER,
-        msgpack.dumps({"req_id": "req-3", "transfer_id": "tx-3", "block_notify_list": [7], "decode_rank": 1}),
+        msgpack.dumps(
+            {"req_id": "req-3", "transfer_id": "tx-3", "block_notify_list": [7], "decode_rank": 1}
+        ),
         RemoteBlocks("tx-3", "req-3", (7,), 1, WireForm.UNTYPED),
     ),
-    (Role.CONSUMER, msgpack.dumps({"type": "write_done", "transfer_id": "tx-4"}), WriteDone("tx-4")),
+    (
+        Role.CONSUMER,
+        msgpack.dumps({"type": "write_done", "transfer_id": "tx-4"}),
+        WriteDone("tx-4"),
+    ),
     (
         Role.CONSUMER,
         msgpack.dumps({"type": "write_done", "transfer_id": "tx-5", "num_writers": 4}),
         WriteDone("tx-5", 4),
     ),
-    (Role.CONSUMER, msgpack.dumps({"type": "write_failed", "transfer_id": "tx-6"}), WriteFailed("tx-6")),
+    (
+        Role.CONSUMER,
+        msgpack.dumps({"type": "write_failed", "transfer_id": "tx-6"}),
+        WriteFailed("tx-6"),
+    ),
     (Role.PRODUCER, msgpack.dumps({"type": "release", "transfer_id": "tx-7"}), Release("tx-7")),
     (
         Role.PRODUCER,
@@ -90,7 +110,9 @@ def test_upstream_frames_decode_and_reencode_byte_for_byte(role, frame, expected
 
 def test_untyped_remote_blocks_can_be_written_in_todays_form():
     legacy = decode_notify(
-        msgpack.dumps({"req_id": "r", "transfer_id": "t", "block_notify_list": [1], "decode_rank": 0}),
+        msgpack.dumps(
+            {"req_id": "r", "transfer_id": "t", "block_notify_list": [1], "decode_rank": 0}
+        ),
         role=Role.PRODUCER,
     )
     modern = RemoteBlocks(legacy.transfer_id, legacy.req_id, legacy.block_ids, legacy.decode_rank)
@@ -106,28 +128,56 @@ def test_decoded_messages_become_the_machines_events():
     blocks = event_for(decode_notify(UPSTREAM_FRAMES[1][1], role=Role.PRODUCER), 12.5)
     # Each kind is its own class made from the specs, a subclass of Event.
     assert type(blocks) is events.remote_blocks and isinstance(blocks, Event)
-    assert (blocks.transfer_id, blocks.kind, blocks.time, blocks.source) == ("tx-2", "remote_blocks", 12.5, "")
-    assert dict(blocks.data) == {"block_ids": ((1, 2), (300, 70000)), "decode_rank": 3, "req_id": "req-2",
-                                 "prompt_digest": "", "decode_dp_rank": -1}
+    assert (blocks.transfer_id, blocks.kind, blocks.time, blocks.source) == (
+        "tx-2",
+        "remote_blocks",
+        12.5,
+        "",
+    )
+    assert dict(blocks.data) == {
+        "block_ids": ((1, 2), (300, 70000)),
+        "decode_rank": 3,
+        "req_id": "req-2",
+        "prompt_digest": "",
+        "decode_dp_rank": -1,
+    }
     # Fields upstream does not send become the defaults the specs declare.
     assert dict(event_for(WriteDone("a", 2), 0).data) == {"num_writers": 2, "producer_rank": -1}
-    assert dict(event_for(WriteDone("a"), 0).data) == {"num_writers": 1, "producer_rank": -1}  # one writer
+    assert dict(event_for(WriteDone("a"), 0).data) == {
+        "num_writers": 1,
+        "producer_rank": -1,
+    }  # one writer
     failed = event_for(WriteFailed("a"), 0)
-    assert (failed.kind, dict(failed.data)) == ("write_failed",
-                                                {"reason": "", "writes_stopped": True, "producer_rank": -1})
+    assert (failed.kind, dict(failed.data)) == (
+        "write_failed",
+        {"reason": "", "writes_stopped": True, "producer_rank": -1},
+    )
     assert dict(event_for(Release("a", 4), 0).data) == {"consumer_tp_size": 4, "consumer_rank": -1}
-    assert dict(event_for(Release("a"), 0).data) == {"consumer_tp_size": 1, "consumer_rank": -1}  # one D rank
+    assert dict(event_for(Release("a"), 0).data) == {
+        "consumer_tp_size": 1,
+        "consumer_rank": -1,
+    }  # one D rank
     with pytest.raises(AttributeError):
         blocks.req_id = "other"  # events are read-only
 
 
-@pytest.mark.parametrize("message", [
-    RemoteBlocks("tx", "req", (1,)), WriteDone("tx"), WriteFailed("tx"), Release("tx", 2, 0, WireForm.BARE_ID),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        RemoteBlocks("tx", "req", (1,)),
+        WriteDone("tx"),
+        WriteFailed("tx"),
+        Release("tx", 2, 0, WireForm.BARE_ID),
+    ],
+)
 def test_every_event_names_its_source_and_the_codec_knows_no_events(message):
     event = event_for(message, 3.0, source="10.0.0.7#00deadbeef")
-    assert (event.transfer_id, event.kind, event.time, event.source) == ("tx", message.kind, 3.0,
-                                                                          "10.0.0.7#00deadbeef")
+    assert (event.transfer_id, event.kind, event.time, event.source) == (
+        "tx",
+        message.kind,
+        3.0,
+        "10.0.0.7#00deadbeef",
+    )
     assert not hasattr(message, "to_event")
 
 
@@ -144,24 +194,139 @@ BAD_FRAMES = [
     (msgpack.dumps({"type": "hello", "transfer_id": "t"}), "type", "unknown message type 'hello'"),
     (msgpack.dumps({"type": "write_done"}), "transfer_id", "missing"),
     (msgpack.dumps({"type": "write_done", "transfer_id": ""}), "transfer_id", "must not be empty"),
-    (msgpack.dumps({"type": "write_done", "transfer_id": 12}), "transfer_id", "expected a string, got int"),
+    (
+        msgpack.dumps({"type": "write_done", "transfer_id": 12}),
+        "transfer_id",
+        "expected a string, got int",
+    ),
     (msgpack.dumps({"type": "write_done", "transfer_id": "a b"}), "transfer_id", "whitespace"),
-    (msgpack.dumps({"type": "write_done", "transfer_id": "x" * 513}), "transfer_id", "exceeds the limit of 512"),
-    (msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": 0}), "num_writers", "out of range"),
-    (msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": True}), "num_writers", "expected an integer, got bool"),
-    (msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": 1.5}), "num_writers", "got float"),
-    (msgpack.dumps({"type": "release", "transfer_id": "t", "consumer_tp_size": -1}), "consumer_tp_size", "out of range"),
-    (msgpack.dumps({"type": "release", "transfer_id": "t", "consumer_tp_size": 10**6}), "consumer_tp_size", "out of range"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "block_notify_list": [1]}), "req_id", "missing"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r"}), "block_notify_list", "missing"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": []}), "block_notify_list", "must not be empty"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [1, -2]}), "block_notify_list[1]", "out of range"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [1, "2"]}), "block_notify_list[1]", "expected an integer, got str"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [[1], [2, None]]}), "block_notify_list[1][1]", "got NoneType"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [[1], 2]}), "block_notify_list[1]", "expected a list of block ids"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [[], []]}), "block_notify_list", "every KV cache group is empty"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": "1,2"}), "block_notify_list", "got str"),
-    (msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [1], "decode_rank": -1}), "decode_rank", "out of range"),
+    (
+        msgpack.dumps({"type": "write_done", "transfer_id": "x" * 513}),
+        "transfer_id",
+        "exceeds the limit of 512",
+    ),
+    (
+        msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": 0}),
+        "num_writers",
+        "out of range",
+    ),
+    (
+        msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": True}),
+        "num_writers",
+        "expected an integer, got bool",
+    ),
+    (
+        msgpack.dumps({"type": "write_done", "transfer_id": "t", "num_writers": 1.5}),
+        "num_writers",
+        "got float",
+    ),
+    (
+        msgpack.dumps({"type": "release", "transfer_id": "t", "consumer_tp_size": -1}),
+        "consumer_tp_size",
+        "out of range",
+    ),
+    (
+        msgpack.dumps({"type": "release", "transfer_id": "t", "consumer_tp_size": 10**6}),
+        "consumer_tp_size",
+        "out of range",
+    ),
+    (
+        msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "block_notify_list": [1]}),
+        "req_id",
+        "missing",
+    ),
+    (
+        msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r"}),
+        "block_notify_list",
+        "missing",
+    ),
+    (
+        msgpack.dumps(
+            {"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": []}
+        ),
+        "block_notify_list",
+        "must not be empty",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [1, -2],
+            }
+        ),
+        "block_notify_list[1]",
+        "out of range",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [1, "2"],
+            }
+        ),
+        "block_notify_list[1]",
+        "expected an integer, got str",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [[1], [2, None]],
+            }
+        ),
+        "block_notify_list[1][1]",
+        "got NoneType",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [[1], 2],
+            }
+        ),
+        "block_notify_list[1]",
+        "expected a list of block ids",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [[], []],
+            }
+        ),
+        "block_notify_list",
+        "every KV cache group is empty",
+    ),
+    (
+        msgpack.dumps(
+            {"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": "1,2"}
+        ),
+        "block_notify_list",
+        "got str",
+    ),
+    (
+        msgpack.dumps(
+            {
+                "type": "remote_blocks",
+                "transfer_id": "t",
+                "req_id": "r",
+                "block_notify_list": [1],
+                "decode_rank": -1,
+            }
+        ),
+        "decode_rank",
+        "out of range",
+    ),
     (b"\x82\xa4type", "<frame>", "invalid msgpack map"),
 ]
 
@@ -199,14 +364,35 @@ def test_size_limits_are_enforced_before_decoding():
     with pytest.raises(WireDecodeError, match="exceeds the limit of 64"):
         decode_notify(big, role=Role.CONSUMER, limits=WireLimits(max_message_bytes=64))
     limits = WireLimits(max_blocks=3)
-    four = msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [1, 2, 3, 4]})
+    four = msgpack.dumps(
+        {
+            "type": "remote_blocks",
+            "transfer_id": "t",
+            "req_id": "r",
+            "block_notify_list": [1, 2, 3, 4],
+        }
+    )
     with pytest.raises(WireDecodeError, match="4 block ids exceeds the limit of 3"):
         decode_notify(four, role=Role.PRODUCER, limits=limits)
     # Arrays longer than any legal list are refused by the unpacker itself.
-    long = msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": list(range(100))})
+    long = msgpack.dumps(
+        {
+            "type": "remote_blocks",
+            "transfer_id": "t",
+            "req_id": "r",
+            "block_notify_list": list(range(100)),
+        }
+    )
     with pytest.raises(WireDecodeError, match="max_array_len"):
         decode_notify(long, role=Role.PRODUCER, limits=limits)
-    groups = msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": [[1, 2], [3, 4]]})
+    groups = msgpack.dumps(
+        {
+            "type": "remote_blocks",
+            "transfer_id": "t",
+            "req_id": "r",
+            "block_notify_list": [[1, 2], [3, 4]],
+        }
+    )
     with pytest.raises(WireDecodeError, match="4 block ids in all groups exceeds the limit of 3"):
         decode_notify(groups, role=Role.PRODUCER, limits=limits)
 
@@ -246,7 +432,9 @@ def test_nested_headers_each_within_the_frame_size_allocate_nothing():
 
 def test_a_complete_large_message_still_decodes():
     blocks = tuple(range(WireLimits().max_blocks))
-    frame = msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": blocks})
+    frame = msgpack.dumps(
+        {"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": blocks}
+    )
     assert decode_notify(frame, role=Role.PRODUCER).block_ids == blocks
 
 
@@ -294,15 +482,26 @@ def test_handshake_request_and_reply_in_upstream_format():
     with pytest.raises(WireDecodeError, match="handshake request"):
         decode_handshake_request(b"get_meta_msgX")
     upstream_metadata = msgpack.dumps(
-        {"engine_id": "prefill-0", "agent_metadata": b"\x00engine", "kv_caches_base_addr": [2**40, 2**63 + 5],
-         "num_blocks": 1024, "block_len": 49152, "attn_backend_name": "ROCM_AITER_FA"}
+        {
+            "engine_id": "prefill-0",
+            "agent_metadata": b"\x00engine",
+            "kv_caches_base_addr": [2**40, 2**63 + 5],
+            "num_blocks": 1024,
+            "block_len": 49152,
+            "attn_backend_name": "ROCM_AITER_FA",
+        }
     )
-    upstream_layers = msgpack.dumps({"model.layers.0.attn": [b"desc-k", b"desc-v"], "model.layers.1.attn": [b"d"]})
+    upstream_layers = msgpack.dumps(
+        {"model.layers.0.attn": [b"desc-k", b"desc-v"], "model.layers.1.attn": [b"d"]}
+    )
     reply = decode_handshake_reply(upstream_metadata, upstream_layers)
     assert reply.metadata == AgentMetadata(
         "prefill-0", b"\x00engine", (2**40, 2**63 + 5), 1024, 49152, "ROCM_AITER_FA"
     )
-    assert dict(reply.layer_memory) == {"model.layers.0.attn": (b"desc-k", b"desc-v"), "model.layers.1.attn": (b"d",)}
+    assert dict(reply.layer_memory) == {
+        "model.layers.0.attn": (b"desc-k", b"desc-v"),
+        "model.layers.1.attn": (b"d",),
+    }
     assert encode_handshake_reply(reply) == (upstream_metadata, upstream_layers)
 
 
@@ -310,16 +509,66 @@ def test_handshake_request_and_reply_in_upstream_format():
     "metadata,layers,field",
     [
         ({"engine_id": "e"}, {"l": [b"d"]}, "metadata.agent_metadata"),
-        ({"engine_id": "e", "agent_metadata": "text", "kv_caches_base_addr": [], "num_blocks": 1, "block_len": 1,
-          "attn_backend_name": "a"}, {"l": [b"d"]}, "metadata.agent_metadata"),
-        ({"engine_id": "e", "agent_metadata": b"x", "kv_caches_base_addr": [-1], "num_blocks": 1, "block_len": 1,
-          "attn_backend_name": "a"}, {"l": [b"d"]}, "metadata.kv_caches_base_addr[0]"),
-        ({"engine_id": "e", "agent_metadata": b"x", "kv_caches_base_addr": [], "num_blocks": 0, "block_len": 1,
-          "attn_backend_name": "a"}, {"l": [b"d"]}, "metadata.num_blocks"),
-        ({"engine_id": "e", "agent_metadata": b"x", "kv_caches_base_addr": [], "num_blocks": 1, "block_len": 1,
-          "attn_backend_name": "a"}, {"l": []}, "layers['l']"),
-        ({"engine_id": "e", "agent_metadata": b"x", "kv_caches_base_addr": [], "num_blocks": 1, "block_len": 1,
-          "attn_backend_name": "a"}, [1], "layers"),
+        (
+            {
+                "engine_id": "e",
+                "agent_metadata": "text",
+                "kv_caches_base_addr": [],
+                "num_blocks": 1,
+                "block_len": 1,
+                "attn_backend_name": "a",
+            },
+            {"l": [b"d"]},
+            "metadata.agent_metadata",
+        ),
+        (
+            {
+                "engine_id": "e",
+                "agent_metadata": b"x",
+                "kv_caches_base_addr": [-1],
+                "num_blocks": 1,
+                "block_len": 1,
+                "attn_backend_name": "a",
+            },
+            {"l": [b"d"]},
+            "metadata.kv_caches_base_addr[0]",
+        ),
+        (
+            {
+                "engine_id": "e",
+                "agent_metadata": b"x",
+                "kv_caches_base_addr": [],
+                "num_blocks": 0,
+                "block_len": 1,
+                "attn_backend_name": "a",
+            },
+            {"l": [b"d"]},
+            "metadata.num_blocks",
+        ),
+        (
+            {
+                "engine_id": "e",
+                "agent_metadata": b"x",
+                "kv_caches_base_addr": [],
+                "num_blocks": 1,
+                "block_len": 1,
+                "attn_backend_name": "a",
+            },
+            {"l": []},
+            "layers['l']",
+        ),
+        (
+            {
+                "engine_id": "e",
+                "agent_metadata": b"x",
+                "kv_caches_base_addr": [],
+                "num_blocks": 1,
+                "block_len": 1,
+                "attn_backend_name": "a",
+            },
+            [1],
+            "layers",
+        ),
     ],
 )
 def test_bad_handshake_replies_name_the_field(metadata, layers, field):
@@ -330,4 +579,6 @@ def test_bad_handshake_replies_name_the_field(metadata, layers, field):
 
 def test_handshake_reply_roundtrip_from_values():
     reply = HandshakeReply(AgentMetadata("d-0", b"blob", (1, 2), 8, 64, "FA"), {"l0": (b"a",)})
-    assert decode_handshake_reply(*encode_handshake_reply(reply)) == HandshakeReply(reply.metadata, {"l0": (b"a",)})
+    assert decode_handshake_reply(*encode_handshake_reply(reply)) == HandshakeReply(
+        reply.metadata, {"l0": (b"a",)}
+    )

@@ -43,12 +43,19 @@ def shared_keys() -> CurveConfig:
 @pytest.fixture
 def secured_consumer(shared_keys):
     inbox: queue.Queue = queue.Queue()
-    transport = ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=shared_keys), inbox.put)
+    transport = ZmqTransport(
+        TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=shared_keys), inbox.put
+    )
     yield transport, inbox
     transport.close()
 
 
-def _raw_dealer(ctx: zmq.Context, port: int, keys: tuple[bytes, bytes] | None = None, server_key: bytes | None = None):
+def _raw_dealer(
+    ctx: zmq.Context,
+    port: int,
+    keys: tuple[bytes, bytes] | None = None,
+    server_key: bytes | None = None,
+):
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if keys is not None:
@@ -59,7 +66,9 @@ def _raw_dealer(ctx: zmq.Context, port: int, keys: tuple[bytes, bytes] | None = 
     return sock
 
 
-def test_keyed_peer_talks_and_keyless_or_unauthorised_peers_are_refused(shared_keys, secured_consumer):
+def test_keyed_peer_talks_and_keyless_or_unauthorised_peers_are_refused(
+    shared_keys, secured_consumer
+):
     receiver, inbox = secured_consumer
     ctx = zmq.Context()
     keyless = _raw_dealer(ctx, receiver.notify_port)
@@ -67,8 +76,10 @@ def test_keyed_peer_talks_and_keyless_or_unauthorised_peers_are_refused(shared_k
     try:
         keyless.send(msgpack.dumps({"type": "write_done", "transfer_id": "tx-keyless"}))
         stranger.send(msgpack.dumps({"type": "write_done", "transfer_id": "tx-stranger"}))
-        with ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=shared_keys),
-                          lambda d: None) as sender:
+        with ZmqTransport(
+            TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=shared_keys),
+            lambda d: None,
+        ) as sender:
             sender.send((HOST, receiver.notify_port), WriteDone("tx-keyed"))
             assert inbox.get(timeout=WAIT_S).message == WriteDone("tx-keyed")
         # The stranger's CURVE handshake reaches the ZAP check and is refused there.
@@ -88,13 +99,22 @@ def test_keyed_peer_talks_and_keyless_or_unauthorised_peers_are_refused(shared_k
 
 def test_an_authorised_client_key_of_another_pair_is_admitted(shared_keys):
     client = CurveConfig.generate()
-    server = CurveConfig(shared_keys.public_key, shared_keys.secret_key, frozenset({client.public_key}))
-    client_view = CurveConfig(client.public_key, client.secret_key,
-                              server_keys={HOST: shared_keys.public_key})
+    server = CurveConfig(
+        shared_keys.public_key, shared_keys.secret_key, frozenset({client.public_key})
+    )
+    client_view = CurveConfig(
+        client.public_key, client.secret_key, server_keys={HOST: shared_keys.public_key}
+    )
     inbox: queue.Queue = queue.Queue()
-    with ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=server), inbox.put) as receiver, \
-            ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=client_view),
-                         lambda d: None) as sender:
+    with (
+        ZmqTransport(
+            TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=server), inbox.put
+        ) as receiver,
+        ZmqTransport(
+            TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=client_view),
+            lambda d: None,
+        ) as sender,
+    ):
         sender.send((HOST, receiver.notify_port), WriteDone("tx-authorised"))
         assert inbox.get(timeout=WAIT_S).message == WriteDone("tx-authorised")
 
@@ -102,11 +122,20 @@ def test_an_authorised_client_key_of_another_pair_is_admitted(shared_keys):
 def test_handshake_requires_keys_when_curve_is_on(shared_keys):
     reply = HandshakeReply(AgentMetadata("p", b"desc", (1,), 2, 3, "FA"), {"l": (b"m",)})
     config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=shared_keys)
-    with ZmqTransport(config, lambda d: None) as server, \
-            ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=shared_keys), lambda d: None) as keyed, \
-            ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), lambda d: None) as keyless:
+    with (
+        ZmqTransport(config, lambda d: None) as server,
+        ZmqTransport(
+            TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=shared_keys), lambda d: None
+        ) as keyed,
+        ZmqTransport(
+            TransportConfig(role=Role.CONSUMER, bind_host=HOST), lambda d: None
+        ) as keyless,
+    ):
         port = server.serve_handshake(reply, bind_host=HOST)
-        assert keyed.request_handshake((HOST, port), timeout_s=WAIT_S).result(WAIT_S).metadata == reply.metadata
+        assert (
+            keyed.request_handshake((HOST, port), timeout_s=WAIT_S).result(WAIT_S).metadata
+            == reply.metadata
+        )
         with pytest.raises(HandshakeFailedError):
             keyless.request_handshake((HOST, port), timeout_s=0.3).result(WAIT_S)
 
@@ -151,16 +180,26 @@ def test_a_message_names_the_key_it_came_with_and_a_transfer_expects_its_hosts_k
     from moriio_fsm.adapters.zmq.senders import AddressCache, expected_senders
 
     other = CurveConfig.generate()
-    server = CurveConfig(shared_keys.public_key, shared_keys.secret_key, frozenset({other.public_key}))
-    other_view = CurveConfig(other.public_key, other.secret_key, server_keys={HOST: shared_keys.public_key})
+    server = CurveConfig(
+        shared_keys.public_key, shared_keys.secret_key, frozenset({other.public_key})
+    )
+    other_view = CurveConfig(
+        other.public_key, other.secret_key, server_keys={HOST: shared_keys.public_key}
+    )
     inbox: queue.Queue = queue.Queue()
-    with ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=server), inbox.put) as receiver:
+    with ZmqTransport(
+        TransportConfig(role=Role.CONSUMER, bind_host=HOST, curve=server), inbox.put
+    ) as receiver:
         for keys in (shared_keys, other_view):
-            with ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=keys),
-                              lambda d: None) as sender:
+            with ZmqTransport(
+                TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, curve=keys),
+                lambda d: None,
+            ) as sender:
                 sender.send((HOST, receiver.notify_port), WriteDone("tx-keyed"))
                 delivery = inbox.get(timeout=WAIT_S)
-                assert delivery.source.split("#")[0] == f"{HOST}/{z85.decode(keys.public_key).hex()}"
+                assert (
+                    delivery.source.split("#")[0] == f"{HOST}/{z85.decode(keys.public_key).hex()}"
+                )
     # The peer at HOST is expected with the key server_keys names for it (here: its own pair).
     bound = expected_senders(HOST, server, AddressCache())
     assert bound == f"{HOST}/{z85.decode(shared_keys.public_key).hex()}"

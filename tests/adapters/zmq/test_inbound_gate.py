@@ -41,7 +41,7 @@ def test_a_message_is_charged_to_the_address_it_came_from_even_on_a_departed_pee
         honest.send(encode_notify(WriteDone("tx-1", 1)))
         assert inbox.get(timeout=WAIT_S).peer.address == "127.0.0.1"
         honest.close(linger=0)
-        time.sleep(0.3)                           # that connection is gone; its identity is free
+        time.sleep(0.3)  # that connection is gone; its identity is free
         forger = dealer(ctx, listener.notify_port, "127.0.0.2", b"peer-1")
         forger.send(encode_notify(WriteDone("tx-1", 1)))
         delivery = inbox.get(timeout=WAIT_S)
@@ -117,21 +117,26 @@ COLLIDE = textwrap.dedent("""
 
 
 def test_an_untrusted_host_claiming_libzmqs_next_identities_cannot_abort_the_listener():
-    child = subprocess.run([sys.executable, "-c", COLLIDE], capture_output=True, text=True, timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", COLLIDE], capture_output=True, text=True, timeout=60
+    )
     assert child.returncode == 0, child.stderr[-2000:]
     delivered, refused = map(int, child.stdout.split())
     assert delivered == 4 and refused >= 5
 
 
-@pytest.mark.parametrize("local, host, expected", [
-    ("198.18.0.2", "198.18.0.3", "198.18.0.2"),
-    ("127.0.0.1", "127.0.0.2", "127.0.0.1"),
-    ("127.0.0.1", "198.18.0.3", None),         # loopback cannot reach another host
-    ("198.18.0.2", "2001:db8::1", None),       # another family
-    ("0.0.0.0", "198.18.0.3", None),           # a wildcard is no address to leave from
-    ("198.18.0.2", "decode-0", None),          # a name: the kernel chooses
-    (None, "198.18.0.3", None),
-])
+@pytest.mark.parametrize(
+    "local, host, expected",
+    [
+        ("198.18.0.2", "198.18.0.3", "198.18.0.2"),
+        ("127.0.0.1", "127.0.0.2", "127.0.0.1"),
+        ("127.0.0.1", "198.18.0.3", None),  # loopback cannot reach another host
+        ("198.18.0.2", "2001:db8::1", None),  # another family
+        ("0.0.0.0", "198.18.0.3", None),  # a wildcard is no address to leave from
+        ("198.18.0.2", "decode-0", None),  # a name: the kernel chooses
+        (None, "198.18.0.3", None),
+    ],
+)
 def test_senders_leave_from_the_address_their_transport_listens_on(local, host, expected):
     assert source_for(local, host) == expected
 
@@ -144,8 +149,11 @@ def test_the_source_goes_into_the_endpoint_in_zeromqs_syntax():
 
 def test_a_transports_messages_come_from_the_address_it_listens_on():
     inbox: queue.Queue = queue.Queue()
-    with ZmqTransport(TransportConfig(Role.CONSUMER, bind_host="127.0.0.1"), inbox.put) as listener, \
-            ZmqTransport(TransportConfig(Role.PRODUCER, bind_host="127.0.0.2", listen=False),
-                         lambda d: None) as sender:
+    with (
+        ZmqTransport(TransportConfig(Role.CONSUMER, bind_host="127.0.0.1"), inbox.put) as listener,
+        ZmqTransport(
+            TransportConfig(Role.PRODUCER, bind_host="127.0.0.2", listen=False), lambda d: None
+        ) as sender,
+    ):
         sender.send(("127.0.0.1", listener.notify_port), WriteDone("tx-src", 1))
         assert inbox.get(timeout=WAIT_S).peer.address == "127.0.0.2"

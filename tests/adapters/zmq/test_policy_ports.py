@@ -11,7 +11,10 @@ import pytest
 from moriio_fsm.adapters.zmq import PeerPolicy, RankEndpoint, UntrustedPeerError, listener_port
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "::ffff:127.0.0.1", "localhost", "LocalHost."])
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "::ffff:127.0.0.1", "localhost", "LocalHost."],
+)
 def test_only_loopback_is_trusted_by_default(host):
     assert PeerPolicy().is_trusted(host)
 
@@ -40,7 +43,15 @@ def test_refusals_say_why(host, reason):
 
 
 def test_configured_names_addresses_and_ranges_are_canonicalised():
-    policy = PeerPolicy(["Decode-0.Cluster.Local.", "10.1.0.0/16", "fd00:0:0:0::/64", "192.168.5.7", "::ffff:10.9.0.0/112"])
+    policy = PeerPolicy(
+        [
+            "Decode-0.Cluster.Local.",
+            "10.1.0.0/16",
+            "fd00:0:0:0::/64",
+            "192.168.5.7",
+            "::ffff:10.9.0.0/112",
+        ]
+    )
     assert policy.check("decode-0.cluster.local") == "decode-0.cluster.local"
     assert policy.check("DECODE-0.cluster.local.") == "decode-0.cluster.local"
     assert policy.check("10.1.200.3") == "10.1.200.3"
@@ -69,7 +80,9 @@ def test_listener_port_separates_every_rank():
     }
     assert len(ports) == 12
     # The two ranks upstream's two-argument form sends to the same port:
-    assert listener_port(6000, dp_rank=0, tp_rank=1, tp_size=2) != listener_port(6000, dp_rank=1, tp_rank=0, tp_size=2)
+    assert listener_port(6000, dp_rank=0, tp_rank=1, tp_size=2) != listener_port(
+        6000, dp_rank=1, tp_rank=0, tp_size=2
+    )
     assert RankEndpoint("127.0.0.1", 6000, dp_rank=1, tp_rank=1, tp_size=2).port == 6003
 
 

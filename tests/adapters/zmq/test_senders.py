@@ -47,7 +47,7 @@ def test_a_slow_lookup_never_holds_up_the_caller():
 
     cache = AddressCache(lookup=slow)
     started = time.monotonic()
-    assert expected_senders("decode-0", None, cache) is None      # not known yet: no wait
+    assert expected_senders("decode-0", None, cache) is None  # not known yet: no wait
     assert time.monotonic() - started < 1.0
     release.set()
     assert settled(cache, "decode-0") == "198.18.0.7"
@@ -81,7 +81,7 @@ def test_a_name_that_does_not_resolve_or_a_junk_host_binds_to_no_sender():
     cache = AddressCache(lookup=lookup)
     assert settled(cache, "nowhere.invalid") == "-"
     assert expected_senders("bad host!", None, cache) == "-"
-    assert expected_senders("127.1", None, cache) == "-"        # an ambiguous numeric form
+    assert expected_senders("127.1", None, cache) == "-"  # an ambiguous numeric form
 
 
 def test_the_cache_of_names_is_bounded_whatever_the_requests_name():

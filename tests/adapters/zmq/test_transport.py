@@ -108,8 +108,11 @@ def test_message_is_delivered_with_its_peer_and_becomes_an_event_from_that_peer(
     assert delivery.peer.identity
     assert delivery.source == f"{HOST}#{delivery.peer.identity.hex()}"
     event = event_for(delivery.message, delivery.received_at, delivery.source)
-    assert (event.transfer_id, event.kind, dict(event.data)) == ("tx-1", "write_done",
-                                                                 {"num_writers": 2, "producer_rank": -1})
+    assert (event.transfer_id, event.kind, dict(event.data)) == (
+        "tx-1",
+        "write_done",
+        {"num_writers": 2, "producer_rank": -1},
+    )
     assert (event.time, event.source) == (delivery.received_at, delivery.source)
 
 
@@ -136,8 +139,12 @@ def test_listener_survives_a_run_of_malformed_messages(consumer, raw_dealer):
         b"\xff\xfe",
         msgpack.dumps({"type": "nope", "transfer_id": "t"}),
         msgpack.dumps({"type": "write_done"}),
-        msgpack.dumps({"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": []}),
-        msgpack.dumps({"type": "release", "transfer_id": "t"}),  # for the producer, not this consumer
+        msgpack.dumps(
+            {"type": "remote_blocks", "transfer_id": "t", "req_id": "r", "block_notify_list": []}
+        ),
+        msgpack.dumps(
+            {"type": "release", "transfer_id": "t"}
+        ),  # for the producer, not this consumer
         msgpack.dumps([1, 2, 3]),
         b"\x81\xa4type" + b"\x91" * 3000,
     ]
@@ -171,7 +178,9 @@ def test_a_raising_callback_does_not_stop_the_listener(raw_dealer):
 
 def test_oversized_frames_are_refused_and_the_listener_keeps_serving(raw_dealer):
     inbox = Inbox()
-    config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, limits=WireLimits(max_message_bytes=1024))
+    config = TransportConfig(
+        role=Role.CONSUMER, bind_host=HOST, limits=WireLimits(max_message_bytes=1024)
+    )
     with ZmqTransport(config, inbox) as receiver:
         flooder = raw_dealer(receiver.notify_port)
         flooder.send(b"x" * 100_000)  # libzmq drops this connection (MAXMSGSIZE)
@@ -202,16 +211,25 @@ def test_sends_from_many_threads_all_arrive_complete(consumer, producer):
     assert sorted(d.message.transfer_id for d in received) == sorted(
         f"tx-{i}-{n}" for i in range(threads) for n in range(per_thread)
     )
-    assert all(d.message.num_writers == int(d.message.transfer_id.split("-")[1]) + 1 for d in received)
+    assert all(
+        d.message.num_writers == int(d.message.transfer_id.split("-")[1]) + 1 for d in received
+    )
     assert failures.empty()
 
 
 def test_remote_blocks_reach_the_producer_intact():
     inbox = Inbox()
-    with ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST), inbox) as prefill, \
-            ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST, listen=False), Inbox()) as decode:
+    with (
+        ZmqTransport(TransportConfig(role=Role.PRODUCER, bind_host=HOST), inbox) as prefill,
+        ZmqTransport(
+            TransportConfig(role=Role.CONSUMER, bind_host=HOST, listen=False), Inbox()
+        ) as decode,
+    ):
         blocks = tuple(range(0, 20_000, 3))
-        decode.send((HOST, prefill.notify_port), RemoteBlocks("tx-big", "req-9", (blocks, (1, 2)), decode_rank=2))
+        decode.send(
+            (HOST, prefill.notify_port),
+            RemoteBlocks("tx-big", "req-9", (blocks, (1, 2)), decode_rank=2),
+        )
         message = inbox.get().message
         assert message.block_ids == (blocks, (1, 2))
         assert (message.req_id, message.decode_rank) == ("req-9", 2)
@@ -229,7 +247,9 @@ def test_untrusted_destinations_are_refused_before_any_socket(producer, host):
 
 
 def test_configured_peers_replace_the_loopback_default():
-    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, trusted_peers=("10.20.0.0/16",))
+    config = TransportConfig(
+        role=Role.PRODUCER, bind_host=HOST, listen=False, trusted_peers=("10.20.0.0/16",)
+    )
     with ZmqTransport(config, Inbox()) as sender:
         with pytest.raises(UntrustedPeerError, match="not in the trusted peers"):
             sender.send((HOST, 5555), WriteDone("tx"))
@@ -249,13 +269,19 @@ def test_a_peer_that_never_answers_is_reported_as_a_failed_send(producer):
     with socket_port() as dead_port:  # a port with no listener
         sender.send((HOST, dead_port), WriteFailed("tx-lost"))
         failure = failures.get(timeout=WAIT_S)
-    assert (failure.transfer_id, failure.kind, failure.port) == ("tx-lost", "write_failed", dead_port)
+    assert (failure.transfer_id, failure.kind, failure.port) == (
+        "tx-lost",
+        "write_failed",
+        dead_port,
+    )
     assert "send timeout" in failure.reason
 
 
 def test_least_recently_used_sender_is_closed_when_the_cache_is_full():
     inboxes = [Inbox() for _ in range(3)]
-    receivers = [ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), box) for box in inboxes]
+    receivers = [
+        ZmqTransport(TransportConfig(role=Role.CONSUMER, bind_host=HOST), box) for box in inboxes
+    ]
     config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False, max_peers=2)
     try:
         with ZmqTransport(config, Inbox()) as sender:
@@ -273,8 +299,10 @@ def test_least_recently_used_sender_is_closed_when_the_cache_is_full():
 def test_handshake_round_trip_and_timeout(consumer, producer):
     receiver, _ = consumer
     sender, _ = producer
-    reply = HandshakeReply(AgentMetadata("prefill-0", b"engine-desc", (4096, 8192), 64, 4096, "FA"),
-                           {"layers.0": (b"mem-k", b"mem-v")})
+    reply = HandshakeReply(
+        AgentMetadata("prefill-0", b"engine-desc", (4096, 8192), 64, 4096, "FA"),
+        {"layers.0": (b"mem-k", b"mem-v")},
+    )
     port = sender.serve_handshake(reply, bind_host=HOST)
     got = receiver.request_handshake((HOST, port), timeout_s=WAIT_S).result(WAIT_S)
     assert got.metadata == reply.metadata
@@ -319,8 +347,14 @@ def test_configuration_errors_name_the_setting():
 
 def test_listener_port_follows_the_rank_rule():
     with socket_port() as base:
-        config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, notify_base_port=base - 3,
-                                 dp_rank=1, tp_rank=1, tp_size=2)
+        config = TransportConfig(
+            role=Role.CONSUMER,
+            bind_host=HOST,
+            notify_base_port=base - 3,
+            dp_rank=1,
+            tp_rank=1,
+            tp_size=2,
+        )
         assert config.notify_port == base
     with ZmqTransport(config, Inbox()) as transport:
         assert transport.notify_port == base
@@ -348,9 +382,17 @@ class socket_port:
 def test_socket_creation_errors_fail_their_own_work_and_the_transport_keeps_serving(consumer):
     receiver, inbox = consumer
     failures: queue.Queue = queue.Queue()
-    config = TransportConfig(role=Role.PRODUCER, bind_host=HOST, listen=False,
-                             max_pending_handshakes=1_100, max_queued_commands=1_100)
-    with ZmqTransport(config, Inbox(), on_send_failure=failures.put) as sender, socket_port() as dead_port:
+    config = TransportConfig(
+        role=Role.PRODUCER,
+        bind_host=HOST,
+        listen=False,
+        max_pending_handshakes=1_100,
+        max_queued_commands=1_100,
+    )
+    with (
+        ZmqTransport(config, Inbox(), on_send_failure=failures.put) as sender,
+        socket_port() as dead_port,
+    ):
         # libzmq allows 1023 sockets per context: the handshakes beyond that fail at once.
         futures = [sender.request_handshake((HOST, dead_port), timeout_s=5.0) for _ in range(1_100)]
         with pytest.raises(HandshakeFailedError, match="could not start a handshake"):
@@ -365,7 +407,9 @@ def test_socket_creation_errors_fail_their_own_work_and_the_transport_keeps_serv
                 future.result(WAIT_S)
         sender.send((HOST, receiver.notify_port), WriteDone("tx-after"))
         assert inbox.get().message == WriteDone("tx-after")
-        assert sender.stats["io_errors"] == 0  # contained where they happened, not by the last resort
+        assert (
+            sender.stats["io_errors"] == 0
+        )  # contained where they happened, not by the last resort
 
 
 def test_if_the_io_thread_stops_the_transport_is_closed_and_queued_work_is_failed(monkeypatch):
@@ -436,7 +480,9 @@ def test_sends_beyond_the_queue_bound_are_refused(consumer, raw_dealer):
 
 def test_commands_and_pending_handshakes_are_bounded(raw_dealer):
     blocked = BlockedIoThread()
-    config = TransportConfig(role=Role.CONSUMER, bind_host=HOST, max_queued_commands=4, max_pending_handshakes=2)
+    config = TransportConfig(
+        role=Role.CONSUMER, bind_host=HOST, max_queued_commands=4, max_pending_handshakes=2
+    )
     with ZmqTransport(config, blocked) as transport, socket_port() as dead_port:
         blocked.block(transport, raw_dealer(transport.notify_port))
         first = transport.request_handshake((HOST, dead_port), timeout_s=30)
@@ -446,8 +492,11 @@ def test_commands_and_pending_handshakes_are_bounded(raw_dealer):
         assert first.cancel()  # a finished handshake frees its slot
         transport.request_handshake((HOST, dead_port), timeout_s=30)
         with pytest.raises(TransportBusyError, match="did not bind"):
-            transport.serve_handshake(HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {}),
-                                      bind_host=HOST, timeout_s=0.2)
+            transport.serve_handshake(
+                HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {}),
+                bind_host=HOST,
+                timeout_s=0.2,
+            )
         # Three handshakes (one cancelled) and the abandoned serve fill the command queue.
         reply = HandshakeReply(AgentMetadata("p", b"d", (), 1, 1, "FA"), {})
         with pytest.raises(TransportBusyError, match="max_queued_commands"):

@@ -17,20 +17,28 @@ def main() -> None:
     with LoopbackEngine(sys.argv[2]) as engine:
         shared = engine.allocate_shared_tensor(size)
         private = torch.zeros(size, dtype=torch.uint8)
-        print(json.dumps({
-            "engine": engine.get_engine_desc().pack().hex(),
-            "shared": engine.register_torch_tensor(shared).pack().hex(),
-            "private": engine.register_torch_tensor(private).pack().hex(),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "engine": engine.get_engine_desc().pack().hex(),
+                    "shared": engine.register_torch_tensor(shared).pack().hex(),
+                    "private": engine.register_torch_tensor(private).pack().hex(),
+                }
+            ),
+            flush=True,
+        )
         for line in sys.stdin:
             command = json.loads(line)
             if command["op"] == "dump":
-                data = bytes(shared[command["offset"]:command["offset"] + command["size"]].tolist())
+                data = bytes(
+                    shared[command["offset"] : command["offset"] + command["size"]].tolist()
+                )
                 print(json.dumps({"hex": data.hex()}), flush=True)
             elif command["op"] == "fill":
                 data = bytes.fromhex(command["hex"])
-                shared[command["offset"]:command["offset"] + len(data)] = torch.frombuffer(
-                    bytearray(data), dtype=torch.uint8)
+                shared[command["offset"] : command["offset"] + len(data)] = torch.frombuffer(
+                    bytearray(data), dtype=torch.uint8
+                )
                 print(json.dumps({"ok": True}), flush=True)
             else:
                 break

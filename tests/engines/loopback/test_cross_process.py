@@ -39,8 +39,9 @@ def peer():
 def producer(peer):
     with LoopbackEngine("cross-prefill") as engine:
         engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
-        source = torch.randint(0, 256, (REGION,), dtype=torch.uint8,
-                               generator=torch.Generator().manual_seed(4))
+        source = torch.randint(
+            0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4)
+        )
         engine.source = source
         engine.source_mem = engine.register_torch_tensor(source)
         yield engine
@@ -53,10 +54,12 @@ def test_bytes_written_here_land_in_the_peer_process(peer, producer):
     chunk = 4096
     local_offsets = [i * chunk for i in range(8)]
     remote_offsets = [(7 - i) * chunk + 8 * chunk for i in range(8)]
-    status = session.batch_write(local_offsets, remote_offsets, [chunk] * 8, session.allocate_transfer_uid())
+    status = session.batch_write(
+        local_offsets, remote_offsets, [chunk] * 8, session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     for lo, ro in zip(local_offsets, remote_offsets):
-        assert peer.dump(ro, chunk) == bytes(producer.source[lo:lo + chunk].tolist())
+        assert peer.dump(ro, chunk) == bytes(producer.source[lo : lo + chunk].tolist())
     assert peer.dump(0, 8 * chunk) == bytes(8 * chunk)
 
 
@@ -65,7 +68,9 @@ def test_batch_read_pulls_bytes_the_peer_holds(peer, producer):
     assert peer.ask(op="fill", offset=50_000, hex=pattern.hex())["ok"]
     remote = producer.unpack_memory_desc(peer.shared_mem)
     session = producer.create_session(producer.source_mem, remote)
-    status = session.batch_read([0, 2000], [50_000, 50_500], [500, 500], session.allocate_transfer_uid())
+    status = session.batch_read(
+        [0, 2000], [50_000, 50_500], [500, 500], session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert bytes(producer.source[0:500].tolist()) == pattern[:500]
     assert bytes(producer.source[2000:2500].tolist()) == pattern[500:]
@@ -83,8 +88,9 @@ def test_transfers_to_a_dead_peer_fail_with_an_rdma_error():
         with LoopbackEngine("orphaned-prefill") as engine:
             engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
             source = torch.ones(REGION, dtype=torch.uint8)
-            session = engine.create_session(engine.register_torch_tensor(source),
-                                            engine.unpack_memory_desc(peer.shared_mem))
+            session = engine.create_session(
+                engine.register_torch_tensor(source), engine.unpack_memory_desc(peer.shared_mem)
+            )
             first = session.write(0, 0, 64, session.allocate_transfer_uid())
             assert first.wait_for(WAIT_MS) and first.succeeded()
             peer.stop()
@@ -103,8 +109,9 @@ def test_a_dead_peers_mapping_is_released_while_the_engine_is_open(region_leak_c
         with LoopbackEngine("surviving-prefill") as engine:
             engine.register_remote_engine(engine.unpack_engine_desc(peer.engine_desc))
             source = torch.ones(REGION, dtype=torch.uint8)
-            session = engine.create_session(engine.register_torch_tensor(source),
-                                            engine.unpack_memory_desc(peer.shared_mem))
+            session = engine.create_session(
+                engine.register_torch_tensor(source), engine.unpack_memory_desc(peer.shared_mem)
+            )
             status = session.write(0, 0, 64, session.allocate_transfer_uid())
             assert status.wait_for(WAIT_MS) and status.succeeded()
             assert check.leaked(), "the peer's region should be mapped here"

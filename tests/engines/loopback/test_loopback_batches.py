@@ -34,9 +34,14 @@ def batches(draw):
 @given(batch=batches(), op=st.sampled_from(["write", "read"]), copy_threads=st.sampled_from([1, 2]))
 def test_random_batches_match_a_naive_copy(batch, op, copy_threads):
     local_offsets, remote_offsets, sizes = batch
-    source = torch.randint(0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    source = torch.randint(
+        0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     target = torch.zeros(REGION, dtype=torch.uint8)
-    with LoopbackEngine("batches-a", copy_threads=copy_threads) as engine, LoopbackEngine("batches-b") as peer:
+    with (
+        LoopbackEngine("batches-a", copy_threads=copy_threads) as engine,
+        LoopbackEngine("batches-b") as peer,
+    ):
         # Force the multi-threaded path even for small batches.
         engine.PARALLEL_COPY_MIN_BYTES = 1
         engine.register_remote_engine(peer.get_engine_desc())
@@ -50,7 +55,7 @@ def test_random_batches_match_a_naive_copy(batch, op, copy_threads):
     expected = torch.zeros(REGION, dtype=torch.uint8)
     for lo, ro, size in zip(local_offsets, remote_offsets, sizes):
         if op == "write":
-            expected[ro:ro + size] = source[lo:lo + size]
+            expected[ro : ro + size] = source[lo : lo + size]
         else:
-            expected[lo:lo + size] = source[ro:ro + size]
+            expected[lo : lo + size] = source[ro : ro + size]
     assert torch.equal(target, expected)

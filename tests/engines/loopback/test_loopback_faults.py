@@ -18,12 +18,14 @@ WAIT_MS = 10_000
 
 def write_block(pair, index, size=256):
     offset = index * size
-    return pair.session.batch_write([offset], [offset], [size], pair.session.allocate_transfer_uid())
+    return pair.session.batch_write(
+        [offset], [offset], [size], pair.session.allocate_transfer_uid()
+    )
 
 
 def landed(pair, index, size=256):
     offset = index * size
-    return torch.equal(pair.target[offset:offset + size], pair.source[offset:offset + size])
+    return torch.equal(pair.target[offset : offset + size], pair.source[offset : offset + size])
 
 
 def test_status_is_in_progress_until_the_held_transfer_is_released_then_succeeds(faulty_pair):
@@ -88,8 +90,11 @@ def test_predicates_may_call_back_into_the_engine_and_its_faults(faulty_pair):
 
     engine.faults.fail_when(predicate)
     outcome = []
-    poster = threading.Thread(target=lambda: outcome.append(write_block(faulty_pair, 0)),
-                              name="predicate-poster", daemon=True)
+    poster = threading.Thread(
+        target=lambda: outcome.append(write_block(faulty_pair, 0)),
+        name="predicate-poster",
+        daemon=True,
+    )
     poster.start()
     poster.join(WAIT_MS / 1000)
     assert not poster.is_alive(), "a predicate calling back into the engine deadlocked the post"
@@ -109,7 +114,11 @@ def test_the_nth_transfer_fails_with_an_rdma_error_and_moves_no_bytes(faulty_pai
     faulty_pair.producer.faults.fail_nth(2)
     statuses = [write_block(faulty_pair, i) for i in range(3)]
     assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
-    assert [s.code() for s in statuses] == [StatusCode.SUCCESS, StatusCode.ERR_RDMA_OP, StatusCode.SUCCESS]
+    assert [s.code() for s in statuses] == [
+        StatusCode.SUCCESS,
+        StatusCode.ERR_RDMA_OP,
+        StatusCode.SUCCESS,
+    ]
     assert "#2" in statuses[1].message()
     assert landed(faulty_pair, 0) and landed(faulty_pair, 2)
     assert int(faulty_pair.target[256:512].count_nonzero()) == 0
@@ -119,7 +128,7 @@ def test_a_dropped_transfer_reports_success_and_moves_no_bytes(faulty_pair):
     faulty_pair.producer.faults.drop_nth(2)
     statuses = [write_block(faulty_pair, i) for i in range(3)]
     assert faulty_pair.producer.wait_all(statuses, WAIT_MS)
-    assert all(s.succeeded() for s in statuses)          # the engine lies
+    assert all(s.succeeded() for s in statuses)  # the engine lies
     assert landed(faulty_pair, 0) and landed(faulty_pair, 2)
     assert int(faulty_pair.target[256:512].count_nonzero()) == 0
 
@@ -134,8 +143,11 @@ def test_drop_when_drops_every_match(faulty_pair):
 
 def test_a_predicate_chooses_which_transfers_fail(faulty_pair):
     doomed = faulty_pair.session.allocate_transfer_uid()
-    faulty_pair.producer.faults.fail_when(lambda posted: posted.transfer_uid == doomed,
-                                            code=StatusCode.ERR_GPU_OP, message="device lost")
+    faulty_pair.producer.faults.fail_when(
+        lambda posted: posted.transfer_uid == doomed,
+        code=StatusCode.ERR_GPU_OP,
+        message="device lost",
+    )
     bad = faulty_pair.session.batch_write([0], [0], [64], doomed)
     good = write_block(faulty_pair, 1)
     assert bad.wait_for(WAIT_MS) and good.wait_for(WAIT_MS)
@@ -184,7 +196,9 @@ def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(faulty_p
     # CPython hands freed memory to new objects of the same size, so some of
     # these sessions take the addresses the killed ones had.
     later = [engine.create_session(*mems) for _ in range(100)]
-    assert killed_addresses & {id(s) for s in later}, "no address was reused; the test proved nothing"
+    assert killed_addresses & {id(s) for s in later}, (
+        "no address was reused; the test proved nothing"
+    )
     assert all(s.alive() for s in later)
     status = later[0].batch_write([0], [0], [64], engine.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.succeeded()

@@ -34,7 +34,9 @@ class RawPair:
         self.io = io
         self.producer = self._engine("raw-producer", notifications)
         self.consumer = self._engine("raw-consumer", notifications)
-        self.producer.register_remote_engine(io.EngineDesc.unpack(self.consumer.get_engine_desc().pack()))
+        self.producer.register_remote_engine(
+            io.EngineDesc.unpack(self.consumer.get_engine_desc().pack())
+        )
         self.source = torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8) + 1
         self.target = torch.zeros(size, dtype=torch.uint8)
         self.source_mem = self.producer.register_torch_tensor(self.source)
@@ -46,11 +48,15 @@ class RawPair:
     def _engine(self, key, notifications):
         io = self.io
         engine = io.IOEngine(key, io.IOEngineConfig("127.0.0.1", 0))
-        engine.create_backend(io.BackendType.RDMA, io.RdmaBackendConfig(enable_notification=notifications))
+        engine.create_backend(
+            io.BackendType.RDMA, io.RdmaBackendConfig(enable_notification=notifications)
+        )
         return engine
 
     def write(self, local_offsets, remote_offsets, sizes):
-        return self.session.batch_write(local_offsets, remote_offsets, sizes, self.session.allocate_transfer_uid())
+        return self.session.batch_write(
+            local_offsets, remote_offsets, sizes, self.session.allocate_transfer_uid()
+        )
 
 
 @pytest.fixture
@@ -74,7 +80,9 @@ class EnginePair:
 
         self.producer = MoriEngine("mori-p", "127.0.0.1", 0, **options)
         self.consumer = MoriEngine("mori-d", "127.0.0.1", 0, **options)
-        self.producer.register_remote_engine(self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack()))
+        self.producer.register_remote_engine(
+            self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack())
+        )
         self.source = torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8) + 1
         self.target = torch.zeros(size, dtype=torch.uint8)
         self.source_mem = self.producer.register_torch_tensor(self.source)
@@ -84,10 +92,12 @@ class EnginePair:
         assert self.session is not None
 
     def write(self, local_offsets, remote_offsets, sizes):
-        return self.session.batch_write(local_offsets, remote_offsets, sizes, self.session.allocate_transfer_uid())
+        return self.session.batch_write(
+            local_offsets, remote_offsets, sizes, self.session.allocate_transfer_uid()
+        )
 
     def close(self):
-        mori_standin.drain()    # no transfer may touch the tensors once they go
+        mori_standin.drain()  # no transfer may touch the tensors once they go
         for engine in (self.producer, getattr(self, "consumer", None)):
             if engine is not None:
                 engine.close()

@@ -37,10 +37,16 @@ class TestBackend:
         assert backends_of(standin, "gpu-side") == {"XGMI": {"num_streams": 8, "num_events": 4}}
 
     def test_rdma_is_the_default_with_the_configuration_given(self, standin):
-        engine = MoriEngine("p", "10.0.0.1", 7000, qp_per_transfer=2, post_batch_size=16, poll_cq_mode="event")
+        engine = MoriEngine(
+            "p", "10.0.0.1", 7000, qp_per_transfer=2, post_batch_size=16, poll_cq_mode="event"
+        )
         assert engine.key == "p"
         rdma = backends_of(standin, "p")["RDMA"]
-        assert (rdma["qp_per_transfer"], rdma["post_batch_size"], rdma["num_worker_threads"]) == (2, 16, -1)
+        assert (rdma["qp_per_transfer"], rdma["post_batch_size"], rdma["num_worker_threads"]) == (
+            2,
+            16,
+            -1,
+        )
         assert rdma["poll_cq_mode"].name == "EVENT"
         desc = standin.engines_named("p")[0].GetEngineDesc()
         assert (desc.host, desc.port) == ("10.0.0.1", 7000)
@@ -67,25 +73,42 @@ class TestRefusedUpFront:
             MoriEngine("sentinel", port=1)
         assert standin.engines_named("sentinel") == []
 
-    @pytest.mark.parametrize("options, named", [
-        ({"port": 70000}, "port"), ({"port": -1}, "port"), ({"qp_per_transfer": 0}, "qp_per_transfer"),
-        ({"qp_per_transfer": 1 << 31}, "qp_per_transfer"), ({"post_batch_size": -2}, "post_batch_size"),
-        ({"num_worker_threads": 0}, "num_worker_threads"), ({"poll_cq_mode": "busy"}, "poll_cq_mode"),
-        ({"backend": "tcp"}, "backend"), ({"enable_notification": "yes"}, "enable_notification"),
-        ({"num_streams": 1 << 31, "backend": "xgmi"}, "num_streams"), ({"num_events": 0}, "num_events"),
-    ])
+    @pytest.mark.parametrize(
+        "options, named",
+        [
+            ({"port": 70000}, "port"),
+            ({"port": -1}, "port"),
+            ({"qp_per_transfer": 0}, "qp_per_transfer"),
+            ({"qp_per_transfer": 1 << 31}, "qp_per_transfer"),
+            ({"post_batch_size": -2}, "post_batch_size"),
+            ({"num_worker_threads": 0}, "num_worker_threads"),
+            ({"poll_cq_mode": "busy"}, "poll_cq_mode"),
+            ({"backend": "tcp"}, "backend"),
+            ({"enable_notification": "yes"}, "enable_notification"),
+            ({"num_streams": 1 << 31, "backend": "xgmi"}, "num_streams"),
+            ({"num_events": 0}, "num_events"),
+        ],
+    )
     def test_bad_configuration_is_refused_before_mori_is_called(self, standin, options, named):
         with pytest.raises(ValueError, match=named):
             MoriEngine("refused", **options)
         assert standin.engines_named("refused") == []
 
-    def test_a_uid_mori_cannot_take_comes_back_failed_and_is_never_posted(self, engine_pair, monkeypatch):
+    def test_a_uid_mori_cannot_take_comes_back_failed_and_is_never_posted(
+        self, engine_pair, monkeypatch
+    ):
         posted = []
         native_session = type(engine_pair.session._raw._sess)
         original = native_session.BatchWrite
-        monkeypatch.setattr(native_session, "BatchWrite", lambda self, *a: posted.append(a) or original(self, *a))
+        monkeypatch.setattr(
+            native_session, "BatchWrite", lambda self, *a: posted.append(a) or original(self, *a)
+        )
         status = engine_pair.session.batch_write([0], [0], [8], 1 << 64)
-        assert status.failed() and status.code() == StatusCode.ERR_INVALID_ARGS and "uint64" in status.message()
+        assert (
+            status.failed()
+            and status.code() == StatusCode.ERR_INVALID_ARGS
+            and "uint64" in status.message()
+        )
         assert posted == []
         assert engine_pair.session.batch_write([0], [0], [8], (1 << 64) - 1).wait_for(WAIT_MS)
         assert len(posted) == 1
@@ -102,19 +125,25 @@ class TestStatuses:
         standin.FAULTS.inject("completion", landed=1)
         status = engine_pair.write([0, 64], [0, 64], [64, 64])
         assert not status.wait_for(WAIT_MS)
-        assert status.in_progress() and not status.failed() and status.code() == StatusCode.IN_PROGRESS
+        assert (
+            status.in_progress() and not status.failed() and status.code() == StatusCode.IN_PROGRESS
+        )
         assert status.native_code() == StatusCode.ERR_RDMA_OP and status.writes_may_continue()
         assert "may still land" in status.message() and "ERR_RDMA_OP" in status.message()
         assert not engine_pair.producer.wait_all([status], WAIT_MS)
-        assert not engine_pair.session.killable        # so the machines quarantine its blocks
+        assert not engine_pair.session.killable  # so the machines quarantine its blocks
 
     def test_a_failure_before_anything_was_posted_is_final(self, engine_pair, standin):
         standin.FAULTS.inject("post", code=int(StatusCode.ERR_INVALID_ARGS), landed=0)
         status = engine_pair.write([0], [0], [64])
-        assert status.wait_for(0) and status.failed() and status.code() == StatusCode.ERR_INVALID_ARGS
+        assert (
+            status.wait_for(0) and status.failed() and status.code() == StatusCode.ERR_INVALID_ARGS
+        )
         assert not status.writes_may_continue()
 
-    def test_the_poller_reports_no_completion_for_writes_that_may_still_land(self, engine_pair, standin):
+    def test_the_poller_reports_no_completion_for_writes_that_may_still_land(
+        self, engine_pair, standin
+    ):
         events, done_seen = [], threading.Event()
 
         def deliver(event):
@@ -132,13 +161,15 @@ class TestStatuses:
             assert poller.pending == 1
         assert [(e.kind, e.transfer_id) for e in events] == [("layer_write_completed", "tx-done")]
 
-    def test_a_status_mori_still_writes_into_after_it_failed_is_kept_alive(self, engine_pair, standin):
+    def test_a_status_mori_still_writes_into_after_it_failed_is_kept_alive(
+        self, engine_pair, standin
+    ):
         gate = standin.Gate()
         standin.FAULTS.inject("post", landed=1, hold=gate)
         status = engine_pair.write([0, 64], [0, 64], [64, 64])
-        assert status._raw.Failed()             # mori failed it, and still holds it for the range it posted
+        assert status._raw.Failed()  # mori failed it, and still holds it for the range it posted
         del status
-        for _ in range(70):                     # enough posts for the keeper to sweep
+        for _ in range(70):  # enough posts for the keeper to sweep
             engine_pair.write([0], [256], [8])
         assert engine_pair.producer.in_flight_count >= 1
         gc.collect()
@@ -164,8 +195,9 @@ class TestStatuses:
         del statuses
         assert engine_pair.producer.in_flight_count == 0
 
-    def test_posting_queries_a_bounded_number_of_statuses_however_many_are_kept(self, engine_pair, standin,
-                                                                              monkeypatch):
+    def test_posting_queries_a_bounded_number_of_statuses_however_many_are_kept(
+        self, engine_pair, standin, monkeypatch
+    ):
         gate = standin.FAULTS.hold(times=3000)
         native_status = type(engine_pair.write([0], [0], [8])._raw)
         queries = []
@@ -184,16 +216,21 @@ class TestStatuses:
 class TestPeers:
     def test_a_peer_failure_mori_reports_ends_the_session_and_is_kept(self, engine_pair, standin):
         assert engine_pair.session.alive()
-        standin.engines_named("mori-p")[0].standin_report_peer_failure("mori-d", detail="retry exceeded")
+        standin.engines_named("mori-p")[0].standin_report_peer_failure(
+            "mori-d", detail="retry exceeded"
+        )
         assert not engine_pair.session.alive()
         failures = engine_pair.producer.peer_failures()
         assert [(f.remote_engine_key, f.reason, f.detail) for f in failures] == [
-            ("mori-d", "PEER_UNREACHABLE", "retry exceeded")]
+            ("mori-d", "PEER_UNREACHABLE", "retry exceeded")
+        ]
 
     def test_a_failure_of_another_peer_leaves_this_session_alive(self, engine_pair, standin):
         standin.engines_named("mori-p")[0].standin_report_peer_failure("someone-else")
         assert engine_pair.session.alive()
-        assert [f.remote_engine_key for f in engine_pair.producer.peer_failures()] == ["someone-else"]
+        assert [f.remote_engine_key for f in engine_pair.producer.peer_failures()] == [
+            "someone-else"
+        ]
         assert not engine_pair.producer.peer_alive("someone-else")
 
     def test_a_device_failure_ends_every_session(self, engine_pair, standin):
@@ -214,15 +251,23 @@ class TestPeers:
 
 def test_the_mori_extra_pins_the_wheel_these_tests_run(standin):
     tomllib = pytest.importorskip("tomllib")
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     pins = [re.match(r"amd-mori==([^;\s]+)", line) for line in extras["mori"]]
     assert [pin.group(1) for pin in pins if pin] == [standin.PINNED_VERSION]
 
 
 def test_bytes_unpack_from_any_bytes_like_and_nothing_else(engine_pair):
     packed = engine_pair.target_mem.pack()
-    assert engine_pair.producer.unpack_memory_desc(bytearray(packed)).size == engine_pair.target.numel()
-    assert engine_pair.producer.unpack_memory_desc(memoryview(packed)).size == engine_pair.target.numel()
+    assert (
+        engine_pair.producer.unpack_memory_desc(bytearray(packed)).size
+        == engine_pair.target.numel()
+    )
+    assert (
+        engine_pair.producer.unpack_memory_desc(memoryview(packed)).size
+        == engine_pair.target.numel()
+    )
     with pytest.raises(TypeError, match="memory descriptor"):
         engine_pair.producer.unpack_memory_desc(packed.decode("latin-1"))
     with pytest.raises(TypeError, match="mori MemoryDesc"):

@@ -38,9 +38,14 @@ def test_a_failed_native_load_is_reported_not_raised(monkeypatch, fresh_probe):
     assert "native libraries" in availability.reason and "libhsa" in availability.reason
 
 
-@pytest.mark.parametrize("error", [RuntimeError("HIP runtime version mismatch"),
-                                   AttributeError("module 'torch' has no attribute 'hip'"),
-                                   SystemError("initialization of _mori failed")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("HIP runtime version mismatch"),
+        AttributeError("module 'torch' has no attribute 'hip'"),
+        SystemError("initialization of _mori failed"),
+    ],
+)
 def test_any_exception_while_importing_is_reported_not_raised(monkeypatch, fresh_probe, error):
     def broken_import(name):
         raise error

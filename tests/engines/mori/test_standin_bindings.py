@@ -18,32 +18,39 @@ def cpp(standin):
     return sys.modules["mori.cpp"]
 
 
-@pytest.mark.parametrize("make", [
-    lambda c: c.IOEngineConfig("h", 65536),                       # uint16 overflow
-    lambda c: c.IOEngineConfig("h", -1),
-    lambda c: c.IOEngineConfig("h", 80.0),                        # a float is never an int
-    lambda c: c.IOEngineConfig(7, 80),                            # an int is not a std::string
-    lambda c: c.IOEngineConfig("h", 80, 1),                       # one argument too many
-    lambda c: c.IOEngineConfig(hostname="h"),                     # no such keyword
-    lambda c: c.RdmaBackendConfig(1, -1, -1, 0),                  # an int is not a PollCqMode
-    lambda c: c.RdmaBackendConfig(qp_per_transfer=1 << 31),       # C++ int overflow
-    lambda c: c.RdmaBackendConfig(notif_per_qp=-1),               # uint32
-    lambda c: c.RdmaBackendConfig(enable_notification="yes"),     # a str has no numeric truth value
-    lambda c: c.XgmiBackendConfig(num_streams="64"),
-    lambda c: c.TransferStatus().WaitFor(1 << 31),                # WaitFor takes a C++ int
-    lambda c: c.TransferStatus().WaitFor(1.5),
-    lambda c: c.TransferStatus().Update(11, "x"),                 # an int is not a StatusCode
-    lambda c: c.TransferStatus().Update(code=c.StatusCode.ERR_RDMA_OP, message="x"),   # no py::arg names
-    lambda c: c.TransferStatus().SetCode(c.BackendType.RDMA),     # another enum
-    lambda c: c.TransferStatus(1),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda c: c.IOEngineConfig("h", 65536),  # uint16 overflow
+        lambda c: c.IOEngineConfig("h", -1),
+        lambda c: c.IOEngineConfig("h", 80.0),  # a float is never an int
+        lambda c: c.IOEngineConfig(7, 80),  # an int is not a std::string
+        lambda c: c.IOEngineConfig("h", 80, 1),  # one argument too many
+        lambda c: c.IOEngineConfig(hostname="h"),  # no such keyword
+        lambda c: c.RdmaBackendConfig(1, -1, -1, 0),  # an int is not a PollCqMode
+        lambda c: c.RdmaBackendConfig(qp_per_transfer=1 << 31),  # C++ int overflow
+        lambda c: c.RdmaBackendConfig(notif_per_qp=-1),  # uint32
+        lambda c: c.RdmaBackendConfig(
+            enable_notification="yes"
+        ),  # a str has no numeric truth value
+        lambda c: c.XgmiBackendConfig(num_streams="64"),
+        lambda c: c.TransferStatus().WaitFor(1 << 31),  # WaitFor takes a C++ int
+        lambda c: c.TransferStatus().WaitFor(1.5),
+        lambda c: c.TransferStatus().Update(11, "x"),  # an int is not a StatusCode
+        lambda c: c.TransferStatus().Update(
+            code=c.StatusCode.ERR_RDMA_OP, message="x"
+        ),  # no py::arg names
+        lambda c: c.TransferStatus().SetCode(c.BackendType.RDMA),  # another enum
+        lambda c: c.TransferStatus(1),
+    ],
+)
 def test_calls_pybind_would_refuse_raise_type_error(cpp, make):
     with pytest.raises(TypeError, match="incompatible (function|constructor) arguments"):
         make(cpp)
 
 
 def test_values_pybind_converts_arrive_converted(cpp):
-    config = cpp.IOEngineConfig(b"10.0.0.1", port=True)           # bytes -> str, bool is an int to pybind
+    config = cpp.IOEngineConfig(b"10.0.0.1", port=True)  # bytes -> str, bool is an int to pybind
     assert (config.host, config.port) == ("10.0.0.1", 1)
     rdma = cpp.RdmaBackendConfig(enable_notification=0, chunk_bytes=torch.tensor(4096).item())
     assert rdma.enable_notification is False and rdma.chunk_bytes == 4096
@@ -62,7 +69,7 @@ def test_read_write_fields_convert_what_is_assigned_and_read_only_ones_refuse(cp
     with pytest.raises(AttributeError):
         desc.size = 8
     with pytest.raises(AttributeError):
-        desc.anything = 1                                          # pybind objects take no new attributes
+        desc.anything = 1  # pybind objects take no new attributes
 
 
 def test_the_defaults_are_mori_bindings_defaults(cpp):
@@ -80,12 +87,15 @@ class TestEnums:
         status = cpp.TransferStatus()
         code = status.Code()
         assert code == cpp.StatusCode.INIT and code is not cpp.StatusCode.INIT
-        assert cpp.StatusCode(0) == cpp.StatusCode.SUCCESS and cpp.StatusCode(0) is not cpp.StatusCode.SUCCESS
+        assert (
+            cpp.StatusCode(0) == cpp.StatusCode.SUCCESS
+            and cpp.StatusCode(0) is not cpp.StatusCode.SUCCESS
+        )
         assert cpp.BackendType.RDMA is cpp.BackendType.RDMA
 
     def test_a_scoped_enum_never_equals_an_int_or_another_enum(self, cpp):
         assert cpp.StatusCode.SUCCESS != 0 and not cpp.StatusCode.SUCCESS == 0
-        assert cpp.BackendType.XGMI != cpp.MemoryLocationType.CPU      # both have the value 1
+        assert cpp.BackendType.XGMI != cpp.MemoryLocationType.CPU  # both have the value 1
         assert int(cpp.StatusCode.ERR_RDMA_OP) == 13 and [10, 20][cpp.StatusCode.INIT] == 20
         with pytest.raises(TypeError):
             _ = cpp.StatusCode.SUCCESS < cpp.StatusCode.INIT
@@ -98,8 +108,16 @@ class TestEnums:
     def test_enums_show_and_list_themselves_as_pybind_does(self, cpp):
         assert repr(cpp.StatusCode.ERR_BAD_STATE) == "<StatusCode.ERR_BAD_STATE: 14>"
         assert str(cpp.PollCqMode.EVENT) == "PollCqMode.EVENT"
-        assert list(cpp.StatusCode.__members__) == ["SUCCESS", "INIT", "IN_PROGRESS", "ERR_INVALID_ARGS",
-                                                   "ERR_NOT_FOUND", "ERR_RDMA_OP", "ERR_BAD_STATE", "ERR_GPU_OP"]
+        assert list(cpp.StatusCode.__members__) == [
+            "SUCCESS",
+            "INIT",
+            "IN_PROGRESS",
+            "ERR_INVALID_ARGS",
+            "ERR_NOT_FOUND",
+            "ERR_RDMA_OP",
+            "ERR_BAD_STATE",
+            "ERR_GPU_OP",
+        ]
         assert cpp.StatusCode(99).name == "???"
 
 
@@ -120,7 +138,7 @@ class TestTransferStatus:
 
     def test_wait_for_returns_at_once_unless_in_progress(self, cpp):
         status = cpp.TransferStatus()
-        assert status.WaitFor(-1) == cpp.StatusCode.INIT       # a status never posted: no wait at all
+        assert status.WaitFor(-1) == cpp.StatusCode.INIT  # a status never posted: no wait at all
         status.SetCode(cpp.StatusCode.IN_PROGRESS)
         assert status.WaitFor(0) == cpp.StatusCode.IN_PROGRESS
         assert status.WaitFor(1) == cpp.StatusCode.IN_PROGRESS
@@ -142,8 +160,10 @@ class TestDescriptors:
             with pytest.raises(TypeError):
                 cpp.MemoryDesc.unpack(wrong)
 
-    @pytest.mark.parametrize("garbage", [b"", b"\xc1", b"\x93\x01\x02", b"\x81\xa1k\x01",
-                                         b"\x96\x01\x02\x03\x04\x05\x06"])
+    @pytest.mark.parametrize(
+        "garbage",
+        [b"", b"\xc1", b"\x93\x01\x02", b"\x81\xa1k\x01", b"\x96\x01\x02\x03\x04\x05\x06"],
+    )
     def test_bytes_that_are_not_a_descriptor_raise_runtime_error(self, cpp, garbage):
         with pytest.raises(RuntimeError):
             cpp.EngineDesc.unpack(garbage)
@@ -174,10 +194,23 @@ class TestDescriptors:
 
 
 def test_the_module_binds_what_mori_io_imports_and_says_it_is_a_stand_in(cpp, standin):
-    imported_by_mori_io = {"IOEngineConfig", "StatusCode", "BackendType", "EngineDesc", "MemoryDesc",
-                           "MemoryLocationType", "PeerFailureEvent", "PeerFailureReason", "PollCqMode",
-                           "RdmaBackendConfig", "XgmiBackendConfig", "FabricBackendConfig", "fabric_alloc",
-                           "fabric_free", "set_log_level"}
+    imported_by_mori_io = {
+        "IOEngineConfig",
+        "StatusCode",
+        "BackendType",
+        "EngineDesc",
+        "MemoryDesc",
+        "MemoryLocationType",
+        "PeerFailureEvent",
+        "PeerFailureReason",
+        "PollCqMode",
+        "RdmaBackendConfig",
+        "XgmiBackendConfig",
+        "FabricBackendConfig",
+        "fabric_alloc",
+        "fabric_free",
+        "set_log_level",
+    }
     assert imported_by_mori_io | {"TransferStatus", "IOEngine", "IOEngineSession"} <= set(dir(cpp))
     assert cpp.__standin__ is True and "STAND-IN" in cpp.__doc__
     assert "stand-in" in repr(cpp.TransferStatus())

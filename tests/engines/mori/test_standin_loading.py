@@ -30,8 +30,14 @@ print(type(engine).__module__, mori_standin.is_loaded(), sys.modules["mori.io"].
 
 def run_child(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
     environment = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                          env=environment, timeout=CHILD_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=environment,
+        timeout=CHILD_TIMEOUT_S,
+    )
 
 
 def fake_mori(root, io_body: str) -> str:
@@ -47,7 +53,11 @@ def test_every_start_line_says_it_is_a_stand_in(standin, tmp_path):
     child = run_child(LOAD_AND_LOG.format(before=""), tmp_path)
     assert child.returncode == 0, child.stderr
     assert child.stdout.split()[:2] == ["mori.io.engine", "True"]
-    lines = [line for line in child.stderr.splitlines() if line.startswith("moriio_fsm.engines.mori_standin|")]
+    lines = [
+        line
+        for line in child.stderr.splitlines()
+        if line.startswith("moriio_fsm.engines.mori_standin|")
+    ]
     assert lines and all("[mori stand-in]" in line for line in lines)
     assert "mori.cpp is a STAND-IN" in lines[0] and "not AMD's native mori" in lines[0]
 
@@ -59,7 +69,9 @@ def test_a_mori_that_imports_for_real_is_never_shadowed(standin, tmp_path):
     assert "StandInRefused" in child.stderr and "imports for real" in child.stderr
 
 
-def test_a_mori_whose_native_libraries_fail_is_replaced_even_after_a_failed_probe(standin, tmp_path):
+def test_a_mori_whose_native_libraries_fail_is_replaced_even_after_a_failed_probe(
+    standin, tmp_path
+):
     path = fake_mori(tmp_path, "raise OSError('libpci.so.3: cannot open shared object file')\n")
     probe_first = "from moriio_fsm.engines import probe_mori\nassert not probe_mori().available"
     child = run_child(LOAD_AND_LOG.format(before=probe_first), tmp_path, PYTHONPATH=path)
@@ -74,8 +86,17 @@ def test_mori_precompile_is_refused(standin, tmp_path):
 
 def test_only_the_python_files_of_mori_outside_its_native_loader_are_unpacked(tmp_path):
     archive_path = tmp_path / "crafted.whl"
-    names = ["mori/__init__.py", "mori/io/engine.py", "mori/cpp/__init__.py", "mori/libmori_io.so",
-             "../evil.py", "/abs/evil.py", "mori/../../evil.py", "other/x.py", "mori/_jit-sources/gen.py"]
+    names = [
+        "mori/__init__.py",
+        "mori/io/engine.py",
+        "mori/cpp/__init__.py",
+        "mori/libmori_io.so",
+        "../evil.py",
+        "/abs/evil.py",
+        "mori/../../evil.py",
+        "other/x.py",
+        "mori/_jit-sources/gen.py",
+    ]
     with zipfile.ZipFile(archive_path, "w") as archive:
         for name in names:
             archive.writestr(name, "x = 1\n")
@@ -95,8 +116,13 @@ def test_a_cached_file_that_is_not_the_pinned_wheel_is_refused(tmp_path):
 
 def test_when_pip_cannot_fetch_the_wheel_its_words_are_in_the_error(tmp_path, monkeypatch):
     def pip_fails(command, **options):
-        assert command[1:4] == ["-m", "pip", "download"] and f"amd-mori=={wheel.PINNED_VERSION}" in command
-        return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for amd-mori")
+        assert (
+            command[1:4] == ["-m", "pip", "download"]
+            and f"amd-mori=={wheel.PINNED_VERSION}" in command
+        )
+        return subprocess.CompletedProcess(
+            command, 1, "", "ERROR: No matching distribution found for amd-mori"
+        )
 
     monkeypatch.setattr(wheel.subprocess, "run", pip_fails)
     with pytest.raises(mori_standin.WheelUnavailable, match="No matching distribution"):

@@ -37,12 +37,15 @@ def test_a_read_pulls_remote_bytes(raw_pair):
     assert raw_pair.source[10:40].tolist() == [7] * 30
 
 
-@pytest.mark.parametrize("args, message", [
-    (([0, 8], [0], [8, 8]), "lengths of local offsets, remote offsets or sizes mismatch"),
-    (([0], [0], [1 << 32]), "exceeds UINT32_MAX"),
-    (([4090], [0], [8]), "length out of range"),
-    (([0], [4095], [2]), "length out of range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (([0, 8], [0], [8, 8]), "lengths of local offsets, remote offsets or sizes mismatch"),
+        (([0], [0], [1 << 32]), "exceeds UINT32_MAX"),
+        (([4090], [0], [8]), "length out of range"),
+        (([0], [4095], [2]), "length out of range"),
+    ],
+)
 def test_mori_refuses_a_bad_batch_in_its_status_and_moves_nothing(raw_pair, args, message):
     status = raw_pair.write(*args)
     assert status.Code() == raw_pair.io.StatusCode.ERR_INVALID_ARGS and message in status.Message()
@@ -54,16 +57,20 @@ def test_an_empty_batch_succeeds_at_once(raw_pair):
     assert raw_pair.write([], [], []).Succeeded()
 
 
-def test_a_full_send_queue_fails_the_status_at_once_while_posted_ranges_still_land(standin, raw_pair):
+def test_a_full_send_queue_fails_the_status_at_once_while_posted_ranges_still_land(
+    standin, raw_pair
+):
     gate = standin.Gate()
     standin.FAULTS.inject("post", landed=1, hold=gate)
     status = raw_pair.write([0, 64], [0, 64], [64, 64])
     assert status.Failed() and status.Message().startswith("SQ full (")
     gate.open()
     settle_after(raw_pair)
-    assert torch.equal(raw_pair.target[0:64], raw_pair.source[0:64])       # the first range landed anyway
+    assert torch.equal(
+        raw_pair.target[0:64], raw_pair.source[0:64]
+    )  # the first range landed anyway
     assert int(raw_pair.target[64:128].count_nonzero()) == 0
-    assert status.Code() == raw_pair.io.StatusCode.ERR_RDMA_OP              # its late success did not stick
+    assert status.Code() == raw_pair.io.StatusCode.ERR_RDMA_OP  # its late success did not stick
 
 
 def test_an_error_completion_arrives_later_after_the_ranges_before_it(standin, raw_pair):
@@ -93,7 +100,9 @@ def test_a_notification_rule_waits_for_an_engine_that_sends_notifications(standi
 def test_with_notifications_the_target_learns_of_each_landed_transfer(make_raw_pair, mori_io):
     pair = make_raw_pair(notifications=True)
     uid = pair.session.allocate_transfer_uid()
-    assert pair.session.batch_write([0], [0], [8], uid).WaitFor(WAIT_MS) == mori_io.StatusCode.SUCCESS
+    assert (
+        pair.session.batch_write([0], [0], [8], uid).WaitFor(WAIT_MS) == mori_io.StatusCode.SUCCESS
+    )
     inbound = pair.consumer.pop_inbound_transfer_status("raw-producer", uid)
     assert inbound is not None and inbound.Succeeded()
     assert pair.consumer.pop_inbound_transfer_status("raw-producer", uid) is None
@@ -140,11 +149,15 @@ def test_memory_deregistered_on_either_side_is_never_touched(raw_pair):
     assert raw_pair.write([0], [0], [8]).WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP
     assert int(raw_pair.target.count_nonzero()) == 0
     raw_pair.target_mem = raw_pair.consumer.register_torch_tensor(raw_pair.target)
-    session = raw_pair.producer.create_session(raw_pair.source_mem,
-                                               raw_pair.io.MemoryDesc.unpack(raw_pair.target_mem.pack()))
+    session = raw_pair.producer.create_session(
+        raw_pair.source_mem, raw_pair.io.MemoryDesc.unpack(raw_pair.target_mem.pack())
+    )
     raw_pair.producer.deregister_memory(raw_pair.source_mem)
     status = session.batch_write([0], [0], [8], session.allocate_transfer_uid())
-    assert status.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP and "local" in status.Message()
+    assert (
+        status.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP
+        and "local" in status.Message()
+    )
     assert int(raw_pair.target.count_nonzero()) == 0
 
 
@@ -171,12 +184,18 @@ class TestBackends:
         engine.create_backend(mori_io.BackendType.XGMI)
         assert list(standin.engines_named("no-nic")[0].standin_backends()) == ["XGMI"]
 
-    def test_port_zero_becomes_a_port_of_the_backend_and_a_duplicate_is_skipped(self, standin, mori_io):
+    def test_port_zero_becomes_a_port_of_the_backend_and_a_duplicate_is_skipped(
+        self, standin, mori_io
+    ):
         engine = mori_io.IOEngine("eph", mori_io.IOEngineConfig("127.0.0.1", 0))
         assert engine.get_engine_desc().port == 0
-        engine.create_backend(mori_io.BackendType.RDMA, mori_io.RdmaBackendConfig(qp_per_transfer=3))
+        engine.create_backend(
+            mori_io.BackendType.RDMA, mori_io.RdmaBackendConfig(qp_per_transfer=3)
+        )
         port = engine.get_engine_desc().port
-        engine.create_backend(mori_io.BackendType.RDMA, mori_io.RdmaBackendConfig(qp_per_transfer=5))
+        engine.create_backend(
+            mori_io.BackendType.RDMA, mori_io.RdmaBackendConfig(qp_per_transfer=5)
+        )
         assert port > 1 and engine.get_engine_desc().port == port
         assert standin.engines_named("eph")[0].standin_backends()["RDMA"]["qp_per_transfer"] == 3
 
@@ -186,7 +205,9 @@ class TestBackends:
             engine.create_backend(mori_io.BackendType.RDMA, mori_io.XgmiBackendConfig())
 
     def test_xgmi_serves_no_host_memory_and_rdma_needs_the_peer_registered(self, standin, mori_io):
-        engines = [mori_io.IOEngine(key, mori_io.IOEngineConfig("127.0.0.1", 0)) for key in ("x-a", "x-b")]
+        engines = [
+            mori_io.IOEngine(key, mori_io.IOEngineConfig("127.0.0.1", 0)) for key in ("x-a", "x-b")
+        ]
         engines[0].create_backend(mori_io.BackendType.XGMI)
         engines[0].register_remote_engine(engines[1].get_engine_desc())
         tensors = [torch.zeros(64, dtype=torch.uint8) for _ in engines]
@@ -217,7 +238,10 @@ class TestWaitAll:
 def test_a_session_over_another_engines_memory_fails_its_posts(raw_pair):
     foreign = raw_pair.producer.create_session(raw_pair.target_mem, raw_pair.remote_mem)
     status = foreign.batch_write([0], [0], [8], foreign.allocate_transfer_uid())
-    assert status.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP and "local" in status.Message()
+    assert (
+        status.WaitFor(WAIT_MS) == raw_pair.io.StatusCode.ERR_RDMA_OP
+        and "local" in status.Message()
+    )
 
 
 def test_a_transfer_that_raises_fails_alone_and_the_thread_goes_on(standin, raw_pair, monkeypatch):

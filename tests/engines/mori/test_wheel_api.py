@@ -18,13 +18,37 @@ from moriio_fsm.engines import mori, mori_status
 
 # What MoriEngine reaches in mori.io, by the names it uses for them.
 ADAPTER_USES = {
-    "io": {"BackendType", "EngineDesc", "IOEngine", "IOEngineConfig", "MemoryDesc", "PollCqMode",
-           "RdmaBackendConfig", "XgmiBackendConfig"},
-    "engine": {"allocate_transfer_uid", "create_backend", "create_session", "deregister_memory",
-               "deregister_remote_engine", "get_engine_desc", "register_remote_engine", "register_torch_tensor"},
+    "io": {
+        "BackendType",
+        "EngineDesc",
+        "IOEngine",
+        "IOEngineConfig",
+        "MemoryDesc",
+        "PollCqMode",
+        "RdmaBackendConfig",
+        "XgmiBackendConfig",
+    },
+    "engine": {
+        "allocate_transfer_uid",
+        "create_backend",
+        "create_session",
+        "deregister_memory",
+        "deregister_remote_engine",
+        "get_engine_desc",
+        "register_remote_engine",
+        "register_torch_tensor",
+    },
     "engine, if there": {"pop_peer_failure"},
-    "session and status": {"Code", "Message", "Wait", "WaitFor", "alive", "allocate_transfer_uid",
-                           "batch_read", "batch_write"},
+    "session and status": {
+        "Code",
+        "Message",
+        "Wait",
+        "WaitFor",
+        "alive",
+        "allocate_transfer_uid",
+        "batch_read",
+        "batch_write",
+    },
 }
 
 # The wheel's Python layer: each method the adapter calls (and the helpers they hand their arguments to).
@@ -45,16 +69,39 @@ PYTHON_LAYER = {
     "IOEngineSession.batch_read": "(self, *args)",
     "IOEngineSession.batch_write": "(self, *args)",
     "IOEngineSession._batch_single_side_transfer": "(self, func, local_offsets, remote_offsets, sizes, "
-                                                   "transfer_uid)",
+    "transfer_uid)",
 }
 
 # Every native name the wheel's engine.py reads (calls, and the classes in its annotations), in any method.
 NATIVE_NAMES_READ = {
-    "Alive", "AllocateTransferUniqueId", "BackendType", "BatchRead", "BatchWrite", "CreateBackend",
-    "CreateSession", "DeregisterMemory", "DeregisterRemoteEngine", "EngineDesc", "FabricBackendConfig",
-    "GetEngineDesc", "IOEngine", "IOEngineConfig", "LoadFabricCopyModule", "LoadScatterGatherModule",
-    "MemoryDesc", "MemoryLocationType", "PopInboundTransferStatus", "PopPeerFailure", "RdmaBackendConfig", "Read",
-    "RegisterMemory", "RegisterRemoteEngine", "RemoveBackend", "TransferStatus", "WaitAll", "Write",
+    "Alive",
+    "AllocateTransferUniqueId",
+    "BackendType",
+    "BatchRead",
+    "BatchWrite",
+    "CreateBackend",
+    "CreateSession",
+    "DeregisterMemory",
+    "DeregisterRemoteEngine",
+    "EngineDesc",
+    "FabricBackendConfig",
+    "GetEngineDesc",
+    "IOEngine",
+    "IOEngineConfig",
+    "LoadFabricCopyModule",
+    "LoadScatterGatherModule",
+    "MemoryDesc",
+    "MemoryLocationType",
+    "PopInboundTransferStatus",
+    "PopPeerFailure",
+    "RdmaBackendConfig",
+    "Read",
+    "RegisterMemory",
+    "RegisterRemoteEngine",
+    "RemoveBackend",
+    "TransferStatus",
+    "WaitAll",
+    "Write",
     "XgmiBackendConfig",
 }
 
@@ -65,32 +112,39 @@ NATIVE_SIGNATURES = {
         "(self: mori.cpp.RdmaBackendConfig, qp_per_transfer: int = 1, post_batch_size: int = -1, "
         "num_worker_threads: int = -1, poll_cq_mode: mori.cpp.PollCqMode = <PollCqMode.POLLING: 0>, "
         "enable_notification: bool = True, notif_per_qp: int = 1024, enable_transfer_chunking: bool = False, "
-        "chunk_bytes: int = 65536, max_chunks_per_transfer: int = 64, num_nics_per_transfer: int = 1) -> None"),
+        "chunk_bytes: int = 65536, max_chunks_per_transfer: int = 64, num_nics_per_transfer: int = 1) -> None"
+    ),
     "XgmiBackendConfig.__init__": (
-        "(self: mori.cpp.XgmiBackendConfig, num_streams: int = 64, num_events: int = 64) -> None"),
+        "(self: mori.cpp.XgmiBackendConfig, num_streams: int = 64, num_events: int = 64) -> None"
+    ),
     "IOEngine.__init__": "(self: mori.cpp.IOEngine, arg0: str, arg1: mori.cpp.IOEngineConfig) -> None",
     "IOEngine.CreateBackend": (
-        "(self: mori.cpp.IOEngine, arg0: mori.cpp.BackendType, arg1: mori.cpp.BackendConfig) -> None"),
+        "(self: mori.cpp.IOEngine, arg0: mori.cpp.BackendType, arg1: mori.cpp.BackendConfig) -> None"
+    ),
     "IOEngine.GetEngineDesc": "(self: mori.cpp.IOEngine) -> mori.cpp.EngineDesc",
     "IOEngine.RegisterRemoteEngine": "(self: mori.cpp.IOEngine, arg0: mori.cpp.EngineDesc) -> None",
     "IOEngine.DeregisterRemoteEngine": "(self: mori.cpp.IOEngine, arg0: mori.cpp.EngineDesc) -> None",
     "IOEngine.RegisterMemory": (
         "(self: mori.cpp.IOEngine, arg0: capsule, arg1: int, arg2: int, arg3: mori.cpp.MemoryLocationType) "
-        "-> mori.cpp.MemoryDesc"),
+        "-> mori.cpp.MemoryDesc"
+    ),
     "IOEngine.DeregisterMemory": "(self: mori.cpp.IOEngine, arg0: mori.cpp.MemoryDesc) -> None",
     "IOEngine.AllocateTransferUniqueId": "(self: mori.cpp.IOEngine) -> int",
     "IOEngine.CreateSession": (
         "(self: mori.cpp.IOEngine, arg0: mori.cpp.MemoryDesc, arg1: mori.cpp.MemoryDesc) "
-        "-> Optional[mori.cpp.IOEngineSession]"),
+        "-> Optional[mori.cpp.IOEngineSession]"
+    ),
     "IOEngine.PopPeerFailure": "(self: mori.cpp.IOEngine) -> Optional[mori.cpp.PeerFailureEvent]",
     "IOEngine.LoadScatterGatherModule": "(self: mori.cpp.IOEngine, arg0: str) -> None",
     "IOEngineSession.AllocateTransferUniqueId": "(self: mori.cpp.IOEngineSession) -> int",
     "IOEngineSession.BatchWrite": (
         "(self: mori.cpp.IOEngineSession, arg0: list[int], arg1: list[int], arg2: list[int], "
-        "arg3: mori.cpp.TransferStatus, arg4: int) -> None"),
+        "arg3: mori.cpp.TransferStatus, arg4: int) -> None"
+    ),
     "IOEngineSession.BatchRead": (
         "(self: mori.cpp.IOEngineSession, arg0: list[int], arg1: list[int], arg2: list[int], "
-        "arg3: mori.cpp.TransferStatus, arg4: int) -> None"),
+        "arg3: mori.cpp.TransferStatus, arg4: int) -> None"
+    ),
     "IOEngineSession.Alive": "(self: mori.cpp.IOEngineSession) -> bool",
     "TransferStatus.__init__": "(self: mori.cpp.TransferStatus) -> None",
     "TransferStatus.Code": "(self: mori.cpp.TransferStatus) -> mori.cpp.StatusCode",
@@ -109,7 +163,9 @@ def wheel_engine(standin):
 
 def _plain(function) -> str:
     signature = inspect.signature(function)
-    parameters = [p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()]
+    parameters = [
+        p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()
+    ]
     return str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
 
 
@@ -132,10 +188,17 @@ def test_the_adapter_calls_only_what_the_snapshot_lists():
     # A MoriSession's ``_engine`` is the MoriEngine: what it reads there is ours, not mori's.
     ours = {"closed", "peer_alive", "_kept"}
     assert _attributes_on(adapter, "self._engine") - ours == ADAPTER_USES["engine"]
-    looked_up = {node.value for node in ast.walk(adapter) if isinstance(node, ast.Constant)
-                 and isinstance(node.value, str) and node.value.startswith("pop_")}
+    looked_up = {
+        node.value
+        for node in ast.walk(adapter)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("pop_")
+    }
     assert looked_up == ADAPTER_USES["engine, if there"]
-    raw_calls = _attributes_on(adapter, "self._raw") | _attributes_on(_tree(mori_status), "self._raw")
+    raw_calls = _attributes_on(adapter, "self._raw") | _attributes_on(
+        _tree(mori_status), "self._raw"
+    )
     assert raw_calls == ADAPTER_USES["session and status"]
 
 
@@ -150,8 +213,11 @@ def test_the_wheel_python_layer_has_the_parameters_the_adapter_relies_on(wheel_e
 def test_every_mori_io_name_the_adapter_uses_is_exported_by_the_wheel(standin):
     io = sys.modules["mori.io"]
     missing = {name for name in ADAPTER_USES["io"] if not hasattr(io, name)}
-    missing |= {name for name in ADAPTER_USES["engine"] | ADAPTER_USES["engine, if there"]
-                if not hasattr(io.IOEngine, name)}
+    missing |= {
+        name
+        for name in ADAPTER_USES["engine"] | ADAPTER_USES["engine, if there"]
+        if not hasattr(io.IOEngine, name)
+    }
     assert missing == set()
 
 
@@ -159,8 +225,13 @@ def test_the_wheel_reads_exactly_the_native_names_the_stand_in_binds(wheel_engin
     read = _attributes_on(_tree(wheel_engine), "self._engine", "self._sess", "mori_cpp")
     assert read == NATIVE_NAMES_READ
     cpp = sys.modules["mori.cpp"]
-    unbound = {name for name in read
-               if not (hasattr(cpp, name) or hasattr(cpp.IOEngine, name) or hasattr(cpp.IOEngineSession, name))}
+    unbound = {
+        name
+        for name in read
+        if not (
+            hasattr(cpp, name) or hasattr(cpp.IOEngine, name) or hasattr(cpp.IOEngineSession, name)
+        )
+    }
     assert unbound == set()
 
 
@@ -176,6 +247,10 @@ def test_the_stand_in_binds_the_calls_with_mori_signatures(standin):
 
 def test_mori_io_imports_from_the_native_module_only_what_the_stand_in_binds(standin):
     init = Path(sys.modules["mori.io"].__file__)
-    imported = {alias.name for node in ast.walk(ast.parse(init.read_text()))
-                if isinstance(node, ast.ImportFrom) and node.module == "mori.cpp" for alias in node.names}
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(init.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "mori.cpp"
+        for alias in node.names
+    }
     assert len(imported) == 15 and imported <= standin.NATIVE_NAMES

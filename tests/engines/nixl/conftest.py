@@ -42,7 +42,9 @@ def nixl_engine():
 class NixlPair:
     def __init__(self, make, size=4096):
         self.producer, self.consumer = make("nixl-p"), make("nixl-d")
-        self.producer.register_remote_engine(self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack()))
+        self.producer.register_remote_engine(
+            self.producer.unpack_engine_desc(self.consumer.get_engine_desc().pack())
+        )
         self.source = torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8) + 1
         self.target = torch.zeros(size, dtype=torch.uint8)
         self.source_mem = self.producer.register_torch_tensor(self.source)

@@ -22,12 +22,18 @@ def reply(**fields) -> None:
 def transfer(engine: NixlEngine, mem, command: dict, op: str) -> dict:
     """This process reads the other one's memory into its tensor, or writes its tensor into the other's."""
     engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(command["engine"])))
-    session = engine.create_session(mem, engine.unpack_memory_desc(bytes.fromhex(command["memory"])))
+    session = engine.create_session(
+        mem, engine.unpack_memory_desc(bytes.fromhex(command["memory"]))
+    )
     if session is None:
         return {"code": -1, "message": "no session"}
     post = session.batch_read if op == "pull" else session.batch_write
-    status = post(command["local_offsets"], command["remote_offsets"], command["sizes"],
-                  session.allocate_transfer_uid())
+    status = post(
+        command["local_offsets"],
+        command["remote_offsets"],
+        command["sizes"],
+        session.allocate_transfer_uid(),
+    )
     status.wait_for(WAIT_MS)
     return {"code": status.code(), "message": status.message()}
 
@@ -36,15 +42,24 @@ def main(key: str, nbytes: int) -> None:
     with NixlEngine(key, "127.0.0.1") as engine:
         cache = torch.zeros(nbytes, dtype=torch.uint8)
         mem = engine.register_torch_tensor(cache)
-        reply(engine=engine.get_engine_desc().pack().hex(), memory=mem.pack().hex(), pid=os.getpid())
+        reply(
+            engine=engine.get_engine_desc().pack().hex(), memory=mem.pack().hex(), pid=os.getpid()
+        )
         for line in sys.stdin:
             command = json.loads(line)
             op = command["op"]
             if op == "dump":
-                reply(hex=cache[command["offset"]:command["offset"] + command["size"]].numpy().tobytes().hex())
+                reply(
+                    hex=cache[command["offset"] : command["offset"] + command["size"]]
+                    .numpy()
+                    .tobytes()
+                    .hex()
+                )
             elif op == "fill":
                 data = bytearray.fromhex(command["hex"])
-                cache[command["offset"]:command["offset"] + len(data)] = torch.frombuffer(data, dtype=torch.uint8)
+                cache[command["offset"] : command["offset"] + len(data)] = torch.frombuffer(
+                    data, dtype=torch.uint8
+                )
                 reply(ok=True)
             elif op in ("pull", "push"):
                 reply(**transfer(engine, mem, command, op))

@@ -12,7 +12,9 @@ from moriio_fsm.engines.nixl import NixlEngineDesc
 WAIT_MS = 10_000
 
 
-@pytest.mark.parametrize("bad, error", [(b"\x00garbage", ValueError), ("text", TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error", [(b"\x00garbage", ValueError), ("text", TypeError), (None, TypeError)]
+)
 def test_descriptors_unpack_only_from_their_own_bytes(nixl_pair, bad, error):
     with pytest.raises(error, match="descriptor"):
         nixl_pair.producer.unpack_engine_desc(bad)
@@ -46,16 +48,22 @@ def test_tensors_that_cannot_be_registered_are_refused_saying_why(nixl_pair):
 
 def test_metadata_of_another_agent_under_a_key_is_refused(nixl_pair, nixl_engine):
     third = nixl_engine("nixl-third")
-    forged = NixlEngineDesc(key="nixl-somebody", agent_metadata=third.get_engine_desc().agent_metadata)
+    forged = NixlEngineDesc(
+        key="nixl-somebody", agent_metadata=third.get_engine_desc().agent_metadata
+    )
     with pytest.raises(ValueError, match="'nixl-somebody'.*'nixl-third'"):
         nixl_pair.producer.register_remote_engine(forged)
     with pytest.raises(ValueError, match="refused the metadata"):
-        nixl_pair.producer.register_remote_engine(NixlEngineDesc(key="nixl-junk", agent_metadata=b"junk"))
+        nixl_pair.producer.register_remote_engine(
+            NixlEngineDesc(key="nixl-junk", agent_metadata=b"junk")
+        )
 
 
 def test_a_descriptor_tampered_past_the_registered_region_moves_nothing(nixl_pair):
     """NIXL checks remote ranges against what the owner registered: a shifted address reaches nothing."""
-    tampered = msgspec.structs.replace(nixl_pair.remote_mem, address=nixl_pair.remote_mem.address + (1 << 30))
+    tampered = msgspec.structs.replace(
+        nixl_pair.remote_mem, address=nixl_pair.remote_mem.address + (1 << 30)
+    )
     session = nixl_pair.producer.create_session(nixl_pair.source_mem, tampered)
     assert session is not None  # the metadata itself is genuine
     status = session.write(0, 0, 64, session.allocate_transfer_uid())
@@ -65,13 +73,16 @@ def test_a_descriptor_tampered_past_the_registered_region_moves_nothing(nixl_pai
     # A larger size than registered is caught before NIXL: the descriptor's size bounds every range.
     grown = msgspec.structs.replace(nixl_pair.remote_mem, size=nixl_pair.remote_mem.size * 2)
     status = nixl_pair.producer.create_session(nixl_pair.source_mem, grown).write(
-        0, 4096, 64, nixl_pair.session.allocate_transfer_uid())
+        0, 4096, 64, nixl_pair.session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.failed()
     assert int(nixl_pair.target.count_nonzero()) == 0
 
 
 def test_memory_without_metadata_gets_no_session(nixl_pair):
-    bare = msgspec.structs.replace(nixl_pair.remote_mem, mem_id=nixl_pair.remote_mem.mem_id + 100, metadata=b"")
+    bare = msgspec.structs.replace(
+        nixl_pair.remote_mem, mem_id=nixl_pair.remote_mem.mem_id + 100, metadata=b""
+    )
     assert nixl_pair.producer.create_session(nixl_pair.source_mem, bare) is None
 
 
@@ -98,12 +109,14 @@ def test_a_restarted_peer_replaces_the_old_one(nixl_pair, nixl_engine):
     target = torch.zeros(4096, dtype=torch.uint8)
     memory = restarted.register_torch_tensor(target)
     nixl_pair.producer.register_remote_engine(
-        nixl_pair.producer.unpack_engine_desc(restarted.get_engine_desc().pack()))
+        nixl_pair.producer.unpack_engine_desc(restarted.get_engine_desc().pack())
+    )
     assert not old_session.alive()
     late = old_session.write(0, 0, 64, old_session.allocate_transfer_uid())
     assert late.wait_for(WAIT_MS) and late.code() == StatusCode.ERR_RDMA_OP
-    session = nixl_pair.producer.create_session(nixl_pair.source_mem,
-                                                nixl_pair.producer.unpack_memory_desc(memory.pack()))
+    session = nixl_pair.producer.create_session(
+        nixl_pair.source_mem, nixl_pair.producer.unpack_memory_desc(memory.pack())
+    )
     status = session.write(0, 128, 256, session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert torch.equal(target[128:384], nixl_pair.source[:256])
@@ -133,20 +146,27 @@ def test_after_close_posts_fail_and_registration_raises(nixl_pair):
 def test_close_ends_every_transfer_in_flight(nixl_pair, nixl_engine):
     big = torch.ones(16 << 20, dtype=torch.uint8)
     engine, peer = nixl_pair.producer, nixl_pair.consumer
-    session = engine.create_session(engine.register_torch_tensor(big), engine.unpack_memory_desc(
-        peer.register_torch_tensor(torch.zeros(16 << 20, dtype=torch.uint8)).pack()))
+    session = engine.create_session(
+        engine.register_torch_tensor(big),
+        engine.unpack_memory_desc(
+            peer.register_torch_tensor(torch.zeros(16 << 20, dtype=torch.uint8)).pack()
+        ),
+    )
     statuses = [session.write(0, 0, 16 << 20, session.allocate_transfer_uid()) for _ in range(20)]
     engine.close()
     assert all(s.wait_for(WAIT_MS) for s in statuses)
     assert all(s.succeeded() or s.code() == StatusCode.ERR_BAD_STATE for s in statuses)
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"transfer_timeout_s": 0}, "transfer_timeout_s"),
-    ({"idle_progress_s": -1}, "idle_progress_s"),
-    ({"deregister_wait_s": "10"}, "deregister_wait_s"),
-    ({"min_poll_s": True}, "min_poll_s"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"transfer_timeout_s": 0}, "transfer_timeout_s"),
+        ({"idle_progress_s": -1}, "idle_progress_s"),
+        ({"deregister_wait_s": "10"}, "deregister_wait_s"),
+        ({"min_poll_s": True}, "min_poll_s"),
+    ],
+)
 def test_engine_options_are_checked(nixl_engine, options, named):
     with pytest.raises(ValueError, match=named):
         nixl_engine("nixl-options", **options)

@@ -23,7 +23,9 @@ WAIT_MS = 20_000
 _availability = probe_nixl()
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(not _availability.available, reason=f"NixlEngine not tested: {_availability.reason}"),
+    pytest.mark.skipif(
+        not _availability.available, reason=f"NixlEngine not tested: {_availability.reason}"
+    ),
 ]
 
 # UCX_TLS for both processes: TCP alone (the target's engine thread must progress UCX for
@@ -57,8 +59,11 @@ def prefill(peer, transport, monkeypatch):
     monkeypatch.setenv("UCX_TLS", TRANSPORTS[transport])
     with engine(f"nixl-prefill-{transport}") as prefill_engine:
         prefill_engine.register_remote_engine(
-            prefill_engine.unpack_engine_desc(bytes.fromhex(peer.hello["engine"])))
-        source = torch.randint(0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+            prefill_engine.unpack_engine_desc(bytes.fromhex(peer.hello["engine"]))
+        )
+        source = torch.randint(
+            0, 256, (REGION,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+        )
         local = prefill_engine.register_torch_tensor(source)
         remote = prefill_engine.unpack_memory_desc(bytes.fromhex(peer.hello["memory"]))
         session = prefill_engine.create_session(local, remote)
@@ -74,7 +79,7 @@ def test_bytes_written_here_land_in_the_tensor_the_peer_allocated(peer, prefill)
     status = session.batch_write(local, remote, [chunk] * 16, session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     for lo, ro in zip(local, remote):
-        assert peer.dump(ro, chunk) == source[lo:lo + chunk].numpy().tobytes()
+        assert peer.dump(ro, chunk) == source[lo : lo + chunk].numpy().tobytes()
     assert peer.dump(0, 64 * chunk) == bytes(64 * chunk)
 
 
@@ -82,7 +87,9 @@ def test_batch_read_pulls_the_bytes_the_peer_holds(peer, prefill):
     _, session, source, _ = prefill
     pattern = bytes(range(256)) * 8
     assert peer.ask(op="fill", offset=300_000, hex=pattern.hex())["ok"]
-    status = session.batch_read([0, 5000], [300_000, 301_024], [1024, 1024], session.allocate_transfer_uid())
+    status = session.batch_read(
+        [0, 5000], [300_000, 301_024], [1024, 1024], session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert source[0:1024].numpy().tobytes() == pattern[:1024]
     assert source[5000:6024].numpy().tobytes() == pattern[1024:]
@@ -92,7 +99,9 @@ def test_the_peer_reads_and_writes_this_processs_memory(peer, prefill):
     """The other direction: the peer initiates, this process's engine only progresses UCX."""
     prefill_engine, _, source, local = prefill
     me = dict(engine=prefill_engine.get_engine_desc().pack().hex(), memory=local.pack().hex())
-    answer = peer.ask(op="pull", local_offsets=[500_000], remote_offsets=[1234], sizes=[70_000], **me)
+    answer = peer.ask(
+        op="pull", local_offsets=[500_000], remote_offsets=[1234], sizes=[70_000], **me
+    )
     assert answer["code"] == StatusCode.SUCCESS, answer["message"]
     assert peer.dump(500_000, 70_000) == source[1234:71_234].numpy().tobytes()
     expected = peer.dump(600_000, 3000)
@@ -110,7 +119,10 @@ def test_large_batches_of_many_ranges_move_every_byte(peer, prefill):
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     landed = peer.dump(0, REGION)
     for i in (0, 1, count // 2, count - 1):
-        assert landed[remote[i]:remote[i] + chunk] == source[local[i]:local[i] + chunk].numpy().tobytes()
+        assert (
+            landed[remote[i] : remote[i] + chunk]
+            == source[local[i] : local[i] + chunk].numpy().tobytes()
+        )
 
 
 @pytest.fixture
@@ -121,13 +133,17 @@ def doomed(transport, monkeypatch):
     try:
         with engine(f"nixl-doomed-prefill-{transport}", transfer_timeout_s=3.0) as prefill_engine:
             prefill_engine.register_remote_engine(
-                prefill_engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"])))
+                prefill_engine.unpack_engine_desc(bytes.fromhex(decode.hello["engine"]))
+            )
             source = torch.ones(REGION, dtype=torch.uint8)
             session = prefill_engine.create_session(
                 prefill_engine.register_torch_tensor(source),
-                prefill_engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])))
+                prefill_engine.unpack_memory_desc(bytes.fromhex(decode.hello["memory"])),
+            )
             assert session is not None
-            warm = session.write(0, 0, 64, session.allocate_transfer_uid())  # connect before the test
+            warm = session.write(
+                0, 0, 64, session.allocate_transfer_uid()
+            )  # connect before the test
             assert warm.wait_for(WAIT_MS) and warm.succeeded(), warm.message()
             yield decode, prefill_engine, session
     finally:
@@ -165,8 +181,9 @@ def test_a_peer_killed_mid_transfer_leaves_every_status_final_and_failed_after(d
     decode.stop()
     statuses += [post(*ranges, session.allocate_transfer_uid()) for _ in range(20)]
     assert prefill_engine.wait_all(statuses, WAIT_MS), "a transfer to a dead peer never completed"
-    assert all(s.succeeded() or s.code() == StatusCode.ERR_RDMA_OP for s in statuses), \
-        [s for s in statuses if not s.succeeded()][:3]
+    assert all(s.succeeded() or s.code() == StatusCode.ERR_RDMA_OP for s in statuses), [
+        s for s in statuses if not s.succeeded()
+    ][:3]
     assert statuses[-1].failed(), "a transfer posted after the peer died succeeded"
     late = session.write(0, 0, 64, session.allocate_transfer_uid())
     assert late.wait_for(WAIT_MS) and late.code() == StatusCode.ERR_RDMA_OP
@@ -185,7 +202,9 @@ def test_a_stopped_peer_ends_in_a_cancelled_transfer_not_a_hang(doomed, transpor
     status = session.write(0, 0, REGION, session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS), "a transfer to a stopped peer never ended"
     if transport == "tcp" or not status.succeeded():
-        assert status.code() == StatusCode.ERR_RDMA_OP and "cancelled" in status.message(), status.message()
+        assert status.code() == StatusCode.ERR_RDMA_OP and "cancelled" in status.message(), (
+            status.message()
+        )
         os.kill(decode.pid, signal.SIGCONT)
         return
     os.kill(decode.pid, signal.SIGCONT)

@@ -21,7 +21,9 @@ def test_defaults_fill_only_what_is_unset():
 
 def test_overrides_win_over_the_environment_and_defaults():
     environ = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth9"}
-    applied = ucx_environment("127.0.0.1", {"UCX_TLS": "rc,tcp", "UCX_NET_DEVICES": "lo"}, environ=environ)
+    applied = ucx_environment(
+        "127.0.0.1", {"UCX_TLS": "rc,tcp", "UCX_NET_DEVICES": "lo"}, environ=environ
+    )
     assert environ["UCX_TLS"] == "rc,tcp" and environ["UCX_NET_DEVICES"] == "lo"
     assert applied["UCX_TLS"] == "rc,tcp"
     # An InfiniBand transport keeps UCX's InfiniBand module loaded.

@@ -32,7 +32,7 @@ def resize(owner: int, fd: int, token: str) -> None:
             except OSError as exc:
                 outcome[what] = errno.errorcode.get(exc.errno, str(exc.errno))
             else:
-                os.ftruncate(own, size)   # undone before the owner touches the lost page
+                os.ftruncate(own, size)  # undone before the owner touches the lost page
                 outcome[what] = "done"
         outcome["size"] = os.fstat(own).st_size
     finally:
@@ -51,7 +51,7 @@ def post(owner: int, fd: int, token: str, jobs: int, src_pid: int) -> None:
             break
         posted.append(job)
     print(json.dumps({"posted": len(posted)}), flush=True)
-    sys.stdin.read()      # holds its jobs until killed (or, if its parent dies, gives them up)
+    sys.stdin.read()  # holds its jobs until killed (or, if its parent dies, gives them up)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ def reply(**fields) -> None:
 def owner(key: str, nbytes: int, kv_shape: str | None, share: bool, helping: bool) -> None:
     with CrossMemoryEngine(key, share_pages=share) as engine:
         if helping:
-            threading.Thread(target=lambda: [engine.help_writers(0.002, 0.0005) for _ in iter(int, 1)],
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda: [engine.help_writers(0.002, 0.0005) for _ in iter(int, 1)],
+                daemon=True,
+            ).start()
         if kv_shape:
             num_blocks, heads, block_size, head_size = (int(v) for v in kv_shape.split(","))
             # The CPU attention backend's per-layer cache: [num_blocks, num_kv_heads, block_size, 2*head_size].
@@ -37,16 +39,27 @@ def owner(key: str, nbytes: int, kv_shape: str | None, share: bool, helping: boo
             cache = torch.zeros(nbytes, dtype=torch.uint8)
         flat = cache.view(-1).view(torch.uint8)
         mem = engine.register_torch_tensor(cache)
-        reply(engine=engine.get_engine_desc().pack().hex(), memory=mem.pack().hex(), pid=os.getpid(),
-              shares_pages=mem.shares_pages)
+        reply(
+            engine=engine.get_engine_desc().pack().hex(),
+            memory=mem.pack().hex(),
+            pid=os.getpid(),
+            shares_pages=mem.shares_pages,
+        )
         for line in sys.stdin:
             command = json.loads(line)
             op = command["op"]
             if op == "dump":
-                reply(hex=flat[command["offset"]:command["offset"] + command["size"]].numpy().tobytes().hex())
+                reply(
+                    hex=flat[command["offset"] : command["offset"] + command["size"]]
+                    .numpy()
+                    .tobytes()
+                    .hex()
+                )
             elif op == "fill":
                 data = bytearray.fromhex(command["hex"])
-                flat[command["offset"]:command["offset"] + len(data)] = torch.frombuffer(data, dtype=torch.uint8)
+                flat[command["offset"] : command["offset"] + len(data)] = torch.frombuffer(
+                    data, dtype=torch.uint8
+                )
                 reply(ok=True)
             elif op == "deregister":
                 engine.deregister_memory(mem)
@@ -63,11 +76,17 @@ def pull(engine: CrossMemoryEngine, mem, command: dict) -> dict:
     """This process reads the other one's memory into its own tensor (READ mode: D pulls from P)."""
     remote_engine = engine.unpack_engine_desc(bytes.fromhex(command["engine"]))
     engine.register_remote_engine(remote_engine)
-    session = engine.create_session(mem, engine.unpack_memory_desc(bytes.fromhex(command["memory"])))
+    session = engine.create_session(
+        mem, engine.unpack_memory_desc(bytes.fromhex(command["memory"]))
+    )
     if session is None:
         return {"code": -1, "message": "no session"}
-    status = session.batch_read(command["local_offsets"], command["remote_offsets"], command["sizes"],
-                                session.allocate_transfer_uid())
+    status = session.batch_read(
+        command["local_offsets"],
+        command["remote_offsets"],
+        command["sizes"],
+        session.allocate_transfer_uid(),
+    )
     status.wait_for(WAIT_MS)
     return {"code": status.code(), "message": status.message()}
 

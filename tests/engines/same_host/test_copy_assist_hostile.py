@@ -28,8 +28,12 @@ from moriio_fsm.engines.shared_memory import REGION_NAME_PREFIX, RegionUnavailab
 
 from ..json_peer import JsonLinePeer
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(not copy_assist.available(), reason="the native copy-assist module was not built")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        not copy_assist.available(), reason="the native copy-assist module was not built"
+    ),
+]
 
 _native = copy_assist._copy_assist
 RANGE = 128 << 10
@@ -63,6 +67,7 @@ def board_peer(owner, role: str, *args: str) -> JsonLinePeer:
 
 # -- the board's size is sealed -------------------------------------------------------------------
 
+
 def test_a_writer_that_maps_the_board_cannot_shrink_or_grow_it_and_the_board_goes_on_working(board):
     owner, source, target = board
     peer = board_peer(owner, "resize")
@@ -82,15 +87,20 @@ def board_memfd(seals: int) -> tuple[int, str]:
         if seals:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         with mmap.mmap(fd, _native.BOARD_BYTES) as memory:
-            _native.init_board(ctypes.addressof(ctypes.c_char.from_buffer(memory)))   # a board in every other way
+            _native.init_board(
+                ctypes.addressof(ctypes.c_char.from_buffer(memory))
+            )  # a board in every other way
     except BaseException:
         os.close(fd)
         raise
     return fd, token
 
 
-@pytest.mark.parametrize("seals", [0, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW],
-                         ids=["unsealed", "grow-only", "not-sealed-for-good"])
+@pytest.mark.parametrize(
+    "seals",
+    [0, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW],
+    ids=["unsealed", "grow-only", "not-sealed-for-good"],
+)
 def test_a_board_whose_size_can_still_change_is_refused_when_mapped(seals):
     fd, token = board_memfd(seals)
     try:
@@ -101,7 +111,9 @@ def test_a_board_whose_size_can_still_change_is_refused_when_mapped(seals):
 
 
 def test_an_engine_offering_an_unsealed_board_gets_writes_copied_by_the_writer_alone(caplog):
-    prefill = CrossMemoryEngine("hostile-p", share_pages=True, copy_assist=False, inline_copies=True)
+    prefill = CrossMemoryEngine(
+        "hostile-p", share_pages=True, copy_assist=False, inline_copies=True
+    )
     decode = CrossMemoryEngine("hostile-d", share_pages=True, copy_assist=True)
     fd, token = board_memfd(0)
     try:
@@ -109,11 +121,16 @@ def test_an_engine_offering_an_unsealed_board_gets_writes_copied_by_the_writer_a
         with caplog.at_level(logging.WARNING):
             prefill.register_remote_engine(forged)
         assert "board cannot be mapped here" in caplog.text and "not sealed" in caplog.text
-        source, target = torch.full((4 << 20,), 5, dtype=torch.uint8), torch.zeros(4 << 20, dtype=torch.uint8)
-        session = prefill.create_session(prefill.register_torch_tensor(source), decode.register_torch_tensor(target))
+        source, target = (
+            torch.full((4 << 20,), 5, dtype=torch.uint8),
+            torch.zeros(4 << 20, dtype=torch.uint8),
+        )
+        session = prefill.create_session(
+            prefill.register_torch_tensor(source), decode.register_torch_tensor(target)
+        )
         status = session.batch_write([4096], [4096], [2 << 20], 1)
         assert status.wait_for(10_000) and status.code() == StatusCode.SUCCESS, status.message()
-        assert torch.equal(target[4096:4096 + (2 << 20)], source[4096:4096 + (2 << 20)])
+        assert torch.equal(target[4096 : 4096 + (2 << 20)], source[4096 : 4096 + (2 << 20)])
         assert prefill.assist_counts["jobs"] == 0
     finally:
         prefill.close()
@@ -123,46 +140,59 @@ def test_an_engine_offering_an_unsealed_board_gets_writes_copied_by_the_writer_a
 
 # -- a writer that dies between post and finish ---------------------------------------------------
 
+
 def killed_poster(owner, jobs: int = _native.BOARD_SLOTS) -> int:
     """A process that posted ``jobs`` jobs and was SIGKILLed before finishing any; its pid."""
     peer = board_peer(owner, "post", str(jobs), str(os.getpid()))
     try:
         assert peer.hello == {"posted": jobs}
     finally:
-        peer.stop()       # SIGKILL by pid, reaped
+        peer.stop()  # SIGKILL by pid, reaped
     return peer.pid
 
 
-def test_the_slots_of_a_writer_killed_between_post_and_finish_are_freed_once_and_said_once(board, caplog):
+def test_the_slots_of_a_writer_killed_between_post_and_finish_are_freed_once_and_said_once(
+    board, caplog
+):
     owner, source, target = board
     peer = board_peer(owner, "post", "16", str(os.getpid()))
     try:
         assert peer.hello == {"posted": 16}
-        assert owner.help() == 16                       # its first jobs are helped, never finished
+        assert owner.help() == 16  # its first jobs are helped, never finished
         more = board_peer(owner, "post", "16", str(os.getpid()))
-        more.stop()                                     # ... and a second writer's are never even helped
+        more.stop()  # ... and a second writer's are never even helped
         assert more.hello == {"posted": 16}
     finally:
         peer.stop()
-    assert post_here(owner, source, target) is None    # every slot is held by a dead writer
+    assert post_here(owner, source, target) is None  # every slot is held by a dead writer
     with caplog.at_level(logging.WARNING):
         owner.sweep()
         owner.sweep()
     said = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
-    assert sorted(said) == sorted(f"copy assist: writer process {pid} died with 16 job(s) on the board; their "
-                                  "slots are free again" for pid in (peer.pid, more.pid))
+    assert sorted(said) == sorted(
+        f"copy assist: writer process {pid} died with 16 job(s) on the board; their "
+        "slots are free again"
+        for pid in (peer.pid, more.pid)
+    )
     assert owner.stats()["slots_freed"] == 32
     target.zero_()
     jobs = [post_here(owner, source, target, k * RANGE) for k in range(_native.BOARD_SLOTS)]
     assert all(job is not None for job in jobs), "a dead writer's slot stayed taken"
     assert owner.help() == 32 and [_native.finish(job, 5.0, -1) for job in jobs] == [(1, 1)] * 32
-    assert torch.equal(target[:32 * RANGE], source[:32 * RANGE])
+    assert torch.equal(target[: 32 * RANGE], source[: 32 * RANGE])
 
 
 def poster_words(owner):
     """Every slot's poster pid, as ctypes words over the board."""
-    return [ctypes.c_uint32.from_address(owner.address + _native.SLOTS_OFFSET + k * _native.SLOT_BYTES
-                                         + _native.SLOT_POSTER_OFFSET) for k in range(_native.BOARD_SLOTS)]
+    return [
+        ctypes.c_uint32.from_address(
+            owner.address
+            + _native.SLOTS_OFFSET
+            + k * _native.SLOT_BYTES
+            + _native.SLOT_POSTER_OFFSET
+        )
+        for k in range(_native.BOARD_SLOTS)
+    ]
 
 
 def test_a_dead_writers_slots_are_kept_while_its_pid_belongs_to_a_live_process(board):
@@ -175,7 +205,7 @@ def test_a_dead_writers_slots_are_kept_while_its_pid_belongs_to_a_live_process(b
         words = poster_words(owner)
         assert {word.value for word in words} == {dead}
         for word in words:
-            word.value = living.pid                     # as if the pid had been handed out again
+            word.value = living.pid  # as if the pid had been handed out again
         owner.sweep()
         assert owner.stats()["slots_freed"] == 0 and post_here(owner, source, target) is None
     finally:
@@ -192,10 +222,10 @@ def test_a_slot_taken_by_a_live_writer_after_the_dead_one_was_seen_is_not_freed_
     dead = killed_poster(owner)
     seen = _native.stale_slots(owner._helper)
     assert len(seen) == 32 and {pid for _, _, pid in seen} == {dead}
-    assert _native.free_dead(owner._helper, [seen[5]]) == [seen[5]]   # freed meanwhile ...
-    live = post_here(owner, source, target)                            # ... and taken by a live writer
+    assert _native.free_dead(owner._helper, [seen[5]]) == [seen[5]]  # freed meanwhile ...
+    live = post_here(owner, source, target)  # ... and taken by a live writer
     assert live is not None and copy_assist.job_slot(live) == seen[5][0]
-    freed = _native.free_dead(owner._helper, seen)                     # the sweep goes on with what it saw
+    freed = _native.free_dead(owner._helper, seen)  # the sweep goes on with what it saw
     assert seen[5] not in freed and len(freed) == 31
     assert owner.help() == 1 and _native.finish(live, 5.0, -1) == (1, 1)
     assert torch.equal(target[:RANGE], source[:RANGE])
@@ -206,12 +236,13 @@ def test_a_stale_slot_list_that_is_not_one_is_refused_by_name(board):
     with pytest.raises(ValueError, match="stale"):
         _native.free_dead(owner._helper, [(_native.BOARD_SLOTS, 8, 1)])
     with pytest.raises(ValueError, match="stale"):
-        _native.free_dead(owner._helper, [(0, 8, 1)])      # a free slot's ticket: nobody's to free
+        _native.free_dead(owner._helper, [(0, 8, 1)])  # a free slot's ticket: nobody's to free
     with pytest.raises(TypeError):
         _native.free_dead(owner._helper, 7)
 
 
 # -- made-up registrations by the thousand --------------------------------------------------------
+
 
 class CountingUnpack:
     """The board's descriptor reader, counting: each call is one registration the board tries to map."""
@@ -234,7 +265,9 @@ def memfd_mappings(token: str) -> int:
 
 def held_by_the_board() -> int:
     """Bytes still allocated by the board's Python side (copy_assist.py)."""
-    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, copy_assist.__file__)])
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, copy_assist.__file__)]
+    )
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
@@ -245,11 +278,14 @@ def flood(owner, mem, batch: int) -> None:
         n = batch * 64 + k
         pid = mem.pid if n % 2 else (1 << 30) + n
         fake = msgspec.structs.replace(mem, mem_id=1000 + n, pid=pid)
-        _native.introduce(owner.address, (pid, 1000 + n, mem.shared_token.encode(), 7, fake.pack(), 0, 0))
+        _native.introduce(
+            owner.address, (pid, 1000 + n, mem.shared_token.encode(), 7, fake.pack(), 0, 0)
+        )
 
 
-def test_a_flood_of_made_up_registrations_costs_each_help_call_little_and_memory_stays_bounded(monkeypatch,
-                                                                                               caplog):
+def test_a_flood_of_made_up_registrations_costs_each_help_call_little_and_memory_stays_bounded(
+    monkeypatch, caplog
+):
     """12,800 announcements, one help call after every 64, as a serving loop would make them, with
     the clock standing still (no allowance refills). Each call tries a bounded number, one writer
     no more than its allowance; the real memfd is mapped here once; what the board keeps and logs
@@ -262,7 +298,10 @@ def test_a_flood_of_made_up_registrations_costs_each_help_call_little_and_memory
     owner = copy_assist.AssistBoard(unpack)
     tracemalloc.start()
     try:
-        source, target = torch.full((4 << 20,), 9, dtype=torch.uint8), torch.zeros(4 << 20, dtype=torch.uint8)
+        source, target = (
+            torch.full((4 << 20,), 9, dtype=torch.uint8),
+            torch.zeros(4 << 20, dtype=torch.uint8),
+        )
         mem = writer.register_torch_tensor(source)
         owner.add_dest(7, target.data_ptr(), 0, target.numel())
         mappings_before = memfd_mappings(mem.shared_token)
@@ -275,12 +314,12 @@ def test_a_flood_of_made_up_registrations_costs_each_help_call_little_and_memory
                 if batch == 99:
                     held_after_half = held_by_the_board()
             held_after_all = held_by_the_board()
-        assert unpack.by_pid[mem.pid] == 16                   # its allowance, then no more
+        assert unpack.by_pid[mem.pid] == 16  # its allowance, then no more
         stats = owner.stats()
         assert stats["registrations_mapped"] == 16 and stats["registrations_deferred"] > 0
         assert memfd_mappings(mem.shared_token) == mappings_before + 1
         assert len(owner._allowance) <= owner.WRITERS_REMEMBERED
-        assert held_after_all - held_after_half < 16 << 10    # the second half added nothing to keep
+        assert held_after_all - held_after_half < 16 << 10  # the second half added nothing to keep
         refusals = [r for r in caplog.records if "cannot be mapped here" in r.getMessage()]
         assert 0 < len(refusals) <= owner.REFUSALS_LOGGED
         # Helping goes on: an hour later, once the announcements left were dealt with, a job naming
@@ -290,28 +329,38 @@ def test_a_flood_of_made_up_registrations_costs_each_help_call_little_and_memory
             owner.help()
         clock[0] += 3600
         low = mem.shared_start - mem.address
-        seg = (mem.pid, mem.mem_id, mem.shared_token.encode(), 7, mem.pack(), target.data_ptr(), mem.address)
+        seg = (
+            mem.pid,
+            mem.mem_id,
+            mem.shared_token.encode(),
+            7,
+            mem.pack(),
+            target.data_ptr(),
+            mem.address,
+        )
         first = _native.post(owner.address, [seg], [0], [low], [low], [RANGE])
         owner.help()
         _native.finish(first, 5.0, -1)
         target.zero_()
         job = _native.post(owner.address, [seg], [0], [low], [low], [RANGE])
         assert owner.help() == 1 and _native.finish(job, 5.0, -1) == (1, 1)
-        assert torch.equal(target[low:low + RANGE], source[low:low + RANGE])
+        assert torch.equal(target[low : low + RANGE], source[low : low + RANGE])
     finally:
         tracemalloc.stop()
         owner.close()
         writer.close()
 
 
-def test_one_writer_is_allowed_a_burst_of_attempts_then_a_few_a_second_and_others_keep_theirs(monkeypatch):
+def test_one_writer_is_allowed_a_burst_of_attempts_then_a_few_a_second_and_others_keep_theirs(
+    monkeypatch,
+):
     clock = [0.0]
     monkeypatch.setattr(copy_assist, "_now", lambda: clock[0])
     allowance = copy_assist._Allowance(burst=4, per_second=2.0, remembered=3)
     assert [allowance.take(100) for _ in range(5)] == [True] * 4 + [False]
-    assert allowance.take(200)                          # another writer has its own
+    assert allowance.take(200)  # another writer has its own
     clock[0] += 1.0
     assert [allowance.take(100) for _ in range(3)] == [True, True, False]
     for pid in (300, 400, 500):
         allowance.take(pid)
-    assert len(allowance) == 3                          # bounded, the oldest forgotten
+    assert len(allowance) == 3  # bounded, the oldest forgotten

@@ -72,7 +72,10 @@ class RecordingKernel:
         # Hand the kernel only the first ``limit`` bytes, cutting an iovec in two where needed:
         # what a real short count looks like to the caller.
         local, remote = iovecs(local_iov, count), iovecs(remote_iov, count)
-        short_local, short_remote = (ctypes.c_size_t * (2 * count))(), (ctypes.c_size_t * (2 * count))()
+        short_local, short_remote = (
+            (ctypes.c_size_t * (2 * count))(),
+            (ctypes.c_size_t * (2 * count))(),
+        )
         left, used = self.limit, 0
         while used < count and left > 0:
             take = min(left, local[2 * used + 1])
@@ -109,7 +112,10 @@ def scattered(count: int, size: int, stride: int):
 
 
 def landed(pair, local, remote, sizes):
-    return all(torch.equal(pair.target[r:r + s], pair.source[lo:lo + s]) for lo, r, s in zip(local, remote, sizes))
+    return all(
+        torch.equal(pair.target[r : r + s], pair.source[lo : lo + s])
+        for lo, r, s in zip(local, remote, sizes)
+    )
 
 
 # -- iovec batching and short counts ---------------------------------------------------
@@ -151,22 +157,27 @@ def test_a_large_batch_split_across_copy_threads_lands_whole(split_cma, monkeypa
     kernel = RecordingKernel("write", limit=777)
     monkeypatch.setitem(iovec.SYSCALLS, "write", kernel)
     local, remote, sizes = scattered(iovec.IOV_MAX + 40, 32, 48)
-    status = split_cma.session.batch_write(local, remote, sizes, split_cma.session.allocate_transfer_uid())
+    status = split_cma.session.batch_write(
+        local, remote, sizes, split_cma.session.allocate_transfer_uid()
+    )
     assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
     assert landed(split_cma, local, remote, sizes)
     assert len(kernel.threads) == 2, kernel.threads
 
 
-def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_helpers(split_cma, monkeypatch):
+def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_helpers(
+    split_cma, monkeypatch
+):
     """Posting threads that copy inline and the worker can all reach the first split copy
     together: each pool made would start threads of its own that nothing shuts down."""
     engine = split_cma.producer
     from moriio_fsm.engines import copy_split
+
     pools = []
     real_pool = copy_split.ThreadPoolExecutor
 
     def counted(*args, **kwargs):
-        time.sleep(0.02)                   # a slow start widens the window between check and make
+        time.sleep(0.02)  # a slow start widens the window between check and make
         pools.append(real_pool(*args, **kwargs))
         return pools[-1]
 
@@ -177,9 +188,17 @@ def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_
     def copy():
         start.wait()
         try:
-            engine._pages.move("write", None, split_cma.source.data_ptr(), split_cma.target.data_ptr(),
-                               local, remote, sizes, sum(sizes))
-        except BaseException as exc:       # noqa: BLE001 - reported below
+            engine._pages.move(
+                "write",
+                None,
+                split_cma.source.data_ptr(),
+                split_cma.target.data_ptr(),
+                local,
+                remote,
+                sizes,
+                sum(sizes),
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=copy) for _ in range(8)]
@@ -191,7 +210,9 @@ def test_threads_copying_their_first_large_batch_at_once_share_one_pool_of_copy_
     assert landed(split_cma, local, remote, sizes)
 
 
-def test_a_refusal_in_the_second_copy_thread_names_the_range_of_the_whole_batch(split_cma, monkeypatch):
+def test_a_refusal_in_the_second_copy_thread_names_the_range_of_the_whole_batch(
+    split_cma, monkeypatch
+):
     cma = split_cma
     real = iovec.SYSCALLS["write"]
 
@@ -239,16 +260,21 @@ def test_a_real_partial_transfer_into_an_unmapped_page_fails_naming_the_range():
     try:
         producer.register_remote_engine(consumer.get_engine_desc())
         source = torch.full((3 * page,), 9, dtype=torch.uint8)
-        session = producer.create_session(producer.register_torch_tensor(source),
-                                          consumer.register_torch_tensor(target))
-        status = session.batch_write([0, page], [0, page], [page, page], session.allocate_transfer_uid())
+        session = producer.create_session(
+            producer.register_torch_tensor(source), consumer.register_torch_tensor(target)
+        )
+        status = session.batch_write(
+            [0, page], [0, page], [page, page], session.allocate_transfer_uid()
+        )
         assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
         assert "range 1" in status.message() and "EFAULT" in status.message()
         assert int(target[:page].min()) == 9  # range 0 had landed before the fault
     finally:
         producer.close()
         consumer.close()
-        libc.mprotect(ctypes.c_void_p(target.data_ptr() + page), page, mmap.PROT_READ | mmap.PROT_WRITE)
+        libc.mprotect(
+            ctypes.c_void_p(target.data_ptr() + page), page, mmap.PROT_READ | mmap.PROT_WRITE
+        )
         del target, session
         region.close()
 
@@ -261,22 +287,34 @@ def test_eperm_becomes_a_failed_status_saying_why_and_what_allows_it(cma, monkey
     status = cma.session.write(0, 0, 64, cma.session.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.code() == StatusCode.ERR_RDMA_OP
     message = status.message()
-    for needed in ("EPERM", "ptrace permission", "kernel.yama.ptrace_scope", "CAP_SYS_PTRACE", "same user"):
+    for needed in (
+        "EPERM",
+        "ptrace permission",
+        "kernel.yama.ptrace_scope",
+        "CAP_SYS_PTRACE",
+        "same user",
+    ):
         assert needed in message, message
     assert int(cma.target.count_nonzero()) == 0
 
 
-@pytest.mark.parametrize("scope, advice", [
-    (None, "same user (without Yama nothing else is needed)"),
-    ("0", "same user with kernel.yama.ptrace_scope = 0"),
-    ("1", "allow_same_user_peers=True"),
-    ("2", "only a process with CAP_SYS_PTRACE may attach"),
-    ("3", "no process may attach until the next reboot"),
-])
+@pytest.mark.parametrize(
+    "scope, advice",
+    [
+        (None, "same user (without Yama nothing else is needed)"),
+        ("0", "same user with kernel.yama.ptrace_scope = 0"),
+        ("1", "allow_same_user_peers=True"),
+        ("2", "only a process with CAP_SYS_PTRACE may attach"),
+        ("3", "no process may attach until the next reboot"),
+    ],
+)
 def test_the_eperm_advice_follows_the_ptrace_scope(monkeypatch, scope, advice):
     real = iovec._read_first_line
-    monkeypatch.setattr(iovec, "_read_first_line",
-                        lambda path: scope if path.endswith("ptrace_scope") else real(path))
+    monkeypatch.setattr(
+        iovec,
+        "_read_first_line",
+        lambda path: scope if path.endswith("ptrace_scope") else real(path),
+    )
     assert advice in iovec.refusal_text(errno.EPERM, os.getpid(), "write")
 
 
@@ -307,8 +345,11 @@ def test_threads_racing_posts_all_land(cma):
         start.wait()
         for n in range(per_thread):
             offset = (index * per_thread + n) * size
-            statuses.append(cma.session.batch_write([offset], [SIZE - size - offset], [size],
-                                                    cma.session.allocate_transfer_uid()))
+            statuses.append(
+                cma.session.batch_write(
+                    [offset], [SIZE - size - offset], [size], cma.session.allocate_transfer_uid()
+                )
+            )
 
     workers = [threading.Thread(target=post, args=(i,)) for i in range(threads)]
     for worker in workers:
@@ -318,8 +359,9 @@ def test_threads_racing_posts_all_land(cma):
     assert len(statuses) == threads * per_thread
     assert cma.producer.wait_all(statuses, WAIT_MS) and all(s.succeeded() for s in statuses)
     total = threads * per_thread * size
-    assert torch.equal(cma.target[SIZE - total:].flip(0).view(-1, size).flip(1).reshape(-1),
-                       cma.source[:total])
+    assert torch.equal(
+        cma.target[SIZE - total :].flip(0).view(-1, size).flip(1).reshape(-1), cma.source[:total]
+    )
 
 
 @pytest.mark.parametrize("kind", ["cross_memory", "cross_memory_inline"])
@@ -336,7 +378,9 @@ def test_posts_racing_close_all_end_final(kind):
             # closing thread got its turn, and then no post would race close at all.
             after_close = 0
             for n in range(1_000_000):
-                statuses.append(pair.session.write(n * 64 % SIZE, 0, 64, pair.session.allocate_transfer_uid()))  # noqa: B023 (called within this iteration)
+                session = pair.session  # noqa: B023 (called within this iteration)
+                uid = session.allocate_transfer_uid()
+                statuses.append(session.write(n * 64 % SIZE, 0, 64, uid))  # noqa: B023 (likewise)
                 posting.set()  # noqa: B023 (called within this iteration)
                 if closed.is_set():  # noqa: B023 (called within this iteration)
                     after_close += 1
@@ -353,8 +397,11 @@ def test_posts_racing_close_all_end_final(kind):
             poster.join()
         try:
             assert pair.producer.wait_all(statuses, WAIT_MS)
-            wrong = [(s.code(), s.message()) for s in statuses
-                     if not (s.succeeded() or s.code() == StatusCode.ERR_BAD_STATE)]
+            wrong = [
+                (s.code(), s.message())
+                for s in statuses
+                if not (s.succeeded() or s.code() == StatusCode.ERR_BAD_STATE)
+            ]
             assert not wrong, wrong[:3]
             assert statuses[-1].code() == StatusCode.ERR_BAD_STATE
         finally:
@@ -365,12 +412,16 @@ def test_posts_racing_close_all_end_final(kind):
 
 
 @pytest.mark.parametrize("side", ["remote", "local"])
-def test_deregistration_waits_for_the_copy_in_flight_then_later_transfers_fail(cma, monkeypatch, side):
+def test_deregistration_waits_for_the_copy_in_flight_then_later_transfers_fail(
+    cma, monkeypatch, side
+):
     kernel = BlockingKernel("write")
     monkeypatch.setitem(iovec.SYSCALLS, "write", kernel)
     in_flight = cma.session.write(0, 0, 128, cma.session.allocate_transfer_uid())
     assert kernel.entered.wait(WAIT_MS / 1000)
-    owner, mem = (cma.consumer, cma.target_mem) if side == "remote" else (cma.producer, cma.source_mem)
+    owner, mem = (
+        (cma.consumer, cma.target_mem) if side == "remote" else (cma.producer, cma.source_mem)
+    )
 
     def deregister():
         owner.deregister_memory(mem)
@@ -379,7 +430,9 @@ def test_deregistration_waits_for_the_copy_in_flight_then_later_transfers_fail(c
     deregistering = threading.Thread(target=deregister)
     deregistering.start()
     deregistering.join(0.5)
-    assert deregistering.is_alive(), "deregister_memory returned while a copy into the memory was in flight"
+    assert deregistering.is_alive(), (
+        "deregister_memory returned while a copy into the memory was in flight"
+    )
     kernel.go.set()
     deregistering.join(WAIT_MS / 1000)
     assert kernel.order == ["copied", "deregistered"]
@@ -457,30 +510,44 @@ def test_a_session_into_this_engines_own_memory_works(cma):
 
 @pytest.mark.parametrize("field, change", [("address", 8), ("size", 8), ("mem_id", 1), ("slot", 1)])
 def test_an_altered_memory_descriptor_reaches_nothing(cma, field, change):
-    altered = msgspec.structs.replace(cma.remote_mem, **{field: getattr(cma.remote_mem, field) + change})
+    altered = msgspec.structs.replace(
+        cma.remote_mem, **{field: getattr(cma.remote_mem, field) + change}
+    )
     assert cma.producer.create_session(cma.source_mem, altered) is None
 
 
 def test_descriptors_from_another_host_or_pid_namespace_are_refused_naming_both(cma):
     desc = cma.consumer.get_engine_desc()
     with pytest.raises(CrossMemoryError, match=f"another host.*{desc.boot_id[:8]}"):
-        cma.producer.register_remote_engine(msgspec.structs.replace(desc, key="far", boot_id="0" * 36))
+        cma.producer.register_remote_engine(
+            msgspec.structs.replace(desc, key="far", boot_id="0" * 36)
+        )
     with pytest.raises(CrossMemoryError, match=f"another pid namespace.*{desc.pid_namespace}"):
-        cma.producer.register_remote_engine(msgspec.structs.replace(desc, key="boxed", pid_namespace=1))
+        cma.producer.register_remote_engine(
+            msgspec.structs.replace(desc, key="boxed", pid_namespace=1)
+        )
 
 
 def test_a_descriptor_naming_a_process_that_is_not_the_engine_is_refused(cma):
     desc = cma.consumer.get_engine_desc()
     with pytest.raises(CrossMemoryError, match=f"process {os.getppid()}"):
-        cma.producer.register_remote_engine(msgspec.structs.replace(desc, key="imposter", pid=os.getppid()))
+        cma.producer.register_remote_engine(
+            msgspec.structs.replace(desc, key="imposter", pid=os.getppid())
+        )
     with pytest.raises(CrossMemoryError, match="not the registration table|not engine"):
         cma.producer.register_remote_engine(
-            msgspec.structs.replace(desc, key="forged", token=bytes(16)))
+            msgspec.structs.replace(desc, key="forged", token=bytes(16))
+        )
 
 
 def test_a_descriptor_of_an_exited_process_is_refused():
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     with CrossMemoryEngine("survivor") as engine:
         desc = msgspec.structs.replace(engine.get_engine_desc(), key="ghost", pid=int(done.stdout))
         with pytest.raises(CrossMemoryError, match="gone|not engine"):
@@ -489,14 +556,22 @@ def test_a_descriptor_of_an_exited_process_is_refused():
 
 def test_malformed_descriptors_raise_value_or_type_errors(cma):
     engine = cma.producer
-    for garbage in (b"", b"\x00\x01", msgspec.msgpack.encode({"type": "moriio-cma-engine"}),
-                    cma.target_mem.pack()):
+    for garbage in (
+        b"",
+        b"\x00\x01",
+        msgspec.msgpack.encode({"type": "moriio-cma-engine"}),
+        cma.target_mem.pack(),
+    ):
         with pytest.raises(ValueError, match="engine descriptor"):
             engine.unpack_engine_desc(garbage)
     with pytest.raises(ValueError, match="memory descriptor"):
-        engine.unpack_memory_desc(msgspec.msgpack.encode(msgspec.structs.replace(cma.target_mem, size=1))[:-3])
+        engine.unpack_memory_desc(
+            msgspec.msgpack.encode(msgspec.structs.replace(cma.target_mem, size=1))[:-3]
+        )
     with pytest.raises(ValueError, match="size"):
-        engine.unpack_memory_desc(msgspec.msgpack.encode(msgspec.structs.replace(cma.target_mem, size=0)))
+        engine.unpack_memory_desc(
+            msgspec.msgpack.encode(msgspec.structs.replace(cma.target_mem, size=0))
+        )
     with pytest.raises(TypeError, match="bytes"):
         engine.unpack_memory_desc("not bytes")
     with pytest.raises(TypeError, match="CrossMemoryEngineDesc"):
@@ -541,11 +616,13 @@ def test_sessions_on_many_threads_never_trip_over_the_peer_liveness_check(cma):
     def post(offset):
         try:
             for _ in range(50):
-                status = cma.session.batch_write([offset], [offset], [64], cma.session.allocate_transfer_uid())
+                status = cma.session.batch_write(
+                    [offset], [offset], [64], cma.session.allocate_transfer_uid()
+                )
                 with lock:
                     statuses.append(status)
                 cma.session.alive()
-        except Exception as exc:   # noqa: BLE001 - any error is the failure under test
+        except Exception as exc:  # noqa: BLE001 - any error is the failure under test
             errors.append(exc)
 
     threads = [threading.Thread(target=post, args=(i * 64,)) for i in range(8)]
@@ -556,4 +633,4 @@ def test_sessions_on_many_threads_never_trip_over_the_peer_liveness_check(cma):
     assert not errors
     assert cma.producer.wait_all(statuses, WAIT_MS)
     assert all(status.code() == StatusCode.SUCCESS for status in statuses)
-    assert torch.equal(cma.target[:8 * 64], cma.source[:8 * 64])
+    assert torch.equal(cma.target[: 8 * 64], cma.source[: 8 * 64])
