@@ -14,31 +14,26 @@ import socket
 import threading
 import time
 from collections import Counter
-from typing import Any
 
-import numpy as np
 import torch
 
 from ..base import EngineBase
 from ..checks import CheckedBatch, check_registrable
 from ..inflight import PostQueue, closed_text
 from ..status import LocalTransferStatus, StatusCode
-from .availability import NixlUnavailableError, nixl_api
+from .agent import lingering, start_agent
+from .availability import nixl_api
 from .descriptors import NixlEngineDesc, NixlMemoryDesc
 from .session import NixlSession, Peer, Registration, Transfer
+from .transfer_loop import TransferLoop
 from .ucx_env import ucx_environment
 
 __all__ = ["NixlEngine", "NixlSession"]
 
 _log = logging.getLogger(__name__)
 
-# What a transfer that NIXL or UCX could not stop still holds (its handle, its agent, its
-# tensors): kept for the life of the process so that bytes still moving land in memory
-# nobody reuses. A leak, never a corruption.
-_lingering: list[Any] = []
 
-
-class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
+class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc], TransferLoop):
     """A transfer engine over a NIXL agent with the UCX backend; peers on this host or others.
 
     Any contiguous CPU tensor can be registered (as NIXL DRAM), wherever the process
@@ -82,57 +77,39 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         deregister_wait_s: float = 10.0,
     ) -> None:
         super().__init__(key)
-        if not isinstance(host, str):
-            raise TypeError(f"host must be a string, got {type(host).__name__}")
-        for name, value in (
-            ("transfer_timeout_s", transfer_timeout_s),
-            ("idle_progress_s", idle_progress_s),
-            ("min_poll_s", min_poll_s),
-            ("deregister_wait_s", deregister_wait_s),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        if not idle_progress_s > 0 or not transfer_timeout_s > 0:
-            raise ValueError(
-                "idle_progress_s and transfer_timeout_s must be > 0 seconds, got "
-                f"{idle_progress_s!r} and {transfer_timeout_s!r}"
-            )
+        _check_settings(
+            host,
+            transfer_timeout_s=transfer_timeout_s,
+            idle_progress_s=idle_progress_s,
+            min_poll_s=min_poll_s,
+            deregister_wait_s=deregister_wait_s,
+        )
         api = nixl_api()
         self.ucx_applied = ucx_environment(host, ucx)
         self._api = api
-        config = api.nixl_agent_config(
-            enable_prog_thread=False, enable_listen_thread=False, backends=[]
-        )
-        self._agent = api.nixl_agent(key, config)
-        if "UCX" not in self._agent.get_plugin_list():
-            raise NixlUnavailableError(
-                f"nixl has no UCX plugin here (plugins: {self._agent.get_plugin_list()})"
-            )
-        try:
-            self._agent.create_backend("UCX", {})
-        except Exception as exc:
-            settings = ", ".join(
-                f"{name}={os.environ[name]}"
-                for name in sorted(os.environ)
-                if name.startswith("UCX_")
-            )
-            raise NixlUnavailableError(
-                f"NIXL's UCX backend did not start for engine {key!r} ({settings}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        self._desc = NixlEngineDesc(
-            key=key,
-            agent_metadata=self._agent.get_agent_metadata(),
-            host=host,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-        )
+        self._agent = start_agent(api, key)
+        self._desc = self._describe(host)
         self._host = host
         self._port = int(port)
         self._transfer_timeout_s = float(transfer_timeout_s)
         self._idle_progress_s = float(idle_progress_s)
         self._min_poll_s = float(min_poll_s)
         self._deregister_wait_s = float(deregister_wait_s)
+        self._start_bookkeeping()
+        self._worker = threading.Thread(target=self._run, name=f"nixl-{key}", daemon=True)
+        self._worker.start()
+
+    def _describe(self, host: str) -> NixlEngineDesc:
+        return NixlEngineDesc(
+            key=self.key,
+            agent_metadata=self._agent.get_agent_metadata(),
+            host=host,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def _start_bookkeeping(self) -> None:
+        """The locks, registrations, peers, use counts and queue, all empty."""
         # NIXL agents are made without thread synchronisation: every call takes this lock.
         self._agent_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -144,8 +121,6 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
         self._busy: Counter = Counter()  # ("mem", id) / ("peer", generation) -> transfers using it
         self._queue: PostQueue[Transfer] = PostQueue(most=None)
         self._stuck = False  # a transfer NIXL could not cancel at close: nothing may be freed
-        self._worker = threading.Thread(target=self._run, name=f"nixl-{key}", daemon=True)
-        self._worker.start()
 
     # -- descriptors and registration ------------------------------------------
     def register_remote_engine(self, desc: NixlEngineDesc) -> None:
@@ -269,7 +244,7 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 self.key,
                 self._deregister_wait_s,
             )
-            _lingering.append(registration)
+            lingering.append(registration)
             return
         with self._agent_lock:
             self._deregister_natively(registration)
@@ -284,7 +259,7 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
                 self.key,
                 exc,
             )
-            _lingering.append(registration)
+            lingering.append(registration)
 
     def _holds(self, mem: NixlMemoryDesc) -> bool:
         registration = self._memory.get(mem.mem_id)
@@ -404,158 +379,6 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             self._wake.notify_all()
         posted.settle(code, message)
 
-    def _run(self) -> None:
-        active: list[Transfer] = []
-        pause = self._min_poll_s
-        while (
-            incoming := self._queue.take(pause if active else self._idle_progress_s)
-        ) is not None:
-            for posted in incoming:
-                if self._start(posted):
-                    active.append(posted)
-            if active:
-                before = len(active)
-                active = [posted for posted in active if not self._check(posted)]
-                pause = (
-                    self._min_poll_s
-                    if incoming or len(active) < before
-                    else min(pause * 2, self._idle_progress_s)
-                )
-            else:
-                self._progress()
-        self._abandon(active)
-
-    def _start(self, posted: Transfer) -> bool:
-        """Build and post one NIXL transfer request; True while it is in flight."""
-        session = posted.session
-        reason = session.why_dead()
-        if reason is not None:
-            self._finish(posted, StatusCode.ERR_RDMA_OP, reason)
-            return False
-        batch = posted.batch
-        count = len(batch.sizes)
-        local = np.empty((count, 3), dtype=np.uint64)
-        local[:, 0] = np.asarray(batch.local_offsets, dtype=np.uint64) + np.uint64(
-            session.local_mem.address
-        )
-        local[:, 1] = batch.sizes
-        local[:, 2] = 0
-        remote = local.copy()
-        remote[:, 0] = np.asarray(batch.remote_offsets, dtype=np.uint64) + np.uint64(
-            session.remote_mem.address
-        )
-        peer_name = self.key if session._peer is None else session.remote_engine_key
-        with self._agent_lock:
-            try:
-                local_descs = self._agent.get_xfer_descs(local, "DRAM")
-                remote_descs = self._agent.get_xfer_descs(remote, "DRAM")
-                posted.handle = self._agent.initialize_xfer(
-                    posted.op.upper(), local_descs, remote_descs, peer_name
-                )
-            except Exception as exc:
-                not_found = "NotFound" in type(exc).__name__
-                self._finish(
-                    posted,
-                    StatusCode.ERR_NOT_FOUND if not_found else StatusCode.ERR_BAD_STATE,
-                    f"NIXL refused the transfer request: {type(exc).__name__}: {exc}",
-                )
-                return False
-            try:
-                state = self._agent.transfer(posted.handle)
-            except Exception as exc:
-                state = f"ERR ({type(exc).__name__}: {exc})"
-        posted.deadline = time.monotonic() + self._transfer_timeout_s
-        return not self._settle_if_final(posted, state)
-
-    def _check(self, posted: Transfer) -> bool:
-        """Poll one transfer; True once it is final (settled)."""
-        with self._agent_lock:
-            try:
-                state = self._agent.check_xfer_state(posted.handle)
-            except Exception as exc:
-                state = f"ERR ({type(exc).__name__}: {exc})"
-        if self._settle_if_final(posted, state):
-            return True
-        if time.monotonic() < posted.deadline:
-            return False
-        if self._cancel(posted):
-            self._finish(
-                posted,
-                StatusCode.ERR_RDMA_OP,
-                f"not complete after {self._transfer_timeout_s:g} s; cancelled",
-            )
-            return True
-        if not posted.cancel_failed:
-            posted.cancel_failed = True
-            _log.warning(
-                "%s of engine %r: NIXL could not cancel it after %g s; it stays in progress",
-                posted.label,
-                self.key,
-                self._transfer_timeout_s,
-            )
-        posted.deadline = time.monotonic() + 1.0  # try to cancel again later
-        return False
-
-    def _settle_if_final(self, posted: Transfer, state: str) -> bool:
-        if state == "PROC":
-            return False
-        if state == "DONE":
-            self._release(posted)
-            self._finish(posted, StatusCode.SUCCESS)
-        else:
-            self._release(posted)
-            self._finish(
-                posted,
-                StatusCode.ERR_RDMA_OP,
-                f"NIXL reported the transfer failed ({state}): the peer is gone or the transport broke",
-                transport_failed=True,
-            )
-        return True
-
-    def _release(self, posted: Transfer) -> None:
-        with self._agent_lock:
-            try:
-                self._agent.release_xfer_handle(posted.handle)
-            except Exception as exc:
-                _log.warning(
-                    "%s of engine %r: releasing its NIXL handle failed: %s",
-                    posted.label,
-                    self.key,
-                    exc,
-                )
-                _lingering.append(posted.handle)
-
-    def _cancel(self, posted: Transfer) -> bool:
-        """Release an unfinished request (NIXL cancels it); False when NIXL could not."""
-        with self._agent_lock:
-            try:
-                self._agent.release_xfer_handle(posted.handle)
-            except Exception:
-                return False
-        return True
-
-    def _progress(self) -> None:
-        """Progress UCX with nothing of our own in flight, so peers' transfers into this engine move."""
-        with self._agent_lock:
-            try:
-                self._agent.get_new_notifs()
-            except Exception as exc:  # never let progress end the worker thread
-                _log.warning("NIXL progress of engine %r failed: %s", self.key, exc)
-
-    def _abandon(self, active: list[Transfer]) -> None:
-        """At close: fail what is in flight; what cannot be cancelled keeps its resources."""
-        for posted in active:
-            if self._cancel(posted):
-                self._finish(posted, StatusCode.ERR_BAD_STATE, closed_text(self.key))
-            else:
-                _lingering.append(posted.handle)
-                self._stuck = True
-                self._finish(
-                    posted,
-                    StatusCode.ERR_BAD_STATE,
-                    closed_text(self.key) + " (NIXL could not cancel it)",
-                )
-
     def close(self) -> None:
         """Fail every transfer still queued or in flight (ERR_BAD_STATE), then release NIXL's resources.
 
@@ -574,7 +397,7 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
             registrations, self._memory = list(self._memory.values()), {}
             peers, self._peers = list(self._peers.values()), {}
         if self._stuck:
-            _lingering.extend([self._agent, *registrations])
+            lingering.extend([self._agent, *registrations])
             return
         with self._agent_lock:
             for registration in registrations:
@@ -587,3 +410,18 @@ class NixlEngine(EngineBase[NixlEngineDesc, NixlMemoryDesc]):
 
     def _where(self) -> str:
         return f"host={self._host}"
+
+
+def _check_settings(host: object, **seconds: float) -> None:
+    """Refuse a host that is not a string and timings that are not seconds (the two waits: > 0)."""
+    if not isinstance(host, str):
+        raise TypeError(f"host must be a string, got {type(host).__name__}")
+    for name, value in seconds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    idle_progress_s, transfer_timeout_s = seconds["idle_progress_s"], seconds["transfer_timeout_s"]
+    if not idle_progress_s > 0 or not transfer_timeout_s > 0:
+        raise ValueError(
+            "idle_progress_s and transfer_timeout_s must be > 0 seconds, got "
+            f"{idle_progress_s!r} and {transfer_timeout_s!r}"
+        )
