@@ -152,13 +152,19 @@ class Bindings:
     def check(self, spec: Spec) -> None:
         """Raise ``SpecError`` unless the bindings and ``spec`` agree in every name and
         field, as far as the bindings' bytecode shows (see the module docstring)."""
-        problems: list[Problem] = []
+        found = [
+            *self._name_problems(spec),
+            *self._guard_problems(spec),
+            *self._action_problems(spec),
+            *self._row_problems(spec),
+        ]
+        if found:
+            raise SpecError([Problem(spec.path, line, message) for line, message in found])
 
-        def add(line: int, message: str) -> None:
-            problems.append(Problem(spec.path, line, message))
-
+    def _name_problems(self, spec: Spec) -> Iterator[tuple[int, str]]:
+        """The spec's name, and every guard and action name, on both sides."""
         if spec.name != self.spec_name:
-            add(
+            yield (
                 spec.line,
                 f"spec is named {spec.name!r} but the bindings are for {self.spec_name!r}",
             )
@@ -168,69 +174,76 @@ class Bindings:
         ):
             for name, item in declared.items():
                 if name not in bound:
-                    add(
+                    yield (
                         item.line,
                         f"{kind} {name!r} is declared in the spec but has no Python "
                         f"binding in the {self.spec_name!r} machine module",
                     )
             for name in bound:
                 if name not in declared:
-                    add(
+                    yield (
                         spec.line,
                         f"{kind} {name!r} is bound in Python but not declared under "
                         f"'{kind}s' in the spec",
                     )
-        fields = set(spec.context)
-        readable = fields | set(spec.config)
+
+    def _guard_problems(self, spec: Spec) -> Iterator[tuple[int, str]]:
+        """Each guard reads only the fields its entry declares, and assigns none."""
+        readable = set(spec.context) | set(spec.config)
         for name, item in spec.guards.items():
             fn = self.guards.get(name)
             if fn is None:
                 continue
             undeclared = sorted((attribute_loads(fn) & readable) - set(item.reads))
             if undeclared:
-                add(
+                yield (
                     item.line,
                     f"guard {name!r} reads {', '.join(undeclared)} but its spec entry "
                     f"declares reads: [{', '.join(item.reads)}]",
                 )
             stored = sorted(attribute_stores(fn))
             if stored:
-                add(item.line, f"guard {name!r} assigns {', '.join(stored)}; a guard only reads")
+                yield item.line, f"guard {name!r} assigns {', '.join(stored)}; a guard only reads"
+
+    def _action_problems(self, spec: Spec) -> Iterator[tuple[int, str]]:
+        """Each action writes only the fields its entry declares and emits declared kinds."""
+        fields = set(spec.context)
         for name, item in spec.actions.items():
             action = self.actions.get(name)
             if action is None:
                 continue
             undeclared = sorted((attribute_stores(action) & fields) - set(item.writes))
             if undeclared:
-                add(
+                yield (
                     item.line,
                     f"action {name!r} writes {', '.join(undeclared)} but its spec entry "
                     f"declares writes: [{', '.join(item.writes)}]",
                 )
             for kind in sorted(emitted_kinds(action) - set(spec.emits)):
-                add(
+                yield (
                     item.line,
                     f"action {name!r} emits {kind!r}, which is not declared under 'emits'",
                 )
+
+    def _row_problems(self, spec: Spec) -> Iterator[tuple[int, str]]:
+        """Each row lists exactly the emits its actions may build."""
         for row in spec.transitions:
             may_emit: set[str] = set()
             for name in row.actions:
                 if name in self.actions:
                     may_emit |= emitted_kinds(self.actions[name]) & set(spec.emits)
             for kind in sorted(may_emit - set(row.emits)):
-                add(
+                yield (
                     row.line,
                     f"{row.label()} runs an action that emits {kind!r}, but the row "
                     f"does not list it under emits",
                 )
             for kind in sorted(set(row.emits) - may_emit):
-                add(
+                yield (
                     row.line,
                     f"{row.label()} lists emit {kind!r}, but none of its actions "
                     f"({', '.join(row.actions) or 'none'}) emits it",
                 )
-        if problems:
-            raise SpecError(problems)
 
 
 # -- check mode: bindings wrapped so that every run proves what the spec declares ----------
