@@ -65,117 +65,132 @@ def _layers(tid: str, make, start: float) -> list[Event]:
     return [make(tid, start + i * 0.001, i) for i in range(NUM_LAYERS)]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One scenario as written: ``build`` makes its events for a transfer id."""
+
+    name: str
+    description: str
+    build: Callable[[str], list[Event]]
+    advance_to: float = 0.0
+    adapter_answers: bool = True
+
+
+# The event constructors are looked up when a scenario is built, not at import: asking
+# ``events`` for a kind loads the shipped specs.
+_PLANS: tuple[_Plan, ...] = (
+    _Plan(
+        "clean",
+        "D's allocation first, every write lands, the request finishes",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            events.remote_blocks(t, 0.01, BLOCKS, 0),
+            *_layers(t, events.layer_scheduled, 0.1),
+            events.seal(t, 0.2),
+            *_layers(t, events.layer_write_completed, 0.3),
+            events.request_finished(t, 0.4),
+        ],
+    ),
+    _Plan(
+        "late_allocation",
+        "layers scheduled and sealed before D's allocation arrives",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            *_layers(t, events.layer_scheduled, 0.1),
+            events.seal(t, 0.2),
+            events.request_finished(t, 0.25),
+            events.remote_blocks(t, 0.5, BLOCKS, 0),
+            events.remote_blocks(t, 0.51, BLOCKS, 0),
+            *_layers(t, events.layer_write_completed, 0.6),
+        ],
+    ),
+    _Plan(
+        "failed_write",
+        "one layer's RDMA write fails; D is told; in-flight writes drain",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            events.remote_blocks(t, 0.01, BLOCKS, 0),
+            *_layers(t, events.layer_scheduled, 0.1),
+            events.seal(t, 0.2),
+            events.layer_write_completed(t, 0.3, 0),
+            events.layer_write_failed(t, 0.31, 1, 13),
+            events.layer_write_completed(t, 0.32, 2),
+            events.layer_write_completed(t, 0.33, 3),
+            events.request_finished(t, 0.4),
+        ],
+    ),
+    _Plan(
+        "aborted",
+        "the local request is aborted mid-forward with writes in flight",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            events.remote_blocks(t, 0.01, BLOCKS, 0),
+            events.layer_scheduled(t, 0.1, 0),
+            events.layer_scheduled(t, 0.101, 1),
+            events.abort(t, 0.15),
+            events.layer_write_completed(t, 0.2, 0),
+            events.layer_write_completed(t, 0.21, 1),
+        ],
+    ),
+    _Plan(
+        "defer_timeout",
+        "D's allocation never arrives: the defer timer expires the transfer",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            *_layers(t, events.layer_scheduled, 0.1),
+            events.seal(t, 0.2),
+            events.request_finished(t, 0.3),
+        ],
+        advance_to=61.0,
+    ),
+    _Plan(
+        "stalled_write",
+        "a write never reports back: it is torn down, then D is told",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            events.remote_blocks(t, 0.01, BLOCKS, 0),
+            events.layer_scheduled(t, 0.1, 0),
+            events.layer_scheduled(t, 0.101, 1),
+            events.seal(t, 0.2),
+            events.layer_write_completed(t, 0.3, 0),
+            events.request_finished(t, 0.4),
+        ],
+        advance_to=31.0,
+    ),
+    _Plan(
+        "unconfirmed_teardown",
+        "the engine never confirms the torn-down write: quarantined",
+        lambda t: [
+            events.prefill_started(t, 0.0, 1),
+            events.remote_blocks(t, 0.01, BLOCKS, 0),
+            events.layer_scheduled(t, 0.1, 0),
+            events.layer_scheduled(t, 0.101, 1),
+            events.seal(t, 0.2),
+            events.layer_write_completed(t, 0.3, 0),
+            events.abort(t, 0.35),
+        ],
+        advance_to=45.0,
+        adapter_answers=False,
+    ),
+)
+
+
 def scenarios() -> list[Scenario]:
-    """The transfers, one per lifecycle path worth seeing."""
-    create, blocks, seal = events.prefill_started, events.remote_blocks, events.seal
-    scheduled, completed = events.layer_scheduled, events.layer_write_completed
-    failed, finished = events.layer_write_failed, events.request_finished
-
-    def make(
-        name: str,
-        description: str,
-        build: Callable[[str], list[Event]],
-        advance_to: float = 0.0,
-        adapter_answers: bool = True,
-    ) -> Scenario:
-        tid = f"tx-demo-{name}"
-        return Scenario(name, tid, description, build(tid), advance_to, adapter_answers)
-
-    return [
-        make(
-            "clean",
-            "D's allocation first, every write lands, the request finishes",
-            lambda t: [
-                create(t, 0.0, 1),
-                blocks(t, 0.01, BLOCKS, 0),
-                *_layers(t, scheduled, 0.1),
-                seal(t, 0.2),
-                *_layers(t, completed, 0.3),
-                finished(t, 0.4),
-            ],
-        ),
-        make(
-            "late_allocation",
-            "layers scheduled and sealed before D's allocation arrives",
-            lambda t: [
-                create(t, 0.0, 1),
-                *_layers(t, scheduled, 0.1),
-                seal(t, 0.2),
-                finished(t, 0.25),
-                blocks(t, 0.5, BLOCKS, 0),
-                blocks(t, 0.51, BLOCKS, 0),
-                *_layers(t, completed, 0.6),
-            ],
-        ),
-        make(
-            "failed_write",
-            "one layer's RDMA write fails; D is told; in-flight writes drain",
-            lambda t: [
-                create(t, 0.0, 1),
-                blocks(t, 0.01, BLOCKS, 0),
-                *_layers(t, scheduled, 0.1),
-                seal(t, 0.2),
-                completed(t, 0.3, 0),
-                failed(t, 0.31, 1, 13),
-                completed(t, 0.32, 2),
-                completed(t, 0.33, 3),
-                finished(t, 0.4),
-            ],
-        ),
-        make(
-            "aborted",
-            "the local request is aborted mid-forward with writes in flight",
-            lambda t: [
-                create(t, 0.0, 1),
-                blocks(t, 0.01, BLOCKS, 0),
-                scheduled(t, 0.1, 0),
-                scheduled(t, 0.101, 1),
-                events.abort(t, 0.15),
-                completed(t, 0.2, 0),
-                completed(t, 0.21, 1),
-            ],
-        ),
-        make(
-            "defer_timeout",
-            "D's allocation never arrives: the defer timer expires the transfer",
-            lambda t: [
-                create(t, 0.0, 1),
-                *_layers(t, scheduled, 0.1),
-                seal(t, 0.2),
-                finished(t, 0.3),
-            ],
-            advance_to=61.0,
-        ),
-        make(
-            "stalled_write",
-            "a write never reports back: it is torn down, then D is told",
-            lambda t: [
-                create(t, 0.0, 1),
-                blocks(t, 0.01, BLOCKS, 0),
-                scheduled(t, 0.1, 0),
-                scheduled(t, 0.101, 1),
-                seal(t, 0.2),
-                completed(t, 0.3, 0),
-                finished(t, 0.4),
-            ],
-            advance_to=31.0,
-        ),
-        make(
-            "unconfirmed_teardown",
-            "the engine never confirms the torn-down write: quarantined",
-            lambda t: [
-                create(t, 0.0, 1),
-                blocks(t, 0.01, BLOCKS, 0),
-                scheduled(t, 0.1, 0),
-                scheduled(t, 0.101, 1),
-                seal(t, 0.2),
-                completed(t, 0.3, 0),
-                events.abort(t, 0.35),
-            ],
-            advance_to=45.0,
-            adapter_answers=False,
-        ),
-    ]
+    """The transfers, one per lifecycle path worth seeing, each new (no steps yet)."""
+    made = []
+    for plan in _PLANS:
+        tid = f"tx-demo-{plan.name}"
+        made.append(
+            Scenario(
+                plan.name,
+                tid,
+                plan.description,
+                plan.build(tid),
+                plan.advance_to,
+                plan.adapter_answers,
+            )
+        )
+    return made
 
 
 def _driver(scenario: Scenario, make_table: Callable) -> Driver:
