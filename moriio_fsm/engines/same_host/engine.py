@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +29,7 @@ from ..status import LocalTransferStatus, StatusCode
 from .assisted import AssistedCopy
 from .copy_assist import AssistBoard
 from .copy_assist import available as assist_available
+from .copy_runner import CopyRunner
 from .copying import KernelCopy, PageCopy
 from .descriptors import CrossMemoryEngineDesc, CrossMemoryMemoryDesc
 from .iovec import CrossMemoryError, native_calls_problem
@@ -37,7 +37,6 @@ from .peers import Peer, allow_same_user_tracers, attach, host_identity
 from .registrations import Registrations
 from .registry import TOKEN_BYTES, PublishedRegistry
 from .session import CrossMemorySession, SameHostPost
-from .strategy import CopyStrategy
 from .tuning import Tuning
 
 __all__ = ["CrossMemoryEngine"]
@@ -144,20 +143,23 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         self._peers: dict[str, Peer] = {}
         self._queue: PostQueue[SameHostPost] = PostQueue(most=self.tuning.max_coalesced)
         self._together = _Together()
-        self._copying = 0  # threads in _outcomes now
-        self._copies_done = threading.Condition()
-        self._helpers = CopyHelpers(copy_threads, f"cross-memory-{key}")
-        self._kernel = KernelCopy(self._helpers, self.tuning)
-        self._pages = PageCopy(self._helpers, self.tuning)
-        self._assisted = AssistedCopy(key, self.tuning)
+        self._start_copying(copy_threads)
         self._worker = threading.Thread(
             target=serve,
-            args=(self._queue, self._outcomes),
+            args=(self._queue, self._copier.outcomes),
             kwargs=dict(idle_s=self.tuning.sweep_interval_s, on_idle=self._sweep_peers),
             name=f"cross-memory-{key}",
             daemon=True,
         )
         self._worker.start()
+
+    def _start_copying(self, copy_threads: int) -> None:
+        """The copy threads, the three strategies and what runs them."""
+        self._helpers = CopyHelpers(copy_threads, f"cross-memory-{self.key}")
+        self._kernel = KernelCopy(self._helpers, self.tuning)
+        self._pages = PageCopy(self._helpers, self.tuning)
+        self._assisted = AssistedCopy(self.key, self.tuning)
+        self._copier = CopyRunner(self._kernel, self._pages, self._assisted)
 
     def _describe(self, table: PublishedRegistry, host: str, port: int) -> CrossMemoryEngineDesc:
         offer: dict[str, Any] = (
@@ -328,7 +330,7 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
             held.append((sequence, posted))
         elif self.inline_copies and verdict is NO_FAULT:
             # Registrations are held for the copy, so a close meanwhile waits for it.
-            posted.settle(*self._outcomes([posted])[0])
+            posted.settle(*self._copier.outcomes([posted])[0])
         elif not self._queue.put(posted, sequence, verdict):
             status.settle(StatusCode.ERR_BAD_STATE, f"batch_{op}: engine {self.key!r} is closed")
         return status
@@ -360,7 +362,7 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
         try:
             if self.inline_copies:
                 posts = [posted for _, posted in held]
-                for posted, outcome in zip(posts, self._outcomes(posts)):
+                for posted, outcome in zip(posts, self._copier.outcomes(posts)):
                     posted.settle(*outcome)
             elif not self._queue.put_due(held):
                 for _, posted in held:
@@ -394,94 +396,7 @@ class CrossMemoryEngine(EngineBase[CrossMemoryEngineDesc, CrossMemoryMemoryDesc]
     def wait_for_copies(self, timeout_s: float | None = None) -> bool:
         """Block until no copy of this engine runs on any thread, at most ``timeout_s`` (None: the
         tuning's); True if none runs. For a caller that would otherwise spin on the core a copy needs."""
-        timeout_s = self.tuning.copy_wait_s if timeout_s is None else timeout_s
-        with self._copies_done:
-            return self._copies_done.wait_for(lambda: self._copying == 0, timeout_s)
-
-    # -- copying ---------------------------------------------------------------------------------
-    def _outcomes(self, due: list[SameHostPost]) -> list[tuple[int, str, float | None]]:
-        """(final code, message, when its copy ended) of each transfer."""
-        with self._copies_done:
-            self._copying += 1
-        try:
-            return self._outcomes_of(due)
-        finally:
-            with self._copies_done:
-                self._copying -= 1
-                if self._copying == 0:
-                    self._copies_done.notify_all()
-
-    def _outcomes_of(self, due: list[SameHostPost]) -> list[tuple[int, str, float | None]]:
-        """Writes on a peer's board first, then the others grouped by where they go: copies bound for
-        one process go as one run."""
-        outcomes: list[tuple[int, str] | None] = [None] * len(due)
-        on_board = [index for index, posted in enumerate(due) if posted.job is not None]
-        if on_board:
-            for index, outcome in zip(
-                on_board, self._assisted.finish([due[index] for index in on_board])
-            ):
-                outcomes[index] = outcome
-        groups: dict[tuple[str, int, bool], list[int]] = {}
-        for index, posted in enumerate(due):
-            if outcomes[index] is not None:
-                continue
-            if posted.failure is not None:
-                outcomes[index] = posted.failure.code, posted.failure.message
-            else:
-                groups.setdefault(
-                    (posted.op, posted.session.remote_mem.pid, posted.here), []
-                ).append(index)
-        for (op, pid, here), members in groups.items():
-            try:
-                for index, outcome in zip(
-                    members, self._copy_together(op, pid, here, [due[i] for i in members])
-                ):
-                    outcomes[index] = outcome
-            except Exception as exc:  # never let one transfer end the worker thread
-                _log.exception("cross-memory transfer failed unexpectedly")
-                for index in members:
-                    outcomes[index] = StatusCode.ERR_BAD_STATE, str(exc)
-        settled = [outcome for outcome in outcomes if outcome is not None]
-        assert len(settled) == len(due), "every batch got its outcome above"
-        return [(code, message, posted.ended_at) for posted, (code, message) in zip(due, settled)]
-
-    def _copy_together(
-        self, op: str, pid: int, here: bool, group: list[SameHostPost]
-    ) -> list[tuple[int, str]]:
-        """Carry out batches bound for process ``pid`` while each one's registrations are held, by the
-        first strategy that takes them (``here``: the peer's memory is mapped in this process)."""
-        problems = [posted.session.hold() for posted in group]
-        held = [posted for posted, problem in zip(group, problems) if problem is None]
-        try:
-            reasons = dict(zip(map(id, held), self._copy_held(op, pid, here, held))) if held else {}
-            # When these copies ended: before their registrations are let go, which is not copying.
-            copied_at = time.monotonic()
-            for posted in group:
-                posted.ended_at = copied_at
-        finally:
-            for posted in held:
-                posted.session.let_go()
-        outcomes = []
-        for posted, problem in zip(group, problems):
-            reason = reasons.get(id(posted))
-            outcomes.append(
-                problem
-                if problem is not None
-                else posted.session.failure(reason)
-                if reason is not None
-                else posted.session.after_copy()
-            )
-        return outcomes
-
-    def _copy_held(
-        self, op: str, pid: int, here: bool, held: list[SameHostPost]
-    ) -> list[str | None]:
-        strategies: list[CopyStrategy] = [self._assisted, self._pages] if here else [self._kernel]
-        for strategy in strategies:
-            reasons = strategy.copy(op, pid, held)
-            if reasons is not None:
-                return reasons
-        raise AssertionError("the last strategy takes every group")
+        return self._copier.wait_idle(self.tuning.copy_wait_s if timeout_s is None else timeout_s)
 
     # -- closing ---------------------------------------------------------------------------------
     def close(self) -> None:
