@@ -16,13 +16,8 @@ from typing import Any
 
 import torch
 
-from moriio_fsm.layout.geometry import (
-    KVLayout,
-    KVLayoutError,
-    LayerGeometry,
-    describe_layer,
-    layout_error,
-)
+from moriio_fsm.layout.describe import describe_layer
+from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, layout_error
 from moriio_fsm.layout.kv_format import LayerKVFormat
 
 BlockIds = Sequence[int] | torch.Tensor

@@ -12,7 +12,7 @@ from typing import cast
 
 import torch
 
-from moriio_fsm.layout.geometry import describe_layer
+from moriio_fsm.layout.describe import describe_layer
 from moriio_fsm.layout.kv_format import LayerKVFormat
 from moriio_fsm.layout.plan import (
     BlockIds,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moriio_fsm.layout.geometry import LayerGeometry, describe_layer, layout_error
+from moriio_fsm.layout.describe import describe_layer
+from moriio_fsm.layout.geometry import LayerGeometry, layout_error
 from moriio_fsm.layout.kv_format import LayerKVFormat
 
 
