@@ -18,20 +18,19 @@ binding and the spec row, read off the generated line the traceback stopped at. 
 mode writes the same module plus a snapshot and one ``verify`` call per row. Trace mode
 (a table with a step recorder) writes the same module plus one ``shard.fired += (row,)``
 per row taken, so a trace names every row that ran; the plain module is unchanged.
-Nothing of a path or a name becomes code (``codegen_text.py``). What the steps call
-while they run (the rollback, the effect list of rows without emits) is
-``step_rollback.py``.
+Nothing of a path or a name becomes code (``codegen_text.py``); lines, names and compiling
+are ``codegen_source.py``; what the steps call while they run (the rollback, the effect
+list of rows without emits) is ``step_rollback.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import linecache
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .codegen_source import FILENAME_PREFIX, ModuleSource, Origin
 from .codegen_text import TYPE_TESTS, attribute_name, ident, index_literal, number_literal, one_line
 from .errors import InvariantViolation, TransitionError
 from .events import Outcome
@@ -59,12 +58,12 @@ def _named_guard(row: Row) -> tuple[str, Callable]:
     return row.guard_name, row.guard
 
 
-def _guard_info(row: Row) -> tuple[str, str, Row]:
+def _guard_info(row: Row) -> Origin:
     """What a generated line of a guarded row's guard came from, for error reports."""
     return ("guard", _named_guard(row)[0], row)
 
 
-class GeneratedModule:
+class GeneratedModule(ModuleSource):
     """The generated module of one machine in one mode (with or without check mode): its
     source, compiled code and the map from generated lines back to bindings and rows.
 
@@ -89,7 +88,7 @@ class GeneratedModule:
         # functions return that index + 1 (still truthy) for the table's traced settle.
         self._trace = trace
         spec = machine.spec
-        self._ns: dict[str, Any] = {
+        namespace: dict[str, Any] = {
             "Result": result_cls,
             "finish": None,
             "arm": None,
@@ -101,20 +100,18 @@ class GeneratedModule:
             "restore": restore,
             "undeclared_read": self._undeclared_read,
         }
-        self._names: dict[int, str] = {}
-        self._results: dict[tuple[Outcome, str], Any] = {}
-        self._line_info: dict[int, tuple[str, str, Row]] = {}
-        self._lines: list[str] = [
+        super().__init__(
+            namespace,
             f"# Steps generated from {one_line(spec.path)} "
             f"({one_line(spec.name)}{', trace mode' if trace else ''}); "
-            "do not edit: regenerated at every build."
-        ]
+            "do not edit: regenerated at every build.",
+        )
+        self._results: dict[tuple[Outcome, str], Any] = {}
         self._plan = plan
         self._verify = verify
         self._eventless_reads = {s: machine.reads_of(rows) for s, rows in machine.eventless.items()}
         self._inlined: dict[tuple, Any] = {}
         self._hoisted: frozenset = frozenset()  # event fields the current step read up front
-        self._taken: set[str] = set()  # names of generated functions
         self.inlined_bindings: set[str] = set()
         self.called_bindings: set[str] = set()
 
@@ -129,12 +126,7 @@ class GeneratedModule:
             for kind, rows in by_kind.items():
                 self._step_names[(state, kind)] = self._emit_step(state, kind, rows)
 
-        source = "\n".join(self._lines) + "\n"
-        digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-        self.filename = f"<moriio-fsm steps {one_line(spec.name)} {digest}>"
-        linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
-        self.source = source
-        self.code = compile(source, self.filename, "exec")
+        self._compile(spec.name)
 
     def bind(
         self, *, finish: Callable, arm: Callable, settle: Callable, verify: Callable | None
@@ -149,24 +141,6 @@ class GeneratedModule:
         return GeneratedSteps(self, steps, eventless)
 
     # -- writing the module ----------------------------------------------------------------
-
-    def _bind(self, obj: Any, name: str) -> str:
-        """The module-level name ``obj`` goes by in the generated source (``name``, made
-        unique if another object already took it)."""
-        key = id(obj)
-        if key not in self._names:
-            unique, n = ident(name), 1
-            while unique in self._ns:
-                n += 1
-                unique = f"{ident(name)}_{n}"
-            self._names[key] = unique
-            self._ns[unique] = obj
-        return self._names[key]
-
-    def _line(self, text: str, info: tuple[str, str, Row] | None = None) -> None:
-        self._lines.append(text)
-        if info is not None:
-            self._line_info[len(self._lines)] = info
 
     def _where(self, row: Row) -> str:
         """Where ``row`` is declared, for a comment (escaped: the path is anyone's)."""
@@ -268,15 +242,6 @@ class GeneratedModule:
                 return name
         self._line("    return False")
         return name
-
-    def _unique(self, name: str) -> str:
-        """``name``, or ``name_2``... if another generated function already has it."""
-        unique, n = name, 1
-        while unique in self._taken:
-            n += 1
-            unique = f"{name}_{n}"
-        self._taken.add(unique)
-        return unique
 
     def _emit_step(self, state: str, kind: str, rows: tuple[Row, ...]) -> str:
         name = self._unique(f"step_{ident(state)}__{ident(kind)}")
@@ -471,16 +436,10 @@ class GeneratedModule:
             return exc
         spec = self.machine.spec
         where, binding = "", ""
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == self.filename:
-                info = self._line_info.get(tb.tb_lineno)
-                if info is not None:
-                    what, binding, row = info
-                    where = (
-                        f" {what} {binding!r} of transition #{row.index} ({spec.path}:{row.line})"
-                    )
-            tb = tb.tb_next
+        origin = self._origin(exc)
+        if origin is not None:
+            what, binding, row = origin
+            where = f" {what} {binding!r} of transition #{row.index} ({spec.path}:{row.line})"
         return TransitionError(
             f"{spec.name}:{where or ' a binding'} raised {type(exc).__name__}: {exc} for "
             f"transfer {tx.transfer_id!r} in state {state!r} on event {ev.kind!r}; the step was "
@@ -537,4 +496,4 @@ def generate_steps(
 
 def is_generated(code: types.CodeType) -> bool:
     """True for code objects of generated steps (for debuggers and tests)."""
-    return code.co_filename.startswith("<moriio-fsm steps ")
+    return code.co_filename.startswith(FILENAME_PREFIX)
