@@ -16,11 +16,9 @@ on; a late one arrives at any later time, or never. Faults (a duplicated or late
 a failed operation, handshake or handler) count against ``Bounds.faults``; losing a
 message is free, and an operation that stalls simply never completes.
 
-The block ledger's rules (``moriio_fsm.ledger``), over both sides: blocks never go back
-while an operation writing into them may be in flight, nor P's while one reading from
-them may be (unless D's blocks, which it writes into, are quarantined); no operation is
-posted on blocks that went back; blocks leave at most once. And both sides end: from
-every reachable state, timers, time and the hosts alone bring both to a final state.
+What each effect does to blocks, operations and the channel, and the block ledger's rules
+it is checked against, are ``pair_effects.py``. And both sides end: from every reachable
+state, timers, time and the hosts alone bring both to a final state.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .. import ledger
 from ..ledger import GONE, HELD
 from ..machines import build_machine
 from ..runtime.declared import make_event
@@ -38,17 +35,9 @@ from ..runtime.timers import TimerPlan
 from .alphabet import Alphabet
 from .bounds import Bounds, CheckUsageError
 from .explore import Move
-from .joint import (
-    LATE,
-    NOT_STARTABLE,
-    STARTABLE,
-    STARTED,
-    Joint,
-    layer_bits,
-    show_bits,
-    show_message,
-)
+from .joint import LATE, NOT_STARTABLE, STARTABLE, STARTED, Joint, show_message
 from .observer import Breach
+from .pair_effects import PairEffects
 from .single import Dispatch, TimePasses, breach_of, next_instant
 from .stepper import TRANSFER_ID, Stepper, _thaw
 
@@ -154,8 +143,7 @@ class PairModel:
             }
             for machine in self.machines
         ]
-        self._carry = [getattr(self, f"_{mode}_{side}") for side in ("p", "d")]
-        self._op = "write" if mode == "write" else "read"
+        self._effects = PairEffects(mode, bounds.layers, self.side_names)
 
     # -- Model -------------------------------------------------------------------------
 
@@ -459,7 +447,7 @@ class PairModel:
                         )
                     )
                 breaches: list[Breach] = []
-                self._carry_out(b.joint, side, effect, breaches)
+                self._effects.carry_out(b.joint, side, effect, breaches)
                 if breaches:
                     b.breaches = b.breaches + breaches
                 next_branches.append(b)
@@ -469,100 +457,6 @@ class PairModel:
     def _move(self, branch: _Branch, peer_free: bool) -> Move:
         state = None if branch.joint is None else branch.joint.freeze()
         return Move(tuple(branch.labels), state, branch.cost, peer_free, branch.breaches)
-
-    # -- the effects of each side ------------------------------------------------------
-    # (An effect's fields are its kind's, declared by the spec and made at run time: to a
-    # static checker an effect here is Any.)
-
-    def _carry_out(self, joint: Joint, side: int, effect: Any, breaches: list) -> None:
-        """Carry out ``effect`` of ``side``: blocks and operations here, messages and the
-        hosts' part by the side's own function."""
-        kind = effect.kind
-        if kind in ledger.HANDBACKS:
-            self._hand_back(joint, side, kind, breaches)
-        elif kind == ledger.QUARANTINE:
-            custody, violation = ledger.quarantine(joint.blocks(side), owner=self.side_names[side])
-            self._blocks_moved(joint, side, custody, violation, breaches)
-        elif kind in ("post_write", "post_read"):
-            self._post(joint, effect.layer, breaches)
-        elif kind in ("abandon_writes", "abandon_reads"):
-            joint.teardown |= layer_bits(effect.layers) & joint.in_flight
-        else:
-            self._carry[side](joint, effect)
-
-    def _write_p(self, joint: Joint, effect: Any) -> None:
-        if effect.kind == "send_write_done":
-            joint.send("D", "write_done", num_writers=effect.num_writers, producer_rank=0)
-        elif effect.kind == "send_write_failed":
-            joint.send(
-                "D",
-                "write_failed",
-                reason=effect.reason,
-                writes_stopped=effect.writes_stopped,
-                producer_rank=0,
-            )
-
-    def _write_d(self, joint: Joint, effect: Any) -> None:
-        if effect.kind == "send_remote_blocks":
-            joint.send(
-                "P",
-                "remote_blocks",
-                block_ids=effect.block_ids,
-                decode_rank=0,
-                req_id=effect.req_id,
-            )
-        elif effect.kind == "send_release":
-            joint.send("P", "release", consumer_tp_size=1, consumer_rank=0)
-
-    def _read_p(self, joint: Joint, effect: Any) -> None:
-        if effect.kind == "hold_for_reads":
-            if joint.d_start == NOT_STARTABLE:
-                joint.d_start = STARTABLE
-        elif effect.kind == "send_lease_granted":
-            joint.send(
-                "D",
-                "lease_granted",
-                seq=effect.seq,
-                lease_s=effect.lease_s,
-                consumer_rank=effect.consumer_rank,
-            )
-
-    def _read_d(self, joint: Joint, effect: Any) -> None:
-        if effect.kind == "request_handshake":
-            joint.handshake = 1
-        elif effect.kind == "send_heartbeat":
-            joint.send("P", "heartbeat", consumer_rank=0, seq=effect.seq)
-        elif effect.kind == "send_release":
-            joint.send("P", "release", consumer_tp_size=1, consumer_rank=0)
-
-    # -- the ledger --------------------------------------------------------------------
-
-    def _post(self, joint: Joint, layer: int, breaches: list) -> None:
-        for side, name in enumerate(self.side_names):
-            violation = ledger.posted(
-                joint.blocks(side), f"a {self._op} of layer {layer}", owner=name
-            )
-            if violation is not None:
-                breaches.append(Breach(*violation))
-        if 0 <= layer < self.bounds.layers:
-            joint.in_flight |= 1 << layer
-
-    def _hand_back(self, joint: Joint, side: int, kind: str, breaches: list) -> None:
-        # P's blocks are every operation's source, D's its target; what is read from P
-        # into blocks D quarantined is never used.
-        touching = joint.in_flight if ledger.reaches(side == 1, joint.d_blocks) else 0
-        what = f"a {self._op} {'into' if side else 'from'} its blocks"
-        during = f"{what} (layer(s) {show_bits(touching)})" if touching else ""
-        custody, violation = ledger.hand_back(
-            joint.blocks(side), kind, during, owner=self.side_names[side]
-        )
-        self._blocks_moved(joint, side, custody, violation, breaches)
-
-    @staticmethod
-    def _blocks_moved(joint: Joint, side: int, custody: int, violation, breaches: list) -> None:
-        joint.set_blocks(side, custody)
-        if violation is not None:
-            breaches.append(Breach(*violation))
 
     # -- helpers -------------------------------------------------------------------------
 
