@@ -69,12 +69,15 @@ RATES = {"sparse": "arrivals", "busy": "arrivals_busy"}
 
 # -- what is sent --------------------------------------------------------------------------------
 
+
 def make_prompts(count: int, length: int, first: int, seed: int) -> list[list[int]]:
     """``count`` prompts whose first tokens differ (from ``first`` on): no prompt's block is
     another's, so no request finds its prefix in a cache."""
     chance = random.Random(seed)
-    return [[3 + first + i] + [chance.randrange(3, 1000) for _ in range(length - 1)]
-            for i in range(count)]
+    return [
+        [3 + first + i] + [chance.randrange(3, 1000) for _ in range(length - 1)]
+        for i in range(count)
+    ]
 
 
 def arrival_times(count: int, mean_gap_s: float, seed: int) -> list[float]:
@@ -88,25 +91,32 @@ def arrival_times(count: int, mean_gap_s: float, seed: int) -> list[float]:
 
 
 def completion(model: str, prompt: list[int], tokens: int) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-            "return_token_ids": True, "ignore_eos": True}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
 
 
 @dataclass
 class Answer:
-    prompt: int                      # index into the run's prompts
+    prompt: int  # index into the run's prompts
     tokens: list[int] = field(default_factory=list)
     ttft: float | None = None
     e2e: float | None = None
-    sent: float = 0.0                # monotonic
-    late: float = 0.0                # sent this long after its arrival time
+    sent: float = 0.0  # monotonic
+    late: float = 0.0  # sent this long after its arrival time
     error: str = ""
-    solo: bool = False               # no other request of its batch in flight while it ran
-    tid: str = ""                    # the proxy's transfer id (x-transfer-id)
-    transfer: float | None = None    # P's first post to its last completion (P's trace)
+    solo: bool = False  # no other request of its batch in flight while it ran
+    tid: str = ""  # the proxy's transfer id (x-transfer-id)
+    transfer: float | None = None  # P's first post to its last completion (P's trace)
 
 
 # -- the client ----------------------------------------------------------------------------------
+
 
 async def stream(client, url: str, body: dict, answer: Answer) -> None:
     """One streamed completion through the proxy; TTFT is the first token's arrival."""
@@ -148,10 +158,12 @@ async def send_at(url: str, bodies: list[tuple[int, dict]], times: list[float]) 
         await stream(client, url, body, answer)
 
     # A client per batch: no connection kept across the seconds this deployment is stopped.
-    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0, connect=5.0),
-                                 limits=httpx.Limits(max_connections=256)) as client:
-        await asyncio.gather(*(one(a, body, at)
-                               for a, (_, body), at in zip(answers, bodies, times, strict=True)))
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(180.0, connect=5.0), limits=httpx.Limits(max_connections=256)
+    ) as client:
+        await asyncio.gather(
+            *(one(a, body, at) for a, (_, body), at in zip(answers, bodies, times, strict=True))
+        )
     for answer in answers:
         answer.solo = not any(overlap(answer, other) for other in answers if other is not answer)
     return answers
@@ -167,13 +179,16 @@ def alone_at_arrival(answers: list[Answer]) -> int:
     """How many requests were sent while no other of their batch was in flight (D idle, roughly)."""
     count = 0
     for answer in answers:
-        busy = any(o is not answer and o.sent <= answer.sent < o.sent + (o.e2e or float("inf"))
-                   for o in answers)
+        busy = any(
+            o is not answer and o.sent <= answer.sent < o.sent + (o.e2e or float("inf"))
+            for o in answers
+        )
         count += not busy
     return count
 
 
 # -- the servers ---------------------------------------------------------------------------------
+
 
 def pinned_python(work: Path, python: str) -> str:
     """A launcher that confines every process of a server to the core the launcher gave it
@@ -189,15 +204,22 @@ class Contender:
 
     def __init__(self, strategy: str, model: str, work: Path, python: str):
         self.strategy = strategy
-        self.deployment = PdDeployment(model, "write", work / strategy, block_size=BLOCK,
-                                       kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN,
-                                       python=python, connector_extra={"copy_strategy": strategy})
+        self.deployment = PdDeployment(
+            model,
+            "write",
+            work / strategy,
+            block_size=BLOCK,
+            kv_cache_bytes=KV_CACHE_BYTES,
+            max_model_len=MAX_MODEL_LEN,
+            python=python,
+            connector_extra={"copy_strategy": strategy},
+        )
         self.proxy: ProxyServer | None = None
 
     def start(self, watchdog) -> None:
         try:
             self.deployment.start(show_progress=False)
-        finally:    # whatever started, the watchdog knows of it
+        finally:  # whatever started, the watchdog knows of it
             for member in self.deployment.members:
                 watchdog.stdin.write(f"{member.server.pid}\n")
             watchdog.stdin.flush()
@@ -219,32 +241,41 @@ class Contender:
         try:
             return asyncio.run(send_at(self.proxy.url, bodies, times))
         finally:
-            time.sleep(QUIET_S)          # releases and frees land before the servers stop
+            time.sleep(QUIET_S)  # releases and frees land before the servers stop
             self.signal(signal.SIGSTOP)
 
     def stop(self) -> None:
-        self.signal(signal.SIGCONT)      # a stopped server would hold its SIGTERM
+        self.signal(signal.SIGCONT)  # a stopped server would hold its SIGTERM
         if self.proxy is not None:
             self.proxy.stop()
         self.deployment.stop()
 
 
-def reference_answers(model: str, prompts: list[list[int]], tokens: int, work: Path,
-                      python: str) -> list[list[int]]:
+def reference_answers(
+    model: str, prompts: list[list[int]], tokens: int, work: Path, python: str
+) -> list[list[int]]:
     """A single instance's greedy answers (P's and D's engine settings), one at a time."""
     import httpx
 
     (port,) = free_ports(1)
-    config = ServerConfig("single", model, port, usable_cores()[0], block_size=BLOCK,
-                          kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN)
+    config = ServerConfig(
+        "single",
+        model,
+        port,
+        usable_cores()[0],
+        block_size=BLOCK,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        max_model_len=MAX_MODEL_LEN,
+    )
     server = VllmServer(config, work / "single.log", python=python)
     try:
         server.wait_ready(300)
         answers = []
         with httpx.Client(timeout=120) as client:
             for prompt in prompts:
-                reply = client.post(f"{server.url}/v1/completions",
-                                    json=completion(model, prompt, tokens))
+                reply = client.post(
+                    f"{server.url}/v1/completions", json=completion(model, prompt, tokens)
+                )
                 answers.append(reply.raise_for_status().json()["choices"][0]["token_ids"])
         return answers
     finally:
@@ -253,8 +284,8 @@ def reference_answers(model: str, prompts: list[list[int]], tokens: int, work: P
 
 # -- the run -------------------------------------------------------------------------------------
 
-Results = dict[tuple[str, str], list[tuple[int, Answer]]]    # (rate, strategy): (round, answer)
-Expected = dict[int, list[int]] | None                        # the single instance's, by prompt
+Results = dict[tuple[str, str], list[tuple[int, Answer]]]  # (rate, strategy): (round, answer)
+Expected = dict[int, list[int]] | None  # the single instance's, by prompt
 
 
 def run_rounds(args, contenders: list[Contender], model: str, prompts: list[list[int]]) -> Results:
@@ -265,8 +296,10 @@ def run_rounds(args, contenders: list[Contender], model: str, prompts: list[list
     for number in range(args.rounds):
         for position, rate in enumerate(RATES):
             first = (number * len(RATES) + position) * args.requests
-            bodies = [(i, completion(model, prompts[i], args.tokens))
-                      for i in range(first, first + args.requests)]
+            bodies = [
+                (i, completion(model, prompts[i], args.tokens))
+                for i in range(first, first + args.requests)
+            ]
             times = arrival_times(args.requests, gaps[rate], seed=args.seed * 1000 + first)
             # Over a multiple of len(contenders) rounds each goes first, second... alike per rate.
             shift = (number + position) % len(contenders)
@@ -297,11 +330,13 @@ def run(args) -> int:
     total = args.rounds * len(RATES) * args.requests
     prompts = make_prompts(total, args.prompt_len, 0, args.seed)
     warmups = make_prompts(args.warmups, args.prompt_len, total, args.seed + 1)
-    print(f"strategies {', '.join(args.strategies)}; {args.rounds} rounds x {args.requests} "
-          f"requests per rate (sparse: mean gap {args.sparse_gap}s, busy: {args.busy_gap}s); "
-          f"prompts of {args.prompt_len} tokens, {args.tokens} greedy tokens; WRITE mode, P on "
-          f"core 0, D on core 1{', every server process pinned' if args.pin_servers else ''}",
-          flush=True)
+    print(
+        f"strategies {', '.join(args.strategies)}; {args.rounds} rounds x {args.requests} "
+        f"requests per rate (sparse: mean gap {args.sparse_gap}s, busy: {args.busy_gap}s); "
+        f"prompts of {args.prompt_len} tokens, {args.tokens} greedy tokens; WRITE mode, P on "
+        f"core 0, D on core 1{', every server process pinned' if args.pin_servers else ''}",
+        flush=True,
+    )
     expected = None
     if args.single:
         print("single instance: reference answers ...", flush=True)
@@ -319,16 +354,26 @@ def run(args) -> int:
         stop_all_contenders(contenders, watchdog)
     print(f"run: {time.monotonic() - began:.0f}s, servers' start included", flush=True)
     for c in contenders:
-        attach_transfers(c, [a for (_, strategy), pairs in results.items()
-                             if strategy == c.strategy for _, a in pairs])
+        attach_transfers(
+            c,
+            [
+                a
+                for (_, strategy), pairs in results.items()
+                if strategy == c.strategy
+                for _, a in pairs
+            ],
+        )
     save(work / "answers.json", results, expected)
     return report(args, results, None if expected is None else dict(enumerate(expected)))
 
 
 def save(path: Path, results: Results, expected: list[list[int]] | None) -> None:
     """Every request's figures and tokens, for a look after the run or ``--report-only``."""
-    rows = [{"rate": rate, "strategy": strategy, "round": number, **asdict(a)}
-            for (rate, strategy), pairs in results.items() for number, a in pairs]
+    rows = [
+        {"rate": rate, "strategy": strategy, "round": number, **asdict(a)}
+        for (rate, strategy), pairs in results.items()
+        for number, a in pairs
+    ]
     path.write_text(json.dumps({"requests": rows, "single": expected}))
 
 
@@ -340,7 +385,7 @@ def load(paths: list[str]) -> tuple[Results, Expected]:
     expected: dict[int, list[int]] | None = {}
     for number, path in enumerate(paths):
         saved = json.loads(Path(path).read_text())
-        offset = 1000 * number                          # a run has fewer than 1000 prompts
+        offset = 1000 * number  # a run has fewer than 1000 prompts
         for row in saved["requests"]:
             rate, strategy, round_ = row.pop("rate"), row.pop("strategy"), row.pop("round")
             answer = Answer(**row)
@@ -377,19 +422,20 @@ def stop_all_contenders(contenders: list[Contender], watchdog) -> None:
             print(f"stopping {c.strategy}: {exc}", file=sys.stderr)
             left = True
     if not left:
-        watchdog.kill()              # nothing is left for it to end
+        watchdog.kill()  # nothing is left for it to end
     if watchdog.stdin is not None:
-        watchdog.stdin.close()       # else, at end of input, it ends every group it was told of
+        watchdog.stdin.close()  # else, at end of input, it ends every group it was told of
     watchdog.wait()
 
 
 # -- the report ----------------------------------------------------------------------------------
 
+
 def first_difference(tokens: list[int], reference: list[int]) -> int | None:
     """The index of the first token where two answers part, None where they do not."""
     if tokens == reference:
         return None
-    pairs = zip(tokens, reference, strict=False)      # a shorter answer parts where it ends
+    pairs = zip(tokens, reference, strict=False)  # a shorter answer parts where it ends
     return next((k for k, (a, b) in enumerate(pairs) if a != b), min(len(tokens), len(reference)))
 
 
@@ -407,27 +453,33 @@ def answer_check(results: Results, expected: Expected) -> tuple[list[str], bool]
             else:
                 by_prompt.setdefault(a.prompt, []).append((strategy, a))
     split = {p: got for p, got in by_prompt.items() if len({tuple(a.tokens) for _, a in got}) > 1}
-    solo_split = [p for p, got in split.items()
-                  if len({tuple(a.tokens) for _, a in got if a.solo}) > 1]
-    lines = [f"answers: {len(by_prompt) - len(split)}/{len(by_prompt)} prompts answered alike "
-             f"by every strategy; of the others, {len(solo_split)} where requests that ran alone "
-             f"differ"]
+    solo_split = [
+        p for p, got in split.items() if len({tuple(a.tokens) for _, a in got if a.solo}) > 1
+    ]
+    lines = [
+        f"answers: {len(by_prompt) - len(split)}/{len(by_prompt)} prompts answered alike "
+        f"by every strategy; of the others, {len(solo_split)} where requests that ran alone "
+        f"differ"
+    ]
     for p, got in sorted(split.items())[:10]:
         answers = [a.tokens for _, a in got]
         reference = expected[p] if expected is not None else max(answers, key=answers.count)
         parts = []
         for strategy, a in got:
             at = first_difference(a.tokens, reference)
-            parts.append(f"{strategy} ({'alone' if a.solo else 'batched'}) "
-                         + ("as the reference" if at is None else f"parts at token {at}"))
+            parts.append(
+                f"{strategy} ({'alone' if a.solo else 'batched'}) "
+                + ("as the reference" if at is None else f"parts at token {at}")
+            )
         against = "the single instance" if expected is not None else "the most common answer"
         lines.append(f"  prompt {p}, against {against}: " + "; ".join(parts))
     lines += [f"FAILED: {line}" for line in failed[:10]]
     return lines, not failed and not solo_split
 
 
-def strategy_row(strategy: str, pairs: list[tuple[int, Answer]],
-                 expected: Expected) -> tuple[str, dict | None]:
+def strategy_row(
+    strategy: str, pairs: list[tuple[int, Answer]], expected: Expected
+) -> tuple[str, dict | None]:
     """One strategy's line of a rate's table, and its medians."""
     done = [(n, a) for n, a in pairs if not a.error]
     if not done:
@@ -443,20 +495,27 @@ def strategy_row(strategy: str, pairs: list[tuple[int, Answer]],
     spread = f"{fmt_ms(min(per_round))}-{fmt_ms(max(per_round))}"
     late = pct([a.late for a in answers], 99)
     xfers = [a.transfer for a in answers if a.transfer is not None]
-    xfer = f"{fmt_ms(pct(xfers, 50)):>9} {fmt_ms(pct(xfers, 99)):>9}"      # none: n/a
-    same = "-" if expected is None else \
-        f"{sum(a.tokens == expected[a.prompt] for a in answers)}/{len(answers)}"
-    line = (f"{strategy:<13} {len(answers):>3}/{len(pairs):<3} {fmt_ms(pct(ttft, 50)):>9} "
-            f"{fmt_ms(pct(ttft, 99)):>9} {fmt_ms(pct(e2e, 50)):>9} {xfer} "
-            f"{spread:>19} {alone * 100 // len(answers):>5}% {fmt_ms(late):>9} {same:>7}")
+    xfer = f"{fmt_ms(pct(xfers, 50)):>9} {fmt_ms(pct(xfers, 99)):>9}"  # none: n/a
+    same = (
+        "-"
+        if expected is None
+        else f"{sum(a.tokens == expected[a.prompt] for a in answers)}/{len(answers)}"
+    )
+    line = (
+        f"{strategy:<13} {len(answers):>3}/{len(pairs):<3} {fmt_ms(pct(ttft, 50)):>9} "
+        f"{fmt_ms(pct(ttft, 99)):>9} {fmt_ms(pct(e2e, 50)):>9} {xfer} "
+        f"{spread:>19} {alone * 100 // len(answers):>5}% {fmt_ms(late):>9} {same:>7}"
+    )
     return line, {"ttft": pct(ttft, 50), "ttft99": pct(ttft, 99), "e2e": pct(e2e, 50)}
 
 
 def report(args, results: Results, expected: Expected) -> int:
     summaries: dict[str, dict[str, dict]] = {}
-    header = (f"{'strategy':<13} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} "
-              f"{'xfer p50':>9} {'xfer p99':>9} {'rounds TTFT p50':>19} {'alone':>6} "
-              f"{'late p99':>9} {'=single':>7}")
+    header = (
+        f"{'strategy':<13} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} "
+        f"{'xfer p50':>9} {'xfer p99':>9} {'rounds TTFT p50':>19} {'alone':>6} "
+        f"{'late p99':>9} {'=single':>7}"
+    )
     for rate in RATES:
         gap = args.sparse_gap if rate == "sparse" else args.busy_gap
         print(f"\n{rate}: Poisson arrivals, mean gap {gap}s")
@@ -468,10 +527,12 @@ def report(args, results: Results, expected: Expected) -> int:
             print(line)
             if medians is not None:
                 summaries[rate][strategy] = medians
-    print("\n(xfer: P's first post of a transfer to its last completion, from P's trace; "
-          "rounds TTFT p50: the lowest and highest of the rounds' medians; alone: requests sent "
-          "while no other of their batch was in flight; late p99: how long after its arrival "
-          "time the client sent a request; =single: answers as the single instance's)")
+    print(
+        "\n(xfer: P's first post of a transfer to its last completion, from P's trace; "
+        "rounds TTFT p50: the lowest and highest of the rounds' medians; alone: requests sent "
+        "while no other of their batch was in flight; late p99: how long after its arrival "
+        "time the client sent a request; =single: answers as the single instance's)"
+    )
     lines, sound = answer_check(results, expected)
     print("\n".join(lines))
     for rate, prefix in RATES.items():
@@ -492,18 +553,28 @@ def paired_ratios(results: Results, rate: str, strategy: str) -> list[float]:
     """Per prompt, this strategy's TTFT over the baseline's for the same prompt, sent at the same
     time of the same round: the pairs see the machine within seconds of each other."""
     base = {a.prompt: a.ttft for _, a in results.get((rate, BASELINE), []) if a.ttft}
-    return [a.ttft / base[a.prompt] for _, a in results.get((rate, strategy), [])
-            if a.ttft and a.prompt in base]
+    return [
+        a.ttft / base[a.prompt]
+        for _, a in results.get((rate, strategy), [])
+        if a.ttft and a.prompt in base
+    ]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--strategies", default=",".join(STRATEGIES),
+    add(
+        "--strategies",
+        default=",".join(STRATEGIES),
         help=f"copy strategies, comma-separated, from {', '.join(COPY_STRATEGIES)} "
-             f"(default {','.join(STRATEGIES)}; the ratios are against {BASELINE})")
-    add("--rounds", type=int, default=6,
-        help="rounds (default 6; a multiple of the strategies' count gives each every place alike)")
+        f"(default {','.join(STRATEGIES)}; the ratios are against {BASELINE})",
+    )
+    add(
+        "--rounds",
+        type=int,
+        default=6,
+        help="rounds (default 6; a multiple of the strategies' count gives each every place alike)",
+    )
     add("--requests", type=int, default=6, help="requests per rate per round (default 6)")
     add("--sparse-gap", type=float, default=0.5, help="sparse arrivals' mean gap, s (0.5)")
     add("--busy-gap", type=float, default=0.25, help="busy arrivals' mean gap, s (0.25)")
@@ -511,20 +582,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--prompt-len", type=int, default=1100, help="prompt tokens (default 1100: 8 blocks)")
     add("--tokens", type=int, default=32, help="greedy output tokens (default 32)")
     add("--seed", type=int, default=7, help="prompts' and arrival times' seed (7)")
-    add("--no-single", dest="single", action="store_false",
-        help="no single instance: answers are checked only across strategies")
-    add("--no-pin", dest="pin_servers", action="store_false",
-        help="do not confine each server's processes to its core (taskset)")
+    add(
+        "--no-single",
+        dest="single",
+        action="store_false",
+        help="no single instance: answers are checked only across strategies",
+    )
+    add(
+        "--no-pin",
+        dest="pin_servers",
+        action="store_false",
+        help="do not confine each server's processes to its core (taskset)",
+    )
     add("--work", default="/tmp/moriio-bench-arrivals", help="model, logs and traces")
-    add("--report-only", nargs="+", metavar="ANSWERS_JSON",
+    add(
+        "--report-only",
+        nargs="+",
+        metavar="ANSWERS_JSON",
         help="print the report of saved runs (their --work/answers.json), pooled; give the "
-             "same --strategies and gaps as those runs, which the report names")
+        "same --strategies and gaps as those runs, which the report names",
+    )
     args = parser.parse_args(argv)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in args.strategies if s not in COPY_STRATEGIES]
     if bad or not args.strategies or len(set(args.strategies)) != len(args.strategies):
-        parser.error(f"--strategies: expected distinct names from {', '.join(COPY_STRATEGIES)}, "
-                     f"got {args.strategies}")
+        parser.error(
+            f"--strategies: expected distinct names from {', '.join(COPY_STRATEGIES)}, "
+            f"got {args.strategies}"
+        )
     if args.rounds < 1 or args.requests < 1 or args.warmups < 0 or args.tokens < 1:
         parser.error("--rounds, --requests and --tokens: 1 or more; --warmups: 0 or more")
     if not 2 <= args.prompt_len <= MAX_MODEL_LEN - args.tokens:
@@ -542,8 +627,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results, expected = load(args.report_only)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"--report-only: cannot read a saved run ({', '.join(args.report_only)}): "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            print(
+                f"--report-only: cannot read a saved run ({', '.join(args.report_only)}): "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             return 2
         return report(args, results, expected)
     # SIGTERM and SIGHUP end the run as Ctrl-C does, through the cleanup that stops every server.
