@@ -27,7 +27,8 @@ WRITE_POSTINGS = ("auto", "layerwise", "after_forward")
 
 #: How the same-host engine copies (``engines/same_host/strategy.py``): by the kernel, into shared
 #: pages, or into shared pages with copy assist; ``auto``: shared pages unless ``share_pages`` is
-#: off, with copy assist where its native module is built.
+#: off, with copy assist where its native module is built (the default, chosen by measurement:
+#: docs/copy-strategies.md).
 COPY_STRATEGIES = ("auto", "kernel", "shared_pages", "copy_assist")
 
 
