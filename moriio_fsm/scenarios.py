@@ -65,6 +65,34 @@ def _layers(tid: str, make, start: float) -> list[Event]:
     return [make(tid, start + i * 0.001, i) for i in range(NUM_LAYERS)]
 
 
+# The openings the scenarios share; each plan below adds only what sets it apart.
+
+
+def _allocated(t: str) -> list[Event]:
+    """Prefill starts and D's allocation arrives at once."""
+    return [events.prefill_started(t, 0.0, 1), events.remote_blocks(t, 0.01, BLOCKS, 0)]
+
+
+def _all_sealed(t: str) -> list[Event]:
+    """Every layer is scheduled, then the forward pass seals the transfer."""
+    return [*_layers(t, events.layer_scheduled, 0.1), events.seal(t, 0.2)]
+
+
+def _two_in_flight(t: str) -> list[Event]:
+    """Only layers 0 and 1 are scheduled."""
+    return [events.layer_scheduled(t, 0.1, 0), events.layer_scheduled(t, 0.101, 1)]
+
+
+def _one_of_two_landed(t: str) -> list[Event]:
+    """Allocated, two layers written and sealed, and only layer 0's write reports back."""
+    return [
+        *_allocated(t),
+        *_two_in_flight(t),
+        events.seal(t, 0.2),
+        events.layer_write_completed(t, 0.3, 0),
+    ]
+
+
 @dataclass(frozen=True)
 class _Plan:
     """One scenario as written: ``build`` makes its events for a transfer id."""
@@ -83,10 +111,8 @@ _PLANS: tuple[_Plan, ...] = (
         "clean",
         "D's allocation first, every write lands, the request finishes",
         lambda t: [
-            events.prefill_started(t, 0.0, 1),
-            events.remote_blocks(t, 0.01, BLOCKS, 0),
-            *_layers(t, events.layer_scheduled, 0.1),
-            events.seal(t, 0.2),
+            *_allocated(t),
+            *_all_sealed(t),
             *_layers(t, events.layer_write_completed, 0.3),
             events.request_finished(t, 0.4),
         ],
@@ -96,8 +122,7 @@ _PLANS: tuple[_Plan, ...] = (
         "layers scheduled and sealed before D's allocation arrives",
         lambda t: [
             events.prefill_started(t, 0.0, 1),
-            *_layers(t, events.layer_scheduled, 0.1),
-            events.seal(t, 0.2),
+            *_all_sealed(t),
             events.request_finished(t, 0.25),
             events.remote_blocks(t, 0.5, BLOCKS, 0),
             events.remote_blocks(t, 0.51, BLOCKS, 0),
@@ -108,10 +133,8 @@ _PLANS: tuple[_Plan, ...] = (
         "failed_write",
         "one layer's RDMA write fails; D is told; in-flight writes drain",
         lambda t: [
-            events.prefill_started(t, 0.0, 1),
-            events.remote_blocks(t, 0.01, BLOCKS, 0),
-            *_layers(t, events.layer_scheduled, 0.1),
-            events.seal(t, 0.2),
+            *_allocated(t),
+            *_all_sealed(t),
             events.layer_write_completed(t, 0.3, 0),
             events.layer_write_failed(t, 0.31, 1, 13),
             events.layer_write_completed(t, 0.32, 2),
@@ -123,10 +146,8 @@ _PLANS: tuple[_Plan, ...] = (
         "aborted",
         "the local request is aborted mid-forward with writes in flight",
         lambda t: [
-            events.prefill_started(t, 0.0, 1),
-            events.remote_blocks(t, 0.01, BLOCKS, 0),
-            events.layer_scheduled(t, 0.1, 0),
-            events.layer_scheduled(t, 0.101, 1),
+            *_allocated(t),
+            *_two_in_flight(t),
             events.abort(t, 0.15),
             events.layer_write_completed(t, 0.2, 0),
             events.layer_write_completed(t, 0.21, 1),
@@ -137,8 +158,7 @@ _PLANS: tuple[_Plan, ...] = (
         "D's allocation never arrives: the defer timer expires the transfer",
         lambda t: [
             events.prefill_started(t, 0.0, 1),
-            *_layers(t, events.layer_scheduled, 0.1),
-            events.seal(t, 0.2),
+            *_all_sealed(t),
             events.request_finished(t, 0.3),
         ],
         advance_to=61.0,
@@ -146,29 +166,13 @@ _PLANS: tuple[_Plan, ...] = (
     _Plan(
         "stalled_write",
         "a write never reports back: it is torn down, then D is told",
-        lambda t: [
-            events.prefill_started(t, 0.0, 1),
-            events.remote_blocks(t, 0.01, BLOCKS, 0),
-            events.layer_scheduled(t, 0.1, 0),
-            events.layer_scheduled(t, 0.101, 1),
-            events.seal(t, 0.2),
-            events.layer_write_completed(t, 0.3, 0),
-            events.request_finished(t, 0.4),
-        ],
+        lambda t: [*_one_of_two_landed(t), events.request_finished(t, 0.4)],
         advance_to=31.0,
     ),
     _Plan(
         "unconfirmed_teardown",
         "the engine never confirms the torn-down write: quarantined",
-        lambda t: [
-            events.prefill_started(t, 0.0, 1),
-            events.remote_blocks(t, 0.01, BLOCKS, 0),
-            events.layer_scheduled(t, 0.1, 0),
-            events.layer_scheduled(t, 0.101, 1),
-            events.seal(t, 0.2),
-            events.layer_write_completed(t, 0.3, 0),
-            events.abort(t, 0.35),
-        ],
+        lambda t: [*_one_of_two_landed(t), events.abort(t, 0.35)],
         advance_to=45.0,
         adapter_answers=False,
     ),
