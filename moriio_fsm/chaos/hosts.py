@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from ..adapters.zmq.codec import Role
+from ..adapters.zmq import Role
 from ..runtime.declared import events
 from .fabric import BLOCKS
 from .world import World

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..adapters.zmq.codec import (
+from ..adapters.zmq import (
     Heartbeat,
     LeaseGranted,
     Release,

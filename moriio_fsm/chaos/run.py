@@ -17,7 +17,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 
-from ..adapters.zmq.codec import Role
+from ..adapters.zmq import Role
 from ..ledger import FREED_UNDER_OPERATION, LEAVE_ONCE, OPERATION_ON_FREED
 from .fabric import Fabric
 from .hosts import Hosts

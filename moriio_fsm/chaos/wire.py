@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..adapters.zmq.codec import (
+from ..adapters.zmq import (
     HANDSHAKE_REQUEST,
     AgentMetadata,
     HandshakeReply,

@@ -14,7 +14,7 @@ import itertools
 import random
 from collections.abc import Callable
 
-from ..adapters.zmq.codec import Role
+from ..adapters.zmq import Role
 from ..ledger import Ledger
 from ..runtime.events import Event
 from .settings import ChaosSettings

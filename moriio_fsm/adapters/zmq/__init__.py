@@ -4,28 +4,6 @@ Rules: nothing a peer sends may crash a caller or the I/O thread; every outbound
 ``PeerPolicy``; every error about the wire, a peer or the transport derives from ``ZmqAdapterError``.
 """
 
-from .codec import (
-    DEFAULT_LIMITS,
-    HANDSHAKE_REQUEST,
-    AgentMetadata,
-    HandshakeReply,
-    Heartbeat,
-    LeaseGranted,
-    NotifyMessage,
-    Release,
-    RemoteBlocks,
-    Role,
-    WireEncodeError,
-    WireForm,
-    WireLimits,
-    WriteDone,
-    WriteFailed,
-    decode_handshake_reply,
-    decode_handshake_request,
-    decode_notify,
-    encode_handshake_reply,
-    encode_notify,
-)
 from .config import TransportConfig
 from .curve import CurveConfig
 from .errors import (
@@ -34,13 +12,36 @@ from .errors import (
     TransportClosedError,
     UntrustedPeerError,
     WireDecodeError,
+    WireEncodeError,
     ZmqAdapterError,
 )
 from .events import event_for
+from .handshake_codec import (
+    HANDSHAKE_REQUEST,
+    AgentMetadata,
+    HandshakeReply,
+    decode_handshake_reply,
+    decode_handshake_request,
+    encode_handshake_reply,
+)
 from .hosts import default_bind_host
+from .messages import (
+    Heartbeat,
+    LeaseGranted,
+    NotifyMessage,
+    Release,
+    RemoteBlocks,
+    Role,
+    WireForm,
+    WriteDone,
+    WriteFailed,
+)
+from .notify_decoder import decode_notify
+from .notify_encoder import encode_notify
 from .policy import PeerPolicy, canonical_host
 from .ports import RankEndpoint, listener_port
 from .transport import Delivery, Peer, SendFailure, ZmqTransport
+from .wire_limits import DEFAULT_LIMITS, WireLimits
 
 __all__ = [
     "AgentMetadata",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .codec import DEFAULT_LIMITS, Role, WireLimits
 from .curve import CurveConfig
+from .messages import Role
 from .ports import listener_port
+from .wire_limits import DEFAULT_LIMITS, WireLimits
 
 __all__ = ["TransportConfig"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from moriio_fsm.runtime.declared import events
 from moriio_fsm.runtime.events import Event
 
-from .codec import (
+from .messages import (
     Heartbeat,
     LeaseGranted,
     NotifyMessage,

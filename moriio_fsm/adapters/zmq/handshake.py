@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import zmq
 
 from ...logs import get_logger
-from .codec import HANDSHAKE_REQUEST, decode_handshake_reply
 from .config import TransportConfig
 from .errors import HandshakeFailedError, WireDecodeError
+from .handshake_codec import HANDSHAKE_REQUEST, decode_handshake_reply
 from .sockets import bind, server_socket, set_keepalive, tcp_url
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The notify port's messages as typed values: who receives each, and which wire form it takes.
 
 Rules: messages are frozen and hold only wire fields; extension fields are keyword-only and
-default to None (not sent); the wire forms themselves are listed in ``codec.py``.
+default to None (not sent); the wire forms themselves are listed below the imports.
 """
 
 from __future__ import annotations
@@ -24,6 +24,30 @@ __all__ = [
     "WriteDone",
     "WriteFailed",
 ]
+
+# The wire forms, as upstream peers write them.
+#
+# Notify port (DEALER -> ROUTER, one frame per message):
+#
+#   message         wire form                                             receiver
+#   remote_blocks   {req_id, transfer_id, block_notify_list, decode_rank,  producer
+#                   type[, prompt_digest][, decode_dp_rank]}; older senders omit ``type``
+#   write_done      {type, transfer_id[, num_writers][, producer_rank]}   consumer
+#   write_failed    {type, transfer_id[, reason][, writes_stopped]        consumer
+#                   [, producer_rank]}
+#   release         {type, transfer_id[, consumer_tp_size]                producer
+#                   [, consumer_rank]}
+#   heartbeat       {type, transfer_id[, consumer_rank], seq[, reply_port]} producer
+#   lease_granted   {type, transfer_id[, consumer_rank], seq, lease_s}    consumer
+#   bare UTF-8 id   ``<transfer_id>`` or ``<transfer_id>:tp<rank>``:      either
+#                   release on the producer, write_done on the consumer
+#
+# Upstream writes and reads only the fields outside brackets plus num_writers and
+# consumer_tp_size. The other bracketed fields, heartbeat and lease_granted are this
+# project's extension. Each field is written only when set, so a message without them
+# is upstream's bytes; upstream's readers (like ours) look fields up by name and skip
+# keys they do not know. Upstream refuses unknown types (so do we), so heartbeat and
+# lease_granted are only ever sent to peers that run this codec.
 
 
 class Role(enum.Enum):

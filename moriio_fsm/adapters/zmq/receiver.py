@@ -15,9 +15,10 @@ from typing import NamedTuple
 import zmq
 
 from ...logs import get_logger
-from .codec import NotifyMessage, decode_notify
 from .config import TransportConfig
 from .errors import WireDecodeError
+from .messages import NotifyMessage
+from .notify_decoder import decode_notify
 from .policy import canonical_host
 from .reporting import LogLimiter, TransportCounts
 from .senders import sender_name

@@ -17,12 +17,14 @@ from typing import Union
 
 import zmq
 
-from .codec import HandshakeReply, NotifyMessage, encode_handshake_reply, encode_notify
 from .config import TransportConfig
 from .errors import TransportBusyError, TransportClosedError
 from .handshake import HandshakeRequests, HandshakeServers
+from .handshake_codec import HandshakeReply, encode_handshake_reply
 from .hosts import default_bind_host
 from .io_thread import IoThread, SendFailure
+from .messages import NotifyMessage
+from .notify_encoder import encode_notify
 from .outbox import Outboxes
 from .policy import PeerPolicy
 from .ports import RankEndpoint
