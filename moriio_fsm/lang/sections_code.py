@@ -9,16 +9,25 @@ from __future__ import annotations
 
 from .model import ActionSpec, GuardSpec, InvariantSpec
 from .spec_reader import SpecReader
-from .yaml_lines import LineDict, kind_of, line_of
+from .yaml_lines import kind_of, line_of
 
 
-def read_declared(r: SpecReader, raw: dict, section: str, list_key: str, what: str):
+def read_declared(
+    r: SpecReader,
+    raw: dict,
+    section: str,
+    list_key: str,
+    what: str,
+    known: set[str] | dict,
+    unknown_is: str,
+):
     """Entries of ``section`` (guards, actions): ``name: doc`` or a mapping with ``doc``
-    and ``list_key`` (field names). Yields ``(name, doc, names, entry, line)``."""
+    and ``list_key`` (field names, each of which must be in ``known``; one that is not is
+    reported as ``unknown_is``). Yields ``(name, doc, names, line)``."""
     allowed = {"doc", list_key}
     for key, entry, line in r.entries(raw, section, what):
         if entry is None or isinstance(entry, str):
-            yield key, r.text(entry, line, f"{what} {key!r} doc"), (), LineDict(), line
+            yield key, r.text(entry, line, f"{what} {key!r} doc"), (), line
             continue
         if not isinstance(entry, dict):
             r.problem(
@@ -33,35 +42,38 @@ def read_declared(r: SpecReader, raw: dict, section: str, list_key: str, what: s
             names = r.names(
                 entry[list_key], line_of(entry, list_key, line), f"{what} {key!r} {list_key}"
             )
-        yield key, r.text(entry.get("doc"), line, f"{what} {key!r} doc"), names, entry, line
+        doc = r.text(entry.get("doc"), line, f"{what} {key!r} doc")
+        for field_name in names:
+            if field_name not in known:
+                r.problem(
+                    line_of(entry, list_key, line),
+                    f"{what} {key!r} {list_key} {field_name!r}, which is {unknown_is}",
+                )
+        yield key, doc, names, line
 
 
 def read_guards(r: SpecReader, raw: dict, fields_known: set[str]) -> dict[str, GuardSpec]:
-    guards: dict[str, GuardSpec] = {}
-    for key, doc, reads, entry, line in read_declared(r, raw, "guards", "reads", "guard"):
-        for field_name in reads:
-            if field_name not in fields_known:
-                r.problem(
-                    line_of(entry, "reads", line),
-                    f"guard {key!r} reads {field_name!r}, "
-                    "which is neither a context field nor a "
-                    "config key",
-                )
-        guards[key] = GuardSpec(key, doc, reads, line)
-    return guards
+    return {
+        key: GuardSpec(key, doc, reads, line)
+        for key, doc, reads, line in read_declared(
+            r,
+            raw,
+            "guards",
+            "reads",
+            "guard",
+            fields_known,
+            "neither a context field nor a config key",
+        )
+    }
 
 
 def read_actions(r: SpecReader, raw: dict, context: dict) -> dict[str, ActionSpec]:
-    actions: dict[str, ActionSpec] = {}
-    for key, doc, writes, entry, line in read_declared(r, raw, "actions", "writes", "action"):
-        for field_name in writes:
-            if field_name not in context:
-                r.problem(
-                    line_of(entry, "writes", line),
-                    f"action {key!r} writes {field_name!r}, which is not a context field",
-                )
-        actions[key] = ActionSpec(key, doc, writes, line)
-    return actions
+    return {
+        key: ActionSpec(key, doc, writes, line)
+        for key, doc, writes, line in read_declared(
+            r, raw, "actions", "writes", "action", context, "not a context field"
+        )
+    }
 
 
 def read_invariants(r: SpecReader, raw: dict) -> list[InvariantSpec]:
