@@ -81,6 +81,26 @@ _DESC = instance_of(EngineDesc)
 _MEM = instance_of(MemoryDesc)
 _STATUS = instance_of(TransferStatus, pointer=True)
 _OFFSETS = vector_of(vector_of(SIZE_T))
+# Read and Write take the same arguments, as do BatchRead and BatchWrite: (local memory, offset,
+# remote memory, offset, size, status, transfer uid), one each or one vector of each.
+_ONE_TRANSFER = (
+    Param(_MEM),
+    Param(SIZE_T),
+    Param(_MEM),
+    Param(SIZE_T),
+    Param(SIZE_T),
+    Param(_STATUS),
+    Param(UINT64),
+)
+_BATCH_TRANSFER = (
+    Param(vector_of(_MEM)),
+    Param(_OFFSETS),
+    Param(vector_of(_MEM)),
+    Param(_OFFSETS),
+    Param(_OFFSETS),
+    Param(vector_of(_STATUS)),
+    Param(vector_of(UINT64)),
+)
 
 
 class IOEngine:
@@ -272,42 +292,15 @@ class IOEngine:
             ),
         )
 
-    @signature(
-        "IOEngine",
-        Param(_MEM),
-        Param(SIZE_T),
-        Param(_MEM),
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngine", *_ONE_TRANSFER)
     def Read(self, local, local_offset, remote, remote_offset, size, status, uid) -> None:
         self._post("read", local, [local_offset], remote, [remote_offset], [size], status, uid)
 
-    @signature(
-        "IOEngine",
-        Param(_MEM),
-        Param(SIZE_T),
-        Param(_MEM),
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngine", *_ONE_TRANSFER)
     def Write(self, local, local_offset, remote, remote_offset, size, status, uid) -> None:
         self._post("write", local, [local_offset], remote, [remote_offset], [size], status, uid)
 
-    @signature(
-        "IOEngine",
-        Param(vector_of(_MEM)),
-        Param(_OFFSETS),
-        Param(vector_of(_MEM)),
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(vector_of(_STATUS)),
-        Param(vector_of(UINT64)),
-    )
+    @signature("IOEngine", *_BATCH_TRANSFER)
     def BatchRead(
         self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
     ) -> None:
@@ -315,16 +308,7 @@ class IOEngine:
             "read", locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
         )
 
-    @signature(
-        "IOEngine",
-        Param(vector_of(_MEM)),
-        Param(_OFFSETS),
-        Param(vector_of(_MEM)),
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(vector_of(_STATUS)),
-        Param(vector_of(UINT64)),
-    )
+    @signature("IOEngine", *_BATCH_TRANSFER)
     def BatchWrite(
         self, locals_, local_offsets, remotes, remote_offsets, sizes, statuses, uids
     ) -> None:

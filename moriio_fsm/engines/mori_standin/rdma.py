@@ -23,6 +23,12 @@ __all__ = ["Route", "post_batch"]
 _IN_PROGRESS, _SUCCESS = 2, 0
 _ERR_INVALID_ARGS, _ERR_RDMA_OP = 11, 13
 _UINT32_MAX = (1 << 32) - 1
+# A dead peer's queue pair is in error state: every work request completes flushed, none lands.
+_FLUSHED = Fault(
+    "completion",
+    _ERR_RDMA_OP,
+    "work request flushed: the queue pair to the peer is in error state (stand-in)",
+)
 
 
 @dataclass(frozen=True)
@@ -68,22 +74,10 @@ def post_batch(
         status.update(_SUCCESS, "")
         return
     ranges = list(zip(local_offsets, remote_offsets, sizes))
-    if not engine.standin_peer_alive(route.remote.engine_key):
-        submit(
-            _transfer(
-                route,
-                op,
-                status,
-                uid,
-                [],
-                failure=(
-                    _ERR_RDMA_OP,
-                    "work request flushed: the queue pair to the peer is in error state (stand-in)",
-                ),
-            )
-        )
-        return
-    fault = engine.standin_fault(op)
+    if engine.standin_peer_alive(route.remote.engine_key):
+        fault = engine.standin_fault(op)
+    else:
+        fault = _FLUSHED
     _post_with(route, op, status, uid, ranges, fault)
 
 

@@ -29,6 +29,10 @@ __all__ = ["IOEngineSession"]
 _ERR_BAD_STATE = 14
 _STATUS = instance_of(TransferStatus, pointer=True)
 _OFFSETS = vector_of(SIZE_T)
+# Read and Write take (local offset, remote offset, size, status, transfer uid); BatchRead and
+# BatchWrite take a vector of each offset and size, with one status and uid for the batch.
+_ONE_TRANSFER = (Param(SIZE_T), Param(SIZE_T), Param(SIZE_T), Param(_STATUS), Param(UINT64))
+_BATCH_TRANSFER = (Param(_OFFSETS), Param(_OFFSETS), Param(_OFFSETS), Param(_STATUS), Param(UINT64))
 
 
 class IOEngineSession:
@@ -63,47 +67,19 @@ class IOEngineSession:
         route = self._route("AllocateTransferUniqueId", None)
         return 0 if route is None else route.engine.standin_next_uid()
 
-    @signature(
-        "IOEngineSession",
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngineSession", *_ONE_TRANSFER)
     def Read(self, local_offset, remote_offset, size, status, uid) -> None:
         self._post("Read", "read", [local_offset], [remote_offset], [size], status, uid)
 
-    @signature(
-        "IOEngineSession",
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(SIZE_T),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngineSession", *_ONE_TRANSFER)
     def Write(self, local_offset, remote_offset, size, status, uid) -> None:
         self._post("Write", "write", [local_offset], [remote_offset], [size], status, uid)
 
-    @signature(
-        "IOEngineSession",
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngineSession", *_BATCH_TRANSFER)
     def BatchRead(self, local_offsets, remote_offsets, sizes, status, uid) -> None:
         self._post("BatchRead", "read", local_offsets, remote_offsets, sizes, status, uid)
 
-    @signature(
-        "IOEngineSession",
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(_OFFSETS),
-        Param(_STATUS),
-        Param(UINT64),
-    )
+    @signature("IOEngineSession", *_BATCH_TRANSFER)
     def BatchWrite(self, local_offsets, remote_offsets, sizes, status, uid) -> None:
         self._post("BatchWrite", "write", local_offsets, remote_offsets, sizes, status, uid)
 
