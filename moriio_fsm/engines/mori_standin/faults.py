@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..faults import HeldTransfers
 from .codes import StatusCode
 
 __all__ = ["Fault", "Faults", "Gate", "STAGES"]
@@ -31,28 +32,19 @@ class Gate:
     """Holds the completions of posts until ``open`` (once open, it stays open)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open = False
-        self._waiting: list[Callable[[], None]] = []
+        self._held = HeldTransfers()  # the same latch the project's own engines hold transfers in
 
     def when_open(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the gate is open: now if it is."""
-        with self._lock:
-            if not self._open:
-                self._waiting.append(callback)
-                return
-        callback()
+        if not self._held.keep(callback):
+            callback()
 
     def open(self) -> None:
-        with self._lock:
-            self._open = True
-            waiting, self._waiting = self._waiting, []
-        for callback in waiting:
-            callback()
+        self._held.release()
 
     @property
     def is_open(self) -> bool:
-        return self._open
+        return self._held.released
 
 
 @dataclass(eq=False)
