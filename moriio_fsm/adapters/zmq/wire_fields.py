@@ -31,13 +31,19 @@ def type_name(value: object) -> str:
     return type(value).__name__
 
 
-def check_id(value: object, name: str, limits: WireLimits, error: type) -> str:
+def _check_text(value: object, name: str, max_length: int, if_empty: str, error: type) -> str:
+    """A non-empty string of at most ``max_length`` characters; ``if_empty`` is the error otherwise."""
     if type(value) is not str:
         raise error(name, f"expected a string, got {type_name(value)}")
     if not value:
-        raise error(name, "must not be empty")
-    if len(value) > limits.max_id_length:
-        raise error(name, f"{len(value)} characters exceeds the limit of {limits.max_id_length}")
+        raise error(name, if_empty)
+    if len(value) > max_length:
+        raise error(name, f"{len(value)} characters exceeds the limit of {max_length}")
+    return value
+
+
+def check_id(value: object, name: str, limits: WireLimits, error: type) -> str:
+    value = _check_text(value, name, limits.max_id_length, "must not be empty", error)
     # Ids end up in logs and maps: no control characters or spaces.
     if not value.isprintable() or " " in value:
         raise error(name, "must contain only printable characters and no whitespace")
@@ -53,14 +59,13 @@ def check_int(value: object, name: str, low: int, high: int, error: type) -> int
 
 
 def check_reason(value: object, name: str, limits: WireLimits, error: type) -> str:
-    if type(value) is not str:
-        raise error(name, f"expected a string, got {type_name(value)}")
-    if not value:
-        raise error(name, "must not be empty (leave the field out instead)")
-    if len(value) > limits.max_reason_length:
-        raise error(
-            name, f"{len(value)} characters exceeds the limit of {limits.max_reason_length}"
-        )
+    value = _check_text(
+        value,
+        name,
+        limits.max_reason_length,
+        "must not be empty (leave the field out instead)",
+        error,
+    )
     # A reason ends up in logs: spaces are fine, control characters are not.
     if not value.isprintable():
         raise error(name, "must contain only printable characters")
