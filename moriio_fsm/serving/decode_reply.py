@@ -49,6 +49,28 @@ def event_error(event: Any) -> dict | None:
     return None
 
 
+def misshapen(event: dict) -> str | None:
+    """What is wrong with the shape of one of D's events, or None: ``choices`` a list of
+    objects, each one's ``text`` a string and ``token_ids`` a list of integers where given."""
+    choices = event.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        return f"'choices' is {type(choices).__name__}, expected a list"
+    for choice in choices:
+        if not isinstance(choice, dict):
+            return f"a choice is {type(choice).__name__}, expected an object"
+        text, token_ids = choice.get("text"), choice.get("token_ids")
+        if text is not None and not isinstance(text, str):
+            return f"a choice's 'text' is {type(text).__name__}, expected a string"
+        if token_ids is not None and not (
+            isinstance(token_ids, list)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids)
+        ):
+            return "a choice's 'token_ids' is not a list of integers"
+    return None
+
+
 def finished_badly(data: Any) -> str | None:
     """The finish reason of a choice that ended in error or abort, else None."""
     choices = data.get("choices") if isinstance(data, dict) else None
@@ -161,6 +183,9 @@ class DecodeReply:
                 error = event_error(event)
                 if error is not None:
                     raise self._failed(f"failed: {error.get('message', '')}{WHERE_TO_LOOK}")
+                shape = misshapen(event)
+                if shape is not None:
+                    raise self._failed(f"sent an event of the wrong shape: {shape}")
                 bad = finished_badly(event)
                 if bad is not None:
                     raise self._failed(

@@ -34,6 +34,7 @@ class FakeVllm:
         self.error_event = False  # stream: an error event instead of the tokens
         self.error_delay_s = 0.0  # ... sent after this long
         self.cut_stream = False  # stream: end without [DONE]
+        self.odd_event: dict | None = None  # stream: this event first (a D gone wrong)
         self.text = "t"  # each token's text
         self.reply_params: dict | None = {"remote_engine_id": name, "remote_block_ids": [4]}
         self.disconnected = 0
@@ -89,6 +90,8 @@ class FakeVllm:
                 + "\n\n"
             )
             return
+        if self.odd_event is not None:
+            yield "data: " + json.dumps(self.odd_event) + "\n\n"
         for i, token in enumerate(self.tokens):
             last = i == len(self.tokens) - 1
             choice = {

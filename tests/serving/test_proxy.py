@@ -161,6 +161,36 @@ def test_an_error_event_in_ds_stream_names_the_transfer(fakes, proxy_for):
     assert tid in events[0]["error"]["message"]
 
 
+ODD_EVENTS = {
+    "choices not a list": {"id": "cmpl-1", "choices": "abc"},
+    "a choice not an object": {"id": "cmpl-1", "choices": [1]},
+    "text not a string": {"id": "cmpl-1", "choices": [{"text": 5}]},
+    "token ids not integers": {"id": "cmpl-1", "choices": [{"token_ids": ["x"]}]},
+    "token ids not a list": {"id": "cmpl-1", "choices": [{"token_ids": 7}]},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("odd", sorted(ODD_EVENTS))
+def test_a_misshapen_event_from_d_is_a_502_naming_the_transfer(fakes, proxy_for, odd, stream):
+    p, d = fakes("P"), fakes("D")
+    d.odd_event = ODD_EVENTS[odd]
+    proxy = proxy_for("write", [p.spec()], [d.spec()])
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/completions", timeout=30, json={"prompt": [1], "stream": stream}
+    ) as reply:
+        tid = reply.headers["x-transfer-id"]
+        if stream:
+            lines = [line for line in reply.iter_lines() if line.startswith("data: {")]
+            error = json.loads(lines[-1][6:])["error"]
+        else:
+            reply.read()
+            assert reply.status_code == 502
+            error = reply.json()["error"]
+    assert error["transfer_id"] == tid and "wrong shape" in error["message"]
+    assert httpx.get(f"{proxy.url}/health").json()["counts"]["failed"] == 1
+
+
 def test_read_mode_prefill_error_fails_before_d_is_asked(fakes, proxy_for):
     p, d = fakes("P"), fakes("D")
     p.status = 400
