@@ -211,5 +211,186 @@ if "mooncake_time_writes" in _WANTED and os.environ.get("BENCH_MOONCAKE_TIMES"):
     _after_import(_MOONCAKE, _time_writes)
 
 
+# -- mori: vLLM's MoRIIOConnector imports mori.io, which needs AMD's native module; load the
+# project's stand-in under the pinned wheel's own Python layer instead, at the first
+# `import mori` of each process (API server, EngineCore, spawned workers), never before.
+if "mori_standin" in _WANTED:
+
+    def _standin_logs_to_server_log():
+        """The stand-in's lines (its start line first) go where vLLM's go, or to stderr."""
+        import logging
+
+        from moriio_fsm.logs import share_handlers_of
+
+        share_handlers_of("vllm")
+        package = logging.getLogger("moriio_fsm")
+        if all(isinstance(h, logging.NullHandler) for h in package.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            package.addHandler(handler)
+
+    class _MoriStandInLoader(importlib.abc.Loader):
+        def __init__(self, finder):
+            self.finder = finder
+
+        def create_module(self, spec):
+            self.finder.loading = True
+            try:
+                from moriio_fsm.engines.mori_standin import load_mori_io
+
+                _standin_logs_to_server_log()
+                load_mori_io()
+            except Exception as exc:  # an ImportError, which vLLM's guard expects, naming why
+                _note("mori_standin", f"NOT loaded: {type(exc).__name__}: {exc}")
+                raise ImportError(f"the mori stand-in did not load: {exc}") from exc
+            finally:
+                self.finder.loading = False
+            module = sys.modules["mori"]
+            spec.submodule_search_locations = list(module.__path__)
+            _note(
+                "mori_standin",
+                "mori.cpp is moriio_fsm's stand-in under amd-mori's own Python layer "
+                "(load_mori_io() at this process's first `import mori`)",
+            )
+            return module
+
+        def exec_module(self, module):
+            pass  # load_mori_io() ran the wheel's mori/__init__.py already
+
+    class _MoriStandInFinder(importlib.abc.MetaPathFinder):
+        """Answers the first ``import mori`` with the stand-in (the loader's own look-ups pass)."""
+
+        def __init__(self):
+            self.loading = False
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname != "mori" or self.loading or "mori" in sys.modules:
+                return None
+            return importlib.util.spec_from_loader(
+                "mori", _MoriStandInLoader(self), is_package=True
+            )
+
+    sys.meta_path.insert(0, _MoriStandInFinder())
+
+
+_MORIIO = "vllm.distributed.kv_transfer.kv_connector.v1.moriio."
+
+# -- MoRIIO: its handshake and notify listeners bind "*" (every interface); make them bind
+# the loopback. Both modules build the address with make_zmq_path, imported by name.
+if "moriio_loopback" in _WANTED:
+
+    def _bind_loopback(module):
+        real = getattr(module, "make_zmq_path", None)
+        if real is None:
+            return
+
+        def make_zmq_path(scheme, host, port=None):
+            return real(scheme, "127.0.0.1" if host == "*" else host, port)
+
+        module.make_zmq_path = make_zmq_path
+        _note("moriio_loopback", f"{module.__name__}: listeners bind 127.0.0.1, not '*'")
+
+    for _name in ("moriio_connector", "moriio_engine"):
+        _after_import(_MORIIO + _name, _bind_loopback)
+
+
+# -- MoRIIO: when every layer's KV shares one allocation, the worker registers one region
+# from a 4096-byte boundary, which a ROCm allocator gives and torch's CPU allocator (64-byte
+# aligned, no padding) does not: it then refuses ("shared KV backing too small for
+# page-aligned MR"). Register the whole allocation from its start instead; the offsets of
+# the layers in it are computed from that start, as the original computes them from its.
+if "moriio_unaligned_kv_region" in _WANTED:
+
+    def _unaligned_region(module):
+        worker = getattr(module, "MoRIIOConnectorWorker", None)
+        if worker is None:
+            return
+
+        def _build_shared_kv_mr(self, kv_caches):
+            import torch
+
+            backing = next(iter(kv_caches.values())).view(torch.uint8)
+            nbytes = backing.untyped_storage().nbytes()
+            region = torch.as_strided(backing, (nbytes,), (1,), 0)
+            start = region.data_ptr()
+            return region, {name: cache.data_ptr() - start for name, cache in kv_caches.items()}
+
+        worker._build_shared_kv_mr = _build_shared_kv_mr
+        _note(
+            "moriio_unaligned_kv_region",
+            "MoRIIOConnectorWorker._build_shared_kv_mr registers the KV allocation from its "
+            "start (torch's CPU allocator does not page-align it)",
+        )
+
+    _after_import(_MORIIO + "moriio_connector", _unaligned_region)
+
+
+# -- Fault runs only: MoRIIO's P tells D its writes landed with one "write_done" message
+# (MoRIIOWrapper.send_notify); drop the first $BENCH_MORIIO_DROP_WRITE_DONE of them.
+if "moriio_drop_write_done" in _WANTED:
+
+    def _drop_write_done(module):
+        wrapper = getattr(module, "MoRIIOWrapper", None)
+        if wrapper is None:
+            return
+        real_send = wrapper.send_notify
+        left = [int(os.environ.get("BENCH_MORIIO_DROP_WRITE_DONE", "1"))]
+
+        def send_notify(self, req_ids, remote_ip, remote_port, message_type=None, **kwargs):
+            if message_type == "write_done" and left[0] > 0:
+                left[0] -= 1
+                _note("moriio_drop_write_done", f"dropped write_done {req_ids!r}")
+                return None
+            return real_send(self, req_ids, remote_ip, remote_port, message_type, **kwargs)
+
+        wrapper.send_notify = send_notify
+        _note(
+            "moriio_drop_write_done",
+            f"MoRIIOWrapper.send_notify drops the first {left[0]} write_done message(s)",
+        )
+
+    _after_import(_MORIIO + "moriio_engine", _drop_write_done)
+
+
+# -- Fault runs only: the mori stand-in holds the completions of the first writes posted in
+# this process until $BENCH_STANDIN_WRITE_HOLD_S after the first of them, so P is still
+# writing for that long (a slow NIC); whichever connector made the engine.
+if "standin_slow_writes" in _WANTED:
+
+    def _slow_writes(package):
+        import threading
+
+        hold_s = float(os.environ.get("BENCH_STANDIN_WRITE_HOLD_S", "3"))
+
+        class _TimedGate(package.Gate):
+            """A gate that opens ``hold_s`` after the first completion it holds back."""
+
+            def __init__(self):
+                super().__init__()
+                self._timer = None
+                self._timer_lock = threading.Lock()
+
+            def when_open(self, callback):
+                with self._timer_lock:
+                    if self._timer is None:
+                        self._timer = threading.Timer(hold_s, self._open_now)
+                        self._timer.daemon = True
+                        self._timer.start()
+                super().when_open(callback)
+
+            def _open_now(self):
+                _note("standin_slow_writes", f"writes held {hold_s:g}s land now")
+                self.open()
+
+        times = int(os.environ.get("BENCH_STANDIN_WRITE_HOLD_TIMES", "1000"))
+        package.FAULTS.inject("hold", op="write", hold=_TimedGate(), times=times)
+        _note(
+            "standin_slow_writes",
+            f"the stand-in holds the completions of the first {times} write posts "
+            f"until {hold_s:g}s after the first",
+        )
+
+    _after_import("moriio_fsm.engines.mori_standin", _slow_writes)
+
 if _hooks.patches:
     sys.meta_path.insert(0, _hooks)
