@@ -12,7 +12,11 @@ from pathlib import Path
 
 #: The shipped specs, by name (each has ``specs/<name>.yaml`` and a bindings module of the
 #: same name in ``moriio_fsm.machines``).
-SHIPPED_SPECS = ("write_producer", "write_consumer", "read_producer", "read_consumer")
+SHIPPED_SPECS = ("write_producer", "write_consumer", "read_producer", "read_consumer") + (
+    "watch_consumer",
+    "watch_producer",
+    "watch_worker",
+)
 
 
 def specs_dir() -> Path:
