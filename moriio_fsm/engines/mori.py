@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,11 +48,39 @@ MoriAvailability = Availability
 probe_mori = ImportProbe("mori.io", "mori.io", "mori.io is not installed: {exc}")
 
 
+#: ``MORIIO_FSM_MORI=standin`` lets MoriEngine load the mori stand-in (``mori_standin``) where no real mori.io
+#: imports: for tests, benchmarks and demos on hosts without AMD hardware; it never replaces a real mori.
+STANDIN_SWITCH = "MORIIO_FSM_MORI"
+
+
 def _mori_io():
+    choice = os.environ.get(STANDIN_SWITCH, "")
+    if choice == "standin":
+        _load_standin()
+    elif choice not in ("", "native"):
+        raise MoriUnavailableError(
+            f"{STANDIN_SWITCH} must be 'standin', 'native' or unset, got {choice!r}"
+        )
     availability = probe_mori()
     if not availability.available:
         raise MoriUnavailableError(availability.reason)
     return importlib.import_module("mori.io")
+
+
+def _load_standin() -> None:
+    from . import mori_standin  # only when asked: it fetches amd-mori's wheel
+
+    if mori_standin.is_loaded():
+        return
+    try:
+        mori_standin.load_mori_io()
+    except mori_standin.StandInRefused as exc:
+        if "imports for real" not in str(exc):
+            raise MoriUnavailableError(f"{STANDIN_SWITCH}=standin: {exc}") from exc
+        return  # a real mori is here: it is used, never shadowed
+    except (mori_standin.WheelUnavailable, mori_standin.WheelMismatch, ValueError) as exc:
+        raise MoriUnavailableError(f"{STANDIN_SWITCH}=standin: {exc}") from exc
+    probe_mori.forget()
 
 
 @dataclass(frozen=True, slots=True)

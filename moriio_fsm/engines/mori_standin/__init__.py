@@ -3,8 +3,9 @@ runs through ``mori.io`` on hosts without AMD hardware (tests, benchmarks).
 
 Rules: nothing is loaded until ``load_mori_io()`` is called, and never over a mori that imports for real; the
 stand-in is written from mori's pybind11 definitions (as strict about arguments, with mori's status codes and
-rules), moves real bytes between registered host tensors of this process on its own thread, and injects failures
-(``FAULTS``) with mori's error codes; what native mori would do undefined (writing into a freed status) is
+rules), moves real bytes between registered host tensors on its own threads (memmove within a process; over TCP
+to the listener an RDMA engine opens on its host:port, ``nic.py``, between processes and hosts), and injects
+failures (``FAULTS``, or ``MORI_STANDIN_FAULTS`` in the environment) with mori's error codes; what native mori would do undefined (writing into a freed status) is
 recorded as an incident (``incidents.take()``), never hidden.
 """
 

@@ -10,12 +10,12 @@ stand-in's own, for its other modules and for tests, never mori's.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,9 +44,9 @@ from .descriptors import (
 )
 from .faults import Faults
 from .mover import Region, RegionTable, RemoteRegion
+from .nic import NicListener
 from .rdma import Route, post_batch
 from .registry import add as add_engine
-from .registry import with_key as engines_with_key
 from .session import IOEngineSession
 from .transfer_status import TransferStatus
 
@@ -63,8 +63,6 @@ _CONFIG_OF = {
     _XGMI: XgmiBackendConfig,
     int(BackendType.FABRIC): FabricBackendConfig,
 }
-# Pseudo ephemeral ports for port 0: unique in this process (the stand-in binds no socket).
-_ports = itertools.count(49152)
 
 
 @dataclass
@@ -119,6 +117,7 @@ class IOEngine:
         "_device_dead",
         "_inbound",
         "_modules",
+        "_nic",
         "__weakref__",
     )
 
@@ -138,6 +137,7 @@ class IOEngine:
         self._device_dead = False
         self._inbound: dict[tuple[str, int], int] = {}
         self._modules: list[str] = []
+        self._nic: NicListener | None = None
         add_engine(self)
         _log.info("[mori stand-in] IOEngine %r made (a stand-in for native mori, not AMD's)", key)
 
@@ -189,8 +189,7 @@ class IOEngine:
             raise RuntimeError(
                 f"IOEngineConfig.port={_XGMI_ONLY_PORT} is reserved as XGMI-only fallback sentinel"
             )
-        if self._desc.port == 0:
-            self._desc = EngineDesc.made(*self._desc._fields()[:4], next(_ports), self._desc.pid)
+        self._listen()
         self._backends[_RDMA] = _fields(
             config,
             (
@@ -201,6 +200,24 @@ class IOEngine:
                 "enable_notification",
             ),
         )
+
+    def _listen(self) -> None:
+        """Bind the NIC's listener on the engine's host:port (port 0: a free one, then in the descriptor), as
+        mori binds its RDMA control port; an empty host listens on loopback only."""
+        desc = self._desc
+        try:
+            nic = NicListener(
+                desc.key, desc.host or "127.0.0.1", desc.port, self._regions, _inbound_for(self)
+            )
+        except OSError as exc:
+            raise RuntimeError(
+                f"stand-in: cannot listen on {desc.host or '127.0.0.1'}:{desc.port} for the RDMA "
+                f"backend ({exc.strerror or exc})"
+            ) from None
+        self._nic = nic
+        weakref.finalize(self, nic.close)
+        if desc.port == 0:
+            self._desc = EngineDesc.made(*desc._fields()[:4], nic.port, desc.pid)
 
     @signature("IOEngine", Param(enum_of(BackendType)))
     def RemoveBackend(self, kind) -> None:
@@ -424,19 +441,24 @@ class IOEngine:
     def standin_peer_unreachable(self, remote_key: str, detail: str) -> None:
         self.standin_report_peer_failure(remote_key, PeerFailureReason.PEER_UNREACHABLE, detail)
 
-    def standin_notify_target(self, remote: RemoteRegion, uid: int) -> None:
-        """With notifications on, the target engine learns that this engine's transfer ``uid`` landed."""
-        for target in engines_with_key(remote.engine_key):
-            if target.standin_answers_at(remote.host, remote.port, remote.pid):
-                target.standin_inbound(self._desc.key, uid)
-                return
-
     def standin_inbound(self, initiator_key: str, uid: int) -> None:
         with self._lock:
             self._inbound[(initiator_key, uid)] = 0
 
     def __repr__(self) -> str:
         return f"<mori.cpp.IOEngine object (stand-in) key={self._desc.key!r}>"
+
+
+def _inbound_for(engine: IOEngine):
+    """What the listener calls when a notified write landed: the engine's record, while the engine lives."""
+    ref = weakref.ref(engine)
+
+    def inbound(initiator_key: str, uid: int) -> None:
+        target = ref()
+        if target is not None:
+            target.standin_inbound(initiator_key, uid)
+
+    return inbound
 
 
 def _fields(config, names: tuple[str, ...]) -> dict:

@@ -1,6 +1,7 @@
 """Failure injection for the stand-in: the ways a real mori RDMA transfer goes wrong, with mori's codes.
 
-Rules: a rule applies to the next posts that match it (``times`` of them), in the order rules were added;
+Rules: a rule applies to the next posts that match it (``times`` of them, after letting ``skip`` pass), in the
+order rules were added;
 ``post`` fails the status on the posting thread after ``landed`` ranges were handed to the NIC (mori's "SQ full":
 those ranges still land and complete later, into the failed status); ``completion`` lets ``landed`` ranges land
 and then fails the status from the transfer thread (an error completion); ``notification`` fails the status on
@@ -59,6 +60,7 @@ class Fault:
     engine_key: str | None = None
     gate: Gate | None = None
     times: int = 1
+    skip: int = 0
 
     def matches(self, engine_key: str, op: str, notifications: bool) -> bool:
         if self.times <= 0 or (self.op is not None and self.op != op):
@@ -86,6 +88,7 @@ class Faults:
         engine_key: str | None = None,
         hold: Gate | None = None,
         times: int = 1,
+        skip: int = 0,
     ) -> Fault:
         """Add a rule (see the module's rules); ``code`` is a mori failure code (11-15)."""
         if stage not in STAGES:
@@ -97,8 +100,9 @@ class Faults:
             raise ValueError(f"code must be a mori failure code (11-15), got {code!r}")
         if op not in (None, "read", "write"):
             raise ValueError(f"op must be 'read', 'write' or None, got {op!r}")
-        if isinstance(landed, bool) or not isinstance(landed, int) or landed < 0:
-            raise ValueError(f"landed must be a count of ranges >= 0, got {landed!r}")
+        for name, value in (("landed", landed), ("times", times), ("skip", skip)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a count >= 0, got {value!r}")
         if stage == "hold" and hold is None:
             hold = Gate()
         rule = Fault(
@@ -110,6 +114,7 @@ class Faults:
             engine_key,
             hold,
             times,
+            skip,
         )
         with self._lock:
             self._rules.append(rule)
@@ -124,9 +129,39 @@ class Faults:
         with self._lock:
             for rule in self._rules:
                 if rule.matches(engine_key, op, notifications):
+                    if rule.skip:
+                        rule.skip -= 1
+                        continue
                     rule.times -= 1
                     return rule
         return None
+
+    def inject_from_json(self, text: str, source: str = "MORI_STANDIN_FAULTS") -> list[Fault]:
+        """Add the rules a JSON list of ``inject`` keyword objects gives (no ``hold``: its gate would be out
+        of reach); nothing is added when one entry is wrong, and the error names it."""
+        import json
+
+        try:
+            entries = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{source} must be a JSON list of fault objects: {exc}") from None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError(f"{source} must be a JSON list of fault objects, got {text[:80]!r}")
+        allowed = {"stage", "code", "message", "landed", "op", "engine_key", "times", "skip"}
+        for index, entry in enumerate(entries):
+            unknown = set(entry) - allowed
+            if unknown or entry.get("stage") not in set(STAGES) - {"hold"}:
+                raise ValueError(
+                    f"{source}[{index}]: expected a stage of {STAGES[:3]} and keys among "
+                    f"{sorted(allowed)}, got {entry!r}"
+                )
+        probe = Faults()
+        for index, entry in enumerate(entries):
+            try:
+                probe.inject(**entry)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{source}[{index}]: {exc}") from None
+        return [self.inject(**entry) for entry in entries]
 
     def clear(self) -> None:
         """Drop every rule (gates already handed out stay as they are)."""

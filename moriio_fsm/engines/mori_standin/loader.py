@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 from ...errors import MoriioFsmError
+from .engine import FAULTS
 from .module import make_module
 from .wheel import PINNED_VERSION, python_layer
 
@@ -50,14 +51,18 @@ def load_mori_io(cache: Path | None = None) -> types.ModuleType:
             return importlib.import_module("mori.io")
         _refuse_to_shadow()
         layer = python_layer(cache)
+        faults = os.environ.get("MORI_STANDIN_FAULTS", "")
+        if faults:
+            FAULTS.inject_from_json(faults)
         _install(layer)
         io = importlib.import_module("mori.io")
     _log.warning(
         "[mori stand-in] mori.cpp is a STAND-IN (moriio_fsm.engines.mori_standin), not AMD's native mori: "
-        "host memory only, bytes moved within this process; mori.io is amd-mori %s's own Python layer "
-        "from %s",
+        "host memory only, bytes moved over TCP between stand-in engines (memmove within one process); "
+        "mori.io is amd-mori %s's own Python layer from %s%s",
         PINNED_VERSION,
         layer,
+        f"; injected faults: {faults}" if faults else "",
     )
     return io
 

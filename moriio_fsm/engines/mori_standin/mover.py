@@ -1,8 +1,8 @@
 """How the stand-in's "NIC" moves bytes: between host regions registered with stand-in engines of this process.
 
 Rules: a range moves only while both regions are registered, checked under both engines' region locks for the
-whole copy, so that a region deregistered before its memory is freed is never touched; a region of another process
-is refused with a message, not touched (a mover for other processes plugs in at ``mover_for``).
+whole copy, so that a region deregistered before its memory is freed is never touched; an engine that is not a
+live engine of this process is reached through its listener (``remote.SocketMover``), wherever it runs.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Problem:
 
 class Mover(Protocol):
     """Moves ``ranges`` (local offset, remote offset, size) between ``local`` and ``remote``; None when every
-    range moved, else why none did."""
+    range moved, else why none did. ``notify_as`` (initiator key, uid): the target records the write landed."""
 
     def move(
         self,
@@ -87,17 +87,24 @@ class Mover(Protocol):
         local_table: RegionTable,
         remote: RemoteRegion,
         ranges: list[tuple[int, int, int]],
+        notify_as: tuple[str, int] | None = None,
     ) -> Problem | None: ...
 
 
 class InProcessMover:
     """Both regions are in this process: ``memmove`` between them, range by range. ``find`` gives the region
-    table of the live engine a ``RemoteRegion`` names, or None when there is none."""
+    table of the live engine a ``RemoteRegion`` names, or None when there is none; ``notify`` tells that engine
+    a write landed."""
 
-    def __init__(self, find: Callable[[RemoteRegion], RegionTable | None]) -> None:
+    def __init__(
+        self,
+        find: Callable[[RemoteRegion], RegionTable | None],
+        notify: Callable[[RemoteRegion, str, int], None],
+    ) -> None:
         self._find = find
+        self._notify = notify
 
-    def move(self, op, local, local_table, remote, ranges):
+    def move(self, op, local, local_table, remote, ranges, notify_as=None):
         remote_table = self._find(remote)
         if remote_table is None:
             return Problem(
@@ -121,21 +128,17 @@ class InProcessMover:
                     ctypes.memmove(there, here, size)
                 else:
                     ctypes.memmove(here, there, size)
+        if notify_as is not None:
+            self._notify(remote, *notify_as)
         return None
 
 
-class _OtherProcess:
-    """A region of another process: nothing moves, and the transfer fails saying why."""
+def mover_for(remote: RemoteRegion) -> Mover:
+    """The mover for a transfer with ``remote``: a memmove when it is a live engine of this process, else its
+    listener (another process, or a process in another PID namespace that happens to have this pid)."""
+    from .registry import find_regions, notify_inbound  # both import this module
+    from .remote import SocketMover
 
-    def move(self, op, local, local_table, remote, ranges):
-        return Problem(
-            f"stand-in: engine {remote.engine_key!r} is in process {remote.pid}; this stand-in moves "
-            "bytes between engines of one process only"
-        )
-
-
-def mover_for(remote_pid: int, find: Callable[[RemoteRegion], RegionTable | None]) -> Mover:
-    """The mover for a transfer with an engine of process ``remote_pid``."""
-    if remote_pid == os.getpid():
-        return InProcessMover(find)
-    return _OtherProcess()
+    if remote.pid == os.getpid() and find_regions(remote) is not None:
+        return InProcessMover(find_regions, notify_inbound)
+    return SocketMover()

@@ -15,7 +15,6 @@ from typing import Any
 
 from .faults import Fault
 from .mover import Region, RemoteRegion, mover_for
-from .registry import find_regions
 from .transfers import Transfer, submit
 
 __all__ = ["Route", "post_batch"]
@@ -131,7 +130,7 @@ def _transfer(
         local_table=engine.standin_regions,
         remote=route.remote,
         ranges=ranges,
-        mover=mover_for(route.remote.pid, find_regions),
+        mover=mover_for(route.remote),
         failure=failure,
         gate=gate,
         notify=notify,

@@ -12,7 +12,7 @@ from typing import Any
 
 from .mover import RegionTable, RemoteRegion
 
-__all__ = ["add", "find_regions", "with_key"]
+__all__ = ["add", "find_regions", "notify_inbound", "with_key"]
 
 _lock = threading.Lock()
 _engines: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -42,3 +42,11 @@ def find_regions(remote: RemoteRegion) -> RegionTable | None:
         if engine.standin_answers_at(remote.host, remote.port, remote.pid):
             return engine.standin_regions
     return None
+
+
+def notify_inbound(remote: RemoteRegion, initiator_key: str, uid: int) -> None:
+    """Tell the live engine ``remote`` names that ``initiator_key``'s transfer ``uid`` landed in it."""
+    for engine in with_key(remote.engine_key):
+        if engine.standin_answers_at(remote.host, remote.port, remote.pid):
+            engine.standin_inbound(initiator_key, uid)
+            return

@@ -1,16 +1,17 @@
-"""The stand-in's transfer thread: the part of mori that completes posted work asynchronously (its completion
-queue thread), shared by every stand-in engine of the process.
+"""The stand-in's transfer threads: the part of mori that completes posted work asynchronously (its queue pairs
+and completion thread), one thread per remote engine, so a peer that does not answer delays only its own work.
 
 Rules: like native mori, it holds no reference to a ``TransferStatus``, only a weak one, and records a
 use-after-free incident when it must write into a status Python has already freed; work of an engine that was
-collected is dropped (its native side would be gone); a held transfer waits for its gate, others go in order.
-The thread starts with the first transfer and ends after a while with none.
+collected is dropped (its native side would be gone); a held transfer waits for its gate, others go in order
+per remote engine. A thread starts with the first transfer to its engine and ends after a while with none.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class Transfer:
 
 
 class _TransferThread:
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self._name = name
         self._lock = threading.Condition()
         self._queue: deque[Transfer] = deque()
         self._thread: threading.Thread | None = None
@@ -63,9 +65,7 @@ class _TransferThread:
         with self._lock:
             self._queue.append(transfer)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="mori-standin-transfers", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._lock.notify_all()
 
@@ -95,18 +95,27 @@ class _TransferThread:
     def drain(self, timeout_s: float) -> bool:
         """Wait until every transfer handed over (held ones aside) has completed; False if ``timeout_s`` ran out."""
         with self._lock:
-            return self._lock.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+            return self._lock.wait_for(self.idle, timeout_s)
+
+    def idle(self) -> bool:
+        return not self._queue and not self._busy
 
 
 def _complete(transfer: Transfer) -> None:
     engine = transfer.engine()
     if engine is None:
         return  # the engine is gone, and with it its queues: nothing completes
-    problem = transfer.mover.move(
-        transfer.op, transfer.local, transfer.local_table, transfer.remote, transfer.ranges
+    notify_as = (
+        (engine.standin_key, transfer.uid) if transfer.notify and transfer.failure is None else None
     )
-    if problem is None and transfer.failure is None and transfer.notify:
-        engine.standin_notify_target(transfer.remote, transfer.uid)
+    problem = transfer.mover.move(
+        transfer.op,
+        transfer.local,
+        transfer.local_table,
+        transfer.remote,
+        transfer.ranges,
+        notify_as,
+    )
     if problem is not None and problem.peer_unreachable:
         engine.standin_peer_unreachable(transfer.remote.engine_key, problem.message)
     del engine
@@ -133,15 +142,42 @@ def _fail(transfer: Transfer, message: str) -> None:
         status.update(_ERR_RDMA_OP, message)
 
 
-_THREAD = _TransferThread()
+_MAX_IDLE_THREADS = 256
+
+
+class _QueuePairs:
+    """The transfer threads by remote engine; idle ones beyond ``_MAX_IDLE_THREADS`` are forgotten."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[tuple, _TransferThread] = {}
+
+    def thread_for(self, remote: RemoteRegion) -> _TransferThread:
+        key = (remote.engine_key, remote.host, remote.port, remote.pid)
+        with self._lock:
+            thread = self._threads.get(key)
+            if thread is None:
+                if len(self._threads) >= _MAX_IDLE_THREADS:
+                    self._threads = {k: t for k, t in self._threads.items() if not t.idle()}
+                thread = self._threads[key] = _TransferThread(f"mori-standin-qp-{remote.port}")
+            return thread
+
+    def all(self) -> list[_TransferThread]:
+        with self._lock:
+            return list(self._threads.values())
+
+
+_QUEUE_PAIRS = _QueuePairs()
 
 
 def submit(transfer: Transfer) -> None:
-    """Hand ``transfer`` to the transfer thread; it completes later, on that thread."""
-    _THREAD.submit(transfer)
+    """Hand ``transfer`` to its remote engine's transfer thread; it completes later, on that thread."""
+    _QUEUE_PAIRS.thread_for(transfer.remote).submit(transfer)
 
 
 def drain(timeout_s: float = 30.0) -> bool:
-    """Wait until the transfer thread has completed everything handed to it (transfers a closed gate holds are
-    not handed over yet); False if ``timeout_s`` ran out first. For tests and benchmarks that free memory next."""
-    return _THREAD.drain(timeout_s)
+    """Wait until the transfer threads have completed everything handed to them (transfers a closed gate holds
+    are not handed over yet); False if ``timeout_s`` ran out first. For tests and benchmarks that free memory
+    next."""
+    deadline = time.monotonic() + timeout_s
+    return all(thread.drain(max(0.0, deadline - time.monotonic())) for thread in _QUEUE_PAIRS.all())

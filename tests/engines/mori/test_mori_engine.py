@@ -7,6 +7,7 @@ is read from the stand-in's record of its backends and posts, never from MoriEng
 
 import gc
 import re
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -30,6 +31,12 @@ def settle_after(pair):
     assert pair.write([0], [pair.target.numel() - 1], [1]).wait_for(WAIT_MS)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class TestBackend:
     def test_xgmi_is_made_when_asked_with_its_own_config(self, standin):
         engine = MoriEngine("gpu-side", backend="xgmi", num_streams=8, num_events=4)
@@ -37,8 +44,9 @@ class TestBackend:
         assert backends_of(standin, "gpu-side") == {"XGMI": {"num_streams": 8, "num_events": 4}}
 
     def test_rdma_is_the_default_with_the_configuration_given(self, standin):
+        port = free_port()
         engine = MoriEngine(
-            "p", "10.0.0.1", 7000, qp_per_transfer=2, post_batch_size=16, poll_cq_mode="event"
+            "p", "127.0.0.1", port, qp_per_transfer=2, post_batch_size=16, poll_cq_mode="event"
         )
         assert engine.key == "p"
         rdma = backends_of(standin, "p")["RDMA"]
@@ -49,7 +57,7 @@ class TestBackend:
         )
         assert rdma["poll_cq_mode"].name == "EVENT"
         desc = standin.engines_named("p")[0].GetEngineDesc()
-        assert (desc.host, desc.port) == ("10.0.0.1", 7000)
+        assert (desc.host, desc.port) == ("127.0.0.1", port)
 
     def test_without_an_rdma_device_rdma_is_unavailable_and_xgmi_still_made(self, standin):
         standin.HOST.rdma_device = False

@@ -127,3 +127,74 @@ def test_when_pip_cannot_fetch_the_wheel_its_words_are_in_the_error(tmp_path, mo
     monkeypatch.setattr(wheel.subprocess, "run", pip_fails)
     with pytest.raises(mori_standin.WheelUnavailable, match="No matching distribution"):
         wheel.fetch_wheel(tmp_path)
+
+
+USE_THE_SWITCH = """
+import sys, torch
+from moriio_fsm.engines import MoriEngine, mori_standin
+from moriio_fsm.engines.mori import MoriUnavailableError
+try:
+    engine = MoriEngine("switched", "127.0.0.1", 0)
+except MoriUnavailableError as exc:
+    print("unavailable:", exc)
+    sys.exit(3)
+print("loaded", mori_standin.is_loaded())
+peer = MoriEngine("switched-peer", "127.0.0.1", 0)
+engine.register_remote_engine(engine.unpack_engine_desc(peer.get_engine_desc().pack()))
+a, b = torch.ones(256, dtype=torch.uint8), torch.zeros(256, dtype=torch.uint8)
+session = engine.create_session(
+    engine.register_torch_tensor(a), engine.unpack_memory_desc(peer.register_torch_tensor(b).pack())
+)
+for _ in range(3):
+    status = session.batch_write([0], [0], [256], session.allocate_transfer_uid())
+    status.wait_for(10_000)
+    print("write", status.native_code(), int(b.sum()))
+    b.zero_()
+"""
+
+
+def test_the_switch_makes_mori_engine_load_the_stand_in_in_a_fresh_process(standin, tmp_path):
+    child = run_child(USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="standin")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines()[0] == "loaded True"
+    assert child.stdout.splitlines()[1:] == ["write 0 256"] * 3
+
+
+def test_without_the_switch_mori_engine_says_mori_is_missing(standin, tmp_path):
+    child = run_child(USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="")
+    assert child.returncode == 3 and "mori.io" in child.stdout
+
+
+def test_a_wrong_switch_value_is_named(standin, tmp_path):
+    child = run_child(USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="yes")
+    assert child.returncode == 3
+    assert "MORIIO_FSM_MORI must be 'standin', 'native' or unset, got 'yes'" in child.stdout
+
+
+def test_faults_from_the_environment_fail_the_posts_they_name(standin, tmp_path):
+    faults = '[{"stage": "completion", "op": "write", "skip": 1, "times": 1}]'
+    child = run_child(
+        USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="standin", MORI_STANDIN_FAULTS=faults
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines()[1:] == ["write 0 256", "write 13 0", "write 0 256"]
+
+
+@pytest.mark.parametrize(
+    "faults, named",
+    [
+        ("not json", "MORI_STANDIN_FAULTS must be a JSON list"),
+        ('{"stage": "post"}', "MORI_STANDIN_FAULTS must be a JSON list"),
+        ('[{"stage": "hold"}]', "MORI_STANDIN_FAULTS[0]"),
+        ('[{"stage": "post"}, {"stage": "post", "landed": -1}]', "MORI_STANDIN_FAULTS[1]: landed"),
+        ('[{"stage": "post", "code": 2}]', "MORI_STANDIN_FAULTS[0]: code"),
+        ('[{"stage": "post", "rm": 1}]', "MORI_STANDIN_FAULTS[0]"),
+    ],
+)
+def test_bad_faults_in_the_environment_stop_loading_with_the_entry_named(
+    standin, tmp_path, faults, named
+):
+    child = run_child(
+        USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="standin", MORI_STANDIN_FAULTS=faults
+    )
+    assert child.returncode == 3 and named in child.stdout, child.stdout + child.stderr

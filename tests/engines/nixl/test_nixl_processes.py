@@ -16,7 +16,7 @@ from moriio_fsm.engines.nixl import probe_nixl
 
 from ..json_peer import JsonLinePeer
 
-PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "nixl_peer.py")
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "engine_peer.py")
 REGION = 1 << 20
 WAIT_MS = 20_000
 
@@ -48,7 +48,7 @@ def transport(request):
 def peer(transport):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("UCX_TLS", TRANSPORTS[transport])  # the peer inherits it
-        started = JsonLinePeer(PEER_SCRIPT, f"nixl-decode-{transport}", str(REGION))
+        started = JsonLinePeer(PEER_SCRIPT, "nixl", f"nixl-decode-{transport}", str(REGION))
         yield started
         started.stop()
 
@@ -129,7 +129,7 @@ def test_large_batches_of_many_ranges_move_every_byte(peer, prefill):
 def doomed(transport, monkeypatch):
     """A fresh peer the test may kill or stop, and this process's engine attached to it."""
     monkeypatch.setenv("UCX_TLS", TRANSPORTS[transport])
-    decode = JsonLinePeer(PEER_SCRIPT, f"nixl-doomed-{transport}", str(REGION))
+    decode = JsonLinePeer(PEER_SCRIPT, "nixl", f"nixl-doomed-{transport}", str(REGION))
     try:
         with engine(f"nixl-doomed-prefill-{transport}", transfer_timeout_s=3.0) as prefill_engine:
             prefill_engine.register_remote_engine(

@@ -1,7 +1,8 @@
-"""A peer process for the NIXL engine tests: it allocates its own tensor, as vLLM allocates its KV cache.
+"""A peer process for the cross-process engine tests: it allocates its own tensor, as vLLM allocates its KV cache.
 
-``nixl_peer.py KEY NBYTES`` prints its packed descriptors as one JSON line, then answers JSON-line commands (dump,
-fill, pull, push, exit) and starts no transfer between them; its engine's thread only progresses UCX.
+``engine_peer.py KIND KEY NBYTES`` (KIND: nixl, or mori through the pinned wheel over the stand-in where mori.io
+does not import) prints its packed descriptors as one JSON line, then answers JSON-line commands (dump, fill,
+pull, push, forget, exit) and starts no transfer between them.
 """
 
 import json
@@ -10,16 +11,29 @@ import sys
 
 import torch
 
-from moriio_fsm.engines.nixl import NixlEngine
-
 WAIT_MS = 10_000
+
+
+def make_engine(kind: str, key: str):
+    if kind == "nixl":
+        from moriio_fsm.engines.nixl import NixlEngine
+
+        return NixlEngine(key, "127.0.0.1")
+    from moriio_fsm.engines import MoriEngine, probe_mori
+
+    if not probe_mori().available:
+        from moriio_fsm.engines import mori_standin
+
+        mori_standin.load_mori_io()
+        probe_mori.forget()
+    return MoriEngine(key, "127.0.0.1", 0)
 
 
 def reply(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def transfer(engine: NixlEngine, mem, command: dict, op: str) -> dict:
+def transfer(engine, mem, command: dict, op: str) -> dict:
     """This process reads the other one's memory into its tensor, or writes its tensor into the other's."""
     engine.register_remote_engine(engine.unpack_engine_desc(bytes.fromhex(command["engine"])))
     session = engine.create_session(
@@ -38,8 +52,8 @@ def transfer(engine: NixlEngine, mem, command: dict, op: str) -> dict:
     return {"code": status.code(), "message": status.message()}
 
 
-def main(key: str, nbytes: int) -> None:
-    with NixlEngine(key, "127.0.0.1") as engine:
+def main(kind: str, key: str, nbytes: int) -> None:
+    with make_engine(kind, key) as engine:
         cache = torch.zeros(nbytes, dtype=torch.uint8)
         mem = engine.register_torch_tensor(cache)
         reply(
@@ -63,9 +77,12 @@ def main(key: str, nbytes: int) -> None:
                 reply(ok=True)
             elif op in ("pull", "push"):
                 reply(**transfer(engine, mem, command, op))
+            elif op == "forget":  # deregister the tensor: peers must no longer reach it
+                engine.deregister_memory(mem)
+                reply(ok=True)
             else:
                 break
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
