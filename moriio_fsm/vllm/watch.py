@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ..logs import get_logger, share_handlers_of
 from .watch_config import inner_class, inner_transfer_config, inner_vllm_config, read_settings
@@ -209,6 +210,8 @@ class WatchConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self):
         inner = self._inner.get_kv_connector_stats()
+        if inner is not None and not isinstance(inner, KVConnectorStats):
+            return inner  # nothing vLLM could aggregate with the watch's: passed on as is
         watch = (
             self.scheduler_watch.metrics.snapshot()
             if self.scheduler_watch is not None
