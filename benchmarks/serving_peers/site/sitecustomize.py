@@ -359,6 +359,7 @@ if "standin_slow_writes" in _WANTED:
 
     def _slow_writes(package):
         import threading
+        import time
 
         hold_s = float(os.environ.get("BENCH_STANDIN_WRITE_HOLD_S", "3"))
 
@@ -376,10 +377,11 @@ if "standin_slow_writes" in _WANTED:
                         self._timer = threading.Timer(hold_s, self._open_now)
                         self._timer.daemon = True
                         self._timer.start()
+                        _note("standin_slow_writes", f"first write held at {time.time():.3f}")
                 super().when_open(callback)
 
             def _open_now(self):
-                _note("standin_slow_writes", f"writes held {hold_s:g}s land now")
+                _note("standin_slow_writes", f"held writes land at {time.time():.3f}")
                 self.open()
 
         times = int(os.environ.get("BENCH_STANDIN_WRITE_HOLD_TIMES", "1000"))
