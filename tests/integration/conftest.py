@@ -1,0 +1,6 @@
+"""Lets the integration tests import their helpers (``hosts``) by name."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
