@@ -169,7 +169,8 @@ def test_a_trace_counts_transfers_per_edge_and_marks_stuck_states(stuck_trace, c
 
 def test_the_overview_shows_each_machine_and_the_messages_it_gets():
     source = diagrams.overview_dot()
-    for name in MACHINE_MODULES:
+    # The four transfer machines; the watch's observers have pictures of their own.
+    for name in ("write_producer", "write_consumer", "read_producer", "read_consumer"):
         spec = load_machine_spec(name)
         assert f'subgraph "cluster_{name}"' in source
         for state in spec.states:
