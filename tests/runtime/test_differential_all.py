@@ -37,6 +37,9 @@ SMALL = {
         "lease_margin_s": 0.5,
         "abandon_timeout_s": 0.3,
     },
+    "watch_consumer": {"stuck_after_s": 1.0},
+    "watch_producer": {"stranded_after_s": 1.0, "linger_s": 0.5},
+    "watch_worker": {},
 }
 MACHINES = {name: build_machine(name, config=SMALL[name]) for name in MACHINE_MODULES}
 
