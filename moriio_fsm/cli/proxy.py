@@ -43,6 +43,7 @@ def proxy_settings(args: argparse.Namespace) -> dict:
         "max_connections": args.max_connections,
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
+        "first_token_from_prefill": not args.no_first_token_from_prefill,
     }
 
 
@@ -79,6 +80,12 @@ def add_proxy_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="a request's whole body must arrive within S seconds of its head, "
         "else it is answered 408 and the connection closed (default 30)",
+    )
+    p.add_argument(
+        "--no-first-token-from-prefill",
+        action="store_true",
+        help="READ mode: the client waits for D's first token; by default P's first token "
+        "goes to the client at once and D continues after it",
     )
 
 

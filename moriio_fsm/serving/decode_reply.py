@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from ..logs import get_logger
@@ -97,6 +97,8 @@ class DecodeReply:
         self.transfer_id, self.stream, self.p_task = transfer_id, stream, p_task
         self._lines = reply.aiter_lines()
         self._first: list[str] = []
+        #: Reshapes each of D's checked events before anyone sees it (None: as D sent it).
+        self.adjust: Callable[[dict], dict] | None = None
 
     def _failed(self, message: str, kind: str = "kv_transfer_failed") -> TransferFailed:
         return TransferFailed(
@@ -191,7 +193,7 @@ class DecodeReply:
                     raise self._failed(
                         f"ended the request with finish_reason {bad!r}{WHERE_TO_LOOK}"
                     )
-                yield event
+                yield event if self.adjust is None else self.adjust(event)
         except self.proxy.httpx.HTTPError as exc:
             failure = self.proxy.call_error(
                 exc, f"decode {self.decode.name}", self.transfer_id, True

@@ -157,6 +157,8 @@ class ProxyConfig:
     # Connections to the instances: a request holds up to two (P's and D's) at once.
     upstream_connections: int = 512
     extra_prefill_params: dict[str, Any] = field(default_factory=dict)
+    # READ mode: P's first token goes to the client at once, D continues after it.
+    first_token_from_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -182,6 +184,11 @@ class ProxyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ProxyConfigError(f"{name}: expected a positive integer, got {value!r}")
+        if type(self.first_token_from_prefill) is not bool:
+            raise ProxyConfigError(
+                "first_token_from_prefill: expected true or false, "
+                f"got {self.first_token_from_prefill!r}"
+            )
         names = [i.name for i in self.prefills + self.decodes]
         if len(set(names)) != len(names):
             raise ProxyConfigError(f"instance names must be distinct, got {names}")

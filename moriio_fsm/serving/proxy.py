@@ -2,8 +2,9 @@
 
 In WRITE mode P (``max_tokens=1``) is asked first and D once P accepted (P's stream
 opened), each told where the other's connector listens; then both run at once. In READ
-mode D is asked after P answered, with the ``kv_transfer_params`` P returned. D's answer,
-streamed or not, goes back to the client. Rules: the client never gets a silent wrong
+mode D is asked after P answered, with the ``kv_transfer_params`` P returned; by default P's
+first token goes to the client at once and D continues after it (``first_token.py``). D's
+answer, streamed or not, goes back to the client. Rules: the client never gets a silent wrong
 answer (a failed transfer, a cut stream or a timeout is an HTTP error or an error event
 naming the transfer); only an instance that could not be reached is marked down; a
 request whose P or D never saw it is retried on the next instance with a new transfer id.
@@ -18,7 +19,9 @@ import uuid
 from typing import Any
 
 from ..logs import get_logger
+from . import first_token
 from .decode_reply import DecodeReply, event_error, sse_event
+from .early_reply import EarlyReply
 from .failures import (
     WHERE_TO_LOOK,
     NeverSaw,
@@ -181,7 +184,7 @@ class Proxy:
 
     # -- one completion ----------------------------------------------------------------------
 
-    async def complete(self, body: Any) -> DecodeReply:
+    async def complete(self, body: Any) -> DecodeReply | EarlyReply:
         """Route one completion; D's open reply, or ``TransferFailed`` naming the transfer."""
         self.count("requests")
         try:
@@ -233,7 +236,7 @@ class Proxy:
 
     async def _attempt(
         self, body: dict, transfer_id: str, prefill: Instance, decode: Instance
-    ) -> DecodeReply:
+    ) -> DecodeReply | EarlyReply:
         stream = bool(body.get("stream", False))
         p_body = dict(body, max_tokens=1, stream=self.config.mode == "write")
         for key in ("stream_options", "min_tokens"):
@@ -249,7 +252,9 @@ class Proxy:
         d_body = dict(body)
         who = f"prefill {prefill.name}"
         if self.config.mode == "read":
-            d_body["kv_transfer_params"] = await self._read_prefill(prefill, p_body, transfer_id)
+            if self.config.first_token_from_prefill and first_token.serves(body):
+                return await self._early(body, p_body, transfer_id, prefill, decode)
+            _, d_body["kv_transfer_params"] = await self._read_prefill(prefill, p_body, transfer_id)
             return await self._open_decode(decode, d_body, transfer_id, stream, None)
         d_body["kv_transfer_params"] = {
             "do_remote_prefill": True,
@@ -267,6 +272,40 @@ class Proxy:
         except BaseException:
             p_task.cancel()  # closing P's request makes vLLM abort it
             raise
+
+    async def _early(
+        self, body: dict, p_body: dict, transfer_id: str, prefill: Instance, decode: Instance
+    ) -> DecodeReply | EarlyReply:
+        """READ mode, P's first token ahead: P's answer, then a reply that sends that token
+        first and asks D (this one, or the next when it never saw the request) after it."""
+        stream = bool(body.get("stream", False))
+        p_body = first_token.prefill_body(p_body)
+        answer, params = await self._read_prefill(prefill, p_body, transfer_id)
+        first = first_token.parse(answer)
+        if first is None:  # P stopped at its first token: D makes the answer the plain way
+            d_body = dict(body, kv_transfer_params=params)
+            return await self._open_decode(decode, d_body, transfer_id, stream, None)
+        d_body = first_token.decode_body(body, first, params)
+
+        async def open_decode(tried: set[str]) -> DecodeReply:
+            instance = decode if decode.name not in tried else self.decode.pick(exclude=tried)
+            if instance is None:
+                raise TransferFailed(
+                    503,
+                    f"transfer {transfer_id}: no decode instance is available to continue "
+                    f"after P's first token ({self.decode.unavailable()})",
+                    "service_unavailable",
+                    transfer_id,
+                )
+            try:
+                return await self._open_decode(instance, d_body, transfer_id, stream, None)
+            except NeverSaw as exc:
+                tried.add(instance.name)
+                self.decode.mark_down(instance, exc.why)
+                raise
+
+        event = first_token.first_event(answer, first, body)
+        return EarlyReply(self, transfer_id, stream, first, event, body, open_decode)
 
     def _forget(self, task: asyncio.Future) -> None:
         self._background.discard(task)
@@ -295,8 +334,10 @@ class Proxy:
             raise self._refused(instance, role, reply.status_code, text, transfer_id)
         return reply
 
-    async def _read_prefill(self, prefill: Instance, body: dict, transfer_id: str) -> dict:
-        """READ mode: P's whole answer; the ``kv_transfer_params`` D needs from it."""
+    async def _read_prefill(
+        self, prefill: Instance, body: dict, transfer_id: str
+    ) -> tuple[dict, dict]:
+        """READ mode: P's whole answer, and the ``kv_transfer_params`` D needs from it."""
         who = f"prefill {prefill.name}"
         reply = await self._open(prefill, who, body, transfer_id, "prefill")
         try:
@@ -334,7 +375,7 @@ class Proxy:
                 transfer_id,
             )
         prefill.served += 1
-        return params
+        return data, params
 
     async def _finish_prefill(self, instance: Instance, reply, transfer_id: str) -> None:
         """WRITE mode: read P's stream to its end; an error event or a cut stream fails it."""
@@ -383,7 +424,10 @@ class Proxy:
                 await asyncio.wait({send, p_task}, return_when=asyncio.FIRST_COMPLETED)
                 if p_task.done() and not send.done():
                     raise_prefill_error(p_task, transfer_id)
-            reply = await send
+            # Shielded: a caller cancelled again and again (as anyio cancels) must not cancel
+            # the send more than once, or httpx stops closing the connection half-way and D
+            # goes on with a request nobody reads.
+            reply = await asyncio.shield(send)
         except BaseException:
             if not send.done():
                 send.cancel()

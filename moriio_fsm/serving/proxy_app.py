@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..logs import get_logger
@@ -137,7 +138,7 @@ async def _complete(proxy: Proxy, config: ProxyConfig, request):
     if not await _done_before_client_left(work, request):
         proxy.count("cancelled")
         return Response(status_code=499)
-    return _answer(proxy, work)
+    return _answer(proxy, work, request)
 
 
 def _refused_body(proxy: Proxy, exc: TransferFailed):
@@ -164,7 +165,7 @@ async def _done_before_client_left(work: asyncio.Future, request) -> bool:
     return True
 
 
-def _answer(proxy: Proxy, work: asyncio.Future):
+def _answer(proxy: Proxy, work: asyncio.Future, request):
     """The client's response from a finished ``work``: D's answer, or JSON naming the failure."""
     from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -181,7 +182,34 @@ def _answer(proxy: Proxy, work: asyncio.Future):
     headers = {"x-transfer-id": transfer_id}
     if isinstance(answer, dict):
         return JSONResponse(answer, headers=headers)
-    return StreamingResponse(answer.events(), media_type="text/event-stream", headers=headers)
+    events = _while_client_stays(answer.events(), request)
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+async def _while_client_stays(events: AsyncIterator[bytes], request) -> AsyncIterator[bytes]:
+    """``events`` until the client leaves, noticed even while no event is due (D still
+    loading after P's first token went out): then the answer is closed, which closes D's."""
+    gone = asyncio.ensure_future(_until_gone(request))
+    step: asyncio.Future | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(events))
+            await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                return
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        gone.cancel()
+        if step is not None and not step.done():
+            # Cancelled once and not awaited: the answer then closes itself (and D's request)
+            # without being cancelled again half-way, as awaiting here under anyio would.
+            step.cancel()
+        else:
+            await events.aclose()  # type: ignore[attr-defined]
 
 
 def _failure(exc: TransferFailed, close: bool = False):

@@ -49,6 +49,12 @@ class TransferParams:
     remote_block_ids: tuple[int, ...] = ()
     #: READ mode: P's fingerprint of the prompt whose KV ``remote_block_ids`` hold ("": none).
     prompt_digest: str = ""
+    #: READ mode: how many leading tokens of D's prompt that KV covers (0: all of it). D's prompt may
+    #: run longer: P's first output token appended, which D then computes itself.
+    prompt_tokens: int = 0
+
+
+_MAX_TOKENS = (1 << 31) - 1
 
 
 def _flag(params: Mapping[str, Any], key: str) -> bool:
@@ -158,4 +164,5 @@ def parse_transfer_params(params: Mapping[str, Any] | None) -> TransferParams | 
             f"kv_transfer_params['prompt_digest']: expected up to 64 "
             f"lower-case hex digits, got {_short(digest)}"
         )
-    return TransferParams(transfer_id, decode, prefill, peer, remote_blocks, digest)
+    covered = _int(params, "remote_prompt_tokens", 0, 0, _MAX_TOKENS) if prefill else 0
+    return TransferParams(transfer_id, decode, prefill, peer, remote_blocks, digest, covered)

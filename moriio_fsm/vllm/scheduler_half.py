@@ -139,12 +139,10 @@ class SchedulerHalf:
                 then="computing the prompt locally",
             )
             return 0, False
-        wanted = request.num_prompt_tokens - num_computed_tokens
+        loadable = _loadable(request, params)
+        wanted = loadable - num_computed_tokens
         if self.settings.read_mode:
-            needed = (
-                self._prompt_blocks(request.num_prompt_tokens)
-                - num_computed_tokens // self.block_size
-            )
+            needed = self._prompt_blocks(loadable) - num_computed_tokens // self.block_size
             if len(params.remote_block_ids) < needed:
                 self.counts["bad_params"] += 1
                 log.warning(
@@ -155,7 +153,7 @@ class SchedulerHalf:
                     then="computing the prompt locally",
                 )
                 return 0, False
-            if params.prompt_digest and params.prompt_digest != _digest(request):
+            if params.prompt_digest and params.prompt_digest != _digest(request, loadable):
                 self.counts["bad_params"] += 1
                 log.warning(
                     "vllm.bad_transfer_params",
@@ -184,16 +182,22 @@ class SchedulerHalf:
         self._receiving[request.request_id] = params
         local: tuple[int, ...] = ()
         remote: tuple[int, ...] = ()
+        loadable = _loadable(request, params)
         if num_external_tokens > 0:
             ids = blocks.get_block_ids()[0]
-            prompt = request.num_prompt_tokens
+            prompt = loadable  # the KV ends there; D computes any token after it
             first = (prompt - num_external_tokens) // self.block_size
             local = tuple(ids[first : self._prompt_blocks(prompt)])
             if self.settings.read_mode:
                 remote = params.remote_block_ids[-len(local) :]
         self._step.receives.append(
             ReceiveStart(
-                request.request_id, params.transfer_id, local, params.peer, remote, _digest(request)
+                request.request_id,
+                params.transfer_id,
+                local,
+                params.peer,
+                remote,
+                _digest(request, loadable),
             )
         )
         self.counts["receives_started"] += 1
@@ -338,8 +342,20 @@ class SchedulerHalf:
             "remote_dp_rank": me.dp_rank,
             "remote_tp_size": me.tp_size,
             "prompt_digest": sender.prompt_digest,
+            "remote_prompt_tokens": sender.num_prompt_tokens,
         }
 
 
-def _digest(request: Any) -> str:
-    return prompt_digest(getattr(request, "prompt_token_ids", None))
+def _digest(request: Any, tokens: int | None = None) -> str:
+    """The fingerprint of the request's prompt, or of its first ``tokens`` tokens."""
+    token_ids = getattr(request, "prompt_token_ids", None)
+    if token_ids is not None and tokens is not None:
+        token_ids = token_ids[:tokens]
+    return prompt_digest(token_ids)
+
+
+def _loadable(request: Any, params: TransferParams) -> int:
+    """How many prompt tokens D loads: those P's KV covers (its ``remote_prompt_tokens``, READ mode), at most
+    the whole prompt."""
+    prompt = request.num_prompt_tokens
+    return min(params.prompt_tokens, prompt) if params.prompt_tokens else prompt

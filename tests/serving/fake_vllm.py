@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -36,8 +37,11 @@ class FakeVllm:
         self.cut_stream = False  # stream: end without [DONE]
         self.odd_event: dict | None = None  # stream: this event first (a D gone wrong)
         self.text = "t"  # each token's text
+        self.finish_reason = "length"  # a whole (not streamed) answer's
         self.reply_params: dict | None = {"remote_engine_id": name, "remote_block_ids": [4]}
         self.disconnected = 0
+        self.answered = 0  # requests it began to answer (after any delay)
+        self.last_body: dict = {}
         app = FastAPI()
 
         @app.get("/health")
@@ -48,6 +52,7 @@ class FakeVllm:
         async def completions(request: Request):
             body = await request.json()
             self.received.append(body)
+            self.last_body = body
             if self.delay_s:
                 waited = 0.0
                 while waited < self.delay_s:
@@ -56,17 +61,30 @@ class FakeVllm:
                         return JSONResponse({}, status_code=499)
                     await asyncio.sleep(0.02)
                     waited += 0.02
+            self.answered += 1
             if self.status != 200:
                 return JSONResponse(
                     {"error": {"message": f"{name} says no"}}, status_code=self.status
                 )
             if body.get("stream"):
                 return StreamingResponse(self._events(), media_type="text/event-stream")
+            choice = {
+                "text": None if self.text is None else self.text * len(self.tokens),
+                "token_ids": self.tokens,
+                "finish_reason": self.finish_reason,
+            }
+            if body.get("return_token_ids"):
+                prompt = body.get("prompt")
+                choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else [11, 12]
             return JSONResponse(
                 {
-                    "choices": [{"token_ids": self.tokens, "finish_reason": "length"}],
+                    "id": f"cmpl-{name}",
+                    "created": 1,
+                    "model": body.get("model"),
+                    "choices": [choice],
                     "kv_transfer_params": self.reply_params,
                     "server": name,
+                    "usage": {"prompt_tokens": 3, "completion_tokens": len(self.tokens)},
                 }
             )
 
@@ -100,6 +118,8 @@ class FakeVllm:
                 "token_ids": [token],
                 "finish_reason": "length" if last else None,
             }
+            if i == 0 and self.last_body.get("return_token_ids"):
+                choice["prompt_token_ids"] = self.last_body.get("prompt")
             yield "data: " + json.dumps({"id": "cmpl-1", "choices": [choice]}) + "\n\n"
             await asyncio.sleep(0.01)
         if self.cut_stream:
@@ -107,11 +127,22 @@ class FakeVllm:
         yield (
             "data: "
             + json.dumps(
-                {"id": "cmpl-1", "choices": [], "usage": {"completion_tokens": len(self.tokens)}}
+                {
+                    "id": "cmpl-1",
+                    "choices": [],
+                    "usage": self._usage(),
+                }
             )
             + "\n\n"
         )
         yield "data: [DONE]\n\n"
+
+    def _usage(self) -> dict:
+        prompt = self.last_body.get("prompt")
+        usage = {"completion_tokens": len(self.tokens)}
+        if isinstance(prompt, list):  # a prompt of token ids: its length is known here
+            usage["prompt_tokens"] = len(prompt)
+        return usage
 
     @property
     def url(self) -> str:
@@ -123,3 +154,7 @@ class FakeVllm:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def post(proxy, body, **kw):
+    return httpx.post(f"{proxy.url}/v1/completions", json=body, timeout=30, **kw)

@@ -8,46 +8,9 @@ import time
 
 import httpx
 import pytest
-from fake_vllm import FakeVllm, free_port
+from fake_vllm import free_port, post
 
 from moriio_fsm.serving.instances import Instance, ProxyConfig, ProxyConfigError
-from moriio_fsm.serving.proxy_app import ProxyServer
-
-
-@pytest.fixture
-def fakes():
-    made: list[FakeVllm] = []
-
-    def make(name, **kw):
-        made.append(FakeVllm(name, **kw))
-        return made[-1]
-
-    yield make
-    for fake in made:
-        fake.stop()
-
-
-@pytest.fixture
-def proxy_for():
-    started: list[ProxyServer] = []
-
-    def start(mode, prefills, decodes, **kw):
-        config = ProxyConfig(
-            mode,
-            [Instance.parse(f"P{i}", s) for i, s in enumerate(prefills)],
-            [Instance.parse(f"D{i}", s) for i, s in enumerate(decodes)],
-            **kw,
-        )
-        started.append(ProxyServer(config, free_port()).start())
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def post(proxy, body, **kw):
-    return httpx.post(f"{proxy.url}/v1/completions", json=body, timeout=30, **kw)
 
 
 def test_write_mode_sends_both_parts_with_each_others_address(fakes, proxy_for):
