@@ -47,9 +47,13 @@ def proxy_settings(args: argparse.Namespace) -> dict:
     }
 
 
-def add_proxy_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=8000, help="the proxy's port (default 8000)")
-    p.add_argument("--host", default="127.0.0.1", help="the proxy's address (default 127.0.0.1)")
+def add_proxy_options(
+    p: argparse.ArgumentParser,
+    port_help: str = "the proxy's port",
+    host_help: str = "the proxy's address",
+) -> None:
+    p.add_argument("--port", type=int, default=8000, help=f"{port_help} (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help=f"{host_help} (default 127.0.0.1)")
     p.add_argument(
         "--timeout",
         type=float,

@@ -223,5 +223,11 @@ def register(sub) -> None:
         metavar="DIR",
         help="logs and traces (default ./moriio-fsm-serve)",
     )
-    add_proxy_options(p)
+    add_proxy_options(
+        p,
+        port_help="the proxy's port; with --role prefill/decode the first server's HTTP "
+        "port, its connector's notify and handshake ports the next two",
+        host_help="the proxy's address; with --role prefill/decode the address this "
+        "host's servers and connectors listen on",
+    )
     p.set_defaults(run=_serve)
