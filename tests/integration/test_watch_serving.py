@@ -79,7 +79,9 @@ def peer_ready(name: str) -> str | None:
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    return None if done.returncode == 0 else f"{module} does not import in {python}"
+    if done.returncode == 0:
+        return None
+    return f"{module} or moriio_fsm does not import in {python} (its pip install -e . installs the watch)"
 
 
 class Pair:
