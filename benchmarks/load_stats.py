@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 #: SLO keys, as ``vllm bench serve --goodput`` names them, and what each bounds.
 SLO_KEYS = {"ttft": "time to first token", "tpot": "time per output token", "e2el": "end-to-end"}
-#: A rate is sustained when every request succeeded and requests completed at least this
-#: fraction of the rate they were sent at (a backlog that grows makes completions lag sends).
+#: A rate is sustained when every request succeeded and the run took at most 1/this of what it
+#: takes without a queue (the sends' span plus one median answer): a growing backlog makes the
+#: last answers come ever later than their sends.
 SUSTAIN_FRACTION = 0.9
 
 
@@ -182,13 +183,27 @@ def summarize(
         throughput=throughput,
         goodput=good / duration_s if duration_s > 0 else 0.0,
         arrival_rate=sent_at,
-        sustained=sustained(len(requests), len(done), throughput, min(rate, sent_at)),
+        sustained=sustained(
+            len(requests),
+            len(done),
+            duration_s,
+            send_span(start_times),
+            percentile([r.e2e for r in done], 50),
+        ),
     )
 
 
-def sustained(sent: int, completed: int, throughput: float, offered: float) -> bool:
-    """Every request answered, at no less than ``SUSTAIN_FRACTION`` of the rate offered."""
-    return sent > 0 and completed == sent and throughput >= SUSTAIN_FRACTION * offered
+def send_span(start_times: list[float]) -> float:
+    """Seconds from the first send to the last."""
+    return max(start_times) - min(start_times) if start_times else 0.0
+
+
+def sustained(sent: int, completed: int, duration_s: float, span_s: float, e2e_p50: float) -> bool:
+    """Every request answered, and the run no longer than ``(span_s + e2e_p50) / SUSTAIN_FRACTION``:
+    without a queue the last answer comes about one answer's time after the last send."""
+    if sent == 0 or completed != sent or e2e_p50 != e2e_p50:
+        return False
+    return duration_s * SUSTAIN_FRACTION <= span_s + e2e_p50
 
 
 def highest_common_rate(table: dict[str, dict[float, Summary]], names: list[str]) -> float | None:

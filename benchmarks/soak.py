@@ -297,7 +297,7 @@ def print_mode(report: ModeReport, bound: float) -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="write,read", help="write, read or both (default)")
-    parser.add_argument("--requests", type=int, default=1000, help="requests per mode (1000)")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per mode (2000)")
     parser.add_argument("--warmup", type=int, default=100, help="of those, warm-up first (100)")
     parser.add_argument("--concurrency", type=int, default=8, help="requests at once (8)")
     parser.add_argument("--faults", type=float, default=0.05, help="fault rate (0.05; 0: none)")

@@ -70,7 +70,7 @@ def test_rates_come_sorted_and_wrong_ones_are_named():
 
 def test_bench_load_options_default_and_refusals(capsys):
     args = bench_load.parse_args([])
-    assert args.rate_list == [2.0, 4.0, 8.0]
+    assert args.rate_list == [2.0, 4.0, 6.0, 8.0]
     assert args.names == list(bench_load.CONNECTORS)
     for bad in (["--only", "single,vllm"], ["--rates", "0"], ["--requests", "0"], ["--slo", "x:1"]):
         with pytest.raises(SystemExit):
@@ -94,7 +94,7 @@ def test_soak_options_refuse_what_cannot_run():
     assert soak.parse_args(["--modes", "read"]).mode_list == ["read"]
     for bad in (
         ["--modes", "both"],
-        ["--warmup", "1000"],
+        ["--requests", "50", "--warmup", "50"],
         ["--faults", "0.9"],
         ["--concurrency", "0"],
     ):
@@ -151,7 +151,7 @@ def test_goodput_counts_only_successes_within_every_bound():
     ]
     s = stats.summarize(2.0, [good, slow_first, slow_tokens, failed], 2.0, [0, 0.5, 1.0, 1.5], slo)
     assert s.goodput == 0.5 and s.throughput == 1.5
-    assert s.completed == 3 and s.failed == 1 and not s.sustained
+    assert s.completed == 3 and s.failed == 1 and not s.sustained  # a failure: never sustained
 
 
 def test_requests_are_read_from_a_detailed_result_and_a_plain_one_is_refused():
@@ -167,17 +167,18 @@ def test_requests_are_read_from_a_detailed_result_and_a_plain_one_is_refused():
         stats.requests_from_result({"completed": 2})
 
 
-def test_a_rate_is_sustained_only_with_every_answer_and_completions_keeping_up():
-    assert stats.sustained(10, 10, 3.6, 4.0)
-    assert not stats.sustained(10, 10, 3.5, 4.0)  # completions fell behind: a backlog grew
-    assert not stats.sustained(10, 9, 4.0, 4.0)
-    assert not stats.sustained(0, 0, 0.0, 4.0)
+def test_a_rate_is_sustained_only_with_every_answer_and_no_growing_queue():
+    # 10 sends over 2.5 s, a median answer of 0.5 s: 3 s without a queue.
+    assert stats.sustained(10, 10, 3.3, 2.5, 0.5)
+    assert not stats.sustained(10, 10, 3.4, 2.5, 0.5)  # the last answers lag: a backlog grew
+    assert not stats.sustained(10, 9, 3.0, 2.5, 0.5)
+    assert not stats.sustained(0, 0, 0.0, 0.0, float("nan"))
     assert stats.arrival_rate([0.0, 1.0, 2.0]) == 1.0
-    # A schedule sent slower than asked is judged against the rate it was sent at.
-    s = stats.summarize(
-        8.0, [stats.Request(True, 0.1, 0.2, 2)] * 3, 2.5, [0.0, 1.0, 2.0], {"ttft": 1e3}
-    )
-    assert s.arrival_rate == 1.0 and s.sustained
+    one = stats.Request(True, 0.1, 0.2, 2)
+    kept_up = stats.summarize(8.0, [one] * 3, 2.2, [0.0, 1.0, 2.0], {"ttft": 1e3})
+    fell_behind = stats.summarize(8.0, [one] * 3, 2.5, [0.0, 1.0, 2.0], {"ttft": 1e3})
+    assert kept_up.sustained and not fell_behind.sustained
+    assert kept_up.arrival_rate == 1.0
 
 
 def test_the_compared_rate_is_the_highest_every_connector_sustained():
