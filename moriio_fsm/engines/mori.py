@@ -13,6 +13,7 @@ import collections
 import importlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "MoriSession",
     "MoriUnavailableError",
     "PeerFailure",
+    "mori_availability",
     "probe_mori",
 ]
 
@@ -65,6 +67,22 @@ def _mori_io():
     if not availability.available:
         raise MoriUnavailableError(availability.reason)
     return importlib.import_module("mori.io")
+
+
+def mori_availability(**probe_options: Any) -> Availability:
+    """Whether a MoriEngine can be made here: a mori.io that imports, or with ``MORIIO_FSM_MORI=standin``
+    the stand-in over the pinned wheel (fetched now if need be). ``probe_options`` go to ``probe_mori``."""
+    try:
+        if os.environ.get(STANDIN_SWITCH, "") in ("", "native"):
+            return probe_mori(**probe_options)
+        _mori_io()
+    except MoriUnavailableError as exc:
+        return Availability(False, str(exc))
+    return Availability(True, "mori.io over the stand-in" if _standin_loaded() else "mori.io")
+
+
+def _standin_loaded() -> bool:
+    return bool(getattr(sys.modules.get("mori.cpp"), "__standin__", False))
 
 
 def _load_standin() -> None:

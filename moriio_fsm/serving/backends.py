@@ -19,14 +19,16 @@ BACKENDS = ("same_host", "nixl", "rdma")
 #: The probe each backend's engine makes before it starts, run in the servers' python.
 _PROBES = {
     "nixl": "from moriio_fsm.engines.nixl import probe_nixl as probe",
-    "rdma": "from moriio_fsm.engines.mori import probe_mori as probe",
+    "rdma": "from moriio_fsm.engines.mori import mori_availability as probe",
 }
 
 _INSTEAD = {
     "nixl": "install it with `pip install nixl==1.5.1` in that python "
     "(scripts/setup-vllm-cpu.sh does), or use --backend same_host with P and D on one host",
     "rdma": "rdma needs AMD's mori.io (the `mori` extra: amd-mori 1.2.4, with ROCm) and an "
-    "RDMA device; between hosts without them use --backend nixl, on one host same_host",
+    "RDMA device; to try it without them, MORIIO_FSM_MORI=standin runs mori's own Python "
+    "layer over the project's stand-in (host memory over TCP); between hosts without them "
+    "use --backend nixl, on one host same_host",
 }
 
 
