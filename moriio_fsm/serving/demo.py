@@ -78,13 +78,14 @@ def run(
         expected = reference_answers(model, prompts, options, log)
     elif len(expected) != len(prompts):
         raise ValueError(f"expected: {len(expected)} reference answers for {len(prompts)} prompts")
-    extra = connector_faults(options.faults, options.seed) if options.faults else {}
+    extra = connector_faults(options.faults, options.seed) if options.disrupted else {}
     assert options.prefills is not None, "DemoOptions chose it"
     deployment = PdDeployment(
         model,
         options.mode,
         options.workdir,
         prefills=options.prefills,
+        decodes=options.decodes,
         connector_extra=extra,
         failure_policy=options.failure_policy,
         backend=options.backend,
@@ -105,7 +106,7 @@ def run(
         killed,
         traces,
         pictures,
-        faulty=options.faults > 0,
+        faulty=options.disrupted,
         model=model,
         expected=expected,
         pids=[m.server.pid for m in deployment.members],
@@ -121,12 +122,13 @@ def _serve(
     log,
 ) -> tuple[list[Outcome], dict[str, Holding], str | None]:
     """Start P, D and the proxy, send every prompt, wait until the servers settle; stop all.
-    Returns the outcomes, what each live server holds, and the P killed mid-run (if any)."""
-    prefills = options.prefills
-    assert prefills is not None, "DemoOptions chose it"
+    Returns the outcomes, what each live server holds, and the instance killed mid-run (if any)."""
     killed: list[str] = []
     with deployment:
-        log(f"P/D ({options.mode.upper()} mode): starting {prefills} P and 1 D with the connector")
+        log(
+            f"P/D ({options.mode.upper()} mode): starting {options.prefills} P and "
+            f"{options.decodes} D with the connector"
+        )
         deployment.start(show_progress=options.show_progress)
         proxy = ProxyServer(
             deployment.proxy_config(request_timeout_s=120.0), free_ports(1)[0]
@@ -137,15 +139,15 @@ def _serve(
         )
 
         def at_half() -> None:
-            if options.faults and prefills >= 2:
-                killed.append("P0")
-                log("fault: killing P0 (SIGKILL) mid-run")
-                deployment.kill("P0")
+            if options.kill is not None:
+                killed.append(options.kill)
+                log(f"fault: killing {options.kill} (SIGKILL) mid-run")
+                deployment.kill(options.kill)
 
         try:
             outcomes = asyncio.run(send_all(proxy.url, model, prompts, expected, options, at_half))
             alive = [m.server for m in deployment.alive()]
-            settle_s = 3 * FAULT_TIMEOUTS["defer_timeout"] if options.faults else 20.0
+            settle_s = 3 * FAULT_TIMEOUTS["defer_timeout"] if options.disrupted else 20.0
             holdings = settle(alive, settle_s)
         finally:
             proxy.stop()

@@ -46,6 +46,8 @@ class DemoOptions:
     failure_policy: str = "fail"
     show_progress: bool = True
     backend: str = "same_host"
+    decodes: int = 1
+    kill: str | None = None  # the instance killed mid-run (default with faults: P0)
 
     def __post_init__(self) -> None:
         if self.mode not in ("write", "read"):
@@ -74,6 +76,34 @@ class DemoOptions:
             )
         if self.faults > 0 and self.prefills < 2:
             raise ValueError("--faults kills one P mid-run, so it needs --prefills 2 or more")
+        if (
+            isinstance(self.decodes, bool)
+            or not isinstance(self.decodes, int)
+            or not 1 <= self.decodes <= 8
+        ):
+            raise ValueError(f"--decodes: expected 1 to 8, got {self.decodes!r}")
+        if self.kill is None and self.faults > 0:
+            self.kill = "P0"
+        if self.kill is not None:
+            self._check_kill(self.kill)
+
+    def _check_kill(self, name: object) -> None:
+        """The killed instance must exist and leave one of its role to serve."""
+        counts = {"P": self.prefills or 1, "D": self.decodes}
+        role, index = (name[:1], name[1:]) if isinstance(name, str) else ("", "")
+        if role not in counts or not index.isdigit() or int(index) >= counts[role]:
+            raise ValueError(
+                f"--kill: expected an instance P0..P{counts['P'] - 1} or D0..D{counts['D'] - 1}, "
+                f"got {name!r}"
+            )
+        if counts[role] < 2:
+            flag = "--prefills" if role == "P" else "--decodes"
+            raise ValueError(f"--kill {name} leaves no {role} to serve: it needs {flag} 2 or more")
+
+    @property
+    def disrupted(self) -> bool:
+        """Faults injected or an instance killed: requests may fail, but only clearly."""
+        return self.faults > 0 or self.kill is not None
 
 
 @dataclass
@@ -119,6 +149,9 @@ def make_prompts(count: int, seed: int) -> list[Prompt]:
 
 
 def connector_faults(rate: float, seed: int) -> dict[str, Any]:
+    """The connector settings of a fault run: injection at ``rate`` (none at 0), short timeouts."""
+    if rate <= 0:
+        return dict(FAULT_TIMEOUTS)
     return {
         "fault_injection": {
             "fail_rate": rate / 4,

@@ -83,12 +83,11 @@ def render(result: DemoResult, options: DemoOptions) -> str:
 
 
 def _headline(result: DemoResult, options: DemoOptions) -> str:
-    faults = ""
-    if options.faults:
-        faults = f", faults at rate {options.faults}"
-        if result.killed:
-            faults += f", {result.killed} killed mid-run"
-    return f"P/D demo, {options.mode.upper()} mode, {len(result.outcomes)} requests" + faults
+    faults = f", faults at rate {options.faults}" if options.faults else ""
+    if result.killed:
+        faults += f", {result.killed} killed mid-run"
+    shape = f"{options.prefills} P + {options.decodes} D, "
+    return f"P/D demo, {options.mode.upper()} mode, {shape}{len(result.outcomes)} requests" + faults
 
 
 def _verdict_table(outcomes: list[Outcome]) -> list[str]:

@@ -108,3 +108,44 @@ def test_under_faults_every_request_matches_or_fails_clearly_and_nothing_leaks(r
     assert result.ok
     text = demo.render(result, options)
     assert text.splitlines()[-1] == result.line and "P0 killed mid-run" in text
+
+
+@pytest.mark.parametrize(
+    "mode, prefills, decodes, kill",
+    [("write", 2, 1, "P1"), ("read", 1, 2, "D1")],
+    ids=["2P1D_write_P1_killed", "1P2D_read_D1_killed"],
+)
+def test_many_p_or_d_round_robin_with_one_killed_match_or_fail_clearly_and_leak_nothing(
+    reference, tmp_path, mode, prefills, decodes, kill
+):
+    options = demo.DemoOptions(
+        mode=mode,
+        requests=REQUESTS,
+        prefills=prefills,
+        decodes=decodes,
+        kill=kill,
+        workdir=tmp_path,
+        show_progress=False,
+    )
+    result = demo.run(
+        options, log=lambda text: None, model=reference.model, expected=reference.expected
+    )
+    assert result.killed == kill and kill not in result.holdings
+    assert result.count("mismatched") == 0 and result.leaked_blocks == 0
+    assert result.count("identical") + result.count("failed") == REQUESTS
+    assert result.count("identical") >= REQUESTS // 2  # the survivors served on
+    for outcome in result.outcomes:
+        if outcome.verdict == "failed":
+            assert "transfer tx-" in outcome.error or "instance" in outcome.error, outcome.error
+    survivors = [name for name in result.holdings]
+    assert len(survivors) == prefills + decodes - 1
+    for name in survivors:  # every survivor served, and holds nothing now
+        held = result.holdings[name]
+        assert held["running"] == 0 and held["waiting"] == 0, name
+        completed = metric_value(
+            held["metrics"], "vllm:moriio_fsm_transfers_total", outcome="completed"
+        )
+        assert completed >= 1, name
+    assert not any(group_alive(pid) for pid in result.pids)
+    assert result.ok
+    assert f"{prefills} P + {decodes} D" in demo.render(result, options)
