@@ -198,3 +198,16 @@ def test_bad_faults_in_the_environment_stop_loading_with_the_entry_named(
         USE_THE_SWITCH, tmp_path, MORIIO_FSM_MORI="standin", MORI_STANDIN_FAULTS=faults
     )
     assert child.returncode == 3 and named in child.stdout, child.stdout + child.stderr
+
+
+@pytest.mark.parametrize("switch, available", [("standin", "True"), ("", "False")])
+def test_availability_says_what_mori_engine_will_do(standin, tmp_path, switch, available):
+    code = (
+        "from moriio_fsm.engines.mori import mori_availability\n"
+        "found = mori_availability()\n"
+        "print(found.available, found.reason)\n"
+    )
+    child = run_child(code, tmp_path, MORIIO_FSM_MORI=switch)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split()[0] == available
+    assert ("stand-in" if switch else "mori.io") in child.stdout
