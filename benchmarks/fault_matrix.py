@@ -291,6 +291,7 @@ class Run:
         self.workaround_log.unlink(missing_ok=True)
         self.servers: dict[str, VllmServer] = {}
         self.killed: set[str] = set()
+        self.not_serving: set[str] = set()
         setups = fault.setup(connector.name)
         for side, role, core in (("P", "kv_producer", 0), ("D", "kv_consumer", 1)):
             setup = setups.get(side, Setup())
@@ -382,13 +383,21 @@ class Run:
     def probe(self) -> None:
         """One short plain request to each live server: an idle vLLM publishes no new figures,
         so its /metrics would still show the last step's; a step of its own refreshes them."""
-        legs = [
-            Leg(server.config.port, probe_body(self.model), {})
-            for server in self.servers.values()
-            if server.process.poll() is None
-        ]
-        for leg in legs:
-            leg.wait(30)
+        legs = {
+            side: Leg(server.config.port, probe_body(self.model), {})
+            for side, server in self.servers.items()
+            if server.process.poll() is None and side not in self.killed
+        }
+        for side, leg in legs.items():
+            if leg.wait(30) and leg.outcome == "200":
+                continue
+            leg.cut()
+            # Its /metrics may still answer, with the last figures its engine published.
+            self.not_serving.add(side)
+            self.result.notes.append(
+                f"{side} no longer serves (a plain request: {leg.outcome or 'no answer in 30s'}); "
+                f"{last_error(self.servers[side])}"
+            )
 
     def settle(self, at_once: bool = False) -> None:
         """Each side's KV usage and requests once it holds nothing (up to SETTLE_S), or then;
@@ -396,7 +405,7 @@ class Run:
         self.probe()
         start = time.monotonic()
         deadline = start + (0 if at_once else SETTLE_S)
-        pending = set(self.servers)
+        pending = set(self.servers) - self.not_serving - self.killed
         while True:
             for side in list(pending):
                 held = holdings(self.servers[side])
@@ -414,6 +423,8 @@ class Run:
                 pass
             if side in self.killed:
                 self.result.kv[side] = "killed"
+            elif side in self.not_serving:
+                self.result.kv[side] = "not serving"
             elif server.process.poll() is not None and self.result.kv.get(side) is None:
                 self.result.kv[side] = "server died"
                 self.result.notes.append(f"{side} died: {last_error(server)}")
