@@ -8,6 +8,7 @@ planned exactly raises ``KVLayoutError`` naming the layer, the shape and what wa
 from moriio_fsm.layout.compatibility import KVCacheSummary, KVIncompatibleError, check_compatible
 from moriio_fsm.layout.describe import describe_layer
 from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry
+from moriio_fsm.layout.head_slice import HeadSlice
 from moriio_fsm.layout.kv_format import CPU_ATTN, LayerKVFormat
 from moriio_fsm.layout.plan import (
     TransferPlan,
@@ -26,6 +27,7 @@ __all__ = [
     "check_compatible",
     "KVLayout",
     "KVLayoutError",
+    "HeadSlice",
     "LayerGeometry",
     "LayerKVFormat",
     "RegistrationRegion",

@@ -2,7 +2,8 @@
 
 Rules: pure functions over a summary each side builds from its own geometry; every difference that would
 make a block's bytes mean something else on the other side is refused, naming the field and both sides'
-values; the number of blocks may differ (each side plans with the other's count).
+values; the number of blocks may differ (each side plans with the other's count), and the heads per block
+only by the exact factor a head-sliced transfer expects (``head_ratio``), for a layout that has heads.
 """
 
 from __future__ import annotations
@@ -133,12 +134,21 @@ def _count(wire: Mapping[str, Any], name: str) -> int:
 
 
 def check_compatible(
-    local: KVCacheSummary, remote: KVCacheSummary, *, layer_name: str | None = None
+    local: KVCacheSummary,
+    remote: KVCacheSummary,
+    *,
+    head_ratio: int = 1,
+    layer_name: str | None = None,
 ) -> None:
     """Refuse two peers whose blocks cannot be copied byte for byte; silent when they can.
 
+    With ``head_ratio`` k > 1 the remote must hold exactly k times the local heads per block
+    (a P rank writing its heads into a D rank of a k times smaller TP size), everything
+    else equal, and the layout must have heads (not MLA).
+
     Raises ``KVIncompatibleError`` naming every field that differs with both sides' values,
-    e.g. ``block_size: local 128, remote 64``. ``TypeError`` when either is no summary.
+    e.g. ``block_size: local 128, remote 64``. ``TypeError`` when either is no summary,
+    ``ValueError`` when ``head_ratio`` is not a positive integer.
     """
     for side, summary in (("local", local), ("remote", remote)):
         if not isinstance(summary, KVCacheSummary):
@@ -146,14 +156,36 @@ def check_compatible(
                 f"{side} must be a KVCacheSummary (KVCacheSummary.of / from_wire), "
                 f"got {type(summary).__name__}"
             )
+    if isinstance(head_ratio, bool) or not isinstance(head_ratio, int) or head_ratio < 1:
+        raise ValueError(f"head_ratio must be a positive int, got {head_ratio!r}")
     differences = [
         f"{field.name}: local {getattr(local, field.name)}, remote {getattr(remote, field.name)}"
         for field in fields(KVCacheSummary)
-        if getattr(local, field.name) != getattr(remote, field.name)
+        if field.name != "num_kv_heads"
+        and getattr(local, field.name) != getattr(remote, field.name)
     ]
+    differences += _head_difference(local, remote, head_ratio)
     if differences:
         where = f"layer {layer_name!r}: " if layer_name is not None else ""
         raise KVIncompatibleError(
             f"{where}the peers' KV caches differ, so their blocks cannot be exchanged: "
             + "; ".join(differences)
         )
+
+
+def _head_difference(local: KVCacheSummary, remote: KVCacheSummary, head_ratio: int) -> list[str]:
+    """The heads field's refusal, or nothing when the remote holds ``head_ratio`` x local's heads."""
+    mine, theirs = local.num_kv_heads, remote.num_kv_heads
+    if head_ratio == 1:
+        return [] if mine == theirs else [f"num_kv_heads: local {mine}, remote {theirs}"]
+    if mine is None or theirs is None:
+        return [
+            f"num_kv_heads: local {mine}, remote {theirs}, but a head-sliced transfer "
+            f"(head_ratio {head_ratio}) needs heads on both sides (an MLA cache has none)"
+        ]
+    if theirs != mine * head_ratio:
+        return [
+            f"num_kv_heads: local {mine}, remote {theirs}, expected remote {mine * head_ratio} "
+            f"(head_ratio {head_ratio}: the remote rank holds the heads of {head_ratio} local ranks)"
+        ]
+    return []

@@ -18,6 +18,7 @@ import torch
 
 from moriio_fsm.layout.describe import describe_layer
 from moriio_fsm.layout.geometry import KVLayout, KVLayoutError, LayerGeometry, layout_error
+from moriio_fsm.layout.head_slice import HeadSlice, SliceRanges, slice_offsets, slice_ranges
 from moriio_fsm.layout.kv_format import LayerKVFormat
 
 BlockIds = Sequence[int] | torch.Tensor
@@ -258,6 +259,7 @@ def plan_transfer(
     remote_num_blocks: int,
     *,
     merge: bool = True,
+    heads: HeadSlice | None = None,
 ) -> TransferPlan:
     """Byte ranges that copy ``local_block_ids[i]`` to ``remote_block_ids[i]`` for every i.
 
@@ -268,30 +270,50 @@ def plan_transfer(
     block (interleaved) or one per physical block (MLA, CPU_ATTN). With ``merge`` (default) every
     run of ranges contiguous on both sides is one range, in the same order.
 
+    With ``heads`` (a ``HeadSlice`` of ratio k), the remote cache is this layout with k
+    times the heads per block, and each local block lands in slice ``heads.index`` of its
+    remote block's heads: one range per piece (heads outermost) or per token (NHD).
+
     Raises ``KVLayoutError`` when the lists differ in length, an id is not an integer
-    or out of range, or ``remote_num_blocks`` is not a non-negative integer.
+    or out of range, ``remote_num_blocks`` is not a non-negative integer, or ``heads``
+    asks for a slice this layout cannot place exactly (MLA, heads innermost).
     """
+    if heads is not None and not isinstance(heads, HeadSlice):
+        raise TypeError(f"heads must be a HeadSlice or None, got {type(heads).__name__}")
+    sliced = heads if heads is not None and heads.ratio > 1 else None
     with torch.inference_mode():
-        return _plan_transfer(geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge)
+        # A slice the layout cannot place is refused before the ids are read.
+        ranges = slice_ranges(geometry, sliced) if sliced is not None else None
+        local, remote, count = _checked_ids(
+            geometry,
+            local_block_ids,
+            remote_block_ids,
+            remote_num_blocks,
+            1 if sliced is None else sliced.ratio,
+        )
+        if sliced is not None and ranges is not None:
+            return _plan_head_sliced(geometry, local, remote, count, sliced, ranges, merge)
+        return _plan_transfer(geometry, local, remote, count, merge)
 
 
-def _plan_transfer(
+def _checked_ids(
     geometry: LayerGeometry,
     local_block_ids: BlockIds,
     remote_block_ids: BlockIds,
-    remote_num_blocks: int,
-    merge: bool,
-) -> TransferPlan:
+    remote_num_blocks: object,
+    ratio: int,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Both id lists as int64 tensors and the remote count, checked against both caches (the
+    remote one ``ratio`` times this layer's bytes per block)."""
     count = read_block_count(remote_num_blocks)
     if isinstance(count, str):
         raise block_count_error(geometry, count)
-    remote_num_blocks = count
     local = read_block_ids(local_block_ids)
     if isinstance(local, str):
         raise block_ids_error(geometry, "local", local, geometry.num_blocks)
     remote = read_block_ids(remote_block_ids)
     if isinstance(remote, str):
-        raise block_ids_error(geometry, "remote", remote, remote_num_blocks)
+        raise block_ids_error(geometry, "remote", remote, count)
     if local.numel() != remote.numel():
         raise layout_error(
             geometry.layer_name,
@@ -299,16 +321,25 @@ def _plan_transfer(
             f"got {local.numel()} local block ids but {remote.numel()} remote block ids",
             "one remote block id per local block id",
         )
-    remote_extent = geometry.extent_bytes(remote_num_blocks)
+    remote_extent = geometry.extent_bytes(count) * ratio
     if remote_extent > _INT64_MAX:
         raise block_count_error(
             geometry,
-            f"got remote_num_blocks={remote_num_blocks}, which puts the remote cache ({remote_extent} bytes) "
+            f"got remote_num_blocks={count}, which puts the remote cache ({remote_extent} bytes) "
             "beyond the int64 offsets a plan holds",
         )
     _check_ids(geometry, local, "local", geometry.num_blocks)
-    _check_ids(geometry, remote, "remote", remote_num_blocks)
+    _check_ids(geometry, remote, "remote", count)
+    return local, remote, count
 
+
+def _plan_transfer(
+    geometry: LayerGeometry,
+    local: torch.Tensor,
+    remote: torch.Tensor,
+    remote_num_blocks: int,
+    merge: bool,
+) -> TransferPlan:
     element = geometry.element_size
     piece_offsets, piece_elements = _pieces(geometry, coarsen=merge)
     pieces = torch.tensor(piece_offsets, dtype=torch.int64) * element
@@ -328,6 +359,50 @@ def _plan_transfer(
     if merge:
         return _merge_ranges(local_offsets, remote_offsets, sizes)
     return TransferPlan(local_offsets, remote_offsets, sizes)
+
+
+def _plan_head_sliced(
+    geometry: LayerGeometry,
+    local: torch.Tensor,
+    remote: torch.Tensor,
+    remote_num_blocks: int,
+    heads: HeadSlice,
+    ranges: SliceRanges,
+    merge: bool,
+) -> TransferPlan:
+    """Ranges ordered by (section, block, piece, slice range): every per-block distance on the
+    remote side is ``heads.ratio`` times ours, and each piece lands at its slice's place."""
+    element, ratio = geometry.element_size, heads.ratio
+    piece_offsets, _ = _pieces(geometry, coarsen=False)
+    pieces = torch.tensor(piece_offsets, dtype=torch.int64) * element
+    span = geometry.block_stride * geometry.kernel_blocks_per_block * element
+    local_sections: tuple[int, ...]
+    remote_sections: tuple[int, ...]
+    if geometry.layout is KVLayout.SEPARATED:
+        local_sections = (0, geometry.kv_stride * element)
+        remote_sections = (0, geometry.remote_kv_stride(remote_num_blocks) * element * ratio)
+    else:
+        local_sections = remote_sections = (0,)
+    local_in_piece, remote_in_piece = slice_offsets(ranges, element)
+    local_offsets = _sliced_offsets(local * span, local_sections, pieces, local_in_piece)
+    remote_offsets = _sliced_offsets(
+        remote * (span * ratio), remote_sections, pieces * ratio, remote_in_piece
+    )
+    sizes = torch.full((local_offsets.numel(),), ranges.size * element, dtype=torch.int64)
+    if merge:
+        return _merge_ranges(local_offsets, remote_offsets, sizes)
+    return TransferPlan(local_offsets, remote_offsets, sizes)
+
+
+def _sliced_offsets(
+    block_starts: torch.Tensor,
+    sections: tuple[int, ...],
+    pieces: torch.Tensor,
+    in_piece: torch.Tensor,
+) -> torch.Tensor:
+    """Byte offsets ordered by (section, block, piece, range in piece), in one broadcast."""
+    per_block = _offsets(block_starts, sections, pieces).view(-1, 1)
+    return (per_block + in_piece.view(1, -1)).reshape(-1)
 
 
 def _merge_whole_blocks(
@@ -388,9 +463,10 @@ def plan_layer(
     remote_num_blocks: int,
     *,
     merge: bool = True,
+    heads: HeadSlice | None = None,
 ) -> TransferPlan:
     """``describe_layer`` then ``plan_transfer``, uncached; see both for the guarantees."""
     geometry = describe_layer(layer_name, tensor, kv_format)
     return plan_transfer(
-        geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge
+        geometry, local_block_ids, remote_block_ids, remote_num_blocks, merge=merge, heads=heads
     )

@@ -13,6 +13,7 @@ from typing import cast
 import torch
 
 from moriio_fsm.layout.describe import describe_layer
+from moriio_fsm.layout.head_slice import HeadSlice
 from moriio_fsm.layout.kv_format import LayerKVFormat
 from moriio_fsm.layout.plan import (
     BlockIds,
@@ -59,7 +60,9 @@ class TransferPlanner:
     freshly computed one otherwise; at most ``max_plans`` plans are kept (oldest
     dropped first). Errors are those of ``describe_layer`` and ``plan_transfer``,
     raised on every call for the offending layer (nothing failed is cached).
-    Not thread-safe: use one planner per thread, as transfers are planned on one.
+    With ``heads`` every layer's local blocks land in that slice of the peer's heads
+    (``plan_transfer``'s ``heads``). Not thread-safe: use one planner per thread, as
+    transfers are planned on one.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class TransferPlanner:
         remote_num_blocks: int,
         *,
         max_plans: int = 256,
+        heads: HeadSlice | None = None,
     ) -> None:
         local_groups = _per_group(local_block_ids)
         remote_groups = _per_group(remote_block_ids)
@@ -88,6 +92,7 @@ class TransferPlanner:
         self._count_problem = count if isinstance(count, str) else None
         self.remote_num_blocks = remote_num_blocks if isinstance(count, str) else count
         self._max_plans = max_plans
+        self.heads = heads
         self._plans: dict[tuple[Hashable, ...], TransferPlan] = {}
         self.hits = 0
         self.misses = 0
@@ -122,7 +127,7 @@ class TransferPlanner:
             raise block_ids_error(geometry, "local", local, geometry.num_blocks)
         if isinstance(remote, str):
             raise block_ids_error(geometry, "remote", remote, self.remote_num_blocks)
-        plan = plan_transfer(geometry, local, remote, self.remote_num_blocks)
+        plan = plan_transfer(geometry, local, remote, self.remote_num_blocks, heads=self.heads)
         if len(self._plans) >= self._max_plans:
             del self._plans[next(iter(self._plans))]
         self._plans[key] = plan
