@@ -70,6 +70,16 @@ class RefusedSend:
     peer: PeerAddress
 
 
+@dataclass(frozen=True, slots=True)
+class TraceLink:
+    """With OpenTelemetry on: the request behind a transfer and its W3C trace headers
+    (vLLM's ``Request.trace_headers``), which parent the transfer's spans in the workers."""
+
+    transfer_id: str
+    request_id: str
+    headers: dict[str, str] | None = None
+
+
 @dataclass
 class StepMetadata(KVConnectorMetadata):
     """One scheduler step's news for the workers, in the order they must be applied."""
@@ -78,9 +88,10 @@ class StepMetadata(KVConnectorMetadata):
     receives: list[ReceiveStart] = field(default_factory=list)
     ended: list[RequestEnded] = field(default_factory=list)
     refused: list[RefusedSend] = field(default_factory=list)
+    traces: list[TraceLink] = field(default_factory=list)
     # The step runs no forward (nothing scheduled): its worker may spend the step helping
     # a peer's write in (copy assist) instead of returning at once to an idle loop.
     idle: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.sends or self.receives or self.ended or self.refused)
+        return bool(self.sends or self.receives or self.ended or self.refused or self.traces)

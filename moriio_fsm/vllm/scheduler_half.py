@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logs import get_logger
-from .metadata import ReceiveStart, RefusedSend, RequestEnded, SendStart, StepMetadata
+from .metadata import (
+    ReceiveStart,
+    RefusedSend,
+    RequestEnded,
+    SendStart,
+    StepMetadata,
+    TraceLink,
+)
 from .params import PeerAddress, TransferParams, TransferParamsError, parse_transfer_params
 from .settings import ConnectorSettings
 from .transfer_ids import USED_BEFORE, TransferIdLedger, prompt_digest
@@ -112,6 +119,14 @@ class SchedulerHalf:
             self._step.refused.append(RefusedSend(req_id, params.transfer_id, params.peer))
         return False
 
+    def _trace(self, request: Any, params: TransferParams) -> None:
+        """With OpenTelemetry on, tell the workers whose trace the transfer's spans join."""
+        if self.settings.otel:
+            from ..trace.otel_spans import trace_headers_of
+
+            headers = trace_headers_of(getattr(request, "trace_headers", None))
+            self._step.traces.append(TraceLink(params.transfer_id, request.request_id, headers))
+
     # -- vLLM's scheduler-side hooks ---------------------------------------------------------
 
     def get_num_new_matched_tokens(
@@ -125,6 +140,7 @@ class SchedulerHalf:
                 self._senders[request.request_id] = _Sender(
                     params, request.num_prompt_tokens, [], _digest(request)
                 )
+                self._trace(request, params)
             return 0, False
         if not (params.do_remote_prefill and self.is_consumer):
             return 0, False
@@ -201,6 +217,7 @@ class SchedulerHalf:
             )
         )
         self.counts["receives_started"] += 1
+        self._trace(request, params)
 
     def build_connector_meta(self, scheduler_output: Any) -> StepMetadata:
         if self._senders and not self.settings.read_mode:

@@ -271,6 +271,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "share_pages": (_flag, True),
     "copy_strategy": (_one_of(COPY_STRATEGIES, "copy strategy"), "auto"),
     "bind_peers": (_flag, True),
+    "otel": (_flag, False),
 }
 
 
@@ -348,6 +349,7 @@ class ConnectorSettings:
     share_pages: bool = True
     copy_strategy: str = "auto"
     bind_peers: bool = True
+    otel: bool = False  # OpenTelemetry spans of each transfer (the ``otel`` extra)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:

@@ -63,8 +63,16 @@ class WatchConnector(KVConnectorBase_V1):
             file = template and template.replace("{engine_id}", engine_id).replace(
                 "{dp_rank}", str(dp)
             )
-            recorder = TraceRecorder(f"{engine_id}-dp{dp}", ring=ring, file=file or None)
-            self.scheduler_watch = SchedulerWatch(self.settings, recorder, f"{engine_id}-dp{dp}")
+            side = f"{engine_id}-dp{dp}"
+            recorder = TraceRecorder(side, ring=ring, file=file or None)
+            spans = None
+            if self.settings.otel:
+                from ..trace.otel_spans import TransferSpans
+
+                # P's span closes when the send is reported: the linger after it is the
+                # watch's own bookkeeping, not the transfer's.
+                spans = TransferSpans(side, closing={"watch_producer": ("sent",)})
+            self.scheduler_watch = SchedulerWatch(self.settings, recorder, side, spans=spans)
         else:
             from .watch_worker_side import WorkerWatch
 

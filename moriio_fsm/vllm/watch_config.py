@@ -25,6 +25,7 @@ WATCH_DEFAULTS: dict[str, Any] = {
     "tick_interval": 0.5,
     "trace_file": None,
     "trace_ring_size": 4096,
+    "otel": False,
 }
 _SECONDS = ("stuck_after_s", "stranded_after_s", "linger_s", "tick_interval")
 
@@ -39,6 +40,7 @@ class WatchSettings:
     tick_interval: float = 0.5
     trace_file: str | None = None
     trace_ring_size: int = 4096
+    otel: bool = False  # OpenTelemetry spans of each transfer (the ``otel`` extra)
 
     def machine_config(self, name: str) -> dict[str, float]:
         """The config overrides of one watch machine."""
@@ -82,6 +84,10 @@ def read_settings(extra: Any) -> WatchSettings:
     if isinstance(ring, bool) or not isinstance(ring, int) or ring < 1:
         raise ConnectorConfigError(
             f"{_where('trace_ring_size')}: expected an integer >= 1, got {ring!r}"
+        )
+    if not isinstance(values["otel"], bool):
+        raise ConnectorConfigError(
+            f"{_where('otel')}: expected true or false, got {values['otel']!r}"
         )
     return WatchSettings(**values)
 

@@ -42,14 +42,26 @@ def _block_ids(blocks: Any) -> list[int]:
 class SchedulerWatch:
     """The D and P watch machines of one scheduler, driven by its hook calls."""
 
-    def __init__(self, settings: WatchSettings, recorder: Any, side: str, clock=time.monotonic):
+    def __init__(
+        self,
+        settings: WatchSettings,
+        recorder: Any,
+        side: str,
+        clock=time.monotonic,
+        spans: Any = None,
+    ):
         self.clock = clock
         self.recorder = recorder
+        self.spans = spans  # ``TransferSpans`` when OpenTelemetry is on
         self.metrics = WatchMetrics()
         self.keys = RequestKeys()
         self.anomalies = AnomalyLog(side, recorder, self.metrics, self.keys.request_of)
         self.tables = {
-            role: build_table(name, config=settings.machine_config(name), recorder=recorder)
+            role: build_table(
+                name,
+                config=settings.machine_config(name),
+                recorder=recorder if spans is None else spans.around(recorder),
+            )
             for role, name in ROLES.items()
         }
         self.drivers = {
@@ -88,6 +100,12 @@ class SchedulerWatch:
         if result is not None:
             self.anomalies.note_report(role, ev, result)
 
+    def _bind(self, request: Any, key: str) -> None:
+        """``request``'s id names ``key`` from now; its trace context parents the spans."""
+        self.keys.bind(request.request_id, key)
+        if self.spans is not None:
+            self.spans.link(key, request.request_id, getattr(request, "trace_headers", None))
+
     def _live(self, role: str, key: str) -> bool:
         return self.tables[role].state_of(key) is not None
 
@@ -95,14 +113,14 @@ class SchedulerWatch:
 
     def matched(self, request: Any, answer: Any) -> None:
         count, load_async = answer if isinstance(answer, tuple) and len(answer) == 2 else (0, 0)
-        rid, now = request.request_id, self.clock()
+        now = self.clock()
         if load_async is True and isinstance(count, int) and count > 0:
             key = consumer_key(request)
-            self.keys.bind(rid, key)
+            self._bind(request, key)
             self._dispatch("consumer", events.load_requested(key, now, num_tokens=count))
         elif wants_send(request):
             key = producer_key(request)
-            self.keys.bind(rid, key)
+            self._bind(request, key)
             self._dispatch("producer", events.send_requested(key, now))
 
     def allocated(self, request: Any, blocks: Any, num_external_tokens: Any) -> None:
@@ -135,7 +153,7 @@ class SchedulerWatch:
             # No earlier hook saw the request (a connector that never matched it): it is
             # held now, so it is watched from now.
             key = producer_key(request)
-            self.keys.bind(request.request_id, key)
+            self._bind(request, key)
             self._dispatch("producer", events.send_requested(key, now))
             self._dispatch("producer", events.prefill_ended(key, now, held=True))
 

@@ -97,6 +97,11 @@ class WorkerHalf:
         if recorder is None:
             recorder = make_recorder(settings, engine_id, self.topology)
         self.recorder = recorder
+        self.spans: Any = None  # ``TransferSpans`` when OpenTelemetry is on
+        if settings.otel:
+            from ..trace.otel_spans import TransferSpans
+
+            self.spans = TransferSpans(self.topology.label(engine_id))
         self._rejected_seen = 0
         self._build_machines(sides)
         self._build_io(sides)
@@ -107,7 +112,9 @@ class WorkerHalf:
         names = {side: MACHINES[(self.settings.mode, side)] for side in sides}
         tables = {
             side: build_table(
-                name, config=self.settings.machine_overrides(name), recorder=self.recorder
+                name,
+                config=self.settings.machine_overrides(name),
+                recorder=self.recorder if self.spans is None else self.spans.around(self.recorder),
             )
             for side, name in names.items()
         }
@@ -253,6 +260,9 @@ class WorkerHalf:
         self._step_idle = metadata is not None and metadata.idle
         if not metadata:
             return
+        if self.spans is not None:
+            for link in metadata.traces:
+                self.spans.link(link.transfer_id, link.request_id, link.headers)
         for refused in metadata.refused:
             self.reused_ids.refused(refused.transfer_id, refused.peer)
         for send in metadata.sends:

@@ -178,14 +178,26 @@ class Instance:
     # -- requests ----------------------------------------------------------------------
 
     def add(
-        self, request_id: str, prompt: list[int], max_tokens: int, params: dict | None
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        params: dict | None,
+        trace_headers: dict | None = None,
     ) -> Request:
         sampling = SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0,
             extra_args={"kv_transfer_params": params} if params else None,
         )
-        request = Request(request_id, list(prompt), sampling, None, block_hasher=self._hasher)
+        request = Request(
+            request_id,
+            list(prompt),
+            sampling,
+            None,
+            block_hasher=self._hasher,
+            trace_headers=trace_headers,
+        )
         self.scheduler.add_request(request)
         return request
 
