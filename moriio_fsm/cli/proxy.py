@@ -44,6 +44,7 @@ def proxy_settings(args: argparse.Namespace) -> dict:
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
         "first_token_from_prefill": not args.no_first_token_from_prefill,
+        "otel": args.otel,
     }
 
 
@@ -90,6 +91,12 @@ def add_proxy_options(
         action="store_true",
         help="READ mode: the client waits for D's first token; by default P's first token "
         "goes to the client at once and D continues after it",
+    )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="a span per request, exported over OTLP to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "
+        "(needs the otel extra); the client's traceparent reaches P and D either way",
     )
 
 

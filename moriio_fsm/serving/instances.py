@@ -159,6 +159,9 @@ class ProxyConfig:
     extra_prefill_params: dict[str, Any] = field(default_factory=dict)
     # READ mode: P's first token goes to the client at once, D continues after it.
     first_token_from_prefill: bool = True
+    # A span of the proxy's own per request, exported over OTLP (the ``otel`` extra);
+    # the client's trace context goes on to P and D either way.
+    otel: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

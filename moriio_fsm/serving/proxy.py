@@ -30,6 +30,7 @@ from .failures import (
     raise_prefill_error,
 )
 from .instances import Instance, Pool, ProxyConfig, ProxyConfigError
+from .proxy_tracing import outgoing
 from .request_checks import check_request
 
 log = get_logger("moriio_fsm.serving.proxy")
@@ -318,7 +319,7 @@ class Proxy:
             "POST",
             f"{instance.url}/v1/completions",
             json=body,
-            headers={"X-Request-Id": transfer_id},
+            headers={"X-Request-Id": transfer_id, **outgoing()},
         )
         try:
             reply = await self.client.send(request, stream=True)

@@ -21,6 +21,7 @@ from ..logs import get_logger
 from .connections import ConnectionGuard
 from .instances import ProxyConfig, ProxyConfigError
 from .proxy import Proxy, TransferFailed
+from .proxy_tracing import RequestTrace
 
 log = get_logger("moriio_fsm.serving.proxy")
 
@@ -123,7 +124,13 @@ def build_app(config: ProxyConfig, guard: ConnectionGuard | None = None):
 
 async def _complete(proxy: Proxy, config: ProxyConfig, request):
     """``POST /v1/completions``: the body read within its limits, then D's answer, whole or
-    streamed; 499 (nobody reads it) when the client leaves first."""
+    streamed; 499 (nobody reads it) when the client leaves first. The client's trace
+    context goes on to P and D (``proxy_tracing.py``)."""
+    trace = RequestTrace(request.headers, config.otel)
+    return trace.finish(await _routed(proxy, config, request))
+
+
+async def _routed(proxy: Proxy, config: ProxyConfig, request):
     from fastapi.responses import Response
 
     try:

@@ -30,6 +30,7 @@ class FakeVllm:
         self.port = free_port()
         self.tokens = tokens or [1, 2, 3]
         self.received: list[dict] = []
+        self.received_headers: list[dict] = []  # each request's HTTP headers, lower-cased names
         self.status = 200
         self.delay_s = 0.0
         self.error_event = False  # stream: an error event instead of the tokens
@@ -52,6 +53,7 @@ class FakeVllm:
         async def completions(request: Request):
             body = await request.json()
             self.received.append(body)
+            self.received_headers.append(dict(request.headers))
             self.last_body = body
             if self.delay_s:
                 waited = 0.0
