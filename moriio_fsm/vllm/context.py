@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..adapters.zmq.reporting import LogLimiter
+from ..layout import HeadSlice
 from ..runtime.events import Event
 from .directory import TransferDirectory, TransferInfo
 from .kv_cache import LocalKvCache
@@ -82,9 +83,12 @@ class HandlerContext:
         """Send ``message`` to rank ``peer_rank`` of the peer ``info`` names."""
         self.send(notify_endpoint(self.peer_of(info), peer_rank), message)
 
-    def link_for(self, info: TransferInfo, peer_rank: int) -> Future[PeerLink]:
+    def link_for(
+        self, info: TransferInfo, peer_rank: int, heads: HeadSlice | None = None
+    ) -> Future[PeerLink]:
         """The future ``PeerLink`` to rank ``peer_rank`` of ``info``'s peer (one handshake
-        per rank; the links are made with the KV cache, before any transfer starts)."""
+        per rank; the links are made with the KV cache, before any transfer starts); with
+        ``heads``, a link whose blocks hold ours as that slice of their heads."""
         if self.links is None:
             raise RuntimeError("no peer links yet: they are made when vLLM registers the KV cache")
-        return self.links.link(handshake_endpoint(self.peer_of(info), peer_rank))
+        return self.links.link(handshake_endpoint(self.peer_of(info), peer_rank), heads)

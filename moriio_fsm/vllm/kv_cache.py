@@ -16,6 +16,7 @@ import torch
 
 from ..adapters.zmq import AgentMetadata, HandshakeReply
 from ..layout import (
+    HeadSlice,
     KVCacheSummary,
     LayerKVFormat,
     TransferPlanner,
@@ -90,13 +91,16 @@ class LocalKvCache:
         remote_ids: tuple[int, ...],
         remote_num_blocks: int,
         layer: int,
+        *,
+        heads: HeadSlice | None = None,
     ) -> tuple[list[int], list[int], list[int]]:
-        """The (local offsets, remote offsets, sizes) lists that move ``layer``'s blocks.
+        """The (local offsets, remote offsets, sizes) lists that move ``layer``'s blocks
+        (into slice ``heads`` of the peer's heads when given).
 
-        Planners are cached by block lists (all layers of a transfer share one) and
-        used under a lock: posts come from the forward thread and the I/O thread.
+        Planners are cached by block lists and slice (all layers of a transfer share one)
+        and used under a lock: posts come from the forward thread and the I/O thread.
         """
-        key = (local_ids, remote_ids, remote_num_blocks)
+        key = (local_ids, remote_ids, remote_num_blocks, heads)
         name = self.names[layer]
         with self._plan_lock:
             planner = self._planners.get(key)
@@ -104,6 +108,6 @@ class LocalKvCache:
                 if len(self._planners) >= 512:
                     self._planners.pop(next(iter(self._planners)))
                 planner = self._planners[key] = TransferPlanner(
-                    list(local_ids), list(remote_ids), remote_num_blocks
+                    list(local_ids), list(remote_ids), remote_num_blocks, heads=heads
                 )
             return planner.plan(name, self.tensors[name], self.kv_format).lists

@@ -61,9 +61,9 @@ class WritePreparation:
             if link.cancelled() or link.exception() is not None:
                 return
             local_ids = info.local_ids_for(remote_ids)
-            num_blocks = link.result().num_blocks
+            peer = link.result()
             for layer in range(len(cache.names)):
-                cache.plan(local_ids, remote_ids, num_blocks, layer)
+                cache.plan(local_ids, remote_ids, peer.num_blocks, layer, heads=peer.heads)
                 info.session(engine, cache, layer)
         except Exception as exc:
             log.debug("vllm.prepare_writes_failed", transfer_id=transfer_id, error=str(exc))

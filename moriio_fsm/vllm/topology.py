@@ -2,13 +2,15 @@
 
 Rules: an instance's ports are bases; rank ``r`` of data-parallel rank ``d`` with ``t`` TP
 ranks listens at ``base + d * t + r`` (upstream MoRIIO's arithmetic, so mixed deployments
-agree). Heads are split by TP rank, so the ranks that pair up follow from the two TP sizes.
+agree). Heads are split by TP rank, so the ranks that pair up, and which slice of a peer
+rank's heads a rank fills, follow from the two TP sizes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..layout import HeadSlice
 from .params import PeerAddress
 
 #: (host, port) of a peer rank's socket.
@@ -62,6 +64,13 @@ class Topology:
     def writers_into_peer(self, peer: PeerAddress | None) -> int:
         """P, WRITE: how many P ranks (this one included) write into each rank of ``peer``."""
         return max(1, self.tp_size // (peer.tp_size if peer else 1))
+
+    def head_slice(self, peer: PeerAddress | None) -> HeadSlice | None:
+        """P, WRITE: which slice of a ``peer`` rank's heads this rank writes, when the peer
+        has k times fewer ranks (so k times our heads per rank); None for whole blocks."""
+        if peer is None:
+            return None
+        return HeadSlice.of_rank(self.tp_rank, self.tp_size, peer.tp_size)
 
     def own_port(self, base: int) -> int:
         """This rank's port from its instance's base port."""

@@ -56,7 +56,11 @@ class TransferStarts:
             log.error("vllm.transfer_refused", transfer_id=tid, why="too many live transfers")
             return False
         if send.peer is not None:
-            info.link = parts.link_for(info, parts.topology.first_peer_rank(send.peer))
+            info.link = parts.link_for(
+                info,
+                parts.topology.first_peer_rank(send.peer),
+                parts.topology.head_slice(send.peer),
+            )
         writers = parts.topology.writers_into_peer(send.peer)
         created = events.prefill_started(
             tid,

@@ -52,7 +52,9 @@ def producer_handlers(ctx: HandlerContext) -> dict:
         remote_ids = tuple(remote_ids)
         local_ids = info.local_ids_for(remote_ids)
         cache = ctx.kv_cache()
-        local, remote, sizes = cache.plan(local_ids, remote_ids, link.num_blocks, layer)
+        local, remote, sizes = cache.plan(
+            local_ids, remote_ids, link.num_blocks, layer, heads=link.heads
+        )
         session = info.session(ctx.engine, cache, layer)
         status = session.batch_write(local, remote, sizes, session.allocate_transfer_uid())
         ctx.metrics.add_bytes(sum(sizes))

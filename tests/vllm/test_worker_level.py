@@ -4,13 +4,16 @@ P and D are separate processes that each allocate their own cache (the same-host
 writes and reads straight into memory the other process owns), talk over real ZeroMQ
 sockets and handshake as two vLLM workers would. D's blocks (other ids than P's) must
 hold exactly P's bytes after a WRITE transfer and after a READ transfer, and each side
-must report its request to vLLM exactly once.
+must report its request to vLLM exactly once. With P at TP 2 (two processes, one head
+each) and D at TP 1, each P rank's heads must land in its half of D's heads, and D's load
+is done only once both wrote.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -129,6 +132,131 @@ def test_every_block_lands_in_the_other_process(peers, layout, mode):
         assert decode.ask(op="pristine", name=name, blocks=D_BLOCKS) == {"pristine": True}
         # Reported once: nothing more arrives.
         assert decode.ask(op="poll", name=name, wait_s=0.3)["recving"] == []
+    finally:
+        prefill.ask(op="close", name=name)
+        decode.ask(op="close", name=name)
+
+
+def free_port_pair() -> int:
+    """A base port whose next port is free too: a TP 2 instance's rank 1 listens at base + 1."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", base + 1))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+@pytest.fixture
+def second_prefill():
+    peer = Peer()
+    yield peer
+    peer.stop()
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "mla"])
+def test_two_p_ranks_write_their_heads_into_one_d_rank(peers, second_prefill, layout):
+    """P TP 2 (one head per rank, two processes) -> D TP 1 (two heads): D's load is done only
+    when both ranks' heads landed, each in its own half of D's blocks."""
+    prefill, decode = peers
+    ranks = (prefill, second_prefill)
+    name = f"{layout}-tp2"
+    p_notify, p_handshake = free_port_pair(), free_port_pair()
+    d_ports = (free_port(), free_port())
+    for rank, process in enumerate(ranks):
+        process.ask(
+            op="open",
+            name=name,
+            side="send",
+            mode="write",
+            layout=layout,
+            notify=p_notify,
+            handshake=p_handshake,
+            tp=[rank, 2],
+            heads=1,
+        )
+    decode.ask(
+        op="open",
+        name=name,
+        side="receive",
+        mode="write",
+        layout=layout,
+        notify=d_ports[0],
+        handshake=d_ports[1],
+    )
+    tid, p_address = f"tx-{name}", dict(address((p_notify, p_handshake)), tp_size=2)
+    try:
+        decode.ask(op="receive", name=name, req="d-1", tid=tid, blocks=D_BLOCKS, peer=p_address)
+        for rank, process in enumerate(ranks):
+            process.ask(
+                op="send", name=name, req="p-1", tid=tid, blocks=P_BLOCKS, peer=address(d_ports)
+            )
+            process.ask(op="end", name=name, req="p-1", tid=tid, awaits=True, peer=address(d_ports))
+            assert process.ask(op="poll", name=name, wait_s=15)["sending"] == ["p-1"]
+            if rank == 0:
+                # One writer of two finished: D's load is not done yet.
+                assert decode.ask(op="poll", name=name, wait_s=0.3)["recving"] == []
+        assert decode.ask(op="poll", name=name, wait_s=15) == {
+            "sending": [],
+            "recving": ["d-1"],
+            "load_errors": [],
+        }
+        for rank, process in enumerate(ranks):
+            assert decode.ask(
+                op="digest", name=name, blocks=D_BLOCKS, heads=[rank, 1]
+            ) == process.ask(op="digest", name=name, blocks=P_BLOCKS), f"P rank {rank}'s heads"
+        assert decode.ask(op="pristine", name=name, blocks=D_BLOCKS) == {"pristine": True}
+    finally:
+        for process in (*ranks, decode):
+            process.ask(op="close", name=name)
+
+
+def test_read_mode_refuses_a_p_rank_holding_other_heads(peers):
+    """D TP 1 cannot read from P TP 2: D reads one P rank's whole blocks, so the handshake
+    refuses P's one head against D's two and the load fails at once, D's blocks untouched."""
+    prefill, decode = peers
+    name, layout = "cpu_attn-read-tp2", "cpu_attn"
+    p_notify, p_handshake = free_port_pair(), free_port_pair()
+    d_ports = (free_port(), free_port())
+    prefill.ask(
+        op="open",
+        name=name,
+        side="send",
+        mode="read",
+        layout=layout,
+        notify=p_notify,
+        handshake=p_handshake,
+        tp=[0, 2],
+        heads=1,
+    )
+    decode.ask(
+        op="open",
+        name=name,
+        side="receive",
+        mode="read",
+        layout=layout,
+        notify=d_ports[0],
+        handshake=d_ports[1],
+    )
+    tid = f"tx-{name}"
+    try:
+        prefill.ask(op="end", name=name, req="p-1", tid=tid, awaits=True, blocks=P_BLOCKS)
+        decode.ask(
+            op="receive",
+            name=name,
+            req="d-1",
+            tid=tid,
+            blocks=D_BLOCKS,
+            peer=dict(address((p_notify, p_handshake)), tp_size=2),
+            remote_blocks=P_BLOCKS,
+        )
+        told = decode.ask(op="poll", name=name, wait_s=15)
+        assert told["recving"] == ["d-1"]
+        assert sorted(told["load_errors"]) == sorted(D_BLOCKS)
+        assert decode.ask(op="pristine", name=name, blocks=[]) == {"pristine": True}
     finally:
         prefill.ask(op="close", name=name)
         decode.ask(op="close", name=name)

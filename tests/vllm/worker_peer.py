@@ -2,14 +2,16 @@
 
 Each input line is one command, answered by one output line. ``open`` starts a named
 ``WorkerHalf`` (side, mode, layout, ports on 127.0.0.1) over a KV cache this process
-allocates itself, as vLLM would (P's random, D's -1); ``send`` / ``receive`` / ``end``
-apply one step's metadata to it; ``poll`` answers what vLLM would be told; ``digest``
-hashes the bytes of some blocks; ``pristine`` says whether the others are untouched;
+allocates itself, as vLLM would (P's random, D's -1), optionally as one TP rank holding
+``heads`` KV heads; ``send`` / ``receive`` / ``end`` apply one step's metadata to it;
+``poll`` answers what vLLM would be told; ``digest`` hashes the bytes of some blocks (or of
+some of their heads); ``pristine`` says whether the others are untouched;
 ``close`` and ``quit`` stop workers and the process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -27,7 +29,7 @@ from moriio_fsm.vllm.worker_half import WorkerHalf
 NUM_BLOCKS, BLOCK, HEADS, HEAD = 12, 16, 2, 8
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
 
-#: layout -> (shape, LayerKVFormat): every layout the planner supports.
+#: layout -> (shape, LayerKVFormat): every layout the planner supports, with HEADS heads.
 LAYOUTS = {
     "separated_nhd": ((2, NUM_BLOCKS, BLOCK, HEADS, HEAD), LayerKVFormat(BLOCK, HEADS, HEAD)),
     "separated_hnd": ((2, NUM_BLOCKS, HEADS, BLOCK, HEAD), LayerKVFormat(BLOCK, HEADS, HEAD)),
@@ -41,12 +43,40 @@ LAYOUTS = {
 }
 
 
+#: layout -> the heads axis of one block's view (``block_view``).
+HEADS_AXIS = {
+    "separated_nhd": 2,
+    "separated_hnd": 1,
+    "interleaved_nhd": 2,
+    "interleaved_hnd": 1,
+    "cpu_attn": 0,
+}
+
+
 def block_view(tensor: torch.Tensor, layout: str, block: int) -> torch.Tensor:
     return tensor[:, block] if layout.startswith("separated") else tensor[block]
 
 
-def open_worker(side: str, mode: str, layout: str, notify: int, handshake: int):
+def with_heads(layout: str, heads: int) -> tuple[tuple[int, ...], LayerKVFormat]:
+    """The layout's shape and format with ``heads`` KV heads instead of HEADS."""
     shape, kv_format = LAYOUTS[layout]
+    if heads == HEADS:
+        return shape, kv_format
+    axis = HEADS_AXIS[layout] + 1  # a block's view drops the blocks axis in front of it
+    resized = shape[:axis] + (heads,) + shape[axis + 1 :]
+    return resized, dataclasses.replace(kv_format, num_kv_heads=heads)
+
+
+def open_worker(
+    side: str,
+    mode: str,
+    layout: str,
+    notify: int,
+    handshake: int,
+    tp: tuple[int, int] = (0, 1),
+    heads: int = HEADS,
+):
+    shape, kv_format = with_heads(layout, heads)
     settings = ConnectorSettings.from_extra_config(
         {
             "backend": "same_host",
@@ -58,7 +88,7 @@ def open_worker(side: str, mode: str, layout: str, notify: int, handshake: int):
         }
     )
     if side == "send":
-        generator = torch.Generator().manual_seed(7)
+        generator = torch.Generator().manual_seed(7 + tp[0])
         caches = {
             name: torch.randn(shape, generator=generator, dtype=torch.float32) for name in LAYERS
         }
@@ -68,8 +98,8 @@ def open_worker(side: str, mode: str, layout: str, notify: int, handshake: int):
         settings,
         engine_id=f"{side}-{layout}-{mode}",
         sides=(side,),
-        tp_rank=0,
-        tp_size=1,
+        tp_rank=tp[0],
+        tp_size=tp[1],
         dp_rank=0,
         host="127.0.0.1",
         make_engine=lambda key: CrossMemoryEngine(key, "127.0.0.1"),
@@ -89,6 +119,8 @@ def handle(workers: dict, command: dict) -> dict:
             command["layout"],
             command["notify"],
             command["handshake"],
+            tuple(command.get("tp", (0, 1))),
+            command.get("heads", HEADS),
         )
         return {"ok": op}
     worker, caches, layout, side = workers[command["name"]]
@@ -140,11 +172,13 @@ def handle(workers: dict, command: dict) -> dict:
         }
     elif op == "digest":
         digest = hashlib.sha256()
+        start, count = command.get("heads", (0, None))
         for name in LAYERS:
             for block in blocks:
-                digest.update(
-                    block_view(caches[name], layout, block).contiguous().numpy().tobytes()
-                )
+                view = block_view(caches[name], layout, block)
+                if count is not None:
+                    view = view.narrow(HEADS_AXIS[layout], start, count)
+                digest.update(view.contiguous().numpy().tobytes())
         return {"digest": digest.hexdigest()}
     elif op == "pristine":
         # True when every block not listed still holds this process's initial -1s.
