@@ -4,7 +4,8 @@ Rules: a message that cannot become an event, or that no machine of this rank ta
 logged and dropped; the listener never dies on one. What a message means is the machines'
 business: this module only notes where a READ D wants its lease grants (taken back when the
 machine did not take the heartbeat), answers allocations for ids refused as used, starts
-preparing writes for an allocation the machine stored, and says when a message was forged.
+preparing writes for an allocation the machine stored, says when a message was forged, and
+makes a write_done from a P whose rank count D did not wait for a failure (``_writers_match``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Inbound:
         except Exception as exc:  # never let one message stop the listener
             log.warning("vllm.message_dropped", message=type(message).__name__, error=str(exc))
             return
+        event = self._writers_match(event)
         side = self._side_of(event.kind)
         if side is None:
             log.debug(
@@ -117,6 +119,35 @@ class Inbound:
                 reason=message.reason or "",
                 writes_stopped=message.writes_stopped,
             )
+
+    def _writers_match(self, event: Any) -> Any:
+        """D, WRITE: a write_done saying P has another number of ranks writing into this D rank
+        than D waits for (D's request named another ``remote_tp_size``) cannot prove D's
+        blocks whole: D would report them loaded with other ranks' heads never written. It
+        becomes that writer's write_failed (its writes landed, so they stopped)."""
+        if event.kind != "write_done" or "receive" not in self._drivers:
+            return event
+        info = self._parts.directory.get(event.transfer_id)
+        if info is None or info.peer is None:
+            return event
+        expected = len(self._parts.topology.peer_ranks(info.peer))
+        if event.num_writers == expected:
+            return event
+        log.warning(
+            "vllm.writer_count_mismatch",
+            transfer_id=event.transfer_id,
+            writers=event.num_writers,
+            expected=expected,
+            why="P's TP size differs from the remote_tp_size D's request named",
+        )
+        return events.write_failed(
+            event.transfer_id,
+            event.time,
+            f"{event.num_writers} P ranks write, D expected {expected}",
+            True,
+            event.producer_rank,
+            source=event.source,
+        )
 
     def _side_of(self, kind: str) -> str | None:
         for side, driver in self._drivers.items():

@@ -260,3 +260,53 @@ def test_read_mode_refuses_a_p_rank_holding_other_heads(peers):
     finally:
         prefill.ask(op="close", name=name)
         decode.ask(op="close", name=name)
+
+
+def test_a_d_told_of_fewer_p_ranks_fails_the_load_instead_of_loading_some_heads(peers):
+    """D's request named no remote_tp_size (one P rank) but P runs at TP 2: P rank 0 writes
+    its head and says two ranks write. D cannot know its other head landed, so the load
+    fails (vLLM recomputes) instead of completing with half of D's heads never written."""
+    prefill, decode = peers
+    name, layout = "cpu_attn-tp-unnamed", "cpu_attn"
+    p_notify, p_handshake = free_port_pair(), free_port_pair()
+    d_ports = (free_port(), free_port())
+    prefill.ask(
+        op="open",
+        name=name,
+        side="send",
+        mode="write",
+        layout=layout,
+        notify=p_notify,
+        handshake=p_handshake,
+        tp=[0, 2],
+        heads=1,
+    )
+    decode.ask(
+        op="open",
+        name=name,
+        side="receive",
+        mode="write",
+        layout=layout,
+        notify=d_ports[0],
+        handshake=d_ports[1],
+    )
+    tid = f"tx-{name}"
+    try:
+        decode.ask(
+            op="receive",
+            name=name,
+            req="d-1",
+            tid=tid,
+            blocks=D_BLOCKS,
+            peer=address((p_notify, p_handshake)),
+        )
+        prefill.ask(
+            op="send", name=name, req="p-1", tid=tid, blocks=P_BLOCKS, peer=address(d_ports)
+        )
+        prefill.ask(op="end", name=name, req="p-1", tid=tid, awaits=True, peer=address(d_ports))
+        told = decode.ask(op="poll", name=name, wait_s=15)
+        assert told["recving"] == ["d-1"]
+        assert sorted(told["load_errors"]) == sorted(D_BLOCKS)
+    finally:
+        prefill.ask(op="close", name=name)
+        decode.ask(op="close", name=name)
