@@ -1,10 +1,11 @@
 """P and D on two hosts, the proxy on a third: the README's "Across hosts" commands, run.
 
 Each host is a network and PID namespace of its own (``hosts.py``) on one bridge, with
-addresses from 198.18.0.0/15: P runs ``moriio-fsm serve-pd --role prefill --backend nixl``,
+addresses from 198.18.0.0/15: P runs ``moriio-fsm serve-pd --role prefill --backend nixl``
+(or ``rdma``, through mori's own Python layer over the stand-in, ``MORIIO_FSM_MORI=standin``),
 D ``--role decode``, the third ``moriio-fsm proxy``. No same-host shortcut can reach the
-peer's memory, so the KV goes over UCX's TCP between the namespaces (P's bytes on the
-bridge show it). In WRITE and READ mode the demo's prompts come back token-identical to a
+peer's memory, so the KV goes over the bridge between the namespaces (UCX's TCP, or the
+stand-in's "NIC"; P's bytes on the bridge show it). In WRITE and READ mode the demo's prompts come back token-identical to a
 single instance and both servers end with no request and no KV block. Then P is killed
 (SIGKILL to its host's init, by pid, which ends every process of its PID namespace) while
 it holds a request's KV and D has not loaded it yet (D's host is paused meanwhile, so the
@@ -140,7 +141,9 @@ def wait_until(test, what: str, hosts: list[Host], timeout_s: float = 300.0) -> 
     pytest.fail(f"{what} not within {timeout_s:.0f}s:\n" + "\n".join(h.log_tail() for h in hosts))
 
 
-def start_pd(network: Network, model: str, mode: str, logs: Path) -> tuple[Host, Host, Host]:
+def start_pd(
+    network: Network, model: str, mode: str, logs: Path, backend: str = "nixl"
+) -> tuple[Host, Host, Host]:
     """P, D and the proxy, each on its own host, started as the README says."""
     cli = [sys.executable, "-m", "moriio_fsm.cli"]
     p, d, x = network.add_host("p", "0"), network.add_host("d", "1"), network.add_host("x", "0-1")
@@ -152,7 +155,7 @@ def start_pd(network: Network, model: str, mode: str, logs: Path) -> tuple[Host,
                 "--role",
                 role,
                 "--backend",
-                "nixl",
+                backend,
                 "--mode",
                 mode,
                 "--host",
@@ -229,10 +232,13 @@ def answers_through(proxy: Host, model: str) -> list[list[int] | str]:
 
 
 @pytest.mark.parametrize("mode", ["write", "read"])
+@pytest.mark.parametrize("backend", ["nixl", "rdma"])
 def test_pd_across_hosts_answers_as_one_instance_leaks_nothing_and_survives_p_killed(
-    model, expected, network, tmp_path, mode
+    model, expected, network, tmp_path, mode, backend, monkeypatch
 ):
-    p, d, x = start_pd(network, model, mode, tmp_path)
+    if backend == "rdma":  # mori's own Python layer over the stand-in, its "NIC" over the bridge
+        monkeypatch.setenv("MORIIO_FSM_MORI", "standin")
+    p, d, x = start_pd(network, model, mode, tmp_path, backend)
     before = network.bytes_sent_by(p)
     got = answers_through(x, model)
     sent = network.bytes_sent_by(p) - before
