@@ -50,6 +50,7 @@ from serving_peers import moriio_upstream as upstream  # noqa: E402
 from serving_peers.model import RACE_LLAMA, kv_bytes_per_token, make_llama  # noqa: E402
 
 from moriio_fsm.engines.same_host import local_copy  # noqa: E402
+from moriio_fsm.serving import first_token  # noqa: E402
 from moriio_fsm.serving.vllm_server import (  # noqa: E402
     ServerConfig,
     VllmServer,
@@ -72,12 +73,16 @@ CONNECTORS = (
     "single",
     "ours-write",
     "ours-read",
+    "ours-read-early",
     "nixl",
     "mooncake",
     "ours-rdma",
     "moriio-upstream",
 )
 PEER_NAMES = ("nixl", "mooncake")
+#: This connector in READ mode: plainly (the client's first token is D's), and with P's first
+#: token handed to the client at once, D continuing after it (the proxy's default).
+READS = ("ours-read", "ours-read-early")
 #: Through the mori stand-in: compared with each other, not in the ratios against the peers.
 STANDIN_NAMES = ("ours-rdma", "moriio-upstream")
 
@@ -273,7 +278,7 @@ class Race:
         if name == "single":
             c.servers["single"] = self._server("single", base, 0, None)
         elif name.startswith("ours"):
-            read = name == "ours-read"
+            read = name in READS
             c.ports = {
                 "P_notify": base + 2,
                 "P_handshake": base + 3,
@@ -418,6 +423,8 @@ class Race:
                 "remote_bootstrap_addr": f"http://127.0.0.1:{c.ports['P_bootstrap']}",
             }
             return self._both_at_once(P, D, prompt, to_p, to_d, tid)
+        if c.name == "ours-read-early":
+            return self._read_early(P, D, prompt, tid)
         # Pull connectors (ours in READ mode, NIXL): D after P, with what P answered.
         if c.name == "ours-read":
             to_p = {"do_remote_decode": True, "transfer_id": tid}
@@ -436,6 +443,23 @@ class Race:
             D, completion(self.model, prompt, tokens, p_reply["kv_transfer_params"]), t0
         )
         return Sample(out, ttft, e2e, tid=tid, t0=t0)
+
+    def _read_early(self, P: int, D: int, prompt, tid: str) -> Sample:
+        """READ with P's first token ahead, shaped by the proxy's own code: the client has its
+        first token when P answers; D continues from the prompt plus that token."""
+        to_p = {"do_remote_decode": True, "transfer_id": tid}
+        t0 = time.monotonic()
+        p_reply = post_json(P, first_token.prefill_body(completion(self.model, prompt, 1, to_p)))
+        ttft = time.monotonic() - t0
+        first = first_token.parse(p_reply)
+        if first is None:
+            raise RuntimeError(
+                f"P's answer gives no first token to go on from: {str(p_reply)[:300]}"
+            )
+        body = completion(self.model, prompt, self.args.tokens)
+        d_body = first_token.decode_body(body, first, p_reply["kv_transfer_params"])
+        out, _, e2e = stream_tokens(D, d_body, t0)
+        return Sample([first.token_id] + out, ttft, e2e, tid=tid, t0=t0)
 
     def _both_at_once(
         self, P: int, D: int, prompt, to_p: dict, to_d: dict, tid: str, headers=None
@@ -768,8 +792,8 @@ def measure(race: Race, c: Contender, name: str, prompt, index: int, result: dic
             )
             if n1 > n0:
                 sample.lifecycle_s = (s1 - s0) / (n1 - n0)
-            mover = after if name == "ours-read" else p_after
-            mover_before = before if name == "ours-read" else p_before
+            mover = after if name in READS else p_after
+            mover_before = before if name in READS else p_before
             b0, b1 = (
                 histogram(m, "vllm:moriio_fsm_transfer_bytes")[0] for m in (mover_before, mover)
             )
@@ -807,9 +831,9 @@ def finish_contender(race: Race, c: Contender, name: str, result: dict) -> None:
         ]
         result["mooncake_writes"] = writes
     if name.startswith("ours"):
-        side = "D" if name == "ours-read" else "P"
+        side = "D" if name in READS else "P"
         result["timelines"] = ours_timelines(
-            race.work / f"{name}-{side}.trace.jsonl", name == "ours-read"
+            race.work / f"{name}-{side}.trace.jsonl", name in READS
         )
 
 
@@ -1200,6 +1224,7 @@ def report(results: dict, expected, our_timelines) -> int:
             "ok": ok,
             "n": len(samples),
             "as_pd": as_pd,
+            "ttft": pct(ttft, 50),
         }
         print(
             f"{name:<15} {ok:>3}/{len(samples):<3} {fmt_ms(pct(ttft, 50)):>9} {fmt_ms(pct(ttft, 99)):>9} "
@@ -1302,10 +1327,33 @@ def report(results: dict, expected, our_timelines) -> int:
             f"ours-rdma against moriio-upstream (both WRITE, both through the mori stand-in): e2e p50 "
             f"{fmt_ms(rdma['e2e'])} vs {fmt_ms(theirs['e2e'])} = {rdma['e2e'] / theirs['e2e']:.3f}"
         )
+    print_read_early(summary)
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
     print(f"kv_copy_efficiency: {eff:.4f}")
     return 0
+
+
+def print_read_early(summary: dict) -> None:
+    """READ mode with and without P's first token ahead, against the single instance (p50s)."""
+    single, early, plain = (summary.get(n) for n in ("single", "ours-read-early", "ours-read"))
+    if not (single and early and early["n"]):
+        return
+    without = ""
+    if plain and plain["n"]:
+        without = (
+            f"; without it: TTFT {plain['ttft'] / single['ttft']:.3f}, e2e overhead "
+            f"{(plain['e2e'] - single['e2e']) * 1e3:.1f} ms"
+        )
+    xfer = f"{early['xfer'] * 1e3:.1f} ms" if early["xfer"] else "n/a"
+    print(
+        f"read_ttft_vs_single: {early['ttft'] / single['ttft']:.3f} (goal <= 1.05; P's first "
+        f"token ahead){without}"
+    )
+    print(
+        f"read_e2e_overhead_ms: {(early['e2e'] - single['e2e']) * 1e3:.1f} (goal <= the transfer "
+        f"p50 {xfer} + 5 ms)"
+    )
 
 
 if __name__ == "__main__":
