@@ -19,6 +19,9 @@ Python layer over a CPU stand-in of its native module, moving bytes between proc
 MoRIIOConnector, WRITE). Their transfer times measure the stand-in, not a NIC, so they are compared
 with each other and kept out of the ratios against the peers.
 
+Every connector's servers are up at once, about 2.5 GiB each (13 servers for all seven rows): on
+a smaller host, pick the rows with ``--only``.
+
 The whole run happens inside a private network namespace (``unshare -n``, loopback only),
 so no server of any connector listens on a reachable interface; ``--no-netns`` skips that.
 """
