@@ -152,7 +152,7 @@ class Upstream(Connector):
     findings = (
         (
             r"TransferError: .*\n.*RDMA transfer failed: .*?\(code=StatusCode\.(\w+)\)",
-            "{side}: TransferError ({0}) raised on its forward thread",
+            "{side} logged TransferError ({0})",
         ),
         (r"RDMA read TIMED OUT", "{side}: RDMA read timed out"),
     )
