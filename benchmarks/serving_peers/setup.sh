@@ -42,3 +42,8 @@ else
         echo "peer mooncake: not installed: $(tail -2 "$log.moon" "$log.moon-check" | tr '\n' ' ')"
     fi
 fi
+# The watch (moriio_fsm.vllm.watch) wraps MooncakeConnector in its servers: this package too.
+if [ -x "$MOON/bin/python" ] && ! "$MOON/bin/python" -c 'import moriio_fsm' >/dev/null 2>&1; then
+    "$MOON/bin/pip" install -q -e . >"$log.moon-fsm" 2>&1 \
+        || echo "peer mooncake: warning: pip install -e . into $MOON failed: $(tail -2 "$log.moon-fsm" | tr '\n' ' ')"
+fi
