@@ -86,17 +86,19 @@ def _standin_loaded() -> bool:
 
 
 def _load_standin() -> None:
-    from . import mori_standin  # only when asked: it fetches amd-mori's wheel
+    # Only when asked: it fetches amd-mori's wheel.
+    from .mori_standin.loader import StandInRefused, is_loaded, load_mori_io
+    from .mori_standin.wheel import WheelMismatch, WheelUnavailable
 
-    if mori_standin.is_loaded():
+    if is_loaded():
         return
     try:
-        mori_standin.load_mori_io()
-    except mori_standin.StandInRefused as exc:
+        load_mori_io()
+    except StandInRefused as exc:
         if "imports for real" not in str(exc):
             raise MoriUnavailableError(f"{STANDIN_SWITCH}=standin: {exc}") from exc
         return  # a real mori is here: it is used, never shadowed
-    except (mori_standin.WheelUnavailable, mori_standin.WheelMismatch, ValueError) as exc:
+    except (WheelUnavailable, WheelMismatch, ValueError) as exc:
         raise MoriUnavailableError(f"{STANDIN_SWITCH}=standin: {exc}") from exc
     probe_mori.forget()
 

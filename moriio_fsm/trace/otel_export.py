@@ -30,7 +30,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..logs import get_logger
-from .otel_spans import TransferStory, wall_ns
+from .otel_story import TransferStory, wall_ns
 
 log = get_logger("moriio_fsm.otel")
 

@@ -13,38 +13,17 @@ Both the watch and the project's connector use this module, so their spans have 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.events import Outcome
+from .otel_story import TransferStory
 
 MAX_LIVE = 1 << 16
 MAX_STATES = 64
 MAX_HEADER_LENGTH = 512
 _CREATED = Outcome.CREATED
-
-
-@dataclass
-class TransferStory:
-    """What one transfer's spans are made of: its states with their start times, and notes."""
-
-    machine: str
-    key: str
-    side: str
-    states: list[tuple[str, float]]  # (state, entered at: monotonic seconds)
-    anomalies: list[str] = field(default_factory=list)
-    outcome: str = ""
-    end: float = 0.0
-    request_id: str = ""
-    headers: dict[str, str] | None = None
-
-    @property
-    def role(self) -> str:
-        """``producer`` (P) or ``consumer`` (D), from the machine's name."""
-        return "producer" if self.machine.endswith("producer") else "consumer"
 
 
 def trace_headers_of(value: Any) -> dict[str, str] | None:
@@ -180,12 +159,3 @@ class TransferSpans:
     def live(self) -> int:
         with self._lock:
             return len(self._live)
-
-
-#: Wall clock minus monotonic clock, read once: the machines' times are monotonic.
-_WALL_OFFSET = time.time() - time.monotonic()
-
-
-def wall_ns(monotonic_s: float) -> int:
-    """Epoch nanoseconds of a monotonic reading (the machines' clock)."""
-    return int((monotonic_s + _WALL_OFFSET) * 1e9)

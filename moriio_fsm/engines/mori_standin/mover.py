@@ -2,13 +2,12 @@
 
 Rules: a range moves only while both regions are registered, checked under both engines' region locks for the
 whole copy, so that a region deregistered before its memory is freed is never touched; an engine that is not a
-live engine of this process is reached through its listener (``remote.SocketMover``), wherever it runs.
+live engine of this process is reached through its listener (``remote.SocketMover``, chosen in ``rdma.py``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ __all__ = [
     "Region",
     "RegionTable",
     "RemoteRegion",
-    "mover_for",
 ]
 
 
@@ -131,14 +129,3 @@ class InProcessMover:
         if notify_as is not None:
             self._notify(remote, *notify_as)
         return None
-
-
-def mover_for(remote: RemoteRegion) -> Mover:
-    """The mover for a transfer with ``remote``: a memmove when it is a live engine of this process, else its
-    listener (another process, or a process in another PID namespace that happens to have this pid)."""
-    from .registry import find_regions, notify_inbound  # both import this module
-    from .remote import SocketMover
-
-    if remote.pid == os.getpid() and find_regions(remote) is not None:
-        return InProcessMover(find_regions, notify_inbound)
-    return SocketMover()

@@ -9,12 +9,15 @@ completes later on the transfer thread; with notifications on, the target record
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from .faults import Fault
-from .mover import Region, RemoteRegion, mover_for
+from .mover import InProcessMover, Mover, Region, RemoteRegion
+from .registry import find_regions, notify_inbound
+from .remote import SocketMover
 from .transfers import Transfer, submit
 
 __all__ = ["Route", "post_batch"]
@@ -107,6 +110,14 @@ def _post_with(
         # A failed notification send: every range still lands.
         submit(_transfer(route, op, status, uid, ranges, gate=fault.gate))
         status.update(fault.code, fault.message)
+
+
+def mover_for(remote: RemoteRegion) -> Mover:
+    """The mover for a transfer with ``remote``: a memmove when it is a live engine of this process, else its
+    listener (another process, or a process in another PID namespace that happens to have this pid)."""
+    if remote.pid == os.getpid() and find_regions(remote) is not None:
+        return InProcessMover(find_regions, notify_inbound)
+    return SocketMover()
 
 
 def _transfer(
