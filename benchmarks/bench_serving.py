@@ -77,6 +77,7 @@ CONNECTORS = (
     "ours-write",
     "ours-read",
     "ours-read-early",
+    "ours-write-watched",
     "nixl",
     "mooncake",
     "ours-rdma",
@@ -86,6 +87,23 @@ PEER_NAMES = ("nixl", "mooncake")
 #: This connector in READ mode: plainly (the client's first token is D's), and with P's first
 #: token handed to the client at once, D continuing after it (the proxy's default).
 READS = ("ours-read", "ours-read-early")
+#: This connector in WRITE mode inside the WatchConnector: its overhead against ``ours-write``.
+WATCHED = "ours-write-watched"
+
+
+def watched(config: dict) -> dict:
+    """``config``'s connector as the inner connector of the WatchConnector, same role and id."""
+    inner = {key: config[key] for key in ("kv_connector", "kv_connector_module_path")}
+    inner["kv_connector_extra_config"] = config["kv_connector_extra_config"]
+    return {
+        "kv_connector": "WatchConnector",
+        "kv_connector_module_path": "moriio_fsm.vllm.watch",
+        "kv_role": config["kv_role"],
+        "engine_id": config["engine_id"],
+        "kv_connector_extra_config": {"inner": inner},
+    }
+
+
 #: Through the mori stand-in: compared with each other, not in the ratios against the peers.
 STANDIN_NAMES = ("ours-rdma", "moriio-upstream")
 
@@ -311,6 +329,8 @@ class Race:
                     "engine_id": side,
                     "kv_connector_extra_config": extra,
                 }
+                if name == WATCHED:  # the same connector inside the WatchConnector
+                    config = watched(config)
                 # rdma: MoriEngine loads the mori stand-in itself (no workaround needed).
                 env = {"MORIIO_FSM_MORI": "standin"} if name == "ours-rdma" else None
                 c.servers[side] = self._server(f"{name}-{side}", http_port, core, config, env=env)
@@ -399,7 +419,7 @@ class Race:
             rid = {"X-Request-Id": upstream.request_id(c.moriio["P"], c.moriio["D"])}
             to_p, to_d = upstream.prefill_params(tid), upstream.decode_params(tid)
             return self._both_at_once(P, D, prompt, to_p, to_d, tid, headers=rid)
-        if c.name in ("ours-write", "ours-rdma"):
+        if c.name in ("ours-write", "ours-rdma", WATCHED):
             # WRITE: D tells P where its blocks are, so both requests go at once.
             to_p = {
                 "do_remote_decode": True,
@@ -1331,6 +1351,12 @@ def report(results: dict, expected, our_timelines) -> int:
             f"{fmt_ms(rdma['e2e'])} vs {fmt_ms(theirs['e2e'])} = {rdma['e2e'] / theirs['e2e']:.3f}"
         )
     print_read_early(summary)
+    plain, wrapped = summary.get("ours-write"), summary.get(WATCHED)
+    if plain and wrapped and plain["n"] and wrapped["n"]:
+        print(
+            f"watch_overhead: {wrapped['e2e'] / plain['e2e']:.3f} (goal <= 1.01; e2e p50 "
+            f"{fmt_ms(wrapped['e2e'])} watched vs {fmt_ms(plain['e2e'])})"
+        )
     print(f"e2e_vs_best_peer: {e2e_ratio:.3f}")
     print(f"transfer_vs_best_peer: {xfer_ratio:.3f}")
     print(f"kv_copy_efficiency: {eff:.4f}")
