@@ -4,7 +4,8 @@ other processes write into and read from this engine's registered regions, as on
 Rules: a request touches only a region that is registered now, exactly as the initiator's descriptor names it
 (id, address, size), and only ranges inside it, copied under the region table's lock so that a region
 deregistered first is never touched; whatever breaks the protocol drops that connection alone, logged, and the
-listener goes on; at most ``MAX_CONNECTIONS`` peers at once; ``close`` ends the listener and every connection.
+listener goes on; at most ``MAX_CONNECTIONS`` peers at once, each dropped after ``IDLE_S`` of silence; ``close``
+ends the listener and every connection.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ __all__ = ["MAX_CONNECTIONS", "NicListener"]
 _log = logging.getLogger("moriio_fsm.engines.mori_standin")
 
 MAX_CONNECTIONS = 64
+#: A peer silent this long is dropped (it dials again when it has work), so idle or hostile
+#: connections cannot hold every slot for ever.
+IDLE_S = 120.0
 _ERR_RDMA_OP = 13
 _ACCEPT_POLL_S = 0.5
 
@@ -95,7 +99,7 @@ class NicListener:
         with self._lock:
             if self._closed or len(self._connections) >= MAX_CONNECTIONS:
                 return False
-            connection.settimeout(None)
+            connection.settimeout(IDLE_S)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._connections.add(connection)
             return True

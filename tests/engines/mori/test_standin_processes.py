@@ -238,3 +238,14 @@ def peer_region(peer) -> dict:
 
     fields = msgpack.unpackb(bytes.fromhex(peer.hello["memory"]))
     return {"id": fields[1], "data": fields[4], "size": fields[5]}
+
+
+def test_a_silent_connection_is_dropped_so_it_cannot_hold_a_slot(standin, mori_io, monkeypatch):
+    from moriio_fsm.engines.mori_standin import nic
+
+    monkeypatch.setattr(nic, "IDLE_S", 0.3)
+    engine = mori_io.IOEngine("idle-target", mori_io.IOEngineConfig("127.0.0.1", 0))
+    engine.create_backend(mori_io.BackendType.RDMA)
+    desc = engine.get_engine_desc()
+    with socket.create_connection((desc.host, desc.port), timeout=10) as silent:
+        assert silent.recv(1) == b"", "the NIC kept a connection that never spoke"
