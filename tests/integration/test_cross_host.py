@@ -236,6 +236,10 @@ def answers_through(proxy: Host, model: str) -> list[list[int] | str]:
 def test_pd_across_hosts_answers_as_one_instance_leaks_nothing_and_survives_p_killed(
     model, expected, network, tmp_path, mode, backend, monkeypatch
 ):
+    # Each host starts as a fresh machine would: no UCX settings left in this process's
+    # environment by earlier engines in it (they pin UCX to loopback).
+    for name in [name for name in os.environ if name.startswith("UCX_")]:
+        monkeypatch.delenv(name)
     if backend == "rdma":  # mori's own Python layer over the stand-in, its "NIC" over the bridge
         monkeypatch.setenv("MORIIO_FSM_MORI", "standin")
     p, d, x = start_pd(network, model, mode, tmp_path, backend)
