@@ -16,7 +16,15 @@ import torch
 from moriio_fsm.engines import MoriEngine, StatusCode
 
 from ..json_peer import JsonLinePeer
-from ..nixl.test_nixl_processes import wait_until_stopped
+
+# The byte checks are the NIXL process tests' own, run here against this module's peer and prefill.
+from ..nixl.test_nixl_processes import (  # noqa: F401
+    test_batch_read_pulls_the_bytes_the_peer_holds,
+    test_bytes_written_here_land_in_the_tensor_the_peer_allocated,
+    test_large_batches_of_many_ranges_move_every_byte,
+    test_the_peer_reads_and_writes_this_processs_memory,
+    wait_until_stopped,
+)
 
 PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "engine_peer.py")
 REGION = 1 << 20
@@ -51,59 +59,6 @@ def prefill(standin, peer):
     yield engine, session, source, local
     standin.drain()
     engine.close()
-
-
-def test_bytes_written_here_land_in_the_tensor_the_peer_allocated(peer, prefill):
-    _, session, source, _ = prefill
-    chunk = 4096
-    local = [i * chunk for i in range(16)]
-    remote = [(15 - i) * chunk + 64 * chunk for i in range(16)]
-    status = session.batch_write(local, remote, [chunk] * 16, session.allocate_transfer_uid())
-    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
-    for lo, ro in zip(local, remote):
-        assert peer.dump(ro, chunk) == source[lo : lo + chunk].numpy().tobytes()
-    assert peer.dump(0, 64 * chunk) == bytes(64 * chunk)
-
-
-def test_batch_read_pulls_the_bytes_the_peer_holds(peer, prefill):
-    _, session, source, _ = prefill
-    pattern = bytes(range(256)) * 8
-    assert peer.ask(op="fill", offset=300_000, hex=pattern.hex())["ok"]
-    status = session.batch_read(
-        [0, 5000], [300_000, 301_024], [1024, 1024], session.allocate_transfer_uid()
-    )
-    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
-    assert source[0:1024].numpy().tobytes() == pattern[:1024]
-    assert source[5000:6024].numpy().tobytes() == pattern[1024:]
-
-
-def test_the_peer_reads_and_writes_this_processs_memory(peer, prefill):
-    engine, _, source, local = prefill
-    me = dict(engine=engine.get_engine_desc().pack().hex(), memory=local.pack().hex())
-    answer = peer.ask(
-        op="pull", local_offsets=[500_000], remote_offsets=[1234], sizes=[70_000], **me
-    )
-    assert answer["code"] == StatusCode.SUCCESS, answer["message"]
-    assert peer.dump(500_000, 70_000) == source[1234:71_234].numpy().tobytes()
-    expected = peer.dump(600_000, 3000)
-    answer = peer.ask(op="push", local_offsets=[600_000], remote_offsets=[10], sizes=[3000], **me)
-    assert answer["code"] == StatusCode.SUCCESS, answer["message"]
-    assert source[10:3010].numpy().tobytes() == expected
-
-
-def test_many_ranges_in_one_batch_all_land(peer, prefill):
-    _, session, source, _ = prefill
-    count, chunk = 2048, 256
-    local = [i * chunk for i in range(count)]
-    remote = [((i * 7) % count) * chunk for i in range(count)]
-    status = session.batch_write(local, remote, [chunk] * count, session.allocate_transfer_uid())
-    assert status.wait_for(WAIT_MS) and status.succeeded(), status.message()
-    landed = peer.dump(0, REGION)
-    for i in (0, 1, count // 2, count - 1):
-        assert (
-            landed[remote[i] : remote[i] + chunk]
-            == source[local[i] : local[i] + chunk].numpy().tobytes()
-        )
 
 
 @pytest.fixture
