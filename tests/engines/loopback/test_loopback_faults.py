@@ -5,6 +5,7 @@ No test here depends on timing: a transfer is kept in progress by holding it
 (``faults.hold_nth``) until the test releases it, and every wait is bounded.
 """
 
+import gc
 import threading
 
 import pytest
@@ -186,19 +187,27 @@ def test_a_killed_session_fails_its_transfers_but_not_other_sessions(faulty_pair
     assert alive.succeeded()
 
 
+def _sessions_on_reused_addresses(engine, mems):
+    """Kills sessions and creates new ones until some new one sits where a killed one sat.
+
+    CPython hands freed memory to new objects of the same size, but a cycle or another
+    thread's allocation can delay that for a round, so this tries a few rounds."""
+    for _ in range(20):
+        killed = [engine.create_session(*mems) for _ in range(100)]
+        for session in killed:
+            session.kill()
+        killed_addresses = {id(session) for session in killed}
+        del killed, session
+        gc.collect()
+        later = [engine.create_session(*mems) for _ in range(100)]
+        if killed_addresses & {id(s) for s in later}:
+            return later
+    raise AssertionError("no address was reused in 20 rounds; the test would prove nothing")
+
+
 def test_a_killed_session_does_not_doom_a_later_one_at_the_same_address(faulty_pair):
     engine, mems = faulty_pair.producer, (faulty_pair.source_mem, faulty_pair.remote_mem)
-    killed = [engine.create_session(*mems) for _ in range(100)]
-    for session in killed:
-        session.kill()
-    killed_addresses = {id(session) for session in killed}
-    del killed, session
-    # CPython hands freed memory to new objects of the same size, so some of
-    # these sessions take the addresses the killed ones had.
-    later = [engine.create_session(*mems) for _ in range(100)]
-    assert killed_addresses & {id(s) for s in later}, (
-        "no address was reused; the test proved nothing"
-    )
+    later = _sessions_on_reused_addresses(engine, mems)
     assert all(s.alive() for s in later)
     status = later[0].batch_write([0], [0], [64], engine.allocate_transfer_uid())
     assert status.wait_for(WAIT_MS) and status.succeeded()
