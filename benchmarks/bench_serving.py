@@ -92,14 +92,15 @@ WATCHED = "ours-write-watched"
 
 
 def watched(config: dict) -> dict:
-    """``config``'s connector as the inner connector of the WatchConnector, same role and id."""
-    inner = {key: config[key] for key in ("kv_connector", "kv_connector_module_path")}
-    inner["kv_connector_extra_config"] = config["kv_connector_extra_config"]
+    """``config``'s connector as the inner connector of the WatchConnector; every other field
+    (role, engine id, buffer device) stays outside, where the inner connector inherits it."""
+    own = ("kv_connector", "kv_connector_module_path", "kv_connector_extra_config")
+    inner = {key: config[key] for key in own if key in config}
+    outer = {key: value for key, value in config.items() if key not in own}
     return {
+        **outer,
         "kv_connector": "WatchConnector",
         "kv_connector_module_path": "moriio_fsm.vllm.watch",
-        "kv_role": config["kv_role"],
-        "engine_id": config["engine_id"],
         "kv_connector_extra_config": {"inner": inner},
     }
 

@@ -36,6 +36,7 @@ class Instance:
     kv_host: str | None = None
     notify_port: int | None = None
     handshake_port: int | None = None
+    tp_size: int = 1
     up: bool = True
     down_since: float | None = None
     last_error: str = ""
@@ -43,26 +44,28 @@ class Instance:
 
     @classmethod
     def parse(cls, name: str, spec: str) -> Instance:
-        """``URL`` or ``URL,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT`` (HOST may be ``[v6]``)."""
-        url, _, kv = spec.partition(",kv=")
+        """``URL[,kv=HOST:NOTIFY_PORT:HANDSHAKE_PORT][,tp=N]`` (HOST may be ``[v6]``; ``tp``:
+        the instance's tensor-parallel size, which a D with a different one must be told)."""
+        url, *options = spec.split(",")
         scheme, _, rest = url.partition("://")
         if scheme not in ("http", "https") or not rest.strip("/"):
             raise ProxyConfigError(
-                f"instance {name}: expected URL[,kv=HOST:NOTIFY:HANDSHAKE] "
+                f"instance {name}: expected URL[,kv=HOST:NOTIFY:HANDSHAKE][,tp=N] "
                 f"with an http:// URL and a host, got {spec!r}"
             )
-        if not kv:
-            return cls(name, url.rstrip("/"))
-        rest_kv, _, handshake = kv.rpartition(":")
-        host, _, notify = rest_kv.rpartition(":")
-        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        ports = (notify, handshake)
-        if not host or not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
-            raise ProxyConfigError(
-                f"instance {name}: kv= expects HOST:NOTIFY_PORT:HANDSHAKE_PORT "
-                f"with a host and ports in 1-65535, got {kv!r}"
-            )
-        return cls(name, url.rstrip("/"), host, int(notify), int(handshake))
+        instance = cls(name, url.rstrip("/"))
+        for option in options:
+            key, _, value = option.partition("=")
+            if key == "kv" and instance.kv_host is None:
+                instance.kv_host, instance.notify_port, instance.handshake_port = _kv(name, value)
+            elif key == "tp" and value.isdigit() and 1 <= int(value) <= 4096:
+                instance.tp_size = int(value)
+            else:
+                raise ProxyConfigError(
+                    f"instance {name}: unexpected {option!r} in {spec!r}; the options are "
+                    "kv=HOST:NOTIFY:HANDSHAKE and tp=N (N in 1-4096), each at most once"
+                )
+        return instance
 
     def peer_params(self) -> dict[str, Any]:
         """What the other side's connector needs to reach this instance's connector."""
@@ -70,6 +73,7 @@ class Instance:
             "remote_host": self.kv_host,
             "remote_notify_port": self.notify_port,
             "remote_handshake_port": self.handshake_port,
+            "remote_tp_size": self.tp_size,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -82,6 +86,20 @@ class Instance:
             "down_since": self.down_since,
             "last_error": self.last_error,
         }
+
+
+def _kv(name: str, kv: str) -> tuple[str, int, int]:
+    """(host, notify port, handshake port) from ``HOST:NOTIFY_PORT:HANDSHAKE_PORT``."""
+    rest_kv, _, handshake = kv.rpartition(":")
+    host, _, notify = rest_kv.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    ports = (notify, handshake)
+    if not host or not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
+        raise ProxyConfigError(
+            f"instance {name}: kv= expects HOST:NOTIFY_PORT:HANDSHAKE_PORT "
+            f"with a host and ports in 1-65535, got {kv!r}"
+        )
+    return host, int(notify), int(handshake)
 
 
 class Pool:

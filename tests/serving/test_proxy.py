@@ -28,6 +28,7 @@ def test_write_mode_sends_both_parts_with_each_others_address(fakes, proxy_for):
         "remote_host": "127.0.0.1",
         "remote_notify_port": 7201,
         "remote_handshake_port": 7202,
+        "remote_tp_size": 1,
     }
     assert to_d["max_tokens"] == 8 and to_d["prompt"] == [1, 2, 3]
     assert to_d["kv_transfer_params"] == {
@@ -36,7 +37,17 @@ def test_write_mode_sends_both_parts_with_each_others_address(fakes, proxy_for):
         "remote_host": "127.0.0.1",
         "remote_notify_port": 7101,
         "remote_handshake_port": 7102,
+        "remote_tp_size": 1,
     }
+
+
+def test_write_mode_tells_d_the_tensor_parallel_size_of_its_p(fakes, proxy_for):
+    """A P with TP 2 writes from two ranks: D waits for both only when told so."""
+    p, d = fakes("P", tokens=[9]), fakes("D", tokens=[5])
+    proxy = proxy_for("write", [p.spec(7101, 7102) + ",tp=2"], [d.spec(7201, 7202)])
+    assert post(proxy, {"prompt": [1, 2], "max_tokens": 2}).status_code == 200
+    assert d.received[0]["kv_transfer_params"]["remote_tp_size"] == 2
+    assert p.received[0]["kv_transfer_params"]["remote_tp_size"] == 1
 
 
 def test_read_mode_passes_ps_params_on_to_d(fakes, proxy_for):
@@ -386,11 +397,25 @@ def test_a_flood_of_junk_leaves_the_proxy_serving(fakes, proxy_for):
         ("http://x,kv=h:0:1", "ports in 1-65535"),
         ("http://x,kv=h:a:1", "ports in 1-65535"),
         ("http://x,kv=h:1", "HOST:NOTIFY_PORT:HANDSHAKE_PORT"),
+        ("http://x,tp=0", "'tp=0'.*tp=N"),
+        ("http://x,tp=two", "'tp=two'"),
+        ("http://x,tp=-1", "'tp=-1'"),
+        ("http://x,tp=99999", "N in 1-4096"),
+        ("http://x,kv=h:1:2,kv=h:3:4", "each at most once"),
+        ("http://x,weights=1", "'weights=1'"),
+        ("http://x,", "unexpected ''"),
     ],
 )
 def test_bad_instance_specs_are_named(spec, expected):
     with pytest.raises(ProxyConfigError, match=expected):
         Instance.parse("P0", spec)
+
+
+def test_an_instance_spec_takes_kv_and_tp_in_either_order():
+    for spec in ("http://h:8000,kv=h:7001:7002,tp=2", "http://h:8000,tp=2,kv=h:7001:7002"):
+        instance = Instance.parse("P0", spec)
+        assert (instance.kv_host, instance.handshake_port, instance.tp_size) == ("h", 7002, 2)
+    assert Instance.parse("P0", "http://h:8000").tp_size == 1
 
 
 def test_an_ipv6_connector_host_is_understood():
