@@ -180,10 +180,7 @@ FAILED_WRITE = json.dumps([{"stage": "completion", "op": "write", "times": 1}])
 
 def _lost_write_done(connector: Connector) -> str:
     if connector.name == "ours-rdma":
-        return (
-            "P's fault_injection message_loss_rate 1.0 (in WRITE mode P sends only write_done "
-            "and write_failed)"
-        )
+        return "P's fault_injection message_lose_first: write_done (its first write_done is lost)"
     return (
         "workaround moriio_drop_write_done: MoRIIOWrapper.send_notify drops its first "
         "message_type='write_done'"
@@ -246,7 +243,7 @@ FAULTS = [
         "a lost write_done (P's message that its writes landed)",
         _lost_write_done,
         lambda c: {
-            "P": Setup(ours_faults={"message_loss_rate": 1.0})
+            "P": Setup(ours_faults={"message_lose_first": "write_done"})
             if c.name == "ours-rdma"
             else Setup(workarounds=("moriio_drop_write_done",))
         },

@@ -65,8 +65,8 @@ class ModeReport:
     mode: str
     results: list[Result] = field(default_factory=list)
     leaked_blocks: int = 0
-    rss_warm: dict[str, int] = field(default_factory=dict)
-    rss_end: dict[str, int] = field(default_factory=dict)
+    rss_warm: dict[str, dict[str, int]] = field(default_factory=dict)
+    rss_end: dict[str, dict[str, int]] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -101,18 +101,25 @@ def process_label(pid: int) -> str:
     return title.split(" ")[0].rsplit("/", 1)[-1] or "?"
 
 
-def rss_kib(pid: int) -> int:
+#: The parts of a process's resident memory (/proc/PID/status, KiB): all of it, its private
+#: memory, and the shared memory it touched (the KV caches one side maps of the other's).
+RSS_PARTS = ("VmRSS", "RssAnon", "RssShmem")
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    parts = dict.fromkeys(RSS_PARTS, 0)
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            name, _, value = line.partition(":")
+            if name in parts:
+                parts[name] = int(value.split()[0])
     except OSError:
         pass
-    return 0
+    return parts
 
 
-def sample_rss(groups: dict[str, int]) -> dict[str, int]:
-    """``{"P: EngineCore (pid 12)": KiB, ...}`` for every process of every named group."""
+def sample_rss(groups: dict[str, int]) -> dict[str, dict[str, int]]:
+    """``{"P: EngineCore (pid 12)": {"VmRSS": KiB, ...}, ...}`` for every process of every group."""
     out = {}
     for name, leader in groups.items():
         for pid in group_pids(leader):
@@ -120,11 +127,37 @@ def sample_rss(groups: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def rss_growth(before: dict[str, int], after: dict[str, int]) -> float:
-    """Total growth as a fraction of the total before (processes present at both samples)."""
+def rss_growth(before: dict, after: dict, part: str = "VmRSS") -> float:
+    """Total growth of ``part`` as a fraction of its total before (processes at both samples)."""
     common = [key for key in before if key in after]
-    total = sum(before[key] for key in common)
-    return (sum(after[key] for key in common) - total) / total if total else float("nan")
+    total = sum(before[key][part] for key in common)
+    grown = sum(after[key][part] for key in common) - total
+    return grown / total if total else float("nan")
+
+
+def total_mib(sample: dict) -> float:
+    return sum(parts["VmRSS"] for parts in sample.values()) / 1024
+
+
+def print_rss(report) -> None:
+    """Each process's RSS after warm-up and after the run, with how much of the change is
+    private memory and how much shared memory it touched."""
+    print(
+        f"  {'process':<44} {'after warm-up':>14} {'after run':>11} {'change':>8} "
+        f"{'private':>9} {'shared':>9}"
+    )
+    for key, before in report.rss_warm.items():
+        after = report.rss_end.get(key)
+        if not after or not before["VmRSS"]:
+            print(f"  {key:<44} {before['VmRSS'] / 1024:>10.1f} MiB {'-':>11} {'gone':>8}")
+            continue
+        change = (after["VmRSS"] - before["VmRSS"]) / before["VmRSS"]
+        private = (after["RssAnon"] - before["RssAnon"]) / 1024
+        shared = (after["RssShmem"] - before["RssShmem"]) / 1024
+        print(
+            f"  {key:<44} {before['VmRSS'] / 1024:>10.1f} MiB {after['VmRSS'] / 1024:>7.1f} MiB "
+            f"{change * 100:>+7.1f}% {private:>+6.1f}MiB {shared:>+6.1f}MiB"
+        )
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -271,16 +304,12 @@ def print_mode(report: ModeReport, bound: float) -> bool:
     late = sum(r.e2e > bound for r in report.results)
     growth = rss_growth(report.rss_warm, report.rss_end)
     print(f"{report.mode.upper()} mode: {len(report.results)} requests in {report.wall_s:.0f}s")
-    print(f"  {'process':<44} {'after warm-up':>14} {'after run':>11} {'change':>8}")
-    for key, before in report.rss_warm.items():
-        after = report.rss_end.get(key)
-        change = f"{(after - before) / before * 100:+.1f}%" if after and before else "gone"
-        shown = f"{after / 1024:.1f} MiB" if after else "-"
-        print(f"  {key:<44} {before / 1024:>10.1f} MiB {shown:>11} {change:>8}")
+    print_rss(report)
+    private = rss_growth(report.rss_warm, report.rss_end, "RssAnon")
     print(
-        f"  RSS total {sum(report.rss_warm.values()) / 1024:.1f} MiB after warm-up, "
-        f"{sum(report.rss_end.values()) / 1024:.1f} MiB after the run: {growth * 100:+.1f}% "
-        f"(goal within {RSS_GOAL * 100:.0f}%)"
+        f"  RSS total {total_mib(report.rss_warm):.1f} MiB after warm-up, "
+        f"{total_mib(report.rss_end):.1f} MiB after the run: {growth * 100:+.1f}% "
+        f"(goal within {RSS_GOAL * 100:.0f}%); private memory (RssAnon) {private * 100:+.1f}%"
     )
     print(f"  slowest request {slowest:.2f}s; past the timeouts' chain ({bound:g}s): {late}")
     errors = sorted({r.error for r in report.results if r.verdict == "failed"})

@@ -97,7 +97,7 @@ class Observer:
         breaches: list[Breach] = []
         self._see_event(m, ev)
         for effect in effects:
-            self._see_effect(m, effect, breaches)
+            self._see_effect(m, effect, breaches, ev.kind)
         if state in self._final:
             breaches.extend(self.at_end(m, state))
         return tuple(m), breaches
@@ -136,7 +136,7 @@ class Observer:
 
     # -- effects ---------------------------------------------------------------------
 
-    def _see_effect(self, m: list, effect, breaches: list[Breach]) -> None:
+    def _see_effect(self, m: list, effect, breaches: list[Breach], cause: str) -> None:
         kind = effect.kind
         if kind in POSTS:
             layer = effect.layer
@@ -172,8 +172,9 @@ class Observer:
                 )
             )
         if kind == "send_write_done":
-            if m[WRITE_DONE]:
-                breaches.append(Breach("write_done_once", "send_write_done a second time"))
+            # Said again only when D's release asks (D may have lost the first).
+            if m[WRITE_DONE] and cause != "release":
+                breaches.append(Breach("write_done_once", "send_write_done a second time, unasked"))
             m[WRITE_DONE] = min(m[WRITE_DONE] + 1, 2)
             sealed = m[SEALED]
             if sealed <= 0:

@@ -53,7 +53,12 @@ MODES = {
 #: share a step of 1 s over a life of minutes, which would multiply the states by
 #: hundreds without adding any order of events.
 PAIR_CONFIGS: dict[str, dict[str, dict[str, float]]] = {
-    "write": {"write_producer": {}, "write_consumer": {}},
+    # D's release repeats on the other timers' 10 s grid, twice: each repeat is a release
+    # and an answer in flight, and a 2 s repeat would make "auto" time step by 2 s.
+    "write": {
+        "write_producer": {},
+        "write_consumer": {"release_repeat_s": 20.0, "max_release_repeats": 2},
+    },
     "read": {
         "read_producer": {"lease_s": 6.0, "max_hold_s": 24.0},
         "read_consumer": {

@@ -109,14 +109,15 @@ def register(sub) -> None:
         "--prefill",
         action="append",
         required=True,
-        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
-        help="a P instance (repeat for more); WRITE mode needs where its connector listens",
+        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE][,tp=N]",
+        help="a P instance (repeat for more); WRITE mode needs where its connector listens, "
+        "and tp=N when its tensor-parallel size differs from D's",
     )
     p.add_argument(
         "--decode",
         action="append",
         required=True,
-        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE]",
+        metavar="URL[,kv=HOST:NOTIFY:HANDSHAKE][,tp=N]",
         help="a D instance (repeat for more)",
     )
     add_proxy_options(p)

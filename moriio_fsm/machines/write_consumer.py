@@ -118,6 +118,17 @@ def tell_release(tx, ev, out) -> None:
         out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "failed"))
 
 
+@bindings.guard
+def may_repeat_release(tx, ev) -> bool:
+    return tx.release_repeats < tx.max_release_repeats
+
+
+@bindings.action
+def repeat_release(tx, ev, out) -> None:
+    tx.release_repeats += 1
+    out.append(emits.send_release(tx.transfer_id, reason=tx.end_reason or "failed"))
+
+
 bind_end_reasons(bindings, end_timed_out="timeout", end_finished="finished", end_unsent="unsent")
 
 

@@ -214,6 +214,26 @@ def tell_write_failed(tx, ev, out) -> None:
     )
 
 
+# The repeats answer D's release and count nothing: the verdict is the one already sent.
+# (Each action names its emit itself: the spec checker reads which emits an action makes.)
+@bindings.action
+def repeat_write_done(tx, ev, out) -> None:
+    out.append(
+        emits.send_write_done(
+            tx.transfer_id, num_writers=tx.num_writers, decode_rank=tx.decode_rank
+        )
+    )
+
+
+@bindings.action
+def repeat_write_failed(tx, ev, out) -> None:
+    out.append(
+        emits.send_write_failed(
+            tx.transfer_id, reason=tx.end_reason, decode_rank=tx.decode_rank, writes_stopped=True
+        )
+    )
+
+
 @bindings.action
 def quarantine(tx, ev, out) -> None:
     # The writes were asked to stop and nobody confirmed it: they may still land in D's

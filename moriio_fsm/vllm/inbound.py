@@ -3,7 +3,8 @@
 Rules: a message that cannot become an event, or that no machine of this rank takes, is
 logged and dropped; the listener never dies on one. What a message means is the machines'
 business: this module only notes where a READ D wants its lease grants (taken back when the
-machine did not take the heartbeat), answers allocations for ids refused as used, starts
+machine did not take the heartbeat), answers allocations for ids refused as used and
+releases for transfers that ended here (``ended_verdicts.py``), starts
 preparing writes for an allocation the machine stored, says when a message was forged, and
 makes a write_done from a P whose rank count D did not wait for a failure (``_writers_match``).
 """
@@ -20,6 +21,7 @@ from ..runtime.declared import events
 from ..runtime.driver import Driver
 from ..runtime.events import Outcome
 from .context import HandlerContext
+from .ended_verdicts import EndedVerdicts
 from .reused_ids import ReusedIdReplies
 
 log = get_logger("moriio_fsm.vllm")
@@ -40,12 +42,14 @@ class Inbound:
         dispatch: Callable[[str, object], list],
         reused_ids: ReusedIdReplies,
         prepare: Callable[[str, object], None],
+        ended_verdicts: EndedVerdicts | None = None,
     ):
         self._parts = parts
         self._drivers = drivers
         self._dispatch = dispatch
         self._reused_ids = reused_ids
         self._prepare = prepare
+        self._ended_verdicts = ended_verdicts
         self._forged_log = LogLimiter(per_second=5)
 
     def on_message(self, delivery: Delivery) -> None:
@@ -74,6 +78,8 @@ class Inbound:
         allocation = event.kind == "remote_blocks" and side == "send"
         if allocation and outcome in _UNTAKEN:
             self._reused_ids.unanswered_allocation(event.transfer_id, event.decode_rank)
+        if event.kind == "release" and outcome is Outcome.LATE and self._ended_verdicts:
+            self._ended_verdicts.answer_release(event.transfer_id, event.consumer_rank)
         self._log_outcome(outcome, event, message, delivery)
         # Only an allocation the machine stored: a duplicate, or one an ending transfer
         # ignored, is posted to by nothing.

@@ -1,7 +1,8 @@
 """Control-message faults for fault runs: lose, duplicate or delay what a rank sends its peer.
 
 Set by ``fault_injection`` (``message_loss_rate``, ``message_dup_rate``,
-``message_delay_rate`` with ``message_delay_s``); seeded, so a run can be repeated. A
+``message_delay_rate`` with ``message_delay_s``, and ``message_lose_first``: the first
+message of one kind, such as ``write_done``); seeded, so a run can be repeated. A
 delayed message waits on one timer thread (bounded: beyond ``MAX_DELAYED`` pending it is
 sent at once). Faults apply on the sending side, before the transport encodes and checks
 the message: what arrives is a message the transport accepted, just late, twice or never.
@@ -28,7 +29,7 @@ KEYS = ("message_loss_rate", "message_dup_rate", "message_delay_rate", "message_
 
 
 def wants_message_faults(faults: dict) -> bool:
-    return any(faults.get(key) for key in KEYS[:3])
+    return any(faults.get(key) for key in (*KEYS[:3], "message_lose_first"))
 
 
 class MessageFaults:
@@ -40,6 +41,7 @@ class MessageFaults:
         self.dup = float(faults.get("message_dup_rate", 0.0))
         self.delay_rate = float(faults.get("message_delay_rate", 0.0))
         self.delay_s = float(faults.get("message_delay_s", 0.05))
+        self._lose_first: str | None = faults.get("message_lose_first")
         self._chance = random.Random(faults.get("seed", 0) ^ 0x5EED)
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, Any, Any]] = []
@@ -55,7 +57,10 @@ class MessageFaults:
             roll = self._chance.random()
             twice = self._chance.random() < self.dup
             late = self._chance.random() < self.delay_rate
-            if roll < self.loss:
+            first = message.kind == self._lose_first
+            if first:
+                self._lose_first = None
+            if first or roll < self.loss:
                 self.counts["lost"] += 1
                 log.info("vllm.fault_message_lost", kind=message.kind, transfer=message.transfer_id)
                 return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ..adapters.zmq.messages import RECEIVER
 from ..errors import MoriioFsmError
 from ..lang.bounds import BrokenBound
 
@@ -193,6 +194,9 @@ def _ucx(key: str, value: Any) -> dict[str, str]:
         raise ConnectorConfigError(str(exc)) from None
 
 
+#: The control messages a ``message_lose_first`` fault can name.
+MESSAGE_KINDS = tuple(RECEIVER)
+
 _FAULT_KEYS = {
     "fail_nth": "int",
     "stall_nth": "int",
@@ -206,6 +210,7 @@ _FAULT_KEYS = {
     "message_dup_rate": "rate",
     "message_delay_rate": "rate",
     "message_delay_s": "seconds",
+    "message_lose_first": "message kind",
 }
 
 
@@ -228,6 +233,13 @@ def _faults(key: str, value: Any) -> dict[str, Any]:
             checked[name] = _int(where, raw, 0 if name == "seed" else 1, 1 << 31)
         elif kind == "bool":
             checked[name] = _flag(where, raw)
+        elif kind == "message kind":
+            if raw not in MESSAGE_KINDS:
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config[{where!r}]: expected a message kind "
+                    f"({', '.join(MESSAGE_KINDS)}), got {raw!r}"
+                )
+            checked[name] = raw
         elif kind == "rate":
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 1:
                 raise ConnectorConfigError(

@@ -22,9 +22,11 @@ from ..layout import LayerKVFormat
 from ..machines import build_table
 from ..runtime.declared import events
 from ..runtime.driver import Driver
+from ..runtime.events import Outcome
 from . import read_handlers, write_handlers
 from .context import HandlerContext
 from .directory import TransferDirectory
+from .ended_verdicts import EndedVerdicts
 from .engine_faults import inject_faults
 from .inbound import Inbound
 from .kv_cache import LocalKvCache
@@ -119,6 +121,15 @@ class WorkerHalf:
             for side, name in names.items()
         }
         self._finals = {side: frozenset(table.spec.final_states) for side, table in tables.items()}
+        self._anomalies = {
+            side: frozenset(table.spec.anomaly_states) for side, table in tables.items()
+        }
+        # P, WRITE: D's release for a transfer that ended here is answered from this record.
+        self.ended_verdicts = (
+            EndedVerdicts(self.send, self.topology.tp_rank)
+            if names.get("send") == "write_producer"
+            else None
+        )
         self.metrics = TransferMetrics({side: table.spec for side, table in tables.items()})
         self.poller = CompletionPoller(self._dispatch_adapter_event)
         self.posts = PostBatcher(self.poller, self._dispatch_adapter_event)
@@ -146,7 +157,12 @@ class WorkerHalf:
         settings, me = self.settings, self.topology
         self.reused_ids = ReusedIdReplies(self.send, me.tp_rank)
         inbound = Inbound(
-            self.context, self.drivers, self.dispatch, self.reused_ids, self.preparation.prepare
+            self.context,
+            self.drivers,
+            self.dispatch,
+            self.reused_ids,
+            self.preparation.prepare,
+            self.ended_verdicts,
         )
         config = TransportConfig(
             role=Role.PRODUCER if sides == ("send",) else Role.CONSUMER,
@@ -216,7 +232,16 @@ class WorkerHalf:
         for ev, result in results:
             self.metrics.observe(side, ev, result, now)
             if result.state in finals:
+                if result.outcome is not Outcome.LATE:
+                    self._ended(side, ev.transfer_id, result.state)
                 self.directory.drop(ev.transfer_id)
+
+    def _ended(self, side: str, transfer_id: str, state: str) -> None:
+        if side == "send" and self.ended_verdicts is not None:
+            info = self.directory.get(transfer_id)
+            if info is not None:
+                stopped = state not in self._anomalies[side]
+                self.ended_verdicts.ended(transfer_id, info.peer, stopped)
 
     def _dispatch_adapter_event(self, event) -> None:
         side = "send" if event.kind.startswith("layer_write") else "receive"

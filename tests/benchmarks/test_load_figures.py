@@ -234,7 +234,24 @@ def test_answers_are_compared_with_the_single_instance_ignoring_spacing_and_fail
 
 
 def test_rss_growth_is_over_the_processes_present_both_times():
-    before = {"P: EngineCore (pid 1)": 1000, "D: worker (pid 2)": 1000, "gone (pid 3)": 500}
-    after = {"P: EngineCore (pid 1)": 1100, "D: worker (pid 2)": 1000}
+    def kib(rss, anon, shmem):
+        return {"VmRSS": rss, "RssAnon": anon, "RssShmem": shmem}
+
+    before = {
+        "P: EngineCore (pid 1)": kib(1000, 800, 200),
+        "D: worker (pid 2)": kib(1000, 900, 100),
+        "gone (pid 3)": kib(500, 500, 0),
+    }
+    after = {"P: EngineCore (pid 1)": kib(1100, 800, 300), "D: worker (pid 2)": kib(1000, 900, 100)}
     assert soak.rss_growth(before, after) == pytest.approx(0.05)
+    assert soak.rss_growth(before, after, "RssAnon") == 0.0  # it was shared memory touched
+    assert soak.total_mib(after) == pytest.approx(2100 / 1024)
+
+
+def test_rss_parts_are_read_from_proc():
+    import os
+
+    parts = soak.rss_kib(os.getpid())
+    assert set(parts) == set(soak.RSS_PARTS) and parts["VmRSS"] >= parts["RssAnon"] > 0
+    assert soak.rss_kib(2**22 + 12345) == dict.fromkeys(soak.RSS_PARTS, 0)  # no such process
     assert soak.timeout_bound_s() == 20.0

@@ -93,6 +93,31 @@ def test_a_safety_timeout_keeps_the_blocks_out_of_circulation_rather_than_free_t
     assert not d.kinds("free_blocks") and not d.kinds("report_load_failure")
 
 
+def test_d_repeats_its_release_until_every_writer_confirmed(side):
+    """A lost release (or a lost answer) is asked again every release_repeat_s."""
+    d = started(side, writers=1, safety_timeout_s=60.0, release_repeat_s=10.0)
+    d.send("request_finished")
+    assert len(d.kinds("send_release")) == 1
+    d.advance(10.5)
+    d.advance(10.5)
+    assert d.state == "stopping" and len(d.kinds("send_release")) == 3
+    assert d.record.release_sent == 1  # the first release, counted once
+    r = d.send("write_failed", producer_rank=0, reason="ended", writes_stopped=True)
+    assert r.state == "released" and len(d.kinds("free_blocks")) == 1
+    d.advance(30.0)
+    assert len(d.kinds("send_release")) == 3  # ended: nothing more is asked
+
+
+def test_d_stops_repeating_after_max_release_repeats_and_the_safety_timeout_decides(side):
+    d = started(side, safety_timeout_s=60.0, release_repeat_s=10.0, max_release_repeats=2)
+    d.send("request_finished")
+    for _ in range(5):
+        d.advance(10.5)
+    assert d.state == "stopping" and len(d.kinds("send_release")) == 3  # the first + 2
+    d.advance(10.0)
+    assert d.state == "abandoned"
+
+
 def test_a_late_write_done_after_d_timed_out_still_completes_the_load(side):
     d = started(side, writers=1, write_timeout_s=10.0)
     d.advance(11.0)

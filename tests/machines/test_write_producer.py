@@ -249,15 +249,47 @@ def test_release_from_d_ends_released_and_d_hears_once_no_write_can_land(stage):
     assert not p.kinds("send_write_done")
 
 
-def test_release_after_completion_is_ignored():
+def test_a_release_after_completion_gets_write_done_again():
+    """D released: its write_done was lost (or crossed the release); P says it again, every
+    time D asks, and counts it once."""
     p = Producer()
     p.create()
     p.send("remote_blocks", **BLOCKS)
     p.schedule([0])
     p.send("seal")
     p.complete([0])
+    for _ in range(2):
+        r = p.send("release")
+        assert r.outcome is Outcome.APPLIED and r.state == "completed"
+        assert [e.kind for e in r.effects] == ["send_write_done"]
+    assert len(p.kinds("send_write_done")) == 3
+    assert p.table.get(p.tid).write_done_sent == 1
+
+
+def test_a_release_after_p_told_d_its_writes_stopped_gets_that_again():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0])
+    p.send("layer_write_failed", layer=0, code=13)
+    assert p.state == "closing"
+    [first] = p.kinds("send_write_failed")
     r = p.send("release")
-    assert r.outcome is Outcome.IGNORED and r.state == "completed"
+    assert r.state == "closing" and [e.kind for e in r.effects] == ["send_write_failed"]
+    again = r.effects[0]
+    assert again.writes_stopped is True and again.reason == first.reason
+    assert p.table.get(p.tid).write_failed_sent == 1
+
+
+def test_a_release_while_writes_drain_waits_for_them():
+    p = Producer()
+    p.create()
+    p.send("remote_blocks", **BLOCKS)
+    p.schedule([0, 1])
+    p.send("layer_write_failed", layer=0, code=13)  # layer 1 is still in flight
+    assert p.state == "draining"
+    r = p.send("release")
+    assert r.outcome is Outcome.IGNORED and not r.effects
 
 
 @pytest.mark.parametrize("stage", ["allocated", "scheduling", "sealed", "completed", "draining"])

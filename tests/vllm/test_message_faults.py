@@ -84,3 +84,24 @@ def test_a_delayed_send_that_raises_does_not_kill_the_timer_thread():
 def test_bad_rates_are_named(value):
     with pytest.raises(ConnectorConfigError, match="message_loss_rate"):
         ConnectorSettings.from_extra_config({"fault_injection": {"message_loss_rate": value}})
+
+
+def test_lose_first_loses_exactly_the_first_message_of_that_kind():
+    sent = []
+    wrapper = MessageFaults(lambda to, msg: sent.append(msg), {"message_lose_first": "release"})
+    try:
+        release = [SimpleNamespace(kind="release", transfer_id=f"r-{i}") for i in range(3)]
+        wrapper.send(("127.0.0.1", 1), message(0))  # another kind goes through
+        for msg in release:
+            wrapper.send(("127.0.0.1", 1), msg)
+    finally:
+        wrapper.close()
+    assert [m.transfer_id for m in sent] == ["tx-0", "r-1", "r-2"]
+    assert wrapper.counts["lost"] == 1
+    assert wants_message_faults({"message_lose_first": "release"})
+
+
+@pytest.mark.parametrize("value", ["write-done", "", 3, None, ["write_done"]])
+def test_lose_first_names_a_known_message_kind(value):
+    with pytest.raises(ConnectorConfigError, match="message_lose_first.*write_done"):
+        ConnectorSettings.from_extra_config({"fault_injection": {"message_lose_first": value}})

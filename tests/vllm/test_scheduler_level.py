@@ -450,6 +450,57 @@ def test_a_p_that_never_answers_ends_in_a_failed_load_not_a_hang(make_instance):
     assert D.load_errors
 
 
+def drop_first(instance, kind) -> list:
+    """Lose the instance's first control message of type ``kind``; record every other."""
+    sent: list = []
+    transport = instance.worker._worker.transport
+    original = transport.send
+
+    def send(destination, message):
+        if type(message) is kind and not any(type(m) is kind for _, m in sent):
+            sent.append((tuple(destination), None))  # lost on the way
+            return
+        sent.append((tuple(destination), message))
+        original(destination, message)
+
+    transport.send = send
+    return sent
+
+
+def test_a_lost_write_done_is_answered_again_when_d_releases_and_no_block_is_kept(
+    make_instance,
+):
+    """P's write_done is lost; D times out and releases; P (whose transfer ended) says its
+    writes stopped; D recomputes, and its blocks go back instead of into quarantine."""
+    expected = reference(make_instance, PROMPT)
+    P = make_instance("P", "kv_producer")
+    D = make_instance(
+        "D",
+        "kv_consumer",
+        extra={
+            "machine_config": {
+                "write_consumer": {
+                    "write_timeout_s": 0.5,
+                    "safety_timeout_s": 45.0,  # past P's drain: never reached here
+                    "release_repeat_s": 0.3,
+                },
+            }
+        },
+    )
+    D.scheduler.recompute_kv_load_failures = True
+    p_wire, d_wire = drop_first(P, WriteDone), capture_wire(D)
+    to_p, to_d = write_pair_params("tx-w8", P, D)
+    P.add("p-1", PROMPT, 1, to_p)
+    D.add("d-1", PROMPT, TOKENS, to_d)
+    assert run_until([P, D], lambda: len(D.outputs.get("d-1", [])) >= TOKENS and both_empty(P, D))
+    assert D.outputs["d-1"] == expected
+    assert messages(d_wire, Release), "D never released"
+    [answer] = [m for m in messages(p_wire, WriteFailed) if m.transfer_id == "tx-w8"][:1]
+    assert answer.reason == "ended" and answer.writes_stopped is True
+    stats = D.worker._worker.drivers["receive"].table.stats()
+    assert stats["anomalies"] == 0 and stats["ended"] == {"failed": 1}
+
+
 # -- READ mode -----------------------------------------------------------------------------
 
 
