@@ -135,6 +135,23 @@ def rss_growth(before: dict, after: dict, part: str = "VmRSS") -> float:
     return grown / total if total else float("nan")
 
 
+def print_single_baseline(single: dict) -> None:
+    """What the same prompts, one at a time, did to a single instance's memory: the baseline
+    for P's and D's growth (vLLM and torch grow with the shapes they meet)."""
+    if "warm" not in single or "end" not in single:
+        return
+    for key, before in single["warm"].items():
+        after = single["end"].get(key)
+        if after and before["VmRSS"]:
+            private = (after["RssAnon"] - before["RssAnon"]) / 1024
+            change = (after["VmRSS"] - before["VmRSS"]) / before["VmRSS"]
+            print(
+                f"  baseline {key}: {before['VmRSS'] / 1024:.1f} MiB after the warm-up's "
+                f"prompts, {after['VmRSS'] / 1024:.1f} MiB after all ({change * 100:+.1f}%, "
+                f"private {private:+.1f} MiB)"
+            )
+
+
 def total_mib(sample: dict) -> float:
     return sum(parts["VmRSS"] for parts in sample.values()) / 1024
 
@@ -359,8 +376,20 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(args.requests, args.seed)
     options = DemoOptions(requests=args.requests, workdir=work, max_tokens=args.max_tokens)
     started = time.monotonic()
-    expected = reference_answers(model, prompts, options, lambda text: print(text, flush=True))
+    single: dict[str, dict] = {}
+
+    def sample_single(index: int, server) -> None:
+        """The single instance's memory after as many answers as the warm-up, and at the end."""
+        if index in (args.warmup - 1, len(prompts) - 1):
+            single["warm" if index == args.warmup - 1 else "end"] = sample_rss(
+                {"single": server.pid}
+            )
+
+    expected = reference_answers(
+        model, prompts, options, lambda text: print(text, flush=True), sample_single
+    )
     print(f"reference answers: {len(expected)} in {time.monotonic() - started:.0f}s", flush=True)
+    print_single_baseline(single)
     jobs = [(p.tokens, e) for p, e in zip(prompts, expected)]
     bound = timeout_bound_s()
     print(

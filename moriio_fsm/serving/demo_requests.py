@@ -98,9 +98,14 @@ def _groups(prompts: list[Prompt]) -> list[list[tuple[int, Prompt]]]:
 
 
 def reference_answers(
-    model: str, prompts: list[Prompt], options: DemoOptions, log
+    model: str,
+    prompts: list[Prompt],
+    options: DemoOptions,
+    log,
+    after: Callable[[int, VllmServer], None] | None = None,
 ) -> list[list[int]]:
-    """The single instance's greedy answers (the same server settings as P and D)."""
+    """The single instance's greedy answers (the same server settings as P and D);
+    ``after(i, server)`` is called once answer ``i`` is in."""
     import httpx
 
     (port,) = free_ports(1)
@@ -123,11 +128,15 @@ def reference_answers(
         server.wait_ready(300)
 
         async def ask() -> list[list[int]]:
+            answers = []
             async with httpx.AsyncClient(timeout=120) as client:
-                return [
-                    await _complete(client, server.url, model, p.tokens, options.max_tokens)
-                    for p in prompts
-                ]
+                for index, p in enumerate(prompts):
+                    answers.append(
+                        await _complete(client, server.url, model, p.tokens, options.max_tokens)
+                    )
+                    if after is not None:
+                        after(index, server)
+            return answers
 
         answers = asyncio.run(ask())
         log(f"single instance: {len(answers)} reference answers")

@@ -5,7 +5,9 @@ The project's connector with ``backend: rdma`` (its MoriEngine loads the stand-i
 peers' run-time workarounds), each in WRITE and READ mode: D's greedy tokens must equal a single
 instance's on the demo's prompts, D's ``/metrics`` must show the prompts came over the transfer,
 both servers must hold no request and no KV block afterwards, and each server's log must carry
-the stand-in's start line. Skipped only where pip cannot fetch the pinned amd-mori wheel.
+the stand-in's start line. MoRIIOConnector also runs inside the WatchConnector (WRITE mode):
+the same answers, and the watch sees every transfer received and no anomaly. Skipped only
+where pip cannot fetch the pinned amd-mori wheel.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def leftovers(server: VllmServer, timeout_s: float = 30.0) -> dict | None:
 class Pair:
     """A P and a D server with one connector in one mode, and the proxy's two calls."""
 
-    def __init__(self, connector: str, read_mode: bool, model: str, logs: Path):
-        self.connector, self.read_mode = connector, read_mode
+    def __init__(
+        self, connector: str, read_mode: bool, model: str, logs: Path, watched: bool = False
+    ):
+        self.connector, self.read_mode, self.watched = connector, read_mode, watched
         ports = free_ports(6)
         self.sides = {"P": ports[0:3], "D": ports[3:6]}  # http, handshake, notify
         self.servers: dict[str, VllmServer] = {}
@@ -126,6 +130,13 @@ class Pair:
         }
         config = {"kv_connector": "MoRIIOConnector", "kv_role": role}
         config["kv_connector_extra_config"] = extra
+        if self.watched:  # the same connector, inside the WatchConnector
+            config = {
+                "kv_connector": "WatchConnector",
+                "kv_connector_module_path": "moriio_fsm.vllm.watch",
+                "kv_role": role,
+                "kv_connector_extra_config": {"inner": {**config, "kv_role": role}},
+            }
         env = {
             "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
             "BENCH_WORKAROUNDS": UPSTREAM_WORKAROUNDS,
@@ -247,3 +258,27 @@ def test_pd_through_the_mori_standin_is_token_identical_and_leaves_no_block(
     assert left == {"P": None, "D": None}
     for server in pair.servers.values():
         assert STANDIN_START in server.log_path.read_text(errors="replace"), server.config.name
+
+
+def test_moriio_connector_inside_the_watch_is_token_identical_and_reports_no_anomaly(
+    mori_layer, model, expected, tmp_path
+):
+    """vLLM's MoRIIOConnector, WRITE mode, inside the WatchConnector: the same answers as one
+    instance, every transfer seen as received, no anomaly on either side."""
+    pair = Pair("upstream", False, model, tmp_path, watched=True)
+    try:
+        got = {name: pair.generate(prompt) for name, prompt in PROMPTS.items()}
+        # One more request on D without a transfer: a step that reports the last one.
+        post(pair.servers["D"], [9, 8, 7], 2)
+        metrics = {side: server.metrics() for side, server in pair.servers.items()}
+        left = {side: leftovers(server) for side, server in pair.servers.items()}
+    finally:
+        pair.stop()
+    assert got == expected
+    for side in ("P", "D"):
+        assert metric_value(metrics[side], "vllm:moriio_fsm_watch_anomalies_total") == 0, side
+    received = metric_value(
+        metrics["D"], "vllm:moriio_fsm_watch_transfers_total", role="consumer", outcome="received"
+    )
+    assert received == len(PROMPTS)
+    assert left == {"P": None, "D": None}
