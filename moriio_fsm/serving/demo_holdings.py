@@ -1,12 +1,16 @@
 """What the servers hold after the demo's run, read off their /metrics: requests still
 running or waiting, and KV blocks in use (a leak once the run has settled).
 
-A metric that is missing, or a server that exited, is a ``DemoError``: never a zero.
+A metric that is missing, or a server that exited, is a ``DemoError``: never a zero. An idle
+vLLM publishes no new figures, so a server that shows blocks in use with no request left is
+sent one one-token request, whose step publishes what it holds now.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from typing import TypedDict
 
 from ..errors import MoriioFsmError
@@ -29,6 +33,7 @@ class Holding(TypedDict):
 def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, Holding]:
     """Wait until no request is left and every KV block is back; what each server holds."""
     deadline = time.monotonic() + timeout_s
+    probed: dict[str, float] = {}
     while True:
         held = {s.config.name: _holdings(s) for s in servers}
         if (
@@ -39,7 +44,36 @@ def settle(servers: list[VllmServer], timeout_s: float) -> dict[str, Holding]:
             or time.monotonic() > deadline
         ):
             return held
+        for server in servers:
+            h, now = held[server.config.name], time.monotonic()
+            idle = h["running"] == 0 and h["waiting"] == 0
+            if (
+                idle
+                and h["blocks_used"]
+                and now - probed.get(server.config.name, 0.0) > PROBE_GAP_S
+            ):
+                probed[server.config.name] = now
+                _step_once(server)
         time.sleep(0.5)
+
+
+#: How often an idle server that still shows blocks in use is sent a refreshing request.
+PROBE_GAP_S = 2.0
+
+
+def _step_once(server: VllmServer) -> None:
+    """One one-token request without a transfer: the engine steps and publishes its figures."""
+    body = {"model": server.config.model, "prompt": [1, 2, 3], "max_tokens": 1}
+    request = urllib.request.Request(
+        f"{server.url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            reply.read()
+    except OSError:
+        pass  # the next reading says what it holds, or that it is gone
 
 
 def _holdings(server: VllmServer) -> Holding:

@@ -5,12 +5,14 @@ ended transfers by outcome, events by outcome, bytes posted); ``snapshot()`` han
 the interval's plain-data dict and starts a new interval. ``FsmConnectorStats`` is the
 ``KVConnectorStats`` vLLM aggregates and logs; ``FsmPromMetrics`` feeds Prometheus under
 ``vllm:moriio_fsm_*``. Memory is bounded: per-transfer entries live while it does.
+Two threads' results for one transfer may be folded in either order: a step that comes
+after the transfer's end was folded in (its creation, say) changes nothing.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +63,7 @@ class TransferMetrics:
         self._max_live = max_live
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
+        self._ended_ids: OrderedDict[str, None] = OrderedDict()  # the newest max_live
         self._new_interval()
 
     def _new_interval(self) -> None:
@@ -81,7 +84,7 @@ class TransferMetrics:
             tid = ev.transfer_id
             live = self._live.get(tid)
             if live is None:
-                if len(self._live) >= self._max_live:
+                if len(self._live) >= self._max_live or tid in self._ended_ids:
                     return
                 live = self._live[tid] = _Live(result.hops[0][0], now, now)
             for _before, after in result.hops:
@@ -91,6 +94,9 @@ class TransferMetrics:
                 live.state, live.entered = after, now
             if live.state in self._final[side]:
                 del self._live[tid]
+                self._ended_ids[tid] = None
+                if len(self._ended_ids) > self._max_live:
+                    self._ended_ids.popitem(last=False)
                 state = live.state
                 kind = (
                     "anomaly"
