@@ -5,6 +5,9 @@ A *message* is an effect ``send_<x>`` of one spec whose peer declares a remote e
 ``<x>`` (``send_write_done`` -> ``write_done``). An effect is *once-only* when every row
 that emits it changes state and no state it leads to can reach a state it is emitted
 from again: a correct run emits it at most once per transfer, so twice is an anomaly.
+Rows that stay in their state and answer a peer's event (P saying its verdict again when
+D's release asks) are repeats the peer asked for: they neither make an effect
+repeatable nor count as its second emission.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ def message_event(effect_kind: str) -> str | None:
     return effect_kind[5:] if effect_kind.startswith("send_") and len(effect_kind) > 5 else None
 
 
-def once_only_effects(spec: Spec) -> frozenset[str]:
+def once_only_effects(spec: Spec) -> dict[str, frozenset[str]]:
+    """Each once-only effect, with the peer events whose steps only repeat it."""
     successors: dict[str, set[str]] = {state: set() for state in spec.states}
     emitted_by: dict[str, list] = {}
     for row in spec.transitions:
@@ -28,15 +32,23 @@ def once_only_effects(spec: Spec) -> frozenset[str]:
                 successors[source].add(row.dest)
         for kind in row.emits:
             emitted_by.setdefault(kind, []).append(row)
-    once = set()
-    for kind, rows in emitted_by.items():
-        if any(row.dest is None or row.dest in row.sources for row in rows):
+    once = {}
+    for kind, all_rows in emitted_by.items():
+        answers = [row for row in all_rows if _answers_peer(spec, row)]
+        rows = [row for row in all_rows if row not in answers]
+        if not rows or any(row.dest is None or row.dest in row.sources for row in rows):
             continue
         sources = {s for row in rows for s in row.sources}
         reach = _reachable(successors, {row.dest for row in rows})
         if not reach & sources:
-            once.add(kind)
-    return frozenset(once)
+            once[kind] = frozenset(row.event for row in answers)
+    return once
+
+
+def _answers_peer(spec: Spec, row) -> bool:
+    """A row that stays in its state, run by an event from the peer."""
+    event = spec.events.get(row.event) if row.event else None
+    return row.dest is None and event is not None and event.origin == "remote"
 
 
 def _reachable(successors: dict[str, set[str]], start: Iterable[str]) -> set[str]:

@@ -90,7 +90,7 @@ class TransferSummary:
         return f"{printable(self.side)}/{printable(self.table)} {self.transfer!r}"
 
     def note(
-        self, step: ReplayStep, remote: frozenset, once: frozenset, messages: dict, noted: frozenset
+        self, step: ReplayStep, remote: frozenset, once: dict, messages: dict, noted: frozenset
     ) -> None:
         """Take ``step`` into the summary: its state, refusals, errors, the peer's
         arrivals and the effects the analysis counts (``once``: once-only kinds;
@@ -115,7 +115,7 @@ class TransferSummary:
             for kind in dict.fromkeys(effect.get("kind") for effect in effects):
                 if kind is None:  # a kind-less effect is no kind it counts
                     continue
-                if kind in once:
+                if kind in once and step.event not in once[kind]:
                     self.once.setdefault(kind, []).append(step.t)
                 peer_event = messages.get(kind)
                 if peer_event is not None:

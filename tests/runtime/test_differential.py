@@ -100,8 +100,11 @@ class EffectOracle:
                 assert effect.layer not in posted, f"{tid}: layer {effect.layer} posted twice"
                 posted.add(effect.layer)
             elif effect.kind in ("send_write_done", "send_write_failed"):
-                self.verdicts.setdefault(tid, []).append(effect)
-                assert len(self.verdicts[tid]) == 1, f"{tid}: D got two verdicts"
+                verdicts = self.verdicts.setdefault(tid, [])
+                if verdicts and effect == verdicts[0]:
+                    continue  # D's release asked again: the same verdict, repeated
+                verdicts.append(effect)
+                assert len(verdicts) == 1, f"{tid}: D got two different verdicts"
                 stopped = effect.kind == "send_write_done" or effect.writes_stopped
                 # A verdict that says the writes stopped lets D reuse its blocks.
                 assert not stopped or posted <= settled, (
